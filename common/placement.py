@@ -1,0 +1,53 @@
+"""Which GPU indices a pod gets inside a node — the one documented policy.
+
+The scheduler picks only the node; the device plugin picks the indices. gpu-steward models that
+choice with one policy, used everywhere a choice must be assumed (scoring a node, estimating
+occupancy without DCGM data, and the kwok stand-in for the device plugin in tests and the demo):
+
+1. the smallest domain whose free GPUs can hold the whole pod (lowest domain index on a tie),
+   taking its lowest free indices;
+2. else the fewest domains: largest free domains first (lowest index on a tie).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class Allocation:
+    indices: tuple[int, ...]
+    domains: tuple[int, ...]  # positions (in the node's domain list) of the domains used
+
+    @property
+    def spanned(self) -> int:
+        return len(self.domains)
+
+
+def free_by_domain(domains: Sequence[Sequence[int]], used: Iterable[int]) -> list[list[int]]:
+    taken = set(used)
+    return [[i for i in domain if i not in taken] for domain in domains]
+
+
+def allocate(free: Sequence[Sequence[int]], count: int) -> Allocation | None:
+    """Pick `count` indices from per-domain free lists; None when the node cannot hold them."""
+    if count <= 0:
+        return Allocation((), ())
+    if sum(len(f) for f in free) < count:
+        return None
+    fitting = [(len(f), pos) for pos, f in enumerate(free) if len(f) >= count]
+    if fitting:
+        _, pos = min(fitting)
+        return Allocation(tuple(sorted(free[pos])[:count]), (pos,))
+    picked: list[int] = []
+    used_domains: list[int] = []
+    for pos in sorted(range(len(free)), key=lambda p: (-len(free[p]), p)):
+        if not free[pos]:
+            break
+        take = sorted(free[pos])[: count - len(picked)]
+        picked += take
+        used_domains.append(pos)
+        if len(picked) == count:
+            break
+    return Allocation(tuple(sorted(picked)), tuple(used_domains))

@@ -1,0 +1,392 @@
+"""The one settings model of gpu-steward.
+
+Every component reads the same `Settings`; the Helm chart renders its values into a YAML file of
+exactly this shape (`charts/gpu-steward/values.yaml` mirrors it key for key). Values come, lowest
+priority first, from the defaults here, the YAML file (`--config` / `GPU_STEWARD_CONFIG`), then
+environment variables `GPU_STEWARD_<GROUP>__<FIELD>` (e.g. `GPU_STEWARD_WEBHOOK__PORT=9443`).
+Unknown keys and bad values fail at start with a message that names the key.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import pathlib
+from typing import Annotated, Any, Literal
+
+import pydantic
+import pydantic_settings
+import yaml
+
+ENV_PREFIX = "GPU_STEWARD_"
+CONFIG_ENV = "GPU_STEWARD_CONFIG"
+
+
+class Model(pydantic.BaseModel):
+    """Our own configuration: unknown keys are errors, values are immutable once loaded."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+
+class Tier(enum.StrEnum):
+    CRITICAL = "critical"
+    NORMAL = "normal"
+    SCAVENGER = "scavenger"
+
+
+class Placement(enum.StrEnum):
+    STRICT = "strict"  # required NVLink-domain-size term + preferred node terms
+    PREFER = "prefer"  # preferred node terms only
+    OFF = "off"  # no affinity changes
+
+
+Percent = Annotated[float, pydantic.Field(ge=0, le=100)]
+Fraction = Annotated[float, pydantic.Field(ge=0, le=1)]
+Seconds = Annotated[float, pydantic.Field(gt=0)]
+Points = float
+
+
+class Names(Model):
+    """Label, annotation and gate names. Only the prefix is meant to change."""
+
+    prefix: str = pydantic.Field(
+        default="gpu-steward.io/",
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/$",
+        description="DNS prefix (with the trailing '/') of every label, annotation and gate we own.",
+    )
+
+    @property
+    def tier(self) -> str:
+        return f"{self.prefix}tier"
+
+    @property
+    def gang_name(self) -> str:
+        return f"{self.prefix}gang-name"
+
+    @property
+    def gang_size(self) -> str:
+        return f"{self.prefix}gang-size"
+
+    @property
+    def placement(self) -> str:
+        return f"{self.prefix}placement"
+
+    @property
+    def skip(self) -> str:
+        return f"{self.prefix}skip"
+
+    @property
+    def gate(self) -> str:
+        return f"{self.prefix}gang"
+
+    @property
+    def decision(self) -> str:
+        return f"{self.prefix}decision"
+
+    @property
+    def nvlink_domains(self) -> str:
+        return f"{self.prefix}nvlink-domains"
+
+    @property
+    def nvlink_domain_size(self) -> str:
+        return f"{self.prefix}nvlink-domain-size"
+
+    @property
+    def nvlink_topology(self) -> str:
+        return f"{self.prefix}nvlink-topology"
+
+    @property
+    def cooldown(self) -> str:
+        return f"{self.prefix}reclaim-cooldown-until"
+
+
+class Scoring(Model):
+    """Constants of the NVLink-aware node score (points unless stated). See docs/scoring.md."""
+
+    base: Points = pydantic.Field(default=50, description="Every candidate node starts here.")
+    fits_one_domain: Points = pydantic.Field(default=50, description="The pod fits in one NVLink domain.")
+    exact_domain_fit: Points = pydantic.Field(
+        default=30, description="The pod takes a whole empty domain of exactly its size."
+    )
+    extra_domain_penalty: Points = pydantic.Field(
+        default=20, ge=0, description="Subtracted per additional domain a pod must span."
+    )
+    domain_completion: Points = pydantic.Field(
+        default=40, description="The pod takes every free GPU of a partly used domain."
+    )
+    small_pod_max_gpus: int = pydantic.Field(default=2, ge=1, description="Pods of up to this many GPUs are small.")
+    large_pod_min_gpus: int = pydantic.Field(default=5, ge=2, description="Pods of at least this many GPUs are large.")
+    small_node_max_gpus: int = pydantic.Field(
+        default=4, ge=1, description="Nodes with up to this many GPUs are small NVLink nodes."
+    )
+    large_node_min_gpus: int = pydantic.Field(
+        default=8, ge=2, description="Nodes with at least this many GPUs are large NVLink nodes."
+    )
+    small_on_small_min: Points = pydantic.Field(default=60, description="Small pod on the largest small node.")
+    small_on_small_max: Points = pydantic.Field(
+        default=80, description="Small pod on a node no bigger than the small-pod class."
+    )
+    small_on_oversized: Points = pydantic.Field(default=-40, description="Small pod on a node that is not small.")
+    large_on_large_min: Points = pydantic.Field(
+        default=80, description="Large pod of the smallest large size on a large node."
+    )
+    large_on_large_max: Points = pydantic.Field(default=100, description="Large pod that fills a large node.")
+    large_on_undersized: Points = pydantic.Field(default=-80, description="Large pod on a node that is not large.")
+    high_utilisation_above: Fraction = pydantic.Field(
+        default=0.70, description="Node GPU utilisation after placement above this earns the efficiency bonus."
+    )
+    high_utilisation_min: Points = pydantic.Field(default=20, description="Bonus just above the high mark.")
+    high_utilisation_max: Points = pydantic.Field(default=30, description="Bonus at 100 % node utilisation.")
+    low_utilisation_below: Fraction = pydantic.Field(
+        default=0.30, description="Node GPU utilisation after placement below this is penalised."
+    )
+    low_utilisation_penalty: Points = pydantic.Field(default=-20, description="The low-utilisation penalty.")
+    normalisation_max_domains: int = pydantic.Field(
+        default=4,
+        ge=1,
+        description="Domains spanned assumed at the bottom of the 1..100 weight map; scores below it map to 1.",
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _check_classes(self) -> Scoring:
+        if self.large_pod_min_gpus <= self.small_pod_max_gpus:
+            raise ValueError("large_pod_min_gpus must be greater than small_pod_max_gpus")
+        if self.low_utilisation_below > self.high_utilisation_above:
+            raise ValueError("low_utilisation_below must not exceed high_utilisation_above")
+        return self
+
+
+class TierClass(Model):
+    """The PriorityClass a tier maps to (the chart creates it with these values)."""
+
+    name: str = pydantic.Field(min_length=1, description="PriorityClass name.")
+    value: int = pydantic.Field(ge=-2_147_483_648, le=1_000_000_000, description="PriorityClass value.")
+    preemption_policy: Literal["PreemptLowerPriority", "Never"] = "PreemptLowerPriority"
+
+
+class TierRule(Model):
+    """First matching rule picks the tier; every criterion given must match."""
+
+    name: str = pydantic.Field(min_length=1, description="Shown in the decision record.")
+    tier: Tier
+    namespace_labels: dict[str, str] = pydantic.Field(default_factory=dict)
+    pod_labels: dict[str, str] = pydantic.Field(default_factory=dict)
+    owner_kinds: list[str] = pydantic.Field(default_factory=list, description="e.g. Job, StatefulSet.")
+    namespaces: list[str] = pydantic.Field(default_factory=list)
+
+    @pydantic.model_validator(mode="after")
+    def _not_empty(self) -> TierRule:
+        if not (self.namespace_labels or self.pod_labels or self.owner_kinds or self.namespaces):
+            raise ValueError(f"tier rule {self.name!r} has no criterion and would match every pod")
+        return self
+
+
+class Tiers(Model):
+    critical: TierClass = TierClass(name="gpu-steward-critical", value=100_000)
+    normal: TierClass = TierClass(name="gpu-steward-normal", value=10_000)
+    scavenger: TierClass = TierClass(name="gpu-steward-scavenger", value=100, preemption_policy="Never")
+    default: Tier = pydantic.Field(default=Tier.NORMAL, description="Tier of a GPU pod no label or rule places.")
+    rules: list[TierRule] = pydantic.Field(default_factory=list)
+    override_explicit_class: bool = pydantic.Field(
+        default=False, description="Replace a priorityClassName the user set (default: keep it)."
+    )
+
+    def for_tier(self, tier: Tier) -> TierClass:
+        return {Tier.CRITICAL: self.critical, Tier.NORMAL: self.normal, Tier.SCAVENGER: self.scavenger}[tier]
+
+    def tier_of_class(self, class_name: str) -> Tier | None:
+        for tier in Tier:
+            if self.for_tier(tier).name == class_name:
+                return tier
+        return None
+
+
+class Admission(Model):
+    default_placement: Placement = Placement.STRICT
+    preferred_terms: int = pydantic.Field(
+        default=3, ge=0, le=20, description="How many best-scored nodes get a preferred affinity term."
+    )
+    excluded_namespaces: list[str] = pydantic.Field(
+        default_factory=lambda: ["kube-system"],
+        description="Pods here are never mutated (the chart adds its own namespace).",
+    )
+    max_snapshot_age_seconds: Seconds = pydantic.Field(
+        default=120,
+        description="Older snapshot => no affinity changes (tiers and gates are still safe to add).",
+    )
+
+
+class Webhook(Model):
+    host: str = "0.0.0.0"
+    port: int = pydantic.Field(default=8443, ge=1, le=65535)
+    cert_file: pathlib.Path | None = pydantic.Field(default=None, description="PEM serving certificate.")
+    key_file: pathlib.Path | None = pydantic.Field(default=None, description="PEM private key.")
+    cert_check_seconds: Seconds = pydantic.Field(
+        default=10, description="How often the cert files are checked for rotation."
+    )
+    request_timeout_seconds: Seconds = pydantic.Field(
+        default=2.0, description="Budget of one /mutate answer; keep below the webhook timeoutSeconds."
+    )
+
+
+class Kubernetes(Model):
+    kubeconfig: pathlib.Path | None = pydantic.Field(
+        default=None, description="Unset: in-cluster config, else ~/.kube/config."
+    )
+    request_timeout_seconds: Seconds = 10
+    watch_timeout_seconds: int = pydantic.Field(default=300, ge=10, description="Server-side watch timeout.")
+    backoff_initial_seconds: Seconds = 0.5
+    backoff_max_seconds: Seconds = 30
+
+
+class PrometheusLabels(Model):
+    """DCGM label names; each list is tried in order (Prometheus renames clashing labels)."""
+
+    pod: list[str] = pydantic.Field(default_factory=lambda: ["pod", "exported_pod"])
+    namespace: list[str] = pydantic.Field(default_factory=lambda: ["namespace", "exported_namespace"])
+    hostname: list[str] = pydantic.Field(default_factory=lambda: ["Hostname", "hostname"])
+    gpu: str = "gpu"
+    mig_profile: str = "GPU_I_PROFILE"
+    mig_instance: str = "GPU_I_ID"
+
+
+class Prometheus(Model):
+    url: str | None = pydantic.Field(default=None, description="Unset: no DCGM data (no idle reclaim).")
+    headers: dict[str, str] = pydantic.Field(default_factory=dict, description="Extra HTTP headers.")
+    bearer_token_file: pathlib.Path | None = None
+    ca_file: pathlib.Path | None = None
+    insecure_skip_verify: bool = False
+    timeout_seconds: Seconds = 5
+    occupancy_refresh_seconds: Seconds = pydantic.Field(
+        default=30, description="How often GPU-index occupancy is re-read from DCGM series."
+    )
+    gpu_util_metric: str = "DCGM_FI_DEV_GPU_UTIL"
+    mig_activity_metric: str = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+    labels: PrometheusLabels = PrometheusLabels()
+
+
+class Cooldowns(Model):
+    preemptor_seconds: float = pydantic.Field(default=30, ge=0, description="No new reclaim for the same pod.")
+    node_seconds: float = pydantic.Field(default=300, ge=0, description="No new reclaim on the same node.")
+    workload_seconds: float = pydantic.Field(default=900, ge=0, description="Owner (Job/ReplicaSet) spared.")
+
+
+class EvictionLimits(Model):
+    per_cycle: int = pydantic.Field(default=10, ge=0)
+    per_node: int = pydantic.Field(default=2, ge=0)
+    per_namespace: int = pydantic.Field(default=5, ge=0)
+
+
+class LeaderElection(Model):
+    enabled: bool = True
+    lease_name: str = "gpu-steward-descheduler"
+    lease_namespace: str = "gpu-steward"
+    lease_duration_seconds: Seconds = 15
+    renew_deadline_seconds: Seconds = 10
+    retry_period_seconds: Seconds = 2
+
+
+class Reclaim(Model):
+    enabled: bool = True
+    interval_seconds: Seconds = 60
+    mode: Literal["on-demand", "always"] = "on-demand"
+    dry_run: bool = False
+    min_coverage: Fraction = pydantic.Field(
+        default=0.9, description="Share of the idle window that must have samples before a pod can be idle."
+    )
+    sample_interval_seconds: Seconds = pydantic.Field(
+        default=60, description="Expected DCGM scrape interval, for the coverage check."
+    )
+    cooldowns: Cooldowns = Cooldowns()
+    limits: EvictionLimits = EvictionLimits()
+
+
+class Gangs(Model):
+    enabled: bool = True
+    resync_seconds: Seconds = 30
+    timeout_seconds: Seconds = pydantic.Field(
+        default=600, description="An incomplete gang older than this gets a GangIncomplete warning."
+    )
+    backfill: bool = pydantic.Field(
+        default=False, description="Let a smaller gang start while a larger, older one waits."
+    )
+
+
+class Descheduler(Model):
+    leader_election: LeaderElection = LeaderElection()
+    reclaim: Reclaim = Reclaim()
+    gangs: Gangs = Gangs()
+
+
+class Settings(pydantic_settings.BaseSettings):
+    model_config = pydantic_settings.SettingsConfigDict(
+        extra="forbid", frozen=True, env_prefix=ENV_PREFIX, env_nested_delimiter="__"
+    )
+
+    names: Names = Names()
+    scoring: Scoring = Scoring()
+    tiers: Tiers = Tiers()
+    admission: Admission = Admission()
+    webhook: Webhook = Webhook()
+    kubernetes: Kubernetes = Kubernetes()
+    prometheus: Prometheus = Prometheus()
+    descheduler: Descheduler = Descheduler()
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[pydantic_settings.BaseSettings],
+        init_settings: pydantic_settings.PydanticBaseSettingsSource,
+        env_settings: pydantic_settings.PydanticBaseSettingsSource,
+        dotenv_settings: pydantic_settings.PydanticBaseSettingsSource,
+        file_secret_settings: pydantic_settings.PydanticBaseSettingsSource,
+    ) -> tuple[pydantic_settings.PydanticBaseSettingsSource, ...]:
+        # The YAML file arrives as init kwargs (see load()); env wins over it.
+        return (env_settings, init_settings)
+
+
+class SettingsError(Exception):
+    """Bad configuration; the message names each offending key."""
+
+
+def load(
+    *, config_file: pathlib.Path | None = None, overrides: dict[str, Any] | None = None
+) -> Settings:
+    """Load settings from defaults, the YAML file, the environment, then `overrides` (CLI flags)."""
+    path = config_file or (pathlib.Path(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else None)
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise SettingsError(f"settings file {path}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise SettingsError(f"settings file {path}: expected a mapping at the top level")
+        data = loaded
+    try:
+        settings = Settings(**data)
+        if overrides:
+            merged = _deep_merge(settings.model_dump(mode="json"), overrides)
+            settings = Settings.model_validate(merged)
+    except pydantic.ValidationError as exc:
+        raise SettingsError(_describe(exc, source=str(path) if path else "environment")) from exc
+    return settings
+
+
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _describe(exc: pydantic.ValidationError, *, source: str) -> str:
+    lines = [f"invalid settings ({source}):"]
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        lines.append(f"  {key}: {error['msg']}")
+    return "\n".join(lines)

@@ -1,0 +1,273 @@
+"""An immutable picture of the cluster that every decision reads: GPU nodes, GPU pods, PriorityClasses,
+namespaces, and which GPU indices each pod holds.
+
+`build()` is pure: the shell (`common.feeder`) gathers raw API objects and DCGM occupancy and calls it;
+`from_list()` replays the JSON of `kubectl get nodes,pods,priorityclasses,namespaces -A -o json`.
+Where DCGM has not told us a pod's GPU indices, they are estimated with `common.placement`'s policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from common import gpu, placement, settings, topology
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+DEFAULT_PREEMPTION_POLICY = "PreemptLowerPriority"
+
+
+@dataclasses.dataclass(frozen=True)
+class PriorityClass:
+    name: str
+    value: int
+    preemption_policy: str
+    annotations: Mapping[str, str]
+    global_default: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Pod:
+    namespace: str
+    name: str
+    uid: str
+    node_name: str | None
+    phase: str
+    request: gpu.GpuRequest
+    priority: int
+    priority_class_name: str | None
+    preemption_policy: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    owner_kind: str | None
+    owner_name: str | None
+    created: str  # RFC 3339, sorts in time order
+    scheduling_gates: tuple[str, ...]
+    deleting: bool
+    scheduler_name: str
+    raw: Mapping[str, Any]
+    gpu_indices: tuple[int, ...] = ()
+    indices_observed: bool = False  # True: from DCGM; False: estimated (or not bound)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def holds_gpus(self) -> bool:
+        return self.node_name is not None and self.phase not in TERMINAL_PHASES
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    topology: topology.NodeTopology
+    allocatable: gpu.GpuRequest
+    schedulable: bool
+    taints: tuple[Mapping[str, Any], ...]
+    used: frozenset[int]  # full-GPU indices held by pods
+    requested_full: int  # full GPUs requested by pods bound here (>= len(used) when over-committed)
+    mig_used: Mapping[str, int]
+    pods: tuple[str, ...]  # keys of GPU pods bound here
+
+    @property
+    def gpu_count(self) -> int:
+        return self.allocatable.full
+
+    @property
+    def free_gpus(self) -> int:
+        return max(0, self.allocatable.full - self.requested_full)
+
+    def free_by_domain(self) -> list[list[int]]:
+        return placement.free_by_domain(self.topology.domains, self.used)
+
+    def free_mig(self, profile: str) -> int:
+        return max(0, self.allocatable.mig.get(profile, 0) - self.mig_used.get(profile, 0))
+
+
+Occupancy = Mapping[str, Mapping[int, str]]  # node name -> GPU index -> pod key (from DCGM)
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    nodes: Mapping[str, Node]
+    pods: Mapping[str, Pod]
+    priority_classes: Mapping[str, PriorityClass]
+    namespaces: Mapping[str, Mapping[str, str]]  # name -> labels
+    taken_at: float | None  # when the shell last synced it (unix seconds); None: never
+    occupancy_observed: bool = False
+    problems: tuple[str, ...] = ()  # objects skipped while building, with why
+
+    def pods_on(self, node: str) -> list[Pod]:
+        return [self.pods[k] for k in self.nodes[node].pods] if node in self.nodes else []
+
+    def age(self, now: float) -> float | None:
+        return None if self.taken_at is None else max(0.0, now - self.taken_at)
+
+
+EMPTY = Snapshot(nodes={}, pods={}, priority_classes={}, namespaces={}, taken_at=None)
+
+
+def _pod(raw: Mapping[str, Any]) -> Pod:
+    meta = raw.get("metadata") or {}
+    spec = raw.get("spec") or {}
+    owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")] or meta.get("ownerReferences") or []
+    return Pod(
+        namespace=meta.get("namespace") or "default",
+        name=meta.get("name") or "",
+        uid=meta.get("uid") or "",
+        node_name=spec.get("nodeName") or None,
+        phase=(raw.get("status") or {}).get("phase") or "Pending",
+        request=gpu.pod_request(raw),
+        priority=int(spec.get("priority") or 0),
+        priority_class_name=spec.get("priorityClassName") or None,
+        preemption_policy=spec.get("preemptionPolicy") or DEFAULT_PREEMPTION_POLICY,
+        labels=meta.get("labels") or {},
+        annotations=meta.get("annotations") or {},
+        owner_kind=owners[0].get("kind") if owners else None,
+        owner_name=owners[0].get("name") if owners else None,
+        created=meta.get("creationTimestamp") or "",
+        scheduling_gates=tuple(g.get("name", "") for g in spec.get("schedulingGates") or []),
+        deleting=bool(meta.get("deletionTimestamp")),
+        scheduler_name=spec.get("schedulerName") or "default-scheduler",
+        raw=raw,
+    )
+
+
+def _node_ready(raw: Mapping[str, Any]) -> bool:
+    for condition in (raw.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return bool(condition.get("status") == "True")
+    return False
+
+
+def _priority_class(raw: Mapping[str, Any]) -> PriorityClass:
+    meta = raw.get("metadata") or {}
+    return PriorityClass(
+        name=meta.get("name") or "",
+        value=int(raw.get("value") or 0),
+        preemption_policy=raw.get("preemptionPolicy") or DEFAULT_PREEMPTION_POLICY,
+        annotations=meta.get("annotations") or {},
+        global_default=bool(raw.get("globalDefault")),
+    )
+
+
+def build(
+    *,
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    priority_classes: Iterable[Mapping[str, Any]] = (),
+    namespaces: Iterable[Mapping[str, Any]] = (),
+    occupancy: Occupancy | None = None,
+    names: settings.Names,
+    taken_at: float | None,
+) -> Snapshot:
+    problems: list[str] = []
+    gpu_pods: dict[str, Pod] = {}
+    for raw in pods:
+        try:
+            pod = _pod(raw)
+        except (gpu.QuantityError, ValueError, TypeError) as exc:
+            meta = raw.get("metadata") or {}
+            problems.append(f"pod {meta.get('namespace')}/{meta.get('name')} skipped: {exc}")
+            continue
+        if pod.request.any:
+            gpu_pods[pod.key] = pod
+
+    by_node: dict[str, list[Pod]] = {}
+    for pod in gpu_pods.values():
+        if pod.holds_gpus and pod.node_name:
+            by_node.setdefault(pod.node_name, []).append(pod)
+
+    built_nodes: dict[str, Node] = {}
+    for raw in nodes:
+        meta = raw.get("metadata") or {}
+        name = meta.get("name") or ""
+        allocatable = gpu.node_allocatable(raw)
+        if not allocatable.any:
+            continue
+        topo = topology.from_node(raw, names=names)
+        problems += [f"node {name}: {p}" for p in topo.problems]
+        resident = sorted(by_node.get(name, []), key=lambda p: (p.created, p.key))
+        observed = (occupancy or {}).get(name, {})
+        indices, used = _assign_indices(topo.domains, resident, observed)
+        for pod in resident:
+            gpu_pods[pod.key] = dataclasses.replace(
+                pod, gpu_indices=indices[pod.key], indices_observed=pod.key in set(observed.values())
+            )
+        mig_used: dict[str, int] = {}
+        for pod in resident:
+            for profile, count in pod.request.mig.items():
+                mig_used[profile] = mig_used.get(profile, 0) + count
+        spec = raw.get("spec") or {}
+        built_nodes[name] = Node(
+            name=name,
+            labels=meta.get("labels") or {},
+            annotations=meta.get("annotations") or {},
+            topology=topo,
+            allocatable=allocatable,
+            schedulable=_node_ready(raw) and not spec.get("unschedulable"),
+            taints=tuple(spec.get("taints") or ()),
+            used=frozenset(used),
+            requested_full=sum(p.request.full for p in resident),
+            mig_used=mig_used,
+            pods=tuple(p.key for p in resident),
+        )
+
+    return Snapshot(
+        nodes=built_nodes,
+        pods=gpu_pods,
+        priority_classes={pc.name: pc for pc in map(_priority_class, priority_classes)},
+        namespaces={
+            (ns.get("metadata") or {}).get("name", ""): (ns.get("metadata") or {}).get("labels") or {}
+            for ns in namespaces
+        },
+        taken_at=taken_at,
+        occupancy_observed=occupancy is not None,
+        problems=tuple(problems),
+    )
+
+
+def _assign_indices(
+    domains: Sequence[Sequence[int]], resident: Sequence[Pod], observed: Mapping[int, str]
+) -> tuple[dict[str, tuple[int, ...]], set[int]]:
+    """Observed indices first; the rest of the pods get the placement policy's choice, oldest first."""
+    valid = {i for d in domains for i in d}
+    keys = {p.key for p in resident}
+    indices: dict[str, list[int]] = {p.key: [] for p in resident}
+    for index, key in observed.items():
+        if key in keys and index in valid:
+            indices[key].append(index)
+    used = {i for held in indices.values() for i in held}
+    for pod in resident:
+        missing = pod.request.full - len(indices[pod.key])
+        if missing <= 0:
+            continue
+        choice = placement.allocate(placement.free_by_domain(domains, used), missing)
+        if choice is not None:
+            indices[pod.key] += choice.indices
+            used |= set(choice.indices)
+    return {k: tuple(sorted(v)) for k, v in indices.items()}, used
+
+
+def from_list(document: Mapping[str, Any], *, names: settings.Names, taken_at: float | None) -> Snapshot:
+    """Build from a Kubernetes `List` (kubectl get ... -o json) of nodes, pods, priorityclasses, namespaces."""
+    if document.get("kind") not in ("List", "NodeList", "PodList", "PriorityClassList", "NamespaceList"):
+        raise ValueError(f"expected a Kubernetes List, got kind={document.get('kind')!r}")
+    buckets: dict[str, list[Mapping[str, Any]]] = {"Node": [], "Pod": [], "PriorityClass": [], "Namespace": []}
+    list_kind = str(document.get("kind"))
+    for item in document.get("items") or []:
+        kind = item.get("kind") or list_kind.removesuffix("List")
+        if kind in buckets:
+            buckets[kind].append(item)
+    return build(
+        nodes=buckets["Node"],
+        pods=buckets["Pod"],
+        priority_classes=buckets["PriorityClass"],
+        namespaces=buckets["Namespace"],
+        names=names,
+        taken_at=taken_at,
+    )
