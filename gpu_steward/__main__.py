@@ -1,0 +1,5 @@
+import sys
+
+from gpu_steward import cli
+
+sys.exit(cli.main())
