@@ -1,15 +1,25 @@
 """The admission engine: one pure function from an admission request's pod to a patch and its reasons.
 
-No I/O, no clock: the HTTP shell (`admission.server`) passes the snapshot and `now`.
+No I/O, no clock: the HTTP shell (`admission.server`) passes the snapshot and `now`. The pod is
+mutated as a deep copy of the raw request object and the patch is the diff of the two, so fields
+we do not model are never touched. A pod that already carries our decision record is left alone,
+which makes admission idempotent (reinvocation, retries).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from common import settings, snapshot
+import jsonpatch
+
+from admission import affinity, gating, scoring, tiers
+from common import gpu, settings, snapshot
+
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+FALSE_VALUES = frozenset({"false", "0", "no", ""})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +41,34 @@ class Outcome:
     scores: tuple[NodeScoreView, ...] = ()
 
 
+def _skip(reason: str, *warnings: str) -> Outcome:
+    return Outcome(patch=[], changes=(), record=reason, warnings=tuple(warnings), skipped=reason)
+
+
+def _flag(meta: Mapping[str, Any], key: str) -> bool:
+    for source in (meta.get("labels") or {}, meta.get("annotations") or {}):
+        if key in source and str(source[key]).strip().lower() not in FALSE_VALUES:
+            return True
+    return False
+
+
+def _why_skip(
+    *, operation: str, namespace: str, pod: Mapping[str, Any], config: settings.Settings
+) -> str | None:
+    if operation != "CREATE":
+        return f"operation {operation} is never mutated"
+    meta = pod.get("metadata") or {}
+    if MIRROR_ANNOTATION in (meta.get("annotations") or {}):
+        return "mirror pod"
+    if namespace in config.admission.excluded_namespaces:
+        return f"namespace {namespace} is excluded"
+    if _flag(meta, config.names.skip):
+        return f"opted out with {config.names.skip}"
+    if config.names.decision in (meta.get("annotations") or {}):
+        return "already mutated (decision record present)"
+    return None
+
+
 def decide(
     *,
     operation: str,
@@ -40,4 +78,140 @@ def decide(
     config: settings.Settings,
     now: float,
 ) -> Outcome:
-    raise NotImplementedError
+    if not isinstance(pod, Mapping) or not isinstance(pod.get("spec"), Mapping):
+        return _skip("request object is not a pod with a spec", "gpu-steward: could not read the pod; unchanged")
+    ns = namespace or (pod.get("metadata") or {}).get("namespace") or "default"
+    skip = _why_skip(operation=operation, namespace=ns, pod=pod, config=config)
+    if skip:
+        return _skip(skip)
+    try:
+        request = gpu.pod_request(pod)
+    except gpu.QuantityError as exc:
+        return _skip(f"unreadable GPU request: {exc}", f"gpu-steward: {exc}; pod unchanged")
+    if not request.any:
+        return _skip("requests no GPU")
+
+    mutated: dict[str, Any] = copy.deepcopy(dict(pod))
+    changes: list[str] = []
+    notes: list[str] = [f"{request.describe()}"]
+    warnings: list[str] = []
+
+    tier_name = _apply_tier(mutated, ns=ns, cluster=cluster, config=config, notes=notes, warnings=warnings,
+                            changes=changes)
+    scores = _apply_placement(mutated, request=request, cluster=cluster, config=config, now=now,
+                              notes=notes, warnings=warnings, changes=changes)
+    gate = gating.decide(pod=pod, names=config.names)
+    if gate.add:
+        mutated["spec"]["schedulingGates"] = [*(pod["spec"].get("schedulingGates") or []), {"name": config.names.gate}]
+        changes.append("gate")
+    notes.append(f"gate {config.names.gate} {'added' if gate.add else 'not added'}: {gate.reason}")
+    if gate.warning:
+        warnings.append(gate.warning)
+
+    record = "; ".join(notes)
+    annotations = mutated.setdefault("metadata", {}).get("annotations") or {}
+    mutated["metadata"]["annotations"] = {**annotations, config.names.decision: record}
+    changes.append("decision")
+    return Outcome(
+        patch=jsonpatch.make_patch(dict(pod), mutated).patch,
+        changes=tuple(changes),
+        record=record,
+        warnings=tuple(f"gpu-steward: {w}" for w in warnings),
+        skipped=None,
+        tier=tier_name,
+        gated=gate.add,
+        scores=tuple(NodeScoreView(s.node, s.score, s.normalized) for s in scores),
+    )
+
+
+def _apply_tier(
+    mutated: dict[str, Any],
+    *,
+    ns: str,
+    cluster: snapshot.Snapshot,
+    config: settings.Settings,
+    notes: list[str],
+    warnings: list[str],
+    changes: list[str],
+) -> str | None:
+    choice = tiers.decide(pod=mutated, namespace=ns, namespace_labels=cluster.namespaces.get(ns, {}),
+                          tiers=config.tiers, names=config.names)
+    if choice.warning:
+        warnings.append(choice.warning)
+    tier = choice.tier.value if choice.tier else None
+    if choice.keep_user_class or choice.tier is None:
+        notes.append(f"tier {tier or 'none'}: {choice.reason}")
+        return tier
+    wanted = config.tiers.for_tier(choice.tier).name
+    existing = cluster.priority_classes.get(wanted)
+    if existing is None:
+        # Setting a class the API server does not know would make it reject the pod.
+        warnings.append(f"PriorityClass {wanted} for tier {tier} does not exist; priority left unchanged")
+        notes.append(f"tier {tier}: {choice.reason}; class {wanted} missing, not applied")
+        return tier
+    spec = mutated["spec"]
+    spec["priorityClassName"] = existing.name
+    # The Priority admission plugin rejects a class whose value/policy the pod contradicts.
+    spec["priority"] = existing.value
+    spec["preemptionPolicy"] = existing.preemption_policy
+    changes.append("tier")
+    notes.append(f"tier {tier}: {choice.reason}; class {existing.name} (priority {existing.value}, "
+                 f"{existing.preemption_policy})")
+    return tier
+
+
+def _placement_mode(meta: Mapping[str, Any], config: settings.Settings, warnings: list[str]) -> settings.Placement:
+    key = config.names.placement
+    raw = (meta.get("labels") or {}).get(key) or (meta.get("annotations") or {}).get(key)
+    if raw is None:
+        return config.admission.default_placement
+    try:
+        return settings.Placement(raw)
+    except ValueError:
+        allowed = ", ".join(p.value for p in settings.Placement)
+        warnings.append(f"{key}={raw!r} is not one of {allowed}; using {config.admission.default_placement.value}")
+        return config.admission.default_placement
+
+
+def _apply_placement(
+    mutated: dict[str, Any],
+    *,
+    request: gpu.GpuRequest,
+    cluster: snapshot.Snapshot,
+    config: settings.Settings,
+    now: float,
+    notes: list[str],
+    warnings: list[str],
+    changes: list[str],
+) -> tuple[scoring.NodeScore, ...]:
+    mode = _placement_mode(mutated.get("metadata") or {}, config, warnings)
+    if mode is settings.Placement.OFF:
+        notes.append("placement off")
+        return ()
+    if request.full == 0:
+        notes.append("placement: MIG slices only, NVLink domains do not apply")
+        return ()
+    age = cluster.age(now)
+    if age is None or age > config.admission.max_snapshot_age_seconds:
+        known = "never synced" if age is None else f"{age:.0f}s old"
+        warnings.append(f"cluster snapshot {known}; NVLink affinity not added")
+        notes.append(f"placement skipped: snapshot {known}")
+        return ()
+
+    parts = [f"placement {mode.value}"]
+    if mode is settings.Placement.STRICT:
+        need = affinity.requirement(gpus=request.full, nodes=cluster.nodes.values(), names=config.names)
+        if need.expression is not None and affinity.add_required(mutated, need.expression):
+            changes.append("affinity-required")
+        parts.append(f"required {need.reason}" if need.expression else f"no required term ({need.reason})")
+    ranking = scoring.rank(gpus=request.full, pod_spec=mutated["spec"], nodes=cluster.nodes.values(),
+                           cfg=config.scoring)
+    terms = affinity.preferred_terms(ranking.scores, config.admission.preferred_terms)
+    if affinity.add_preferred(mutated, terms):
+        changes.append("affinity-preferred")
+        best = ", ".join(f"{s.node}={s.score:g}->{s.normalized}" for s in ranking.scores[: len(terms)])
+        parts.append(f"preferred {best}")
+    else:
+        parts.append(f"no node has {request.full} free GPUs now ({len(ranking.excluded)} excluded)")
+    notes.append("; ".join(parts))
+    return ranking.scores

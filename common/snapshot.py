@@ -9,6 +9,7 @@ Where DCGM has not told us a pod's GPU indices, they are estimated with `common.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -81,8 +82,13 @@ class Node:
     def free_gpus(self) -> int:
         return max(0, self.allocatable.full - self.requested_full)
 
-    def free_by_domain(self) -> list[list[int]]:
-        return placement.free_by_domain(self.topology.domains, self.used)
+    def free_by_domain(self) -> tuple[tuple[int, ...], ...]:
+        """Free GPU indices per NVLink domain (computed once per snapshot: nodes are immutable)."""
+        return self._free
+
+    @functools.cached_property
+    def _free(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(f) for f in placement.free_by_domain(self.topology.domains, self.used))
 
     def free_mig(self, profile: str) -> int:
         return max(0, self.allocatable.mig.get(profile, 0) - self.mig_used.get(profile, 0))

@@ -1,0 +1,286 @@
+"""The admission engine end to end on plain dicts: apply the patch, compare whole pods."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import jsonpatch
+import pytest
+
+from admission import mutation
+from common import settings, snapshot
+from tests import builders
+
+CONFIG = settings.Settings()
+NOW = 1_000.0
+DECISION = "gpu-steward.io/decision"
+
+
+def make_cluster(*, taken_at: float | None = NOW, classes: list[dict] | None = None) -> snapshot.Snapshot:
+    return snapshot.build(
+        nodes=[
+            builders.gpu_node("dgx-1", gpus=8, domains=[range(4), range(4, 8)]),
+            builders.gpu_node("pair-1", gpus=2),
+        ],
+        pods=[builders.pod("old", gpus=1, node="pair-1", phase="Running")],
+        priority_classes=builders.tier_classes() if classes is None else classes,
+        namespaces=[builders.namespace("ml", {"team": "research"}), builders.namespace("default")],
+        names=CONFIG.names,
+        taken_at=taken_at,
+    )
+
+
+CLUSTER = make_cluster()
+
+
+def admit(pod: dict, *, operation: str = "CREATE", cluster: snapshot.Snapshot = CLUSTER,
+          config: settings.Settings = CONFIG) -> tuple[mutation.Outcome, dict[str, Any]]:
+    original = copy.deepcopy(pod)
+    outcome = mutation.decide(operation=operation, namespace=pod["metadata"].get("namespace"), pod=pod,
+                              cluster=cluster, config=config, now=NOW)
+    assert pod == original, "decide() must not mutate its input"
+    return outcome, jsonpatch.apply_patch(pod, outcome.patch)
+
+
+def domain_size_term(values: str) -> dict:
+    return {"key": "gpu-steward.io/nvlink-domain-size", "operator": "Gt", "values": [values]}
+
+
+def prefer(node: str, weight: int) -> dict:
+    return {"weight": weight,
+            "preference": {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}}
+
+
+def test_gpu_pod_gets_tier_affinity_and_record_as_a_whole():
+    pod = builders.pod("train", namespace="default", gpus=1)
+    outcome, result = admit(pod)
+
+    expected = copy.deepcopy(pod)
+    expected["spec"].update(
+        priorityClassName="gpu-steward-normal",
+        priority=10_000,
+        preemptionPolicy="PreemptLowerPriority",
+        affinity={"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [domain_size_term("0")]}]},
+            "preferredDuringSchedulingIgnoredDuringExecution": [prefer("pair-1", 95), prefer("dgx-1", 40)],
+        }},
+    )
+    expected["metadata"]["annotations"] = {DECISION: outcome.record}
+    assert result == expected
+    assert outcome.changes == ("tier", "affinity-required", "affinity-preferred", "decision")
+    assert outcome.tier == "normal" and not outcome.gated and outcome.warnings == ()
+    assert "tier normal: default tier" in outcome.record
+    assert "pair-1=250->95" in outcome.record
+
+
+def test_admitting_the_mutated_pod_again_changes_nothing():
+    _, once = admit(builders.pod("train", gpus=4, labels={"gpu-steward.io/gang-name": "g",
+                                                          "gpu-steward.io/gang-size": "2"}))
+    outcome, twice = admit(once)
+    assert outcome.patch == [] and twice == once
+    assert outcome.skipped == "already mutated (decision record present)"
+
+
+@pytest.mark.parametrize(
+    ("pod", "operation", "reason"),
+    [
+        pytest.param(builders.pod("p", gpus=1), "UPDATE", "operation UPDATE is never mutated", id="update"),
+        pytest.param(builders.pod("p", gpus=1), "DELETE", "operation DELETE is never mutated", id="delete"),
+        pytest.param(builders.pod("p"), "CREATE", "requests no GPU", id="no-gpu"),
+        pytest.param(builders.pod("p", gpus=1, namespace="kube-system"), "CREATE",
+                     "namespace kube-system is excluded", id="excluded-namespace"),
+        pytest.param(builders.pod("p", gpus=1, annotations={"kubernetes.io/config.mirror": "abc"}), "CREATE",
+                     "mirror pod", id="mirror-pod"),
+        pytest.param(builders.pod("p", gpus=1, labels={"gpu-steward.io/skip": "true"}), "CREATE",
+                     "opted out with gpu-steward.io/skip", id="skip-label"),
+        pytest.param(builders.pod("p", gpus=1, annotations={"gpu-steward.io/skip": "yes"}), "CREATE",
+                     "opted out with gpu-steward.io/skip", id="skip-annotation"),
+    ],
+)
+def test_left_alone(pod, operation, reason):
+    outcome, result = admit(pod, operation=operation)
+    assert (outcome.patch, outcome.skipped) == ([], reason)
+    assert result == pod
+
+
+@pytest.mark.parametrize("value", ["false", "0", ""])
+def test_skip_set_to_false_is_no_opt_out(value):
+    outcome, _ = admit(builders.pod("p", gpus=1, labels={"gpu-steward.io/skip": value}))
+    assert outcome.skipped is None and "decision" in outcome.changes
+
+
+def test_unreadable_gpu_quantity_is_left_alone_with_a_warning():
+    pod = builders.pod("p", mutate=lambda p: p["spec"]["containers"][0].update(
+        resources={"limits": {"nvidia.com/gpu": "500m"}}))
+    outcome, result = admit(pod)
+    assert result == pod
+    assert outcome.skipped.startswith("unreadable GPU request")
+    assert outcome.warnings == ("gpu-steward: nvidia.com/gpu: '500m' is not a whole number of devices; pod unchanged",)
+
+
+def test_object_that_is_not_a_pod_is_left_alone():
+    outcome = mutation.decide(operation="CREATE", namespace="x", pod={"metadata": {}}, cluster=CLUSTER,
+                              config=CONFIG, now=NOW)
+    assert outcome.patch == [] and outcome.skipped == "request object is not a pod with a spec"
+
+
+@pytest.mark.parametrize(
+    ("pod", "config", "tier", "class_name", "reason", "warning"),
+    [
+        pytest.param(builders.pod("p", gpus=1, labels={"gpu-steward.io/tier": "critical"}), CONFIG,
+                     "critical", "gpu-steward-critical", "label gpu-steward.io/tier=critical", None, id="label"),
+        pytest.param(builders.pod("p", gpus=1, labels={"gpu-steward.io/tier": "gold"}), CONFIG,
+                     "normal", "gpu-steward-normal", "default tier",
+                     "gpu-steward: label gpu-steward.io/tier='gold' is not one of critical, normal, scavenger; ignored",
+                     id="unknown-label-value"),
+        pytest.param(builders.pod("p", gpus=1, namespace="ml"),
+                     settings.Settings(tiers=settings.Tiers(rules=[settings.TierRule(
+                         name="research-batch", tier=settings.Tier.SCAVENGER,
+                         namespace_labels={"team": "research"})])),
+                     "scavenger", "gpu-steward-scavenger", "rule 'research-batch'", None, id="namespace-rule"),
+        pytest.param(builders.pod("p", gpus=1, mutate=lambda p: p["metadata"].update(
+                         ownerReferences=[{"kind": "Job", "name": "j", "controller": True}])),
+                     settings.Settings(tiers=settings.Tiers(rules=[settings.TierRule(
+                         name="jobs", tier=settings.Tier.SCAVENGER, owner_kinds=["Job"])])),
+                     "scavenger", "gpu-steward-scavenger", "rule 'jobs'", None, id="owner-kind-rule"),
+    ],
+)
+def test_tier_choice(pod, config, tier, class_name, reason, warning):
+    outcome, result = admit(pod, config=config)
+    assert outcome.tier == tier
+    assert result["spec"]["priorityClassName"] == class_name
+    assert f"tier {tier}: {reason}" in outcome.record
+    assert outcome.warnings == ((warning,) if warning else ())
+
+
+def test_priority_and_policy_come_from_the_cluster_class():
+    outcome, result = admit(builders.pod("p", gpus=1, labels={"gpu-steward.io/tier": "scavenger"}))
+    assert (result["spec"]["priority"], result["spec"]["preemptionPolicy"]) == (100, "Never")
+
+
+def test_users_priority_class_is_kept():
+    pod = builders.pod("p", gpus=1, mutate=lambda p: p["spec"].update(priorityClassName="team-a-high"))
+    outcome, result = admit(pod)
+    assert result["spec"]["priorityClassName"] == "team-a-high" and "priority" not in result["spec"]
+    assert "tier none: kept the pod's priorityClassName team-a-high" in outcome.record
+    assert "tier" not in outcome.changes
+
+
+def test_missing_priority_class_leaves_priority_alone_with_a_warning():
+    outcome, result = admit(builders.pod("p", gpus=1), cluster=make_cluster(classes=[]))
+    assert "priorityClassName" not in result["spec"]
+    assert outcome.warnings == (
+        "gpu-steward: PriorityClass gpu-steward-normal for tier normal does not exist; priority left unchanged",)
+    assert "affinity-required" in outcome.changes
+
+
+def test_required_expression_is_anded_into_every_user_term_and_user_preferences_stay_first():
+    user_terms = [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                  {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["dgx-1"]}]}]
+    user_pref = {"weight": 7, "preference": {"matchExpressions": [{"key": "x", "operator": "Exists"}]}}
+
+    def with_affinity(p: dict) -> None:
+        p["spec"]["affinity"] = {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": copy.deepcopy(user_terms)},
+            "preferredDuringSchedulingIgnoredDuringExecution": [copy.deepcopy(user_pref)]}}
+
+    _, result = admit(builders.pod("p", gpus=4, mutate=with_affinity))
+    node_affinity = result["spec"]["affinity"]["nodeAffinity"]
+    terms = node_affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [
+        {"matchExpressions": [*user_terms[0]["matchExpressions"], domain_size_term("3")]},
+        {**user_terms[1], "matchExpressions": [domain_size_term("3")]},
+    ]
+    preferred = node_affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred[0] == user_pref and preferred[1] == prefer("dgx-1", 64)
+
+
+def test_pod_larger_than_every_domain_requires_the_largest_domains():
+    outcome, result = admit(builders.pod("p", gpus=8))
+    terms = result["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [{"matchExpressions": [domain_size_term("3")]}]
+    assert "no domain holds 8 GPUs, the largest domains span the fewest" in outcome.record
+
+
+@pytest.mark.parametrize(
+    ("labels", "changes", "warning"),
+    [
+        pytest.param({"gpu-steward.io/placement": "prefer"}, ("tier", "affinity-preferred", "decision"), None,
+                     id="prefer"),
+        pytest.param({"gpu-steward.io/placement": "off"}, ("tier", "decision"), None, id="off"),
+        pytest.param({"gpu-steward.io/placement": "sometimes"},
+                     ("tier", "affinity-required", "affinity-preferred", "decision"),
+                     "gpu-steward: gpu-steward.io/placement='sometimes' is not one of strict, prefer, off; using strict",
+                     id="invalid-falls-back-to-default"),
+    ],
+)
+def test_placement_modes(labels, changes, warning):
+    outcome, _ = admit(builders.pod("p", gpus=2, labels=labels))
+    assert outcome.changes == changes
+    assert outcome.warnings == ((warning,) if warning else ())
+
+
+@pytest.mark.parametrize("taken_at", [pytest.param(None, id="never-synced"), pytest.param(NOW - 500, id="stale")])
+def test_stale_snapshot_adds_no_affinity_but_still_tiers_and_gates(taken_at):
+    pod = builders.pod("p", gpus=2, labels={"gpu-steward.io/gang-name": "g", "gpu-steward.io/gang-size": "2"})
+    outcome, result = admit(pod, cluster=make_cluster(taken_at=taken_at))
+    assert "affinity" not in result["spec"]
+    assert outcome.changes == ("tier", "gate", "decision")
+    assert outcome.warnings[0].endswith("NVLink affinity not added")
+
+
+def test_mig_only_pod_gets_no_nvlink_affinity():
+    outcome, result = admit(builders.pod("p", mig={"3g.40gb": 1}))
+    assert "affinity" not in result["spec"]
+    assert "MIG slices only" in outcome.record
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotations", "spec", "gated", "reason", "warning"),
+    [
+        pytest.param({"gpu-steward.io/gang-name": "train", "gpu-steward.io/gang-size": "4"}, {}, {}, True,
+                     "gang default/train of 4 (gpu-steward)", None, id="ours"),
+        pytest.param({"kueue.x-k8s.io/pod-group-name": "grp"}, {"kueue.x-k8s.io/pod-group-total-count": "3"},
+                     {}, True, "gang default/grp of 3 (kueue)", None, id="kueue"),
+        pytest.param({"gpu-steward.io/gang-name": "train", "gpu-steward.io/gang-size": "four"}, {}, {}, False,
+                     "gang default/train not gated",
+                     "gpu-steward: gang default/train: gpu-steward.io/gang-size='four' is not a positive integer",
+                     id="bad-size"),
+        pytest.param({"gpu-steward.io/gang-name": "train", "gpu-steward.io/gang-size": "4"}, {},
+                     {"schedulerName": "volcano"}, False,
+                     "gang default/train: scheduler volcano places the gang", None, id="other-scheduler"),
+        pytest.param({"scheduling.x-k8s.io/pod-group": "pg"}, {}, {}, False,
+                     "gang default/pg: size unknown (scheduler-plugins); not gated",
+                     "gpu-steward: gang default/pg: no size known at admission, not gated", id="size-unknown"),
+        pytest.param({}, {}, {}, False, "not a gang member", None, id="no-gang"),
+    ],
+)
+def test_gang_gate(labels, annotations, spec, gated, reason, warning):
+    pod = builders.pod("w-0", gpus=1, labels=labels, annotations=annotations,
+                       mutate=lambda p: p["spec"].update(spec))
+    outcome, result = admit(pod)
+    gates = [g["name"] for g in result["spec"].get("schedulingGates", [])]
+    assert (outcome.gated, gates) == (gated, ["gpu-steward.io/gang"] if gated else [])
+    assert reason in outcome.record
+    assert outcome.warnings == ((warning,) if warning else ())
+
+
+def test_another_controllers_gate_is_kept():
+    pod = builders.pod("w", gpus=1, labels={"gpu-steward.io/gang-name": "g", "gpu-steward.io/gang-size": "2"},
+                       mutate=lambda p: p["spec"].update(schedulingGates=[{"name": "kueue.x-k8s.io/admission"}]))
+    _, result = admit(pod)
+    assert result["spec"]["schedulingGates"] == [{"name": "kueue.x-k8s.io/admission"},
+                                                 {"name": "gpu-steward.io/gang"}]
+
+
+def test_patch_adds_one_annotation_key_with_escaped_pointer_and_keeps_the_map():
+    pod = builders.pod("p", gpus=1, annotations={"a/b~c": "x"},
+                       mutate=lambda p: p["metadata"].update(name=None, generateName="train-"))
+    del pod["metadata"]["name"]
+    outcome, result = admit(pod)
+    ops = [op for op in outcome.patch if op["path"].startswith("/metadata")]
+    assert ops == [{"op": "add", "path": "/metadata/annotations/gpu-steward.io~1decision", "value": outcome.record}]
+    assert result["metadata"]["annotations"]["a/b~c"] == "x"
+    assert result["metadata"]["generateName"] == "train-"

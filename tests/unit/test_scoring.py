@@ -1,0 +1,134 @@
+"""The NVLink-aware score, term by term, including the product brief's worked examples."""
+
+from __future__ import annotations
+
+import pytest
+
+from admission import scoring
+from common import settings, snapshot
+from tests import builders
+
+CFG = settings.Scoring()
+NAMES = settings.Names()
+
+
+def cluster(*nodes: dict, pods: tuple[dict, ...] = ()) -> snapshot.Snapshot:
+    return snapshot.build(nodes=nodes, pods=pods, names=NAMES, taken_at=0.0)
+
+
+def busy(node: str, gpus: int, name: str = "busy") -> dict:
+    return builders.pod(f"{name}-{node}", gpus=gpus, node=node, phase="Running")
+
+
+@pytest.mark.parametrize(
+    ("gpus", "nodes", "pods", "expected_score", "expected_terms"),
+    [
+        pytest.param(
+            1, [builders.gpu_node("n", gpus=2)], [busy("n", 1)], 250,
+            {"base": 50, "one-domain": 50, "completes-domain": 40, "small-node": 80, "utilisation": 30},
+            id="brief-example-1gpu-on-half-used-2gpu-node",
+        ),
+        pytest.param(
+            1, [builders.gpu_node("n", gpus=8, domains=[range(4), range(4, 8)])], [], 40,
+            {"base": 50, "one-domain": 50, "oversized-node": -40, "utilisation": -20},
+            id="brief-example-1gpu-on-empty-8gpu-node",
+        ),
+        pytest.param(
+            4, [builders.gpu_node("n", gpus=8, domains=[range(4), range(4, 8)])], [], 130,
+            {"base": 50, "one-domain": 50, "exact-domain": 30},
+            id="4gpu-takes-whole-empty-domain",
+        ),
+        pytest.param(
+            8, [builders.gpu_node("n", gpus=8, domains=[range(4), range(4, 8)])], [], 160,
+            {"base": 50, "spans-domains": -20, "large-node": 100, "utilisation": 30},
+            id="8gpu-spans-two-domains-fills-large-node",
+        ),
+        pytest.param(
+            5, [builders.gpu_node("n", gpus=8)], [], 180,
+            {"base": 50, "one-domain": 50, "large-node": 80},
+            id="5gpu-smallest-large-pod-on-single-domain-8gpu-node",
+        ),
+        pytest.param(
+            2, [builders.gpu_node("n", gpus=4, domains=[[0, 1], [2, 3]])], [], 190,
+            {"base": 50, "one-domain": 50, "exact-domain": 30, "small-node": 60},
+            id="2gpu-on-4gpu-node-takes-a-pair",
+        ),
+        pytest.param(
+            1, [builders.gpu_node("n", gpus=2, topology="none")], [], 130,
+            {"base": 50, "small-node": 80},
+            id="unknown-topology-no-domain-terms",
+        ),
+        pytest.param(
+            3, [builders.gpu_node("n", gpus=8, domains=[range(4), range(4, 8)])], [busy("n", 2)], 100,
+            {"base": 50, "one-domain": 50},
+            id="medium-pod-no-match-term-mid-utilisation",
+        ),
+    ],
+)
+def test_score_terms(gpus, nodes, pods, expected_score, expected_terms):
+    snap = cluster(*nodes, pods=tuple(pods))
+    result = scoring.score_node(gpus, snap.nodes["n"], CFG)
+    assert result is not None
+    assert result.score == pytest.approx(expected_score)
+    assert {t.name: t.points for t in result.terms} == pytest.approx(expected_terms)
+
+
+def test_worked_examples_normalise_in_order():
+    example1 = scoring.normalize(250, CFG)
+    example2 = scoring.normalize(40, CFG)
+    assert (example1, example2) == (95, 40)
+    lowest, highest = scoring.bounds(CFG)
+    assert (lowest, highest) == (-110, 270)
+    assert scoring.normalize(lowest - 100, CFG) == 1
+    assert scoring.normalize(highest + 100, CFG) == 100
+
+
+@pytest.mark.parametrize(
+    ("score_a", "score_b"),
+    [pytest.param(a, b, id=f"{a}>{b}") for a, b in [(250, 40), (41, 40), (0, -50), (270, 269)]],
+)
+def test_normalisation_is_monotonic(score_a, score_b):
+    assert scoring.normalize(score_a, CFG) >= scoring.normalize(score_b, CFG)
+
+
+def test_every_constant_is_a_setting():
+    custom = settings.Scoring(base=0, fits_one_domain=0, domain_completion=0, small_on_small_max=0,
+                              high_utilisation_min=0, high_utilisation_max=0)
+    snap = cluster(builders.gpu_node("n", gpus=2), pods=(busy("n", 1),))
+    result = scoring.score_node(1, snap.nodes["n"], custom)
+    assert result is not None and result.score == 0
+
+
+def test_rank_orders_best_first_and_explains_exclusions():
+    snap = cluster(
+        builders.gpu_node("big", gpus=8, domains=[range(4), range(4, 8)]),
+        builders.gpu_node("small", gpus=2),
+        builders.gpu_node("full", gpus=2),
+        builders.gpu_node("cordoned", gpus=2, mutate=lambda n: n["spec"].update(unschedulable=True)),
+        builders.gpu_node("tainted", gpus=2, mutate=lambda n: n["spec"].update(
+            taints=[{"key": "dedicated", "value": "infer", "effect": "NoSchedule"}])),
+        pods=(busy("small", 1), busy("full", 2)),
+    )
+    ranking = scoring.rank(gpus=1, pod_spec={}, nodes=snap.nodes.values(), cfg=CFG)
+    assert [s.node for s in ranking.scores] == ["small", "big"]
+    assert ranking.excluded == {
+        "full": "0 free GPUs, pod needs 1",
+        "cordoned": "node not ready or cordoned",
+        "tainted": "taint dedicated=infer:NoSchedule not tolerated",
+    }
+
+
+def test_rank_ties_broken_by_name_and_same_shape_scored_alike():
+    nodes = [builders.gpu_node(f"n{i}", gpus=8, domains=[range(4), range(4, 8)]) for i in (3, 1, 2)]
+    ranking = scoring.rank(gpus=4, pod_spec={}, nodes=cluster(*nodes).nodes.values(), cfg=CFG)
+    assert [s.node for s in ranking.scores] == ["n1", "n2", "n3"]
+    assert len({s.score for s in ranking.scores}) == 1
+
+
+def test_pod_that_no_domain_holds_prefers_fewest_domains():
+    snap = cluster(
+        builders.gpu_node("pairs", gpus=8, domains=[[0, 1], [2, 3], [4, 5], [6, 7]]),
+        builders.gpu_node("quads", gpus=8, domains=[range(4), range(4, 8)]),
+    )
+    ranking = scoring.rank(gpus=8, pod_spec={}, nodes=snap.nodes.values(), cfg=CFG)
+    assert [(s.node, s.spanned) for s in ranking.scores] == [("quads", 2), ("pairs", 4)]
