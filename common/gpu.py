@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,7 +43,7 @@ def parse_quantity(value: Any, *, resource: str) -> int:
         number = float(text)
     except ValueError:
         raise QuantityError(f"{resource}: {text!r} is not a whole number of devices") from None
-    if number < 0 or number != int(number):
+    if not math.isfinite(number) or number < 0 or number != int(number):
         raise QuantityError(f"{resource}: {text!r} is not a whole number of devices")
     return int(number)
 

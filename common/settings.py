@@ -151,6 +151,8 @@ class Scoring(Model):
     def _check_classes(self) -> Scoring:
         if self.large_pod_min_gpus <= self.small_pod_max_gpus:
             raise ValueError("large_pod_min_gpus must be greater than small_pod_max_gpus")
+        if self.small_node_max_gpus >= self.large_node_min_gpus:
+            raise ValueError("small_node_max_gpus must be smaller than large_node_min_gpus")
         if self.low_utilisation_below > self.high_utilisation_above:
             raise ValueError("low_utilisation_below must not exceed high_utilisation_above")
         return self
@@ -233,14 +235,24 @@ class Kubernetes(Model):
     kubeconfig: pathlib.Path | None = pydantic.Field(
         default=None, description="Unset: in-cluster config, else ~/.kube/config."
     )
-    request_timeout_seconds: Seconds = 10
+    request_timeout_seconds: Seconds = pydantic.Field(default=10, description="Bound of one API call (a list page).")
     watch_timeout_seconds: int = pydantic.Field(default=300, ge=10, description="Server-side watch timeout.")
-    backoff_initial_seconds: Seconds = 0.5
-    backoff_max_seconds: Seconds = 30
+    backoff_initial_seconds: Seconds = pydantic.Field(
+        default=0.5, description="First wait after a failed list/watch; doubles per failure, jittered."
+    )
+    backoff_max_seconds: Seconds = pydantic.Field(default=30, description="Longest wait between retries.")
+    list_page_size: int = pydantic.Field(
+        default=500, ge=1, description="Objects per list page (`limit`); bounds each response's size."
+    )
+    rebuild_interval_seconds: Seconds = pydantic.Field(
+        default=0.25, le=5, description="Snapshot rebuilds are batched: at most one per this interval."
+    )
 
 
 class PrometheusLabels(Model):
-    """DCGM label names; each list is tried in order (Prometheus renames clashing labels)."""
+    """DCGM label names. In each list a later non-empty label overrides an earlier one: with the defaults
+    `exported_pod` beats `pod`, because Prometheus writes `exported_*` only when the scrape target's own
+    `pod`/`namespace` (the dcgm-exporter pod's) clashed with the workload's."""
 
     pod: list[str] = pydantic.Field(default_factory=lambda: ["pod", "exported_pod"])
     namespace: list[str] = pydantic.Field(default_factory=lambda: ["namespace", "exported_namespace"])
@@ -260,8 +272,14 @@ class Prometheus(Model):
     occupancy_refresh_seconds: Seconds = pydantic.Field(
         default=30, description="How often GPU-index occupancy is re-read from DCGM series."
     )
-    gpu_util_metric: str = "DCGM_FI_DEV_GPU_UTIL"
-    mig_activity_metric: str = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+    occupancy_max_age_seconds: Seconds = pydantic.Field(
+        default=120,
+        description="A DCGM series with no sample this recent no longer says which pod holds a GPU.",
+    )
+    gpu_util_metric: str = pydantic.Field(default="DCGM_FI_DEV_GPU_UTIL", pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+    mig_activity_metric: str = pydantic.Field(
+        default="DCGM_FI_PROF_GR_ENGINE_ACTIVE", pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
+    )
     labels: PrometheusLabels = PrometheusLabels()
 
 
@@ -284,6 +302,9 @@ class LeaderElection(Model):
     lease_duration_seconds: Seconds = 15
     renew_deadline_seconds: Seconds = 10
     retry_period_seconds: Seconds = 2
+    identity: str | None = pydantic.Field(
+        default=None, description="This replica's holder identity in the Lease; unset: hostname + random suffix."
+    )
 
 
 class Reclaim(Model):
@@ -297,18 +318,44 @@ class Reclaim(Model):
     sample_interval_seconds: Seconds = pydantic.Field(
         default=60, description="Expected DCGM scrape interval, for the coverage check."
     )
+    max_sample_age_seconds: Seconds = pydantic.Field(
+        default=180, description="A pod whose newest DCGM sample is older than this is not idle (stale data)."
+    )
+    default_idle_threshold_percent: Percent = pydantic.Field(
+        default=5.0,
+        description="Idle threshold (GPU utilisation %) of a reclaimable PriorityClass that names none.",
+    )
     cooldowns: Cooldowns = Cooldowns()
+    cooldown_lease_name: str = pydantic.Field(
+        default="gpu-steward-reclaim-cooldowns",
+        description="Lease (in leader_election.lease_namespace) whose annotation holds the cooldowns.",
+    )
     limits: EvictionLimits = EvictionLimits()
+    retry_backoff_initial_seconds: Seconds = pydantic.Field(
+        default=60, description="After a failed eviction (not 429/404) the pod waits this long, doubling."
+    )
+    retry_backoff_max_seconds: Seconds = 900
 
 
 class Gangs(Model):
-    enabled: bool = True
-    resync_seconds: Seconds = 30
+    """Gang release (see descheduler/gang_release.py for the rules)."""
+
+    enabled: bool = pydantic.Field(default=True, description="Run the gang-release loop (off: gated pods stay gated).")
+    resync_seconds: Seconds = pydantic.Field(
+        default=30, description="Full re-plan at least this often, so a missed pod event never strands a gang."
+    )
     timeout_seconds: Seconds = pydantic.Field(
-        default=600, description="An incomplete gang older than this gets a GangIncomplete warning."
+        default=600,
+        description="An incomplete gang older than this (from its first member's creation) gets a "
+        "GangIncomplete warning; it stays gated.",
     )
     backfill: bool = pydantic.Field(
-        default=False, description="Let a smaller gang start while a larger, older one waits."
+        default=False,
+        description="Let a later gang use nodes an earlier, blocked gang could use. On: better utilisation, "
+        "but a large gang may starve behind a stream of small ones. Off: they start only on other nodes.",
+    )
+    max_snapshot_age_seconds: Seconds = pydantic.Field(
+        default=120, description="No release is planned on a cluster snapshot older than this (seconds)."
     )
 
 
@@ -364,14 +411,32 @@ def load(
         if not isinstance(loaded, dict):
             raise SettingsError(f"settings file {path}: expected a mapping at the top level")
         data = loaded
+    origin = f"{path} and environment" if path else "environment"
     try:
         settings = Settings(**data)
-        if overrides:
-            merged = _deep_merge(settings.model_dump(mode="json"), overrides)
-            settings = Settings.model_validate(merged)
     except pydantic.ValidationError as exc:
-        raise SettingsError(_describe(exc, source=str(path) if path else "environment")) from exc
+        raise SettingsError(_describe(exc, source=origin)) from exc
+    if overrides:
+        try:
+            settings = _WithoutEnvironment(**_deep_merge(settings.model_dump(mode="json"), overrides))
+        except pydantic.ValidationError as exc:
+            raise SettingsError(_describe(exc, source="command-line flags")) from exc
     return settings
+
+
+class _WithoutEnvironment(Settings):
+    """Re-validates already merged values: the environment was applied once and must not win over flags."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[pydantic_settings.BaseSettings],
+        init_settings: pydantic_settings.PydanticBaseSettingsSource,
+        env_settings: pydantic_settings.PydanticBaseSettingsSource,
+        dotenv_settings: pydantic_settings.PydanticBaseSettingsSource,
+        file_secret_settings: pydantic_settings.PydanticBaseSettingsSource,
+    ) -> tuple[pydantic_settings.PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
 
 
 def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

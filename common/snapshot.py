@@ -199,10 +199,10 @@ def build(
         problems += [f"node {name}: {p}" for p in topo.problems]
         resident = sorted(by_node.get(name, []), key=lambda p: (p.created, p.key))
         observed = (occupancy or {}).get(name, {})
-        indices, used = _assign_indices(topo.domains, resident, observed)
+        indices, used, seen = _assign_indices(topo.domains, resident, observed)
         for pod in resident:
             gpu_pods[pod.key] = dataclasses.replace(
-                pod, gpu_indices=indices[pod.key], indices_observed=pod.key in set(observed.values())
+                pod, gpu_indices=indices[pod.key], indices_observed=pod.key in seen
             )
         mig_used: dict[str, int] = {}
         for pod in resident:
@@ -239,14 +239,16 @@ def build(
 
 def _assign_indices(
     domains: Sequence[Sequence[int]], resident: Sequence[Pod], observed: Mapping[int, str]
-) -> tuple[dict[str, tuple[int, ...]], set[int]]:
-    """Observed indices first; the rest of the pods get the placement policy's choice, oldest first."""
+) -> tuple[dict[str, tuple[int, ...]], set[int], set[str]]:
+    """Observed indices first; the rest of the pods get the placement policy's choice, oldest first.
+    Returns indices per pod, all used indices, and the pods whose indices DCGM reported."""
     valid = {i for d in domains for i in d}
     keys = {p.key for p in resident}
     indices: dict[str, list[int]] = {p.key: [] for p in resident}
     for index, key in observed.items():
         if key in keys and index in valid:
             indices[key].append(index)
+    seen = {key for key, held in indices.items() if held}
     used = {i for held in indices.values() for i in held}
     for pod in resident:
         missing = pod.request.full - len(indices[pod.key])
@@ -256,7 +258,7 @@ def _assign_indices(
         if choice is not None:
             indices[pod.key] += choice.indices
             used |= set(choice.indices)
-    return {k: tuple(sorted(v)) for k, v in indices.items()}, used
+    return {k: tuple(sorted(v)) for k, v in indices.items()}, used, seen
 
 
 def from_list(document: Mapping[str, Any], *, names: settings.Names, taken_at: float | None) -> Snapshot:

@@ -1,0 +1,102 @@
+"""common.gangs: which gang a pod belongs to, under each convention, and who enforces it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from common import gangs, settings
+from tests import builders
+
+NAMES = settings.Names()
+NAME = NAMES.gang_name
+SIZE = NAMES.gang_size
+
+
+def _spec(**fields: Any) -> builders.Mutator:
+    def mutate(body: dict[str, Any]) -> None:
+        body["spec"].update(fields)
+
+    return mutate
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected"),
+    [
+        pytest.param(builders.pod("p", gpus=1), None, id="no-gang"),
+        pytest.param(builders.pod("p", namespace="ml", labels={NAME: "llama", SIZE: "4"}),
+                     gangs.Gang("ml", "llama", 4, "gpu-steward", None), id="ours-labels"),
+        pytest.param(builders.pod("p", namespace="ml", annotations={NAME: "llama", SIZE: "4"}),
+                     gangs.Gang("ml", "llama", 4, "gpu-steward", None), id="ours-annotations"),
+        pytest.param(builders.pod("p", labels={NAME: "llama"}, annotations={SIZE: " 8 "}),
+                     gangs.Gang("default", "llama", 8, "gpu-steward", None), id="ours-name-label-size-annotation"),
+        pytest.param(builders.pod("p", labels={NAME: "llama", SIZE: "4", "kueue.x-k8s.io/pod-group-name": "k"},
+                                  annotations={"kueue.x-k8s.io/pod-group-total-count": "2"}),
+                     gangs.Gang("default", "llama", 4, "gpu-steward", None), id="ours-wins-over-kueue"),
+        pytest.param(builders.pod("p", labels={"kueue.x-k8s.io/pod-group-name": "grp"},
+                                  annotations={"kueue.x-k8s.io/pod-group-total-count": "3"}),
+                     gangs.Gang("default", "grp", 3, "kueue", None), id="kueue"),
+        pytest.param(builders.pod("p", labels={"scheduling.x-k8s.io/pod-group": "pg"}),
+                     gangs.Gang("default", "pg", None, "scheduler-plugins", None), id="scheduler-plugins"),
+        pytest.param(builders.pod("p", labels={"scheduling.x-k8s.io/pod-group": "pg"},
+                                  mutate=_spec(schedulerName="scheduler-plugins-scheduler")),
+                     gangs.Gang("default", "pg", None, "scheduler-plugins",
+                                "scheduler scheduler-plugins-scheduler places the gang"),
+                     id="scheduler-plugins-own-scheduler"),
+        pytest.param(builders.pod("p", annotations={"scheduling.k8s.io/group-name": "vj"}),
+                     gangs.Gang("default", "vj", None, "volcano", None), id="volcano-default-scheduler"),
+        pytest.param(builders.pod("p", annotations={"scheduling.k8s.io/group-name": "vj"},
+                                  mutate=_spec(schedulerName="volcano")),
+                     gangs.Gang("default", "vj", None, "volcano", "scheduler volcano places the gang"),
+                     id="volcano-scheduler"),
+        pytest.param(builders.pod("p", mutate=_spec(schedulingGroup={"podGroupName": "native"})),
+                     gangs.Gang("default", "native", None, "kubernetes-podgroup",
+                                "the native PodGroup's policy is enforced by kube-scheduler"),
+                     id="native-scheduling-group"),
+        pytest.param(builders.pod("p", mutate=_spec(schedulingGroup={"podGroupName": "native"},
+                                                    schedulerName="custom")),
+                     gangs.Gang("default", "native", None, "kubernetes-podgroup", "scheduler custom places the gang"),
+                     id="native-with-own-scheduler"),
+        pytest.param(builders.pod("p", mutate=_spec(schedulingGroup={})), None, id="native-without-group-name"),
+        pytest.param(builders.pod("p", labels={NAME: "llama", SIZE: "2"}, mutate=_spec(schedulerName="kai")),
+                     gangs.Gang("default", "llama", 2, "gpu-steward", "scheduler kai places the gang"),
+                     id="ours-non-default-scheduler"),
+        pytest.param(builders.pod("p", labels={NAME: "llama", SIZE: "2"},
+                                  mutate=_spec(schedulerName="default-scheduler")),
+                     gangs.Gang("default", "llama", 2, "gpu-steward", None), id="explicit-default-scheduler"),
+        pytest.param(builders.pod("p", labels={NAME: ""}), None, id="empty-gang-name"),
+        pytest.param(builders.pod("p", labels={"kueue.x-k8s.io/pod-group-name": ""}), None, id="empty-kueue-name"),
+    ],
+)
+def test_identify(pod: dict[str, Any], expected: gangs.Gang | None) -> None:
+    assert gangs.identify(pod, names=NAMES) == expected
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotations", "problem"),
+    [
+        pytest.param({NAME: "g"}, {}, f"{SIZE} is missing", id="ours-missing"),
+        pytest.param({NAME: "g", SIZE: "0"}, {}, f"{SIZE}='0' is not a positive integer", id="ours-zero"),
+        pytest.param({NAME: "g", SIZE: "-2"}, {}, f"{SIZE}='-2' is not a positive integer", id="ours-negative"),
+        pytest.param({NAME: "g", SIZE: "four"}, {}, f"{SIZE}='four' is not a positive integer", id="ours-word"),
+        pytest.param({NAME: "g", SIZE: "2.5"}, {}, f"{SIZE}='2.5' is not a positive integer", id="ours-fraction"),
+        pytest.param({"kueue.x-k8s.io/pod-group-name": "g"}, {},
+                     "kueue.x-k8s.io/pod-group-total-count is missing", id="kueue-missing"),
+        pytest.param({"kueue.x-k8s.io/pod-group-name": "g"}, {"kueue.x-k8s.io/pod-group-total-count": "x"},
+                     "kueue.x-k8s.io/pod-group-total-count='x' is not a positive integer", id="kueue-bad"),
+    ],
+)
+def test_bad_or_missing_size(labels: dict[str, str], annotations: dict[str, str], problem: str) -> None:
+    gang = gangs.identify(builders.pod("p", labels=labels, annotations=annotations), names=NAMES)
+    assert gang is not None
+    assert (gang.name, gang.size, gang.problem) == ("g", None, problem)
+
+
+def test_custom_prefix_and_key() -> None:
+    names = settings.Names(prefix="gpus.example.com/")
+    labels = {"gpus.example.com/gang-name": "g", "gpus.example.com/gang-size": "2", NAME: "someone-else"}
+    pod = builders.pod("p", namespace="ml", labels=labels)
+    gang = gangs.identify(pod, names=names)
+    assert gang is not None
+    assert (gang.key, gang.size, gang.convention) == ("ml/g", 2, "gpu-steward")
