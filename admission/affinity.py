@@ -8,7 +8,7 @@ appended after the user's, which are never removed or reordered.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from admission import scoring
@@ -23,20 +23,10 @@ class Requirement:
     reason: str
 
 
-def _domain_sizes(nodes: Iterable[snapshot.Node], label: str) -> set[int]:
-    sizes = set()
-    for node in nodes:
-        try:
-            sizes.add(int(node.labels[label]))
-        except (KeyError, ValueError):
-            continue
-    return sizes
-
-
-def requirement(*, gpus: int, nodes: Iterable[snapshot.Node], names: settings.Names) -> Requirement:
+def requirement(*, gpus: int, cluster: snapshot.Snapshot, names: settings.Names) -> Requirement:
     """Admit only nodes whose NVLink domains hold the pod; if none can, those that need the fewest domains."""
     label = names.nvlink_domain_size
-    sizes = _domain_sizes(nodes, label)
+    sizes = cluster.labelled_domain_sizes
     if not sizes:
         return Requirement(None, f"no node is labelled {label}")
     largest = max(sizes)

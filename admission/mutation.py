@@ -1,21 +1,18 @@
 """The admission engine: one pure function from an admission request's pod to a patch and its reasons.
 
 No I/O, no clock: the HTTP shell (`admission.server`) passes the snapshot and `now`. The pod is
-mutated as a deep copy of the raw request object and the patch is the diff of the two, so fields
-we do not model are never touched. A pod that already carries our decision record is left alone,
+mutated as a working copy of the raw request object and the patch is the diff of the two over the
+fields we own (`admission.patches`), so fields we do not model are never touched. A pod that already carries our decision record is left alone,
 which makes admission idempotent (reinvocation, retries).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import jsonpatch
-
-from admission import affinity, gating, scoring, tiers
+from admission import affinity, gating, patches, scoring, tiers
 from common import gpu, settings, snapshot
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
@@ -91,7 +88,7 @@ def decide(
     if not request.any:
         return _skip("requests no GPU")
 
-    mutated: dict[str, Any] = copy.deepcopy(dict(pod))
+    mutated = patches.working_copy(pod)
     changes: list[str] = []
     notes: list[str] = [f"{request.describe()}"]
     warnings: list[str] = []
@@ -109,11 +106,11 @@ def decide(
         warnings.append(gate.warning)
 
     record = "; ".join(notes)
-    annotations = mutated.setdefault("metadata", {}).get("annotations") or {}
+    annotations = mutated["metadata"].get("annotations") or {}
     mutated["metadata"]["annotations"] = {**annotations, config.names.decision: record}
     changes.append("decision")
     return Outcome(
-        patch=jsonpatch.make_patch(dict(pod), mutated).patch,
+        patch=patches.diff(pod, mutated),
         changes=tuple(changes),
         record=record,
         warnings=tuple(f"gpu-steward: {w}" for w in warnings),
@@ -200,18 +197,18 @@ def _apply_placement(
 
     parts = [f"placement {mode.value}"]
     if mode is settings.Placement.STRICT:
-        need = affinity.requirement(gpus=request.full, nodes=cluster.nodes.values(), names=config.names)
+        need = affinity.requirement(gpus=request.full, cluster=cluster, names=config.names)
         if need.expression is not None and affinity.add_required(mutated, need.expression):
             changes.append("affinity-required")
         parts.append(f"required {need.reason}" if need.expression else f"no required term ({need.reason})")
-    ranking = scoring.rank(gpus=request.full, pod_spec=mutated["spec"], nodes=cluster.nodes.values(),
-                           cfg=config.scoring)
+    ranking = scoring.rank(gpus=request.full, pod_spec=mutated["spec"], cluster=cluster, cfg=config.scoring,
+                           limit=config.admission.preferred_terms)
     terms = affinity.preferred_terms(ranking.scores, config.admission.preferred_terms)
     if affinity.add_preferred(mutated, terms):
         changes.append("affinity-preferred")
         best = ", ".join(f"{s.node}={s.score:g}->{s.normalized}" for s in ranking.scores[: len(terms)])
         parts.append(f"preferred {best}")
     else:
-        parts.append(f"no node has {request.full} free GPUs now ({len(ranking.excluded)} excluded)")
+        parts.append(f"no node can take {request.full} GPUs now")
     notes.append("; ".join(parts))
     return ranking.scores

@@ -23,7 +23,7 @@ max(match bonuses) + high_utilisation_max`, clamped, so it keeps the order of ra
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from common import fit, placement, settings, snapshot
@@ -129,13 +129,6 @@ def _efficiency_term(gpus: int, node: snapshot.Node, cfg: settings.Scoring) -> T
     return None
 
 
-def _shape(node: snapshot.Node) -> tuple[Any, ...]:
-    """Nodes of one shape score alike: score each shape once, not each node."""
-    free = node.free_by_domain()
-    return (node.topology.known, node.gpu_count, node.free_gpus,
-            tuple((len(d), len(f)) for d, f in zip(node.topology.domains, free, strict=True)))
-
-
 def score_node(gpus: int, node: snapshot.Node, cfg: settings.Scoring) -> NodeScore | None:
     """The node's score for a pod of `gpus` whole GPUs, or None when its free GPUs cannot hold it."""
     free = node.free_by_domain()
@@ -152,24 +145,47 @@ def score_node(gpus: int, node: snapshot.Node, cfg: settings.Scoring) -> NodeSco
     return NodeScore(node.name, total, normalize(total, cfg), spanned, tuple(terms))
 
 
+def _templates(
+    gpus: int, cluster: snapshot.Snapshot, cfg: settings.Scoring
+) -> tuple[list[tuple[NodeScore, tuple[snapshot.Node, ...]]], list[tuple[snapshot.Node, ...]]]:
+    """One score per GPU state, best first, plus the groups too full for the pod; memoised per
+    snapshot so that consecutive requests for the same pod size only walk the nodes."""
+    key = ("scoring.templates", gpus, cfg)
+    if key not in cluster.memo:
+        templates, full = [], []
+        for group in cluster.nodes_by_gpu_state.values():
+            template = score_node(gpus, group[0], cfg)
+            if template is None:
+                full.append(group)
+            else:
+                templates.append((template, group))
+        templates.sort(key=lambda item: -item[0].score)
+        cluster.memo[key] = (templates, full)
+    result: tuple[list[tuple[NodeScore, tuple[snapshot.Node, ...]]], list[tuple[snapshot.Node, ...]]]
+    result = cluster.memo[key]
+    return result
+
+
 def rank(
-    *, gpus: int, pod_spec: Mapping[str, Any], nodes: Iterable[snapshot.Node], cfg: settings.Scoring
+    *, gpus: int, pod_spec: Mapping[str, Any], cluster: snapshot.Snapshot, cfg: settings.Scoring,
+    limit: int | None = None,
 ) -> Ranking:
-    by_shape: dict[tuple[Any, ...], NodeScore | None] = {}
-    scores: list[NodeScore] = []
+    """Nodes that can take the pod, best first (ties by name). Each GPU state is scored once; with
+    `limit`, only that many nodes are looked at past the scoring (the webhook's hot path) and
+    `excluded` lists only the nodes passed over on the way."""
+    templates, full = _templates(gpus, cluster, cfg)
     excluded: dict[str, str] = {}
-    for node in nodes:
-        reason = fit.why_not(pod_spec, node)
-        if reason is not None:
-            excluded[node.name] = reason
-            continue
-        shape = _shape(node)
-        if shape not in by_shape:
-            by_shape[shape] = score_node(gpus, node, cfg)
-        template = by_shape[shape]
-        if template is None:
-            excluded[node.name] = f"{node.free_gpus} free GPUs, pod needs {gpus}"
-            continue
-        scores.append(dataclasses.replace(template, node=node.name))
+    if limit is None:
+        excluded = {n.name: f"{n.free_gpus} free GPUs, pod needs {gpus}" for group in full for n in group}
+    scores: list[NodeScore] = []
+    for template, group in templates:
+        for node in group:
+            if limit is not None and len(scores) >= limit:
+                return Ranking(tuple(scores), excluded)
+            reason = fit.why_not(pod_spec, node)
+            if reason is not None:
+                excluded[node.name] = reason
+                continue
+            scores.append(dataclasses.replace(template, node=node.name))
     scores.sort(key=lambda s: (-s.score, s.node))
     return Ranking(tuple(scores), excluded)

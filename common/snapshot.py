@@ -73,6 +73,7 @@ class Node:
     requested_full: int  # full GPUs requested by pods bound here (>= len(used) when over-committed)
     mig_used: Mapping[str, int]
     pods: tuple[str, ...]  # keys of GPU pods bound here
+    labelled_domain_size: int | None = None  # the `<prefix>nvlink-domain-size` label, if a positive int
 
     @property
     def gpu_count(self) -> int:
@@ -90,6 +91,13 @@ class Node:
     def _free(self) -> tuple[tuple[int, ...], ...]:
         return tuple(tuple(f) for f in placement.free_by_domain(self.topology.domains, self.used))
 
+    @functools.cached_property
+    def gpu_state(self) -> tuple[Any, ...]:
+        """Nodes with equal GPU state take a pod alike: topology known, GPU count, free GPUs, and
+        (size, free) of each NVLink domain. Lets callers decide once per state instead of per node."""
+        return (self.topology.known, self.gpu_count, self.free_gpus,
+                tuple((len(d), len(f)) for d, f in zip(self.topology.domains, self._free, strict=True)))
+
     def free_mig(self, profile: str) -> int:
         return max(0, self.allocatable.mig.get(profile, 0) - self.mig_used.get(profile, 0))
 
@@ -106,6 +114,28 @@ class Snapshot:
     taken_at: float | None  # when the shell last synced it (unix seconds); None: never
     occupancy_observed: bool = False
     problems: tuple[str, ...] = ()  # objects skipped while building, with why
+    # Results derived from this snapshot alone, kept by their users for its lifetime (e.g. node
+    # scores per pod size); never part of equality.
+    memo: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    # Each GPU pod parsed from its raw object (before index assignment), so that the next build
+    # re-parses only objects that changed (the feeder replaces, never mutates, a changed object).
+    parsed: Mapping[str, tuple[Mapping[str, Any], Pod]] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    @functools.cached_property
+    def nodes_by_gpu_state(self) -> Mapping[tuple[Any, ...], tuple[Node, ...]]:
+        """Nodes grouped by `Node.gpu_state`, each group sorted by name (computed once per snapshot)."""
+        groups: dict[tuple[Any, ...], list[Node]] = {}
+        for name in sorted(self.nodes):
+            node = self.nodes[name]
+            groups.setdefault(node.gpu_state, []).append(node)
+        return {state: tuple(group) for state, group in groups.items()}
+
+    @functools.cached_property
+    def labelled_domain_sizes(self) -> frozenset[int]:
+        """Values of the `<prefix>nvlink-domain-size` label across nodes (what a required term can match)."""
+        return frozenset(n.labelled_domain_size for n in self.nodes.values() if n.labelled_domain_size)
 
     def pods_on(self, node: str) -> list[Pod]:
         return [self.pods[k] for k in self.nodes[node].pods] if node in self.nodes else []
@@ -170,18 +200,28 @@ def build(
     occupancy: Occupancy | None = None,
     names: settings.Names,
     taken_at: float | None,
+    previous: Snapshot | None = None,
 ) -> Snapshot:
+    """`previous`: the last snapshot built from the same stores; unchanged objects are reused."""
     problems: list[str] = []
     gpu_pods: dict[str, Pod] = {}
+    parsed: dict[str, tuple[Mapping[str, Any], Pod]] = {}
+    earlier = previous.parsed if previous is not None else {}
     for raw in pods:
-        try:
-            pod = _pod(raw)
-        except (gpu.QuantityError, ValueError, TypeError) as exc:
-            meta = raw.get("metadata") or {}
-            problems.append(f"pod {meta.get('namespace')}/{meta.get('name')} skipped: {exc}")
-            continue
+        meta = raw.get("metadata") or {}
+        key = f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+        hit = earlier.get(key)
+        if hit is not None and hit[0] is raw:
+            pod = hit[1]
+        else:
+            try:
+                pod = _pod(raw)
+            except (gpu.QuantityError, ValueError, TypeError) as exc:
+                problems.append(f"pod {key} skipped: {exc}")
+                continue
         if pod.request.any:
             gpu_pods[pod.key] = pod
+            parsed[pod.key] = (raw, pod)
 
     by_node: dict[str, list[Pod]] = {}
     for pod in gpu_pods.values():
@@ -201,9 +241,14 @@ def build(
         observed = (occupancy or {}).get(name, {})
         indices, used, seen = _assign_indices(topo.domains, resident, observed)
         for pod in resident:
-            gpu_pods[pod.key] = dataclasses.replace(
-                pod, gpu_indices=indices[pod.key], indices_observed=pod.key in seen
-            )
+            before = previous.pods.get(pod.key) if previous is not None else None
+            if (before is not None and before.raw is pod.raw and before.gpu_indices == indices[pod.key]
+                    and before.indices_observed == (pod.key in seen)):
+                gpu_pods[pod.key] = before
+            else:
+                gpu_pods[pod.key] = dataclasses.replace(
+                    pod, gpu_indices=indices[pod.key], indices_observed=pod.key in seen
+                )
         mig_used: dict[str, int] = {}
         for pod in resident:
             for profile, count in pod.request.mig.items():
@@ -221,9 +266,10 @@ def build(
             requested_full=sum(p.request.full for p in resident),
             mig_used=mig_used,
             pods=tuple(p.key for p in resident),
+            labelled_domain_size=topology.positive_int((meta.get("labels") or {}).get(names.nvlink_domain_size)),
         )
 
-    return Snapshot(
+    built = Snapshot(
         nodes=built_nodes,
         pods=gpu_pods,
         priority_classes={pc.name: pc for pc in map(_priority_class, priority_classes)},
@@ -234,7 +280,11 @@ def build(
         taken_at=taken_at,
         occupancy_observed=occupancy is not None,
         problems=tuple(problems),
+        parsed=parsed,
     )
+    # Derived views are computed here, where the shell builds (off the request path), not on first use.
+    _ = built.nodes_by_gpu_state, built.labelled_domain_sizes
+    return built
 
 
 def _assign_indices(

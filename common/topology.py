@@ -70,7 +70,7 @@ def _parse_annotation(text: str) -> tuple[tuple[int, ...], ...]:
     return tuple(domains)
 
 
-def _positive_int(value: str | None) -> int | None:
+def positive_int(value: str | None) -> int | None:
     if value is None:
         return None
     try:
@@ -103,13 +103,13 @@ def from_node(node: Mapping[str, Any], *, names: settings.Names) -> NodeTopology
             count = sum(len(d) for d in domains)
             return NodeTopology(count, domains, Source.ANNOTATION, tuple(problems), **extras)
 
-    n_domains = _positive_int(labels.get(names.nvlink_domains))
-    size = _positive_int(labels.get(names.nvlink_domain_size))
+    n_domains = positive_int(labels.get(names.nvlink_domains))
+    size = positive_int(labels.get(names.nvlink_domain_size))
     if n_domains and size:
         domains = tuple(tuple(range(d * size, (d + 1) * size)) for d in range(n_domains))
         return NodeTopology(n_domains * size, domains, Source.LABELS, tuple(problems), **extras)
     if names.nvlink_domains in labels or names.nvlink_domain_size in labels:
         problems.append(f"labels {names.nvlink_domains}/{names.nvlink_domain_size} incomplete or not positive")
 
-    count = _positive_int(labels.get(GPU_COUNT_LABEL)) or allocatable
+    count = positive_int(labels.get(GPU_COUNT_LABEL)) or allocatable
     return NodeTopology(count, (tuple(range(count)),) if count else (), Source.GPU_COUNT, tuple(problems), **extras)

@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from admission import mutation
-from common import settings, source
+from admission import mutation, scoring
+from common import gpu, settings, source
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         pod = yaml.safe_load(args.pod.read_text())
-        cluster = source.from_file(args.cluster, names=config.names, taken_at=time.time()).snapshot
+        cluster = source.from_file(args.cluster, names=config.names, clock=time.time).snapshot
     except (OSError, ValueError, yaml.YAMLError) as exc:
         print(f"explain: {exc}", file=sys.stderr)
         return 2
@@ -47,18 +47,26 @@ def run(args: argparse.Namespace) -> int:
     namespace = (pod.get("metadata") or {}).get("namespace") or "default"
     outcome = mutation.decide(operation="CREATE", namespace=namespace, pod=pod, cluster=cluster,
                               config=config, now=time.time())
+    # The webhook scores only as far as its preferred terms need; explain shows every node.
+    try:
+        gpus = gpu.pod_request(pod).full
+    except gpu.QuantityError:
+        gpus = 0
+    ranking = scoring.rank(gpus=gpus, pod_spec=pod.get("spec") or {}, cluster=cluster, cfg=config.scoring)
     if args.output == "json":
-        print(json.dumps(as_json(outcome), indent=2))
+        print(json.dumps(as_json(outcome, ranking if gpus else None), indent=2))
     else:
-        print(as_text(outcome))
+        print(as_text(outcome, ranking if gpus else None))
     return 0
 
 
-def as_json(outcome: mutation.Outcome) -> dict[str, Any]:
+def as_json(outcome: mutation.Outcome, ranking: scoring.Ranking | None) -> dict[str, Any]:
     return {
         "patch": outcome.patch,
         "tier": outcome.tier,
-        "scores": [{"node": s.node, "score": s.score, "normalized": s.normalized} for s in outcome.scores],
+        "scores": [{"node": s.node, "score": s.score, "normalized": s.normalized,
+                    "terms": {t.name: t.points for t in s.terms}} for s in (ranking.scores if ranking else ())],
+        "excluded": dict(ranking.excluded) if ranking else {},
         "gated": outcome.gated,
         "record": outcome.record,
         "warnings": list(outcome.warnings),
@@ -66,15 +74,18 @@ def as_json(outcome: mutation.Outcome) -> dict[str, Any]:
     }
 
 
-def as_text(outcome: mutation.Outcome, *, top: int = 10) -> str:
+def as_text(outcome: mutation.Outcome, ranking: scoring.Ranking | None, *, top: int = 10) -> str:
     lines = [f"decision: {outcome.record}"]
     lines += [f"warning:  {w}" for w in outcome.warnings]
-    if outcome.scores:
+    if ranking and ranking.scores:
         lines.append("")
-        lines.append(f"{'node':<32} {'score':>7} {'weight':>6}")
-        lines += [f"{s.node:<32} {s.score:>7g} {s.normalized:>6}" for s in outcome.scores[:top]]
-        if len(outcome.scores) > top:
-            lines.append(f"... {len(outcome.scores) - top} more nodes")
+        lines.append(f"{'node':<32} {'score':>7} {'weight':>6}  terms")
+        lines += [f"{s.node:<32} {s.score:>7g} {s.normalized:>6}  {s.explain()}" for s in ranking.scores[:top]]
+        if len(ranking.scores) > top:
+            lines.append(f"... {len(ranking.scores) - top} more nodes")
+    if ranking and ranking.excluded:
+        lines.append(f"{len(ranking.excluded)} nodes cannot take the pod, e.g. "
+                     + "; ".join(f"{n}: {why}" for n, why in list(ranking.excluded.items())[:3]))
     lines.append("")
     lines.append("patch:" if outcome.patch else "patch: (none)")
     lines += [f"  {json.dumps(op)}" for op in outcome.patch]

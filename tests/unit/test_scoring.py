@@ -109,7 +109,7 @@ def test_rank_orders_best_first_and_explains_exclusions():
             taints=[{"key": "dedicated", "value": "infer", "effect": "NoSchedule"}])),
         pods=(busy("small", 1), busy("full", 2)),
     )
-    ranking = scoring.rank(gpus=1, pod_spec={}, nodes=snap.nodes.values(), cfg=CFG)
+    ranking = scoring.rank(gpus=1, pod_spec={}, cluster=snap, cfg=CFG)
     assert [s.node for s in ranking.scores] == ["small", "big"]
     assert ranking.excluded == {
         "full": "0 free GPUs, pod needs 1",
@@ -120,7 +120,7 @@ def test_rank_orders_best_first_and_explains_exclusions():
 
 def test_rank_ties_broken_by_name_and_same_shape_scored_alike():
     nodes = [builders.gpu_node(f"n{i}", gpus=8, domains=[range(4), range(4, 8)]) for i in (3, 1, 2)]
-    ranking = scoring.rank(gpus=4, pod_spec={}, nodes=cluster(*nodes).nodes.values(), cfg=CFG)
+    ranking = scoring.rank(gpus=4, pod_spec={}, cluster=cluster(*nodes), cfg=CFG)
     assert [s.node for s in ranking.scores] == ["n1", "n2", "n3"]
     assert len({s.score for s in ranking.scores}) == 1
 
@@ -130,5 +130,16 @@ def test_pod_that_no_domain_holds_prefers_fewest_domains():
         builders.gpu_node("pairs", gpus=8, domains=[[0, 1], [2, 3], [4, 5], [6, 7]]),
         builders.gpu_node("quads", gpus=8, domains=[range(4), range(4, 8)]),
     )
-    ranking = scoring.rank(gpus=8, pod_spec={}, nodes=snap.nodes.values(), cfg=CFG)
+    ranking = scoring.rank(gpus=8, pod_spec={}, cluster=snap, cfg=CFG)
     assert [(s.node, s.spanned) for s in ranking.scores] == [("quads", 2), ("pairs", 4)]
+
+
+@pytest.mark.parametrize("limit", [0, 1, 2])
+def test_rank_with_a_limit_returns_the_same_best_nodes(limit):
+    nodes = [builders.gpu_node(f"n{i}", gpus=2) for i in range(3)]
+    nodes.append(builders.gpu_node("big", gpus=8, domains=[range(4), range(4, 8)]))
+    snap = cluster(*nodes, pods=(busy("n2", 1),))
+    full = scoring.rank(gpus=1, pod_spec={}, cluster=snap, cfg=CFG)
+    limited = scoring.rank(gpus=1, pod_spec={}, cluster=snap, cfg=CFG, limit=limit)
+    assert limited.scores == full.scores[:limit]
+    assert [s.node for s in full.scores] == ["n2", "n0", "n1", "big"]

@@ -389,6 +389,23 @@ def test_from_list_rejects_wrong_kind(document: dict[str, Any], message: str) ->
 
 
 def test_static_source_from_file() -> None:
-    loaded = source.from_file(FIXTURE, names=NAMES, taken_at=7.0)
+    now = [7.0]
+    loaded = source.from_file(FIXTURE, names=NAMES, clock=lambda: now[0])
     assert loaded.synced is True
     assert loaded.snapshot == snapshot.from_list(_fixture(), names=NAMES, taken_at=7.0)
+    now[0] = 5_000.0  # a replayed state never ages into "stale" while a process serves it
+    assert loaded.snapshot.age(5_000.0) == 0.0
+
+
+def test_rebuild_from_previous_reuses_unchanged_pods_and_equals_a_cold_build():
+    names = settings.Names()
+    nodes = [builders.gpu_node(f"n{i}", gpus=8, domains=[range(4), range(4, 8)]) for i in range(3)]
+    pods = [builders.pod(f"p{j}", gpus=1, node=f"n{j % 3}", phase="Running") for j in range(9)]
+    first = snapshot.build(nodes=nodes, pods=pods, names=names, taken_at=0.0)
+    pods[4] = builders.pod("p4", gpus=3, node="n1", phase="Running")  # replaced, as the feeder does
+    del pods[0]
+    warm = snapshot.build(nodes=nodes, pods=pods, names=names, taken_at=0.0, previous=first)
+    cold = snapshot.build(nodes=nodes, pods=pods, names=names, taken_at=0.0)
+    assert (warm.pods, warm.nodes) == (cold.pods, cold.nodes)
+    assert warm.pods["default/p8"] is first.pods["default/p8"]
+    assert warm.pods["default/p4"].request.full == 3 and "default/p0" not in warm.pods

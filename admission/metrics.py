@@ -1,0 +1,84 @@
+"""Prometheus metrics of the admission webhook, in a registry per app (no process-global state)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+import prometheus_client
+
+NAMESPACE = "gpu_steward_admission"
+CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
+NEVER = -1.0  # snapshot age before the first sync (as the feeder reports it)
+# Answers normally take about a millisecond; the top buckets show requests near the webhook timeout.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
+
+
+class Result(enum.StrEnum):
+    MUTATED = "mutated"  # allowed with a patch
+    UNCHANGED = "unchanged"  # considered, nothing to change
+    SKIPPED = "skipped"  # not ours to look at (kind, operation, opt-out, namespace, ...)
+    ERROR = "error"  # the engine failed or ran over its budget: allowed unchanged
+    BAD_REQUEST = "bad_request"  # not an AdmissionReview: HTTP 400
+
+
+class Metrics:
+    def __init__(
+        self,
+        *,
+        snapshot_age: Callable[[], float | None],
+        registry: prometheus_client.CollectorRegistry | None = None,
+    ) -> None:
+        # The process may share one registry between the server and the feeder: one /metrics page.
+        self.registry = registry if registry is not None else prometheus_client.CollectorRegistry()
+        self.requests = prometheus_client.Counter(
+            "requests",
+            "Admission requests answered, by result.",
+            ["result"],
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        self.latency = prometheus_client.Histogram(
+            "request_duration_seconds",
+            "Time from reading the body to the answer being ready, in seconds.",
+            namespace=NAMESPACE,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.mutations = prometheus_client.Counter(
+            "mutations",
+            "Mutations made, by kind (tier, affinity-required, affinity-preferred, gate, decision).",
+            ["kind"],
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        self.warnings = prometheus_client.Counter(
+            "warnings",
+            "Warnings returned to clients in admission responses.",
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        age = prometheus_client.Gauge(
+            "snapshot_age_seconds",
+            "Age of the cluster snapshot decisions read, in seconds (-1: never synced).",
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        age.set_function(lambda: _or_never(snapshot_age()))
+        for result in Result:  # every series exists from the start, so rate() sees the first request
+            self.requests.labels(result=result.value)
+
+    def record(self, *, result: Result, seconds: float, changes: tuple[str, ...], warnings: int) -> None:
+        self.requests.labels(result=result.value).inc()
+        self.latency.observe(seconds)
+        for kind in changes:
+            self.mutations.labels(kind=kind).inc()
+        if warnings:
+            self.warnings.inc(warnings)
+
+    def exposition(self) -> bytes:
+        return prometheus_client.generate_latest(self.registry)
+
+
+def _or_never(value: float | None) -> float:
+    return NEVER if value is None else value

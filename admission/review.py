@@ -1,0 +1,99 @@
+"""The AdmissionReview `admission.k8s.io/v1` wire format: decoding a request, building a response.
+
+The API server's objects carry fields we do not model (and new ones with every release), so the
+models here ignore what they do not know; they require only what the protocol requires of us.
+Responses are plain dicts from three tiny pure functions.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import pydantic
+
+API_VERSION = "admission.k8s.io/v1"
+KIND = "AdmissionReview"
+# The API server truncates longer warnings anyway; keep each one readable in kubectl's output.
+MAX_WARNING_CHARS = 256
+
+
+class ReviewError(ValueError):
+    """The body is not an AdmissionReview we can answer (HTTP 400)."""
+
+
+class _Wire(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+
+class GroupVersionKind(_Wire):
+    group: str = ""
+    version: str = ""
+    kind: str = ""
+
+
+class GroupVersionResource(_Wire):
+    group: str = ""
+    version: str = ""
+    resource: str = ""
+
+
+class Request(_Wire):
+    uid: str = pydantic.Field(min_length=1)
+    kind: GroupVersionKind = GroupVersionKind()
+    resource: GroupVersionResource = GroupVersionResource()
+    sub_resource: str | None = pydantic.Field(default=None, alias="subResource")
+    name: str | None = None  # absent at CREATE of a generateName object
+    namespace: str | None = None
+    operation: str = ""  # CREATE, UPDATE, DELETE, CONNECT
+    object: dict[str, Any] | None = None  # null at DELETE
+    old_object: dict[str, Any] | None = pydantic.Field(default=None, alias="oldObject")
+    dry_run: bool = pydantic.Field(default=False, alias="dryRun")
+
+    @property
+    def is_pod(self) -> bool:
+        return self.kind.group == "" and self.kind.kind == "Pod" and not self.sub_resource
+
+
+class AdmissionReview(_Wire):
+    api_version: Literal["admission.k8s.io/v1"] = pydantic.Field(alias="apiVersion")
+    kind: Literal["AdmissionReview"]
+    request: Request
+
+
+def decode(body: bytes) -> AdmissionReview:
+    """Parse a request body; ReviewError says what is wrong, in words fit for an HTTP 400."""
+    try:
+        document = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ReviewError(f"body is not JSON: {exc}") from None
+    try:
+        return AdmissionReview.model_validate(document)
+    except pydantic.ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in error['loc']) or '(top level)'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise ReviewError(f"not an {API_VERSION} {KIND}: {problems}") from None
+
+
+def _response(uid: str, fields: Mapping[str, Any], warnings: Sequence[str]) -> dict[str, Any]:
+    response: dict[str, Any] = {"uid": uid, "allowed": True, **fields}
+    if warnings:
+        response["warnings"] = [w[:MAX_WARNING_CHARS] for w in warnings]
+    return {"apiVersion": API_VERSION, "kind": KIND, "response": response}
+
+
+def allowed(uid: str, *, warnings: Sequence[str] = ()) -> dict[str, Any]:
+    """Admit the object unchanged."""
+    return _response(uid, {}, warnings)
+
+
+def patched(uid: str, patch: Sequence[Mapping[str, Any]], *, warnings: Sequence[str] = ()) -> dict[str, Any]:
+    """Admit the object with an RFC 6902 JSON patch applied (an empty patch admits it unchanged)."""
+    if not patch:
+        return allowed(uid, warnings=warnings)
+    encoded = base64.b64encode(json.dumps(list(patch), separators=(",", ":")).encode()).decode()
+    return _response(uid, {"patchType": "JSONPatch", "patch": encoded}, warnings)

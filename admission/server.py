@@ -1,0 +1,187 @@
+"""The admission webhook's HTTP shell: decode, call the pure engine, answer, record.
+
+`POST /mutate` never denies and never fails a valid review: whatever goes wrong inside the engine,
+the pod is admitted unchanged with a warning, a metric and a log line. Only a body that is not an
+AdmissionReview gets an HTTP 400. `/healthz` says the process serves; `/readyz` says the snapshot
+has synced; `/metrics` is the Prometheus exposition of this app's own registry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import prometheus_client
+from aiohttp import web
+
+from admission import metrics, mutation, review
+from common import settings, snapshot
+from common import source as sources
+
+log = logging.getLogger(__name__)
+
+# An AdmissionReview carries the object and, on UPDATE, the old one: each may reach etcd's 1.5 MiB.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+class Decide(Protocol):
+    def __call__(
+        self,
+        *,
+        operation: str,
+        namespace: str | None,
+        pod: Mapping[str, Any],
+        cluster: snapshot.Snapshot,
+        config: settings.Settings,
+        now: float,
+    ) -> mutation.Outcome: ...
+
+
+class OverBudget(Exception):
+    """The engine answered, but later than `webhook.request_timeout_seconds`."""
+
+
+CONFIG = web.AppKey("config", settings.Settings)
+SOURCE: web.AppKey[sources.SnapshotSource] = web.AppKey("source")
+CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
+TIMER: web.AppKey[Callable[[], float]] = web.AppKey("timer")
+DECIDE: web.AppKey[Decide] = web.AppKey("decide")
+METRICS = web.AppKey("metrics", metrics.Metrics)
+
+
+def create_app(
+    *,
+    config: settings.Settings,
+    source: sources.SnapshotSource,
+    clock: Callable[[], float] = time.time,
+    timer: Callable[[], float] = time.perf_counter,
+    decide: Decide = mutation.decide,
+    registry: prometheus_client.CollectorRegistry | None = None,
+) -> web.Application:
+    """`clock` is wall time (the engine's `now`, the snapshot age); `timer` measures durations."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app[CONFIG] = config
+    app[SOURCE] = source
+    app[CLOCK] = clock
+    app[TIMER] = timer
+    app[DECIDE] = decide
+    app[METRICS] = metrics.Metrics(snapshot_age=lambda: source.snapshot.age(clock()), registry=registry)
+    app.router.add_post("/mutate", mutate)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_page)
+    return app
+
+
+@dataclasses.dataclass(frozen=True)
+class _Answer:
+    result: metrics.Result
+    body: dict[str, Any]
+    warnings: tuple[str, ...] = ()
+    changes: tuple[str, ...] = ()
+    skipped: str | None = None
+
+
+def _pod_ref(request: review.Request) -> str:
+    meta = (request.object or request.old_object or {}).get("metadata") or {}
+    name = request.name or meta.get("name") or (f"{meta['generateName']}*" if meta.get("generateName") else "?")
+    return f"{request.namespace or meta.get('namespace') or '-'}/{name}"
+
+
+def _run_engine(app: web.Application, request: review.Request, pod: Mapping[str, Any]) -> mutation.Outcome:
+    budget = app[CONFIG].webhook.request_timeout_seconds
+    # The engine is synchronous CPU work of about a millisecond: a thread could not interrupt it
+    # (nor, under the GIL, run beside the loop), so it runs inline, is timed, and an answer that
+    # came too late is replaced by the safe one.
+    started = app[TIMER]()
+    outcome = app[DECIDE](
+        operation=request.operation,
+        namespace=request.namespace,
+        pod=pod,
+        cluster=app[SOURCE].snapshot,
+        config=app[CONFIG],
+        now=app[CLOCK](),
+    )
+    took = app[TIMER]() - started
+    if took > budget:
+        raise OverBudget(f"decision took {took:.3f}s, over the {budget:g}s budget")
+    return outcome
+
+
+def _answer(app: web.Application, request: review.Request) -> _Answer:
+    if not request.is_pod:
+        sub = f"/{request.sub_resource}" if request.sub_resource else ""
+        skipped = f"not a pod ({request.kind.kind or '?'}{sub})"
+        return _Answer(metrics.Result.SKIPPED, review.allowed(request.uid), skipped=skipped)
+    if request.object is None:
+        skipped = f"no pod object ({request.operation})"
+        return _Answer(metrics.Result.SKIPPED, review.allowed(request.uid), skipped=skipped)
+    try:
+        outcome = _run_engine(app, request, request.object)
+    except Exception as exc:
+        problem = f"{type(exc).__name__}: {exc}"
+        log.error(
+            "admission uid=%s pod=%s: engine failed, admitting unchanged: %s",
+            request.uid,
+            _pod_ref(request),
+            problem,
+            exc_info=not isinstance(exc, OverBudget),
+        )
+        warning = f"gpu-steward: pod admitted unchanged ({problem})"
+        return _Answer(metrics.Result.ERROR, review.allowed(request.uid, warnings=[warning]), warnings=(warning,))
+    body = review.patched(request.uid, outcome.patch, warnings=outcome.warnings)
+    if outcome.skipped is not None:
+        result = metrics.Result.SKIPPED
+    elif outcome.patch:
+        result = metrics.Result.MUTATED
+    else:
+        result = metrics.Result.UNCHANGED
+    changes = outcome.changes if outcome.patch else ()
+    return _Answer(result, body, warnings=outcome.warnings, changes=changes, skipped=outcome.skipped)
+
+
+async def mutate(request: web.Request) -> web.Response:
+    app = request.app
+    timer = app[TIMER]
+    started = timer()
+    body = await request.read()
+    try:
+        parsed = review.decode(body)
+    except review.ReviewError as exc:
+        app[METRICS].record(result=metrics.Result.BAD_REQUEST, seconds=timer() - started, changes=(), warnings=0)
+        log.warning("admission bad request from %s: %s", request.remote, exc)
+        raise web.HTTPBadRequest(text=f"{exc}\n") from None
+
+    answer = _answer(app, parsed.request)
+    seconds = timer() - started
+    app[METRICS].record(result=answer.result, seconds=seconds, changes=answer.changes, warnings=len(answer.warnings))
+    log.info(
+        "admission uid=%s op=%s pod=%s result=%s changes=%s duration_ms=%.2f%s",
+        parsed.request.uid,
+        parsed.request.operation,
+        _pod_ref(parsed.request),
+        answer.result.value,
+        ",".join(answer.changes) or "-",
+        seconds * 1000,
+        f" skipped={answer.skipped!r}" if answer.skipped else "",
+    )
+    return web.json_response(answer.body)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    if not request.app[SOURCE].synced:
+        return web.Response(status=503, text="cluster snapshot not synced yet\n")
+    return web.Response(text="ok\n")
+
+
+async def metrics_page(request: web.Request) -> web.Response:
+    response = web.Response(body=request.app[METRICS].exposition())
+    response.headers["Content-Type"] = metrics.CONTENT_TYPE
+    return response

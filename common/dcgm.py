@@ -1,0 +1,120 @@
+"""Which pod holds which GPU index, read from DCGM exporter series in Prometheus. Pure: no I/O.
+
+dcgm-exporter labels every per-GPU series with the GPU `gpu` index, the host (`Hostname` in older
+releases, `hostname` in newer ones) and, with pod attribution on, `pod`/`namespace` — renamed
+`exported_pod`/`exported_namespace` when Prometheus scrapes it without `honor_labels` (`pod` is then
+the exporter's own pod): in each configured list a later non-empty label wins, as in
+`descheduler.utilisation`. A GPU no pod holds still has series, with empty pod labels (NVIDIA's
+quick-start shows `pod=""`). MIG instances
+carry `GPU_I_PROFILE`/`GPU_I_ID` and report activity in `DCGM_FI_PROF_GR_ENGINE_ACTIVE`.
+
+One query covers the whole cluster: for every series of either metric, the time of its latest sample
+(`timestamp()` of a plain selector is the sample's own time), kept only if newer than
+`occupancy_max_age_seconds`, so a deleted pod's series drops out. When two pods claim one GPU index
+(a pod replaced on the same GPU within that window, or several MIG instances of one GPU), the most
+recently seen wins: the index is taken either way, which is all the snapshot needs; MIG capacity
+itself is counted from pod requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from common import settings, snapshot
+
+
+def _by_labels(labels: settings.PrometheusLabels) -> list[str]:
+    names = [*labels.hostname, labels.gpu, *labels.namespace, *labels.pod, labels.mig_profile, labels.mig_instance]
+    return list(dict.fromkeys(names))
+
+
+def occupancy_query(config: settings.Prometheus) -> str:
+    """One PromQL expression: per (host, GPU, pod, MIG instance), the unix time of the latest sample."""
+    metrics = "|".join(dict.fromkeys([config.gpu_util_metric, config.mig_activity_metric]))
+    return (
+        f"max by ({', '.join(_by_labels(config.labels))}) "
+        f'(timestamp({{__name__=~"{metrics}"}})) > time() - {config.occupancy_max_age_seconds:g}'
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Claim:
+    node: str
+    index: int
+    pod: str
+    seen_at: float
+    mig: bool
+
+
+def _pick(metric: Mapping[str, str], names: Sequence[str]) -> str:
+    """The value of the last of `names` that is set (later spellings override earlier ones)."""
+    return next((metric[n] for n in reversed(names) if metric.get(n)), "")
+
+
+def _render(metric: Mapping[str, Any]) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(metric.items())) + "}"
+
+
+def _claim(series: Mapping[str, Any], labels: settings.PrometheusLabels) -> _Claim | str:
+    """A claim, or why the series says nothing about occupancy."""
+    metric = series.get("metric")
+    if not isinstance(metric, dict):
+        return "no metric labels"
+    pod = _pick(metric, labels.pod)
+    if not pod:
+        return f"no pod label ({'/'.join(labels.pod)} empty): GPU not attributed to a pod"
+    namespace = _pick(metric, labels.namespace)
+    if not namespace:
+        return f"pod {pod} has no namespace label ({'/'.join(labels.namespace)} empty)"
+    node = _pick(metric, labels.hostname)
+    if not node:
+        return f"pod {namespace}/{pod} has no host label ({'/'.join(labels.hostname)} empty)"
+    raw_index = metric.get(labels.gpu, "")
+    if not raw_index.isdigit():
+        return f"pod {namespace}/{pod} on {node}: GPU label {labels.gpu}={raw_index!r} is not an index"
+    value = series.get("value")
+    try:
+        seen_at = float(value[1])  # type: ignore[index]
+    except (TypeError, ValueError, IndexError):
+        return f"pod {namespace}/{pod} on {node}: sample value {value!r} is not a timestamp"
+    return _Claim(
+        node=node,
+        index=int(raw_index),
+        pod=f"{namespace}/{pod}",
+        seen_at=seen_at,
+        mig=bool(metric.get(labels.mig_instance)),
+    )
+
+
+def parse_occupancy(
+    result: Iterable[Mapping[str, Any]], *, labels: settings.PrometheusLabels
+) -> tuple[snapshot.Occupancy, list[str]]:
+    """Map node -> GPU index -> "namespace/pod" from the answer to `occupancy_query`.
+
+    Also returns, for every series that was not used, why (rendered with its labels).
+    """
+    problems: list[str] = []
+    best: dict[tuple[str, int], _Claim] = {}
+    for series in result:
+        claim = _claim(series, labels)
+        if isinstance(claim, str):
+            problems.append(f"{_render(series.get('metric') or {})}: {claim}")
+            continue
+        slot = (claim.node, claim.index)
+        held = best.get(slot)
+        if held is None:
+            best[slot] = claim
+            continue
+        winner, loser = sorted((held, claim), key=lambda c: (-c.seen_at, c.pod))
+        best[slot] = winner
+        if winner.pod != loser.pod and not (winner.mig and loser.mig):  # MIG instances share a GPU
+            problems.append(
+                f"node {claim.node} GPU {claim.index}: claimed by {loser.pod} (seen {loser.seen_at:.0f}) "
+                f"and {winner.pod} (seen {winner.seen_at:.0f}); kept {winner.pod}, seen last"
+            )
+    occupancy: dict[str, dict[int, str]] = {}
+    for (node, index), claim in sorted(best.items()):
+        occupancy.setdefault(node, {})[index] = claim.pod
+    return occupancy, problems

@@ -1,0 +1,355 @@
+"""Keeps the shared cluster `Snapshot` fresh: list+watch of Nodes, Pods, PriorityClasses and
+Namespaces, plus GPU-index occupancy from DCGM series in Prometheus.
+
+    feeder = Feeder(config=cfg, api=api, prometheus=client_or_none, registry=registry)
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(feeder.run())        # runs until cancelled
+        ... feeder.snapshot, feeder.synced  # read at any time, never blocks
+
+Each kind is listed (paged), then watched from the list's resourceVersion; a watch the server ends
+is resumed from the last resourceVersion seen; 410 Gone (an ERROR event or an HTTP 410) relists;
+any other failure waits a jittered, doubling backoff and tries again. Raw objects live in per-kind
+stores; a separate task rebuilds the immutable snapshot off the event loop at most once per
+`kubernetes.rebuild_interval_seconds`, so a reader never waits for a rebuild.
+
+Freshness: `snapshot.taken_at` is the oldest of the kinds' last contact with the API server, where
+a kind whose watch stream is open counts as in contact now. A dead feed therefore ages the snapshot
+within one `watch_timeout_seconds + request_timeout_seconds` at worst (a silently dead connection).
+
+Change notification: `subscribe()` returns an `asyncio.Event` that is set each time a rebuilt
+snapshot is published (after a pod, node, ... event or an occupancy change); the subscriber clears
+it before reading `feeder.snapshot`, so bursts of events coalesce into one wake-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import prometheus_client
+from kubernetes_asyncio import client
+
+from common import dcgm, gpu, kube, prometheus, settings, snapshot
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    name: str
+    path: str
+
+
+KINDS = (
+    Kind("nodes", "/api/v1/nodes"),
+    Kind("pods", "/api/v1/pods"),
+    Kind("priorityclasses", "/apis/scheduling.k8s.io/v1/priorityclasses"),
+    Kind("namespaces", "/api/v1/namespaces"),
+)
+
+
+def _kept(kind: str, obj: dict[str, Any]) -> bool:
+    """Only GPU pods and GPU nodes are stored: `snapshot.build` ignores the rest, and skipping them
+    keeps rebuilds proportional to the GPU part of the cluster."""
+    try:
+        if kind == "pods":
+            return gpu.pod_request(obj).any
+        if kind == "nodes":
+            return gpu.node_allocatable(obj).any
+    except gpu.QuantityError:
+        return True  # build() reports it as a problem
+    return True
+
+
+def _view(kind: str, obj: dict[str, Any]) -> Any:
+    """What the snapshot reads of an object. Nodes report status every few seconds to minutes
+    (heartbeats, images): only the parts `snapshot.build` uses may trigger a rebuild."""
+    if kind != "nodes":
+        return obj
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    return (
+        meta.get("labels"),
+        meta.get("annotations"),
+        spec.get("unschedulable"),
+        spec.get("taints"),
+        status.get("allocatable"),
+        [(c.get("type"), c.get("status")) for c in status.get("conditions") or []],
+    )
+
+
+class _Gone(Exception):
+    """The resourceVersion we watch from has been compacted away: relist."""
+
+
+class _Metrics:
+    def __init__(self, registry: prometheus_client.CollectorRegistry) -> None:
+        self.relists = prometheus_client.Counter(
+            "gpu_steward_feeder_relists", "Full lists per kind (the first one included).", ["kind"], registry=registry
+        )
+        self.watch_restarts = prometheus_client.Counter(
+            "gpu_steward_feeder_watch_restarts",
+            "Watches resumed after the server ended them.",
+            ["kind"],
+            registry=registry,
+        )
+        self.errors = prometheus_client.Counter(
+            "gpu_steward_feeder_errors", "Failed lists, watches and occupancy reads.", ["source"], registry=registry
+        )
+        self.rebuilds = prometheus_client.Counter(
+            "gpu_steward_feeder_snapshot_rebuilds", "Snapshots built and published.", registry=registry
+        )
+        self.rebuild_seconds = prometheus_client.Summary(
+            "gpu_steward_feeder_snapshot_rebuild_seconds", "Time to build one snapshot.", registry=registry
+        )
+        self.age = prometheus_client.Gauge(
+            "gpu_steward_feeder_snapshot_age_seconds",
+            "Seconds since the snapshot's data was last confirmed by the API server (-1: never).",
+            registry=registry,
+        )
+
+
+class _Backoff:
+    def __init__(self, cfg: settings.Kubernetes) -> None:
+        self._cfg = cfg
+        self._failures = 0
+
+    def reset(self) -> None:
+        self._failures = 0
+
+    def next_delay(self) -> float:
+        ceiling = min(self._cfg.backoff_max_seconds, self._cfg.backoff_initial_seconds * 2**self._failures)
+        self._failures = min(self._failures + 1, 30)
+        return random.uniform(ceiling / 2, ceiling)  # jitter: replicas must not reconnect in lockstep
+
+
+class Feeder:
+    def __init__(
+        self,
+        *,
+        config: settings.Settings,
+        api: client.ApiClient,
+        prometheus: prometheus.Client | None,
+        registry: prometheus_client.CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._config = config
+        self._api = api
+        self._prometheus = prometheus
+        self._clock = clock
+        self._metrics = _Metrics(registry if registry is not None else prometheus_client.CollectorRegistry())
+        self._metrics.age.set_function(self._age)
+        self._stores: dict[str, dict[str, dict[str, Any]]] = {k.name: {} for k in KINDS}
+        self._listed: set[str] = set()
+        self._contact: dict[str, float] = {}  # kind -> last confirmed contact
+        self._streaming: set[str] = set()  # kinds whose watch stream is open right now
+        self._occupancy: snapshot.Occupancy | None = None
+        self._dirty = False
+        self._synced = False
+        self._snapshot = snapshot.EMPTY
+        self._subscribers: set[asyncio.Event] = set()
+
+    # --- what readers see -------------------------------------------------------------------------
+
+    @property
+    def snapshot(self) -> snapshot.Snapshot:
+        return self._snapshot
+
+    @property
+    def synced(self) -> bool:
+        """True once a snapshot built from a full list of every kind has been published."""
+        return self._synced
+
+    def subscribe(self) -> asyncio.Event:
+        """An event set on every snapshot publication with new content; clear it, then read `snapshot`."""
+        event = asyncio.Event()
+        self._subscribers.add(event)
+        return event
+
+    def unsubscribe(self, event: asyncio.Event) -> None:
+        self._subscribers.discard(event)
+
+    # --- the loops --------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Feed until cancelled. Failures are retried forever; only cancellation ends it."""
+        async with asyncio.TaskGroup() as tg:
+            for kind in KINDS:
+                tg.create_task(self._feed(kind), name=f"feeder:{kind.name}")
+            tg.create_task(self._publish(), name="feeder:publish")
+            if self._prometheus is not None:
+                tg.create_task(self._refresh_occupancy(self._prometheus), name="feeder:occupancy")
+
+    async def _feed(self, kind: Kind) -> None:
+        cfg = self._config.kubernetes
+        backoff = _Backoff(cfg)
+        resource_version: str | None = None
+        while True:
+            try:
+                if resource_version is None:
+                    resource_version = await self._list(kind)
+                    backoff.reset()
+                resource_version = await self._watch(kind, resource_version, backoff)
+                self._metrics.watch_restarts.labels(kind.name).inc()
+            except _Gone:
+                logger.info("%s: resourceVersion %s expired (410 Gone), relisting", kind.name, resource_version)
+                resource_version = None
+            except (kube.ApiError, aiohttp.ClientError, TimeoutError) as exc:
+                if isinstance(exc, kube.ApiError) and exc.status == 410:
+                    resource_version = None  # a list's continue token expired, or an HTTP 410 watch
+                    logger.info("%s: 410 Gone (%s), relisting", kind.name, exc)
+                    continue
+                self._metrics.errors.labels(kind.name).inc()
+                delay = backoff.next_delay()
+                logger.warning("%s: %s; retrying in %.2fs", kind.name, exc or type(exc).__name__, delay)
+                await asyncio.sleep(delay)
+
+    async def _list(self, kind: Kind) -> str:
+        cfg = self._config.kubernetes
+        items: dict[str, dict[str, Any]] = {}
+        query: dict[str, kube.QueryValue] = {"limit": cfg.list_page_size}
+        while True:
+            page = await kube.get(self._api, kind.path, timeout_seconds=cfg.request_timeout_seconds, query=query)
+            for item in page.get("items") or []:
+                if _kept(kind.name, item):
+                    items[_key(item)] = item
+            meta = page.get("metadata") or {}
+            if not meta.get("continue"):
+                break
+            query = {"limit": cfg.list_page_size, "continue": meta["continue"]}
+        resource_version = str(meta.get("resourceVersion") or "")
+        if not resource_version:
+            raise kube.ApiError(0, f"{kind.name}: list without a resourceVersion")
+        self._stores[kind.name] = items
+        self._listed.add(kind.name)
+        self._contact[kind.name] = self._clock()
+        self._dirty = True
+        self._metrics.relists.labels(kind.name).inc()
+        logger.debug("%s: listed %d at resourceVersion %s", kind.name, len(items), resource_version)
+        return resource_version
+
+    async def _watch(self, kind: Kind, resource_version: str, backoff: _Backoff) -> str:
+        cfg = self._config.kubernetes
+        store = self._stores[kind.name]
+        try:
+            async for event in kube.watch(
+                self._api,
+                kind.path,
+                resource_version=resource_version,
+                server_timeout_seconds=cfg.watch_timeout_seconds,
+                timeout_seconds=cfg.request_timeout_seconds,
+                on_connect=lambda: self._streaming.add(kind.name),
+            ):
+                kind_of_event, obj = event.get("type"), event["object"]
+                if kind_of_event == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Gone()
+                    raise kube.ApiError(int(obj.get("code") or 0), str(obj.get("message") or obj), body=obj)
+                if kind_of_event in ("ADDED", "MODIFIED", "DELETED"):
+                    self._apply(kind, store, obj, deleted=kind_of_event == "DELETED")
+                elif kind_of_event != "BOOKMARK":
+                    raise kube.ApiError(0, f"{kind.name}: unknown watch event type {kind_of_event!r}")
+                resource_version = str((obj.get("metadata") or {}).get("resourceVersion") or resource_version)
+                backoff.reset()
+        finally:
+            if kind.name in self._streaming:  # alive until this moment
+                self._streaming.discard(kind.name)
+                self._contact[kind.name] = self._clock()
+        return resource_version
+
+    def _apply(self, kind: Kind, store: dict[str, dict[str, Any]], obj: dict[str, Any], *, deleted: bool) -> None:
+        key = _key(obj)
+        old = store.pop(key, None)
+        if not deleted and _kept(kind.name, obj):
+            store[key] = obj
+            if old is not None and _view(kind.name, old) == _view(kind.name, obj):
+                return
+        elif old is None:
+            return
+        self._dirty = True
+
+    async def _refresh_occupancy(self, client: prometheus.Client) -> None:
+        cfg = self._config.prometheus
+        query = dcgm.occupancy_query(cfg)
+        while True:
+            try:
+                result = await client.query(query)
+            except prometheus.PrometheusError as exc:
+                self._metrics.errors.labels("occupancy").inc()
+                logger.warning("occupancy: %s; keeping the last good occupancy", exc)
+            else:
+                occupancy, problems = dcgm.parse_occupancy(result, labels=cfg.labels)
+                if occupancy != self._occupancy:
+                    self._occupancy = occupancy
+                    self._dirty = True
+                logger.debug(
+                    "occupancy: %d series, %d GPUs attributed, %d series unused%s",
+                    len(result),
+                    sum(len(v) for v in occupancy.values()),
+                    len(problems),
+                    f" (first: {problems[0]})" if problems else "",
+                )
+            await asyncio.sleep(cfg.occupancy_refresh_seconds)
+
+    async def _publish(self) -> None:
+        """Rebuild when something changed, else only move `taken_at`; at most once per interval.
+
+        After a rebuild the pause is at least as long as the rebuild took: under constant churn in a
+        big cluster rebuilding then takes at most half of a core (and of the GIL the webhook needs).
+        """
+        while True:
+            pause = self._config.kubernetes.rebuild_interval_seconds
+            if self._dirty and len(self._listed) == len(KINDS):
+                self._dirty = False
+                pause = max(pause, await self._rebuild())
+            elif self._snapshot.taken_at != (taken_at := self._taken_at()):
+                self._snapshot = dataclasses.replace(self._snapshot, taken_at=taken_at)
+            await asyncio.sleep(pause)
+
+    async def _rebuild(self) -> float:
+        """Build and publish a snapshot; returns how long the build took (seconds)."""
+        # Shallow copies: stores are only ever given new dicts, never mutated ones, so the worker
+        # thread reads a consistent set while the watches go on.
+        stores = {name: list(store.values()) for name, store in self._stores.items()}
+        occupancy, taken_at = self._occupancy, self._taken_at()
+        started = time.perf_counter()
+        built = await asyncio.to_thread(
+            snapshot.build,
+            nodes=stores["nodes"],
+            pods=stores["pods"],
+            priority_classes=stores["priorityclasses"],
+            namespaces=stores["namespaces"],
+            occupancy=occupancy,
+            names=self._config.names,
+            taken_at=taken_at,
+            previous=self._snapshot,
+        )
+        took = time.perf_counter() - started
+        self._metrics.rebuild_seconds.observe(took)
+        self._metrics.rebuilds.inc()
+        self._snapshot = built
+        self._synced = True
+        for event in self._subscribers:
+            event.set()
+        return took
+
+    def _taken_at(self) -> float | None:
+        if len(self._contact) < len(KINDS):
+            return None
+        now = self._clock()
+        return min(now if name in self._streaming else at for name, at in self._contact.items())
+
+    def _age(self) -> float:
+        age = self._snapshot.age(self._clock())
+        return -1.0 if age is None else age
+
+
+def _key(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace")
+    return f"{namespace}/{meta.get('name')}" if namespace else str(meta.get("name"))

@@ -1,0 +1,77 @@
+"""The two JSON patches that release one gang member: pin it, then remove our gate.
+
+Pure. What the API server accepts while a pod is gated (kube-apiserver 1.36.3,
+`pkg/apis/core/validation/validation.go`, `validateNodeAffinityMutation` and
+`validateNodeSelectorTermHasOnlyAdditions`):
+- no required node affinity (or an empty term list): anything may be set;
+- otherwise the number of terms must stay the same, and each term may only gain requirements
+  appended after its existing `matchExpressions` / `matchFields`;
+- a term with no requirements at all must stay empty (it matches no node; adding any would widen it);
+- scheduling gates may only be removed.
+So the pin is a `matchFields` requirement `metadata.name In [node]` appended to every non-empty
+term (or the only term when there is none): node names work on nodes without a hostname label (kwok).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jsonpatch
+
+Patch = list[dict[str, Any]]
+
+
+def pin_requirement(nodes: Sequence[str]) -> dict[str, Any]:
+    return {"key": "metadata.name", "operator": "In", "values": sorted(set(nodes))}
+
+
+def tighten(pod: Mapping[str, Any], *, nodes: Sequence[str]) -> Patch:
+    """A patch restricting the pod's required node affinity to `nodes`; [] when it already is.
+
+    Guarded by a `test` of the resourceVersion the plan was made from, so a pod changed meanwhile
+    fails the patch instead of being pinned on stale facts.
+    """
+    mutated: dict[str, Any] = copy.deepcopy(dict(pod))
+    requirement = pin_requirement(nodes)
+    spec = mutated.setdefault("spec", {})
+    affinity = spec["affinity"] = spec.get("affinity") or {}
+    node_affinity = affinity["nodeAffinity"] = affinity.get("nodeAffinity") or {}
+    key = "requiredDuringSchedulingIgnoredDuringExecution"
+    required = node_affinity[key] = node_affinity.get(key) or {}
+    terms = required.get("nodeSelectorTerms") or []
+    if not terms:
+        required["nodeSelectorTerms"] = [{"matchFields": [requirement]}]
+    for term in terms:
+        fields = term.get("matchFields") or []
+        if (term.get("matchExpressions") or fields) and requirement not in fields:
+            term["matchFields"] = [*fields, requirement]
+    return _guarded(pod, jsonpatch.make_patch(dict(pod), mutated).patch)
+
+
+def _guarded(pod: Mapping[str, Any], patch: Patch) -> Patch:
+    version = (pod.get("metadata") or {}).get("resourceVersion")
+    if not patch or not version:
+        return patch
+    return [{"op": "test", "path": "/metadata/resourceVersion", "value": version}, *patch]
+
+
+def ungate(pod: Mapping[str, Any], *, gate: str) -> Patch:
+    """A patch removing `gate` and only it; [] when the pod does not carry it.
+
+    Written out rather than diffed: a diff of [ours, kueue] -> [kueue] may come out as "rename
+    element 0, drop element 1". The `test` makes the removal fail rather than hit another
+    controller's gate should the list have shifted since the pod was read.
+    """
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    for i, entry in enumerate(gates):
+        if entry.get("name") == gate:
+            path = f"/spec/schedulingGates/{i}"
+            return [{"op": "test", "path": f"{path}/name", "value": gate}, {"op": "remove", "path": path}]
+    return []
+
+
+def mark(*, annotation: str, value: str) -> dict[str, Any]:
+    """A merge patch setting one annotation (allowed at any time, gated or not)."""
+    return {"metadata": {"annotations": {annotation: value}}}

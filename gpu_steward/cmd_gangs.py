@@ -1,0 +1,109 @@
+"""`gpu-steward gangs [--cluster STATE.json]`: every gang, its members, its state, and what it waits for.
+
+Offline from a saved state (`kubectl get nodes,pods,priorityclasses,namespaces -A -o json`), or live
+(one full list through the feeder, no watch kept). Read-only: it shows the gang controller's plan
+for this moment; it changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import pathlib
+import sys
+import time
+from typing import Any
+
+from common import feeder, kube, settings, snapshot, source
+from descheduler import gang_release
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "gangs",
+        help="list gangs, their members and state, and what a waiting gang waits for",
+        description="Show the gang controller's view: each gang, its members, its state and why.",
+    )
+    parser.add_argument("--cluster", type=pathlib.Path, help="cluster state (a Kubernetes List); default: live")
+    parser.add_argument("--config", type=pathlib.Path, help="settings file (as rendered by the Helm chart)")
+    parser.add_argument("--output", choices=("text", "json"), default="text")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = settings.load(config_file=args.config)
+    except settings.SettingsError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    now = time.time()
+    try:
+        if args.cluster is not None:
+            cluster = source.from_file(args.cluster, names=config.names, clock=lambda: now).snapshot
+        else:
+            cluster = asyncio.run(_live(config))
+    except (OSError, ValueError, kube.ApiError, TimeoutError) as exc:
+        print(f"gangs: {exc}", file=sys.stderr)
+        return 2
+    result = gang_release.plan(cluster, config=config, now=now)
+    print(json.dumps(as_json(result), indent=2) if args.output == "json" else as_text(result))
+    return 0
+
+
+async def _live(config: settings.Settings) -> snapshot.Snapshot:
+    """One synced snapshot from the API server (the feeder's list, without staying to watch)."""
+    api = await kube.api_client(config.kubernetes)
+    try:
+        live = feeder.Feeder(config=config, api=api, prometheus=None)
+        published = live.subscribe()
+        async with asyncio.timeout(config.kubernetes.request_timeout_seconds * 3):
+            async with asyncio.TaskGroup() as tg:
+                feeding = tg.create_task(live.run(), name="feeder")
+                while not live.synced:
+                    await published.wait()
+                    published.clear()
+                feeding.cancel()
+        return live.snapshot
+    finally:
+        await api.close()
+
+
+def as_json(result: gang_release.Plan) -> dict[str, Any]:
+    return {
+        "gangs": [
+            {
+                "gang": d.gang,
+                "state": d.action.value,
+                "waiting_for": d.waiting.value if d.waiting else None,
+                "size": d.size,
+                "priority": d.priority,
+                "created": d.created,
+                "why": d.message,
+                "event": {"type": d.event_type, "reason": d.event_reason} if d.event_reason else None,
+                "members": [
+                    {"pod": m.key, "gpus": m.request.describe(), "gated": m.gated, "node": m.node}
+                    for m in d.members
+                ],
+            }
+            for d in result.decisions
+        ],
+        "demand": [{"gang": d.gang, "nodes": list(d.nodes), "missing_gpus": d.missing_gpus} for d in result.demand],
+    }
+
+
+def as_text(result: gang_release.Plan) -> str:
+    if not result.decisions:
+        return "no gangs"
+    lines = []
+    for d in result.decisions:
+        size = f"{len(d.members)}/{d.size}" if d.size else f"{len(d.members)}"
+        state = f"{d.action.value}" + (f" ({d.waiting.value})" if d.waiting else "")
+        lines.append(f"{d.gang}  members {size}  priority {d.priority}  {state}")
+        lines.append(f"  why: {d.message}")
+        lines += [
+            f"  - {m.key}  {m.request.describe()}  {'gated' if m.gated else 'released'}"
+            + (f"  node {m.node}" if m.node else "")
+            for m in d.members
+        ]
+    return "\n".join(lines)

@@ -1,0 +1,436 @@
+"""The Feeder against a fake Kubernetes API server (aiohttp) that lists, pages, watches, replays
+history from a resourceVersion, fails on request, and can go down and come back on the same port."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import json
+import pathlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import prometheus_client
+import pytest
+from aiohttp import web
+from kubernetes_asyncio import client
+
+from common import feeder, kube, prometheus, settings
+from tests import builders
+from tests.support.prometheus import Series, StartPrometheus, prometheus_factory  # noqa: F401
+
+PATHS = {kind.name: kind.path for kind in feeder.KINDS}
+Obj = dict[str, Any]
+
+
+def key_of(obj: Obj) -> str:
+    meta = obj["metadata"]
+    return f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
+
+
+class FakeApi:
+    """Just enough of kube-apiserver for list+watch: paged lists, watches that replay history after
+    their resourceVersion, ERROR events, HTTP failures on demand, and a stop/start on one port."""
+
+    def __init__(self) -> None:
+        self.revision = 100
+        self.objects: dict[str, dict[str, Obj]] = {path: {} for path in PATHS.values()}
+        self.history: list[tuple[int, str, Obj]] = []  # (revision, path, event)
+        self.watchers: dict[str, list[asyncio.Queue[Obj | None]]] = {path: [] for path in PATHS.values()}
+        self.requests: list[tuple[str, dict[str, str]]] = []
+        self.fail: dict[str, list[int]] = {path: [] for path in PATHS.values()}  # next responses' statuses
+        self.hold: dict[str, asyncio.Event] = {}  # lists of these paths wait for the event
+        self.authorizations: set[str | None] = set()
+        self.port = 0
+        self.runner: web.AppRunner | None = None
+
+    # --- cluster changes ---
+    def put(self, kind: str, obj: Obj, *, broadcast: bool = True) -> None:
+        path = PATHS[kind]
+        self.revision += 1
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["resourceVersion"] = str(self.revision)
+        event_type = "MODIFIED" if key_of(obj) in self.objects[path] else "ADDED"
+        self.objects[path][key_of(obj)] = obj
+        if broadcast:
+            self._emit(path, {"type": event_type, "object": obj})
+
+    def delete(self, kind: str, obj: Obj) -> None:
+        path = PATHS[kind]
+        self.revision += 1
+        gone = self.objects[path].pop(key_of(obj))
+        gone = {**gone, "metadata": {**gone["metadata"], "resourceVersion": str(self.revision)}}
+        self._emit(path, {"type": "DELETED", "object": gone})
+
+    def send(self, kind: str, event: Obj | None) -> None:
+        """An event to open watches only (ERROR, BOOKMARK), or None: end them as the server would."""
+        for queue in self.watchers[PATHS[kind]]:
+            queue.put_nowait(event)
+
+    def _emit(self, path: str, event: Obj) -> None:
+        self.history.append((self.revision, path, event))
+        for queue in self.watchers[path]:
+            queue.put_nowait(event)
+
+    def lists(self, kind: str) -> int:
+        """Full lists started (first pages)."""
+        return sum(1 for p, q in self.requests if p == PATHS[kind] and "watch" not in q and "continue" not in q)
+
+    def watches(self, kind: str) -> list[dict[str, str]]:
+        return [q for p, q in self.requests if p == PATHS[kind] and q.get("watch") == "true"]
+
+    def open_watches(self) -> int:
+        return sum(len(queues) for queues in self.watchers.values())
+
+    # --- the server ---
+    async def start(self) -> None:
+        app = web.Application()
+        for path in PATHS.values():
+            app.router.add_get(path, self._handle)
+        self.runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.1)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", self.port)
+        await site.start()
+        self.port = self.runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        path, query = request.path, dict(request.query)
+        self.requests.append((path, query))
+        self.authorizations.add(request.headers.get("Authorization"))
+        if self.fail[path]:
+            status = self.fail[path].pop(0)
+            return web.json_response({"kind": "Status", "code": status, "message": f"injected {status}"}, status=status)
+        if query.get("watch") == "true":
+            return await self._watch(request, path, int(query["resourceVersion"]))
+        if path in self.hold:
+            await self.hold[path].wait()
+        items = sorted(self.objects[path].values(), key=key_of)
+        start = int(query.get("continue") or 0)
+        limit = int(query.get("limit") or len(items) or 1)
+        page = items[start : start + limit]
+        more = start + limit < len(items)
+        return web.json_response(
+            {
+                "kind": "List",
+                "metadata": {
+                    "resourceVersion": str(self.revision),
+                    **({"continue": str(start + limit)} if more else {}),
+                },
+                "items": page,
+            }
+        )
+
+    async def _watch(self, request: web.Request, path: str, since: int) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        queue: asyncio.Queue[Obj | None] = asyncio.Queue()
+        for revision, event_path, past in self.history:
+            if event_path == path and revision > since:
+                queue.put_nowait(past)
+        self.watchers[path].append(queue)
+        try:
+            while (event := await queue.get()) is not None:
+                await response.write(json.dumps(event).encode() + b"\n")
+        finally:
+            self.watchers[path].remove(queue)
+        return response
+
+
+@pytest.fixture
+async def fake_api() -> AsyncIterator[FakeApi]:
+    api = FakeApi()
+    await api.start()
+    yield api
+    await api.stop()
+
+
+@pytest.fixture
+async def api_client(fake_api: FakeApi, tmp_path: pathlib.Path) -> AsyncIterator[client.ApiClient]:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": f"http://127.0.0.1:{fake_api.port}"}}],
+                "users": [{"name": "me", "user": {"token": "s3cret"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "me"}}],
+                "current-context": "fake",
+            }
+        )
+    )
+    api = await kube.api_client(settings.Kubernetes(kubeconfig=kubeconfig))
+    yield api
+    await api.close()
+
+
+async def eventually(predicate: Callable[[], bool], what: str) -> None:
+    """Wait (bounded) for a condition of the fake server, which has no event to wait on."""
+    async with asyncio.timeout(20):
+        while not predicate():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    assert predicate(), what
+
+
+@dataclasses.dataclass
+class Clock:
+    now: float = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+CONFIG = settings.Settings(
+    kubernetes=settings.Kubernetes(
+        backoff_initial_seconds=0.05,
+        backoff_max_seconds=0.2,
+        rebuild_interval_seconds=0.01,
+        list_page_size=2,
+        request_timeout_seconds=5,
+    )
+)
+
+
+@dataclasses.dataclass
+class Running:
+    feeder: feeder.Feeder
+    registry: prometheus_client.CollectorRegistry
+    clock: Clock
+    changed: asyncio.Event
+
+    async def until(self, predicate: Callable[[], bool], what: str) -> None:
+        """Wait (bounded) for a published snapshot that satisfies `predicate`."""
+        async with asyncio.timeout(20):
+            while not predicate():
+                self.changed.clear()
+                try:
+                    async with asyncio.timeout(0.05):  # some conditions (metrics) change without a rebuild
+                        await self.changed.wait()
+                except TimeoutError:
+                    pass
+        assert predicate(), what
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+
+@pytest.fixture
+async def running(api_client: client.ApiClient) -> AsyncIterator[Running]:
+    registry = prometheus_client.CollectorRegistry()
+    clock = Clock()
+    fed = feeder.Feeder(config=CONFIG, api=api_client, prometheus=None, registry=registry, clock=clock)
+    task = asyncio.create_task(fed.run())
+    yield Running(fed, registry, clock, fed.subscribe())
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def seed(api: FakeApi) -> None:
+    api.put("nodes", builders.gpu_node("gpu-1", gpus=8, domains=[[0, 1, 2, 3], [4, 5, 6, 7]]))
+    api.put("nodes", builders.gpu_node("gpu-2", gpus=4))
+    api.put("nodes", {"metadata": {"name": "cpu-only"}, "status": {"allocatable": {"cpu": "8"}}})
+    for i in range(5):  # more than one page
+        api.put("pods", builders.pod(f"train-{i}", namespace="team-a", gpus=1, node="gpu-1", phase="Running"))
+    api.put("pods", builders.pod("web", namespace="team-a"))  # no GPUs: not stored
+    for pc in builders.tier_classes():
+        api.put("priorityclasses", pc)
+    api.put("namespaces", builders.namespace("team-a", {"team": "a"}))
+
+
+async def test_initial_list_then_watch_events(fake_api: FakeApi, running: Running) -> None:
+    seed(fake_api)
+    await running.until(lambda: running.feeder.synced, "synced after the first lists")
+    snap = running.feeder.snapshot
+    assert sorted(snap.nodes) == ["gpu-1", "gpu-2"]
+    assert sorted(snap.pods) == [f"team-a/train-{i}" for i in range(5)]
+    assert sorted(snap.priority_classes) == sorted(pc["metadata"]["name"] for pc in builders.tier_classes())
+    assert snap.namespaces == {"team-a": {"team": "a"}}
+    assert snap.taken_at == 1_000.0
+    assert fake_api.authorizations == {"Bearer s3cret"}
+    assert fake_api.lists("pods") == 1 and running.metric("gpu_steward_feeder_relists_total", kind="pods") == 1
+    pages = [(q["limit"], q.get("continue")) for p, q in fake_api.requests if p == PATHS["pods"] and "watch" not in q]
+    assert pages == [("2", None), ("2", "2"), ("2", "4")]
+
+    fake_api.put("pods", builders.pod("infer", namespace="team-b", gpus=2, node="gpu-2", phase="Running"))
+    await running.until(lambda: "team-b/infer" in running.feeder.snapshot.pods, "ADDED")
+    assert running.feeder.snapshot.nodes["gpu-2"].requested_full == 2
+
+    fake_api.put("pods", builders.pod("infer", namespace="team-b", gpus=2, node="gpu-2", phase="Succeeded"))
+    await running.until(lambda: running.feeder.snapshot.nodes["gpu-2"].requested_full == 0, "MODIFIED")
+    assert running.feeder.snapshot.pods["team-b/infer"].phase == "Succeeded"
+
+    fake_api.delete("pods", builders.pod("train-0", namespace="team-a"))
+    await running.until(lambda: "team-a/train-0" not in running.feeder.snapshot.pods, "DELETED")
+    fake_api.put("namespaces", builders.namespace("team-b"))
+    await running.until(lambda: "team-b" in running.feeder.snapshot.namespaces, "namespace ADDED")
+
+
+async def test_node_heartbeats_do_not_rebuild(fake_api: FakeApi, running: Running) -> None:
+    seed(fake_api)
+    await running.until(lambda: running.feeder.synced, "synced")
+    rebuilds = running.metric("gpu_steward_feeder_snapshot_rebuilds_total")
+    heartbeat = builders.gpu_node("gpu-2", gpus=4)
+    heartbeat["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-11-21T10:00:10Z"
+    fake_api.put("nodes", heartbeat)
+    fake_api.put("nodes", builders.gpu_node("gpu-2", gpus=4, labels={"zone": "b"}))  # this one matters
+    await running.until(lambda: running.feeder.snapshot.nodes["gpu-2"].labels.get("zone") == "b", "label change")
+    assert running.metric("gpu_steward_feeder_snapshot_rebuilds_total") == rebuilds + 1
+
+
+async def test_synced_only_after_every_kind_is_listed(fake_api: FakeApi, api_client: client.ApiClient) -> None:
+    seed(fake_api)
+    fake_api.hold[PATHS["priorityclasses"]] = asyncio.Event()
+    fed = feeder.Feeder(config=CONFIG, api=api_client, prometheus=None)
+    changed = fed.subscribe()
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(fed.run())
+        await eventually(
+            lambda: fake_api.lists("pods") + fake_api.lists("nodes") + fake_api.lists("namespaces") == 3, "3 listed"
+        )
+        await asyncio.sleep(0.1)  # several publish rounds
+        assert (fed.synced, fed.snapshot.taken_at, changed.is_set()) == (False, None, False)
+        fake_api.hold[PATHS["priorityclasses"]].set()
+        async with asyncio.timeout(20):
+            await changed.wait()
+        assert fed.synced and len(fed.snapshot.priority_classes) == 3
+        task.cancel()
+
+
+async def test_410_gone_event_relists(fake_api: FakeApi, running: Running) -> None:
+    seed(fake_api)
+    await running.until(lambda: running.feeder.synced, "synced")
+    await running.until(lambda: fake_api.open_watches() == 4, "watching")
+    # A change the watch missed (compacted away); only a relist can see it.
+    fake_api.put(
+        "pods", builders.pod("missed", namespace="team-a", gpus=1, node="gpu-2", phase="Running"), broadcast=False
+    )
+    fake_api.send("pods", {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}})
+    await running.until(lambda: "team-a/missed" in running.feeder.snapshot.pods, "relisted after 410 event")
+    assert fake_api.lists("pods") == 2
+    assert running.metric("gpu_steward_feeder_relists_total", kind="pods") == 2
+    assert running.metric("gpu_steward_feeder_errors_total", source="pods") == 0
+
+
+async def test_http_410_on_watch_relists(fake_api: FakeApi, running: Running) -> None:
+    seed(fake_api)
+    await running.until(lambda: fake_api.open_watches() == 4, "watching")
+    fake_api.fail[PATHS["nodes"]] = [410]
+    fake_api.send("nodes", None)  # the server ends the watch; the re-watch gets HTTP 410
+    await running.until(lambda: fake_api.lists("nodes") == 2, "relisted after HTTP 410")
+    assert running.metric("gpu_steward_feeder_watch_restarts_total", kind="nodes") == 1
+
+
+async def test_watch_end_resumes_from_last_resource_version(fake_api: FakeApi, running: Running) -> None:
+    seed(fake_api)
+    await running.until(lambda: fake_api.open_watches() == 4, "watching")
+    fake_api.put("namespaces", builders.namespace("team-c"))
+    await running.until(lambda: "team-c" in running.feeder.snapshot.namespaces, "event seen")
+    fake_api.send("namespaces", None)
+    await eventually(lambda: len(fake_api.watches("namespaces")) == 2, "re-watching")
+    watches = fake_api.watches("namespaces")
+    assert [w["resourceVersion"] for w in watches] == [str(fake_api.revision - 1), str(fake_api.revision)]
+    assert fake_api.lists("namespaces") == 1
+    assert watches[-1]["allowWatchBookmarks"] == "true" and watches[-1]["timeoutSeconds"] == "300"
+
+
+async def test_errors_back_off_and_recover(fake_api: FakeApi, running: Running) -> None:
+    seed(fake_api)
+    fake_api.fail[PATHS["pods"]] = [500, 503]
+    await running.until(lambda: running.feeder.synced, "synced despite two failed lists")
+    assert running.metric("gpu_steward_feeder_errors_total", source="pods") == 2
+
+    await running.until(lambda: fake_api.open_watches() == 4, "watching")
+    await fake_api.stop()  # connection errors from here on
+    await running.until(lambda: running.metric("gpu_steward_feeder_errors_total", source="nodes") >= 2, "retrying")
+    running.clock.now = 2_000.0
+    await running.until(lambda: running.feeder.snapshot.taken_at == 1_000.0, "a dead feed stops aging forward")
+    assert running.metric("gpu_steward_feeder_snapshot_age_seconds") == 1_000.0
+    fake_api.put("pods", builders.pod("while-down", namespace="team-a", gpus=1, node="gpu-2", phase="Running"))
+    await fake_api.start()  # same port
+    await running.until(lambda: "team-a/while-down" in running.feeder.snapshot.pods, "caught up after reconnect")
+    await running.until(lambda: running.feeder.snapshot.taken_at == 2_000.0, "fresh again")
+    assert fake_api.lists("pods") == 3  # two failures and one list: the rest was resumed by watch
+
+
+async def test_error_event_other_than_410_backs_off_and_rewatches(fake_api: FakeApi, running: Running) -> None:
+    seed(fake_api)
+    await running.until(lambda: fake_api.open_watches() == 4, "watching")
+    fake_api.send("priorityclasses", {"type": "ERROR", "object": {"kind": "Status", "code": 500, "message": "etcd"}})
+    await running.until(
+        lambda: running.metric("gpu_steward_feeder_errors_total", source="priorityclasses") == 1, "error"
+    )
+    await eventually(lambda: len(fake_api.watches("priorityclasses")) == 2, "re-watching")
+    assert fake_api.lists("priorityclasses") == 1
+
+
+async def test_cancellation_exits_cleanly(fake_api: FakeApi, api_client: client.ApiClient) -> None:
+    seed(fake_api)
+    fed = feeder.Feeder(config=CONFIG, api=api_client, prometheus=None)
+    task = asyncio.create_task(fed.run())
+    await eventually(lambda: fake_api.open_watches() == 4, "watching")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("feeder:")] == []
+    await eventually(lambda: fake_api.open_watches() == 0, "the server sees every watch connection closed")
+
+
+async def test_raw_list_is_cheaper_than_models(fake_api: FakeApi, api_client: client.ApiClient) -> None:
+    """Why `common.kube` decodes JSON itself: prints the cost of both ways for 10,000 pods."""
+    for i in range(10_000):
+        fake_api.put("pods", builders.pod(f"p-{i}", namespace="bench", gpus=1, node=f"n-{i % 1000}", phase="Running"))
+    started = time.perf_counter()
+    raw = await kube.get(api_client, PATHS["pods"], timeout_seconds=60)
+    raw_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    models = await client.CoreV1Api(api_client).list_pod_for_all_namespaces(_request_timeout=60)
+    model_seconds = time.perf_counter() - started
+    assert len(raw["items"]) == len(models.items) == 10_000
+    print(f"\n10,000 pods: raw JSON {raw_seconds:.2f}s, generated models {model_seconds:.2f}s")
+
+
+@pytest.mark.prometheus
+async def test_occupancy_from_dcgm_and_outage(
+    fake_api: FakeApi,
+    api_client: client.ApiClient,
+    prometheus_factory: StartPrometheus,  # noqa: F811
+) -> None:
+    seed(fake_api)
+    labels = {"Hostname": "gpu-1", "namespace": "team-a", "modelName": "NVIDIA H100"}
+    server = prometheus_factory(
+        [  # DCGM says train-0 holds GPU 6 and train-1 GPU 2 (the estimate would give them 0 and 1)
+            Series("DCGM_FI_DEV_GPU_UTIL", {**labels, "gpu": "6", "pod": "train-0"}, [(60, 90.0), (1, 91.0)]),
+            Series("DCGM_FI_DEV_GPU_UTIL", {**labels, "gpu": "2", "pod": "train-1"}, [(60, 10.0), (1, 12.0)]),
+        ]
+    )
+    config = settings.Settings(
+        kubernetes=CONFIG.kubernetes,
+        prometheus=settings.Prometheus(url=server.url, occupancy_refresh_seconds=0.05, timeout_seconds=5),
+    )
+    registry = prometheus_client.CollectorRegistry()
+    fed = feeder.Feeder(
+        config=config, api=api_client, prometheus=prometheus.Client(config.prometheus), registry=registry
+    )
+    running = Running(fed, registry, Clock(), fed.subscribe())
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(fed.run())
+        await running.until(lambda: fed.snapshot.occupancy_observed, "occupancy read")
+        pods = fed.snapshot.pods
+        assert (pods["team-a/train-0"].gpu_indices, pods["team-a/train-0"].indices_observed) == ((6,), True)
+        assert (pods["team-a/train-1"].gpu_indices, pods["team-a/train-1"].indices_observed) == ((2,), True)
+        assert pods["team-a/train-2"].indices_observed is False
+
+        server.stop()  # failures keep the last good occupancy
+        await running.until(lambda: running.metric("gpu_steward_feeder_errors_total", source="occupancy") >= 2, "down")
+        fake_api.put("namespaces", builders.namespace("team-z"))  # force a rebuild while Prometheus is down
+        await running.until(lambda: "team-z" in fed.snapshot.namespaces, "rebuilt")
+        assert fed.snapshot.pods["team-a/train-0"].gpu_indices == (6,)
+        task.cancel()

@@ -1,0 +1,437 @@
+"""The gang controller against an API server: pins, un-gating, Events, resync, restart.
+
+`FakeApiServer` is an aiohttp server speaking the few pod/event endpoints the controller uses, and
+enforcing the pod-update rules kube-apiserver 1.36.3 applies to gated pods (ported from
+`pkg/apis/core/validation/validation.go`: `validateOnlyDeletedSchedulingGates`,
+`validateNodeAffinityMutation`, `validateNodeSelectorTermHasOnlyAdditions`), so a patch the real
+server would refuse fails here too. `create_gang`, `gang_pods` and `assert_all_or_nothing` take
+only an API client: the real-apiserver e2e test can reuse them as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
+
+import jsonpatch
+import prometheus_client
+import pytest
+from aiohttp import web
+from kubernetes_asyncio import client
+
+from common import kube, settings, snapshot
+from descheduler import gang_controller, gang_release
+from tests import builders
+
+NAMES = settings.Names()
+GATE = NAMES.gate
+KUEUE_GATE = "kueue.x-k8s.io/admission"
+NAMESPACE = "team"
+TIMEOUT = 10  # bound of every wait below (a hang fails the test instead of blocking it)
+Json = dict[str, Any]
+
+
+# --- helpers reusable against a real API server -------------------------------------------------
+
+
+def gang_member(name: str, *, gang: str, size: int, gpus: int, namespace: str, gated: bool) -> Json:
+    """A gang member pod as a user writes it; `gated=True` adds our gate (no webhook in front)."""
+    labels = {NAMES.gang_name: gang, NAMES.gang_size: str(size)}
+    pod = builders.pod(name, namespace=namespace, gpus=gpus, labels=labels)
+    for field in ("uid", "creationTimestamp"):
+        del pod["metadata"][field]  # the API server sets them
+    del pod["status"]
+    if gated:
+        pod["spec"]["schedulingGates"] = [{"name": GATE}]
+    return pod
+
+
+async def create_gang(
+    api: client.ApiClient,
+    *,
+    name: str = "train",
+    size: int = 8,
+    gpus: int = 1,
+    namespace: str = NAMESPACE,
+    gated: bool = True,
+    request_timeout: float = TIMEOUT,
+) -> list[Json]:
+    """Create all `size` members of gang `name`; returns them as the API server stored them."""
+    created = []
+    for i in range(size):
+        body = gang_member(f"{name}-{i}", gang=name, size=size, gpus=gpus, namespace=namespace, gated=gated)
+        created.append(
+            await kube.request(
+                api, "POST", f"/api/v1/namespaces/{namespace}/pods", body=body, timeout_seconds=request_timeout
+            )
+        )
+    return created
+
+
+async def gang_pods(api: client.ApiClient, *, name: str = "train", namespace: str = NAMESPACE) -> list[Json]:
+    listed = await kube.get(api, f"/api/v1/namespaces/{namespace}/pods", timeout_seconds=TIMEOUT)
+    return sorted(
+        (p for p in listed.get("items") or [] if (p["metadata"].get("labels") or {}).get(NAMES.gang_name) == name),
+        key=lambda p: str(p["metadata"]["name"]),
+    )
+
+
+def gates_of(pod: Mapping[str, Any]) -> list[str]:
+    return [g["name"] for g in pod["spec"].get("schedulingGates") or []]
+
+
+def assert_all_or_nothing(pods: Sequence[Mapping[str, Any]]) -> None:
+    """Every member still gated by us, or none: never a partly released gang."""
+    gated = [GATE in gates_of(p) for p in pods]
+    assert all(gated) or not any(gated), f"partly released: {gated}"
+
+
+# --- the fake API server -------------------------------------------------------------------------
+
+
+def _gated_update_error(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
+    """What kube-apiserver says about this pod update (only the rules that matter here), or None."""
+    old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
+    old_gates, new_gates = gates_of(old), gates_of(new)
+    if any(g not in old_gates for g in new_gates):
+        return "spec.schedulingGates: only deletion is allowed"
+    if old_gates:
+        old_terms = _terms(old_spec)
+        new_terms = _terms(new_spec)
+        if old_terms:
+            if len(new_terms) != len(old_terms):
+                return "no additions/deletions to non-empty NodeSelectorTerms list are allowed"
+            for was, now in zip(old_terms, new_terms, strict=True):
+                if not _only_additions(was, now):
+                    return "nodeSelectorTerms: only additions are allowed (no mutations or deletions)"
+    else:
+        if (old_spec.get("affinity") or {}) != (new_spec.get("affinity") or {}):
+            return "spec: Forbidden: pod updates may not change fields other than ..."
+    unchanged = {k: v for k, v in new_spec.items() if k not in ("affinity", "schedulingGates", "nodeSelector")}
+    if unchanged != {k: v for k, v in old_spec.items() if k not in ("affinity", "schedulingGates", "nodeSelector")}:
+        return "spec: Forbidden: pod updates may not change fields other than ..."
+    return None
+
+
+def _terms(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    return list(required.get("nodeSelectorTerms") or [])
+
+
+def _only_additions(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    fields = ("matchExpressions", "matchFields")
+    if not any(old.get(f) for f in fields) and any(new.get(f) for f in fields):
+        return False
+    for field in fields:
+        was, now = list(old.get(field) or []), list(new.get(field) or [])
+        if was and now[: len(was)] != was:
+            return False
+    return True
+
+
+def _merge(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merge(out.get(key), value)
+    return out
+
+
+class FakeApiServer:
+    def __init__(self) -> None:
+        self.pods: dict[str, Json] = {}  # namespace/name -> pod
+        self.events: list[Json] = []
+        self.patches: list[tuple[str, str]] = []  # (pod key, "pin" | "ungate" | "mark") in arrival order
+        self.failing: set[tuple[str, str]] = set()  # (pod key, kind) answered with HTTP 500
+        self.changed: Callable[[], None] = lambda: None  # the feeder's notification
+        self.touched = asyncio.Event()  # set on every write, for tests that wait for an outcome
+        self._version = 0
+        self.app = web.Application()
+        self.app.router.add_post("/api/v1/namespaces/{ns}/pods", self._create)
+        self.app.router.add_get("/api/v1/namespaces/{ns}/pods", self._list)
+        self.app.router.add_patch("/api/v1/namespaces/{ns}/pods/{name}", self._patch)
+        self.app.router.add_post("/api/v1/namespaces/{ns}/events", self._event)
+
+    def _stamp(self, pod: Json) -> None:
+        self._version += 1
+        pod["metadata"]["resourceVersion"] = str(self._version)
+
+    def put(self, pod: Json, *, notify: bool = True) -> None:
+        meta = pod["metadata"]
+        meta.setdefault("uid", f"uid-{meta['name']}")
+        meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        self._stamp(pod)
+        self.pods[f"{meta['namespace']}/{meta['name']}"] = pod
+        if notify:
+            self.changed()
+
+    async def _create(self, request: web.Request) -> web.Response:
+        pod = await request.json()
+        pod["metadata"]["namespace"] = request.match_info["ns"]
+        self.put(pod)
+        return web.json_response(pod, status=201)
+
+    async def _list(self, request: web.Request) -> web.Response:
+        items = [p for p in self.pods.values() if p["metadata"]["namespace"] == request.match_info["ns"]]
+        return web.json_response({"kind": "PodList", "metadata": {"resourceVersion": str(self._version)},
+                                  "items": items})
+
+    async def _patch(self, request: web.Request) -> web.Response:
+        key = f"{request.match_info['ns']}/{request.match_info['name']}"
+        body = await request.json()
+        if key not in self.pods:
+            return web.json_response({"kind": "Status", "code": 404, "message": "not found"}, status=404)
+        old = self.pods[key]
+        kind = _patch_kind(body)
+        self.patches.append((key, kind))
+        self.touched.set()
+        if (key, kind) in self.failing:
+            return web.json_response({"kind": "Status", "code": 500, "message": "injected"}, status=500)
+        try:
+            if request.content_type == "application/json-patch+json":
+                new = jsonpatch.apply_patch(old, body)
+            elif request.content_type == "application/merge-patch+json":
+                new = _merge(old, body)
+            else:
+                return web.json_response({"kind": "Status", "code": 415}, status=415)
+        except jsonpatch.JsonPatchException as exc:
+            return web.json_response({"kind": "Status", "code": 422, "message": str(exc)}, status=422)
+        error = _gated_update_error(old, new)
+        if error:
+            return web.json_response({"kind": "Status", "code": 422, "message": error}, status=422)
+        self._stamp(new)
+        self.pods[key] = new
+        self.changed()
+        return web.json_response(new)
+
+    async def _event(self, request: web.Request) -> web.Response:
+        event = await request.json()
+        self.events.append(event)
+        self.touched.set()
+        return web.json_response(event, status=201)
+
+    def reasons(self, pod: str) -> list[str]:
+        return [e["reason"] for e in self.events if e["involvedObject"]["name"] == pod]
+
+
+def _patch_kind(body: Any) -> str:
+    if isinstance(body, dict):
+        return "mark"
+    paths = [op["path"] for op in body if op["op"] != "test"]
+    return "ungate" if all(p.startswith("/spec/schedulingGates") for p in paths) else "pin"
+
+
+class StoreSource:
+    """A snapshot source reading the fake server's store directly: an always-current feeder."""
+
+    def __init__(self, server: FakeApiServer, nodes: Sequence[Json], *, clock: Callable[[], float]) -> None:
+        self._server, self._nodes, self._clock = server, list(nodes), clock
+
+    @property
+    def snapshot(self) -> snapshot.Snapshot:
+        pods = copy.deepcopy(list(self._server.pods.values()))
+        return snapshot.build(nodes=self._nodes, pods=pods, names=NAMES, taken_at=self._clock())
+
+    @property
+    def synced(self) -> bool:
+        return True
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[tuple[FakeApiServer, client.ApiClient]]:
+    server = FakeApiServer()
+    runner = web.AppRunner(server.app, access_log=None, shutdown_timeout=1)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        api = client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{port}"))
+        try:
+            yield server, api
+        finally:
+            await api.close()
+    finally:
+        await runner.cleanup()
+
+
+NODES = [builders.gpu_node(f"gpu-{i}", gpus=8, domains=[range(4), range(4, 8)]) for i in range(2)]
+
+
+def config(**gangs: Any) -> settings.Settings:
+    return settings.Settings(descheduler=settings.Descheduler(gangs=settings.Gangs(**gangs)))
+
+
+def controller(
+    server: FakeApiServer, api: client.ApiClient, cfg: settings.Settings, *, clock: Callable[[], float] = time.time
+) -> gang_controller.Controller:
+    return gang_controller.Controller(
+        config=cfg, source=StoreSource(server, NODES, clock=clock), api=api,
+        metrics=gang_controller.Metrics(prometheus_client.CollectorRegistry()),
+    )
+
+
+@contextlib.asynccontextmanager
+async def running(
+    server: FakeApiServer, api: client.ApiClient, cfg: settings.Settings, *, notify: bool
+) -> AsyncIterator[prometheus_client.CollectorRegistry]:
+    """The controller's loop as the descheduler runs it; `notify=False`: every pod event is missed."""
+    changes = asyncio.Event()
+    if notify:
+        server.changed = changes.set
+    registry = prometheus_client.CollectorRegistry()
+    task = asyncio.create_task(gang_controller.run(
+        config=cfg, source=StoreSource(server, NODES, clock=time.time), api=api, changes=changes, registry=registry))
+    try:
+        yield registry
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def until(server: FakeApiServer, condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        while not condition():
+            server.touched.clear()
+            await server.touched.wait()
+
+
+# --- tests ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("notify", [pytest.param(True, id="on-pod-events"), pytest.param(False, id="on-resync-only")])
+async def test_eight_member_gang_is_pinned_then_released_together(
+    fake: tuple[FakeApiServer, client.ApiClient], notify: bool
+) -> None:
+    server, api = fake
+    cfg = config(resync_seconds=0.2 if not notify else 60)
+    async with running(server, api, cfg, notify=notify) as registry:
+        await create_gang(api, size=8, gpus=1)
+        await until(server, lambda: sum(e["reason"] == gang_release.RELEASED for e in server.events) == 8)
+        pods = await gang_pods(api)
+    assert [gates_of(p) for p in pods] == [[]] * 8
+    assert_all_or_nothing(pods)
+    nodes = {gang_release.pinned_node(p) for p in pods}
+    assert len(nodes) == 1 and nodes <= {"gpu-0", "gpu-1"}, "one node holds the whole gang (8 GPUs)"
+    kinds = [kind for _, kind in server.patches]
+    assert kinds == ["pin"] * 8 + ["ungate"] * 8, "every member pinned before any is un-gated"
+    # Woken by each creation, the controller said GangWaiting once per member before the release.
+    expected = [gang_release.WAITING, gang_release.RELEASED] if notify else [gang_release.RELEASED]
+    assert all(server.reasons(p["metadata"]["name"]) in (expected, [gang_release.RELEASED]) for p in pods)
+    assert server.reasons("train-0") == expected
+    assert registry.get_sample_value("gpu_steward_gang_releases_total", {"kind": "released"}) == 1
+    assert registry.get_sample_value("gpu_steward_gang_wait_seconds_count") == 1
+
+
+async def test_failure_while_pinning_releases_none_and_the_next_pass_finishes(
+    fake: tuple[FakeApiServer, client.ApiClient],
+) -> None:
+    server, api = fake
+    await create_gang(api, size=4, gpus=2)
+    server.failing = {(f"{NAMESPACE}/train-2", "pin")}
+    ctl = controller(server, api, config())
+    await ctl.reconcile(now=time.time())
+    pods = await gang_pods(api)
+    assert [gates_of(p) for p in pods] == [[GATE]] * 4
+    assert [k for _, k in server.patches] == ["pin"] * 3, "stopped at the failing member, nothing un-gated"
+    server.failing = set()
+    await ctl.reconcile(now=time.time())
+    pods = await gang_pods(api)
+    assert [gates_of(p) for p in pods] == [[]] * 4
+    assert len({gang_release.pinned_node(p) for p in pods}) == 1
+
+
+async def test_restart_mid_release_resumes_from_the_cluster(fake: tuple[FakeApiServer, client.ApiClient]) -> None:
+    server, api = fake
+    await create_gang(api, size=4, gpus=2)
+    server.failing = {(f"{NAMESPACE}/train-2", "ungate")}
+    await controller(server, api, config()).reconcile(now=time.time())
+    assert [gates_of(p) for p in await gang_pods(api)] == [[], [], [GATE], [GATE]]
+    server.failing = set()
+    fresh = controller(server, api, config())  # a new process: nothing remembered
+    plan = await fresh.reconcile(now=time.time())
+    assert plan is not None and [(d.action, d.event_reason) for d in plan.decisions] == [
+        (gang_release.Action.RESUME, gang_release.RELEASED)
+    ]
+    assert [gates_of(p) for p in await gang_pods(api)] == [[]] * 4
+
+
+async def test_invalid_member_released_alone_and_other_gates_kept(
+    fake: tuple[FakeApiServer, client.ApiClient],
+) -> None:
+    server, api = fake
+    pod = gang_member("odd", gang="odd", size=2, gpus=1, namespace=NAMESPACE, gated=True)
+    pod["metadata"]["labels"][NAMES.gang_size] = "two"
+    pod["spec"]["schedulingGates"].insert(0, {"name": KUEUE_GATE})
+    server.put(pod)
+    await controller(server, api, config()).reconcile(now=time.time())
+    stored = server.pods[f"{NAMESPACE}/odd"]
+    assert gates_of(stored) == [KUEUE_GATE]
+    assert gang_release.pinned_node(stored) is None, "released alone: no pin"
+    [event] = server.events
+    assert (event["type"], event["reason"]) == ("Warning", gang_release.INVALID)
+    assert "'two' is not a positive integer" in event["message"]
+
+
+async def test_waiting_and_timeout_events_are_posted_once(fake: tuple[FakeApiServer, client.ApiClient]) -> None:
+    server, api = fake
+    for i in range(2):
+        pod = gang_member(f"part-{i}", gang="part", size=3, gpus=1, namespace=NAMESPACE, gated=True)
+        pod["metadata"]["creationTimestamp"] = "2026-11-21T10:00:00Z"
+        server.put(pod)
+    created = gang_release.seconds("2026-11-21T10:00:00Z")
+    assert created is not None
+    clock = [created]
+    ctl = controller(server, api, config(timeout_seconds=600), clock=lambda: clock[0])
+    for clock[0] in (created + 60, created + 120, created + 700, created + 800):
+        assert await ctl.reconcile(now=clock[0]) is not None
+    reasons = server.reasons("part-0")
+    assert reasons == [gang_release.WAITING, gang_release.INCOMPLETE]
+    assert all(gates_of(p) == [GATE] for p in await gang_pods(api, name="part"))
+
+
+ZONE = {"key": "zone", "operator": "In", "values": ["a"]}
+PIN_N1 = {"key": "metadata.name", "operator": "In", "values": ["n1"]}
+TERMS = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms"
+
+
+@pytest.mark.parametrize(
+    ("patch", "status"),
+    [
+        pytest.param([{"op": "add", "path": f"{TERMS}/1/matchFields", "value": [PIN_N1]}], 200, id="append-accepted"),
+        pytest.param([{"op": "add", "path": f"{TERMS}/0/matchFields", "value": [PIN_N1]}], 422,
+                     id="filling-an-empty-term-rejected"),
+        pytest.param([{"op": "add", "path": f"{TERMS}/-", "value": {"matchFields": [PIN_N1]}}], 422,
+                     id="adding-a-term-rejected"),
+        pytest.param([{"op": "remove", "path": f"{TERMS}/1/matchExpressions/0"}], 422, id="removing-rejected"),
+        pytest.param([{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": "x.io/y"}}], 422,
+                     id="adding-a-gate-rejected"),
+    ],
+)
+async def test_fake_server_enforces_the_gated_pod_rules(
+    fake: tuple[FakeApiServer, client.ApiClient], patch: list[Json], status: int
+) -> None:
+    """The rules the fake enforces must bite, or the tests above would prove nothing about the API."""
+    server, api = fake
+    pod = gang_member("w", gang="g", size=2, gpus=1, namespace=NAMESPACE, gated=True)
+    pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{}, {"matchExpressions": [ZONE]}]}}}
+    server.put(pod)
+    try:
+        await kube.request(api, "PATCH", f"/api/v1/namespaces/{NAMESPACE}/pods/w", body=patch,
+                           content_type=gang_controller.JSON_PATCH, timeout_seconds=TIMEOUT)
+        answered = 200
+    except kube.ApiError as exc:
+        answered = exc.status
+    assert answered == status

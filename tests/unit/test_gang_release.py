@@ -1,0 +1,379 @@
+"""The gang-release planner: decisions and their reasons, for every rule in descheduler/gang_release.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from common import settings, snapshot
+from descheduler import gang_patch, gang_release
+from tests import builders
+
+NAMES = settings.Names()
+GATE = NAMES.gate
+KUEUE_GATE = "kueue.x-k8s.io/admission"
+MARK = gang_release.complete_mark(NAMES)
+NOW = datetime.datetime(2026, 11, 21, 12, 0, tzinfo=datetime.UTC).timestamp()
+RECENT = "2026-11-21T11:59:00Z"  # a minute before NOW
+LONG_AGO = "2026-11-21T10:00:00Z"  # two hours before NOW
+SPLIT_8 = [range(4), range(4, 8)]  # an 8-GPU node with two NVLink domains of 4
+
+A = gang_release.Action
+W = gang_release.Waiting
+
+
+def config(**gangs: Any) -> settings.Settings:
+    return settings.Settings(descheduler=settings.Descheduler(gangs=settings.Gangs(**gangs)))
+
+
+def member(
+    name: str,
+    *,
+    gang: str = "train",
+    size: int | str | None = 4,
+    gpus: int = 1,
+    gated: bool = True,
+    gates: Sequence[str] = (),
+    created: str = RECENT,
+    node: str | None = None,
+    priority: int = 10_000,
+    annotations: Mapping[str, str] | None = None,
+    owner: str | None = None,
+    pin: str | None = None,
+    selector: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A gang member in namespace `team`; `gated` adds our gate (after `gates`, which come first)."""
+    gang_labels = {NAMES.gang_name: gang, **({NAMES.gang_size: str(size)} if size is not None else {})}
+
+    def mutate(pod: dict[str, Any]) -> None:
+        spec = pod["spec"]
+        spec["priority"] = priority
+        all_gates = [*gates, *([GATE] if gated else [])]
+        if all_gates:
+            spec["schedulingGates"] = [{"name": g} for g in all_gates]
+        if owner:
+            pod["metadata"]["ownerReferences"] = [{"kind": "Job", "name": owner, "controller": True}]
+        if pin:
+            spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchFields": [gang_patch.pin_requirement([pin])]}]}}}
+        if selector:
+            spec["nodeSelector"] = dict(selector)
+
+    return builders.pod(
+        name, namespace="team", gpus=gpus, node=node, phase="Running" if node else "Pending",
+        labels=dict(labels if labels is not None else gang_labels), annotations=dict(annotations or {}),
+        created=created, mutate=mutate,
+    )
+
+
+def gang(prefix: str, count: int, **kwargs: Any) -> list[dict[str, Any]]:
+    return [member(f"{prefix}-{i}", gang=prefix, **kwargs) for i in range(count)]
+
+
+def running(name: str, *, node: str, gpus: int) -> dict[str, Any]:
+    return builders.pod(name, namespace="other", gpus=gpus, node=node, phase="Running")
+
+
+def cluster(
+    nodes: Sequence[dict[str, Any]], pods: Sequence[dict[str, Any]], occupancy: snapshot.Occupancy | None = None
+) -> snapshot.Snapshot:
+    return snapshot.build(nodes=nodes, pods=pods, occupancy=occupancy, names=NAMES, taken_at=NOW)
+
+
+@dataclasses.dataclass(frozen=True)
+class Want:
+    action: gang_release.Action
+    reason: str | None
+    says: str  # a fragment of the message
+    pins: Mapping[str, str] | None = None  # pod name -> node (RELEASE)
+    waiting: gang_release.Waiting | None = None
+    ungate: Sequence[str] | None = None  # pod names
+
+
+def outcome(plan: gang_release.Plan) -> dict[str, gang_release.Decision]:
+    return {d.gang: d for d in plan.decisions}
+
+
+def check(decision: gang_release.Decision, want: Want) -> None:
+    assert (decision.action, decision.event_reason, decision.waiting) == (want.action, want.reason, want.waiting)
+    assert want.says in decision.message
+    if want.pins is not None:
+        assert {k.split("/")[1]: v for k, v in decision.pins.items()} == dict(want.pins)
+    if want.ungate is not None:
+        assert sorted(k.split("/")[1] for k in decision.ungate) == sorted(want.ungate)
+
+
+EIGHT = builders.gpu_node("big", gpus=8, domains=SPLIT_8)
+# An older 2x4-GPU gang that does not fit "big" while 2 of its GPUs are busy.
+LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=LONG_AGO), running("busy", node="big", gpus=2)]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "pods", "cfg", "expected"),
+    [
+        pytest.param(
+            [EIGHT], gang("train", 2), config(),
+            {"team/train": Want(A.WAIT, gang_release.WAITING, "2 of 4 members present", waiting=W.INCOMPLETE)},
+            id="incomplete-waits",
+        ),
+        pytest.param(
+            [EIGHT], gang("train", 4, gpus=2), config(),
+            {"team/train": Want(A.RELEASE, gang_release.RELEASED, "4 members on 1 node(s) (big): one node",
+                                pins={f"train-{i}": "big" for i in range(4)}, ungate=[f"train-{i}" for i in range(4)])},
+            id="complete-and-fits-releases-all",
+        ),
+        pytest.param(
+            [EIGHT], [*gang("train", 2, size=2, gpus=4), running("busy", node="big", gpus=4)], config(),
+            {"team/train": Want(A.WAIT, gang_release.WAITING, "waiting for 4 more free GPUs (8 needed, 4 free",
+                                waiting=W.CAPACITY, ungate=[])},
+            id="complete-does-not-fit-releases-none",
+        ),
+        pytest.param(
+            [EIGHT, builders.gpu_node("small", gpus=4)],
+            [member("m-4", gpus=4), member("m-2", gpus=2), member("m-1a", gpus=1), member("m-1b", gpus=1)],
+            config(),
+            {"team/train": Want(A.RELEASE, gang_release.RELEASED, "each member within one NVLink domain",
+                                pins={"m-4": "big", "m-2": "big", "m-1a": "big", "m-1b": "big"})},
+            id="mixed-gpu-counts-packed-on-one-node",
+        ),
+        pytest.param(
+            # Alone, the greedy order would take n1 (clique X) and n2 (clique Y); clique Y holds the gang.
+            [builders.gpu_node("n1", gpus=4, labels={"nvidia.com/gpu.clique": "X"}),
+             builders.gpu_node("n2", gpus=4, labels={"nvidia.com/gpu.clique": "Y"}),
+             builders.gpu_node("n3", gpus=4, labels={"accelerator.topograph.run/domain": "Y"})],
+            gang("train", 2, size=2, gpus=4), config(),
+            {"team/train": Want(A.RELEASE, gang_release.RELEASED, "one multi-node NVLink domain Y",
+                                pins={"train-0": "n2", "train-1": "n3"})},
+            id="one-multi-node-clique-preferred",
+        ),
+        pytest.param(
+            [EIGHT],
+            [*gang("older", 2, size=2, gpus=4, created="2026-11-21T11:00:00Z"),
+             *gang("urgent", 2, size=2, gpus=4, priority=100_000)],
+            config(),
+            {"team/urgent": Want(A.RELEASE, gang_release.RELEASED, "one node",
+                                 pins={"urgent-0": "big", "urgent-1": "big"}),
+             "team/older": Want(A.WAIT, gang_release.WAITING, "waiting for 8 more free GPUs", waiting=W.CAPACITY)},
+            id="queue-higher-priority-first",
+        ),
+        pytest.param(
+            [EIGHT],
+            [*gang("second", 2, size=2, gpus=4, created="2026-11-21T11:30:00Z"),
+             *gang("first", 2, size=2, gpus=4, created="2026-11-21T11:00:00Z")],
+            config(),
+            {"team/first": Want(A.RELEASE, gang_release.RELEASED, "one node"),
+             "team/second": Want(A.WAIT, gang_release.WAITING, "waiting for 8 more free GPUs", waiting=W.CAPACITY)},
+            id="queue-same-priority-oldest-first",
+        ),
+        pytest.param(
+            [EIGHT],
+            [*LARGE_BLOCKED, *gang("small", 2, size=2, gpus=1)],
+            config(backfill=False),
+            {"team/large": Want(A.WAIT, gang_release.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
+             "team/small": Want(A.WAIT, gang_release.WAITING, "fits, but queued behind team/large",
+                                waiting=W.QUEUED, ungate=[])},
+            id="backfill-off-small-gang-waits-behind-blocked-large-one",
+        ),
+        pytest.param(
+            [EIGHT],
+            [*LARGE_BLOCKED, *gang("small", 2, size=2, gpus=1)],
+            config(backfill=True),
+            {"team/large": Want(A.WAIT, gang_release.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
+             "team/small": Want(A.RELEASE, gang_release.RELEASED, "one node",
+                                pins={"small-0": "big", "small-1": "big"})},
+            id="backfill-on-small-gang-starts",
+        ),
+        pytest.param(
+            [EIGHT, builders.gpu_node("other-pool", gpus=2, labels={"pool": "b"})],
+            [*gang("large", 2, size=2, gpus=4, created=LONG_AGO, selector={"kubernetes.io/hostname": "big"}),
+             running("busy", node="big", gpus=2), *gang("elsewhere", 2, size=2, gpus=1, selector={"pool": "b"})],
+            config(backfill=False),
+            {"team/large": Want(A.WAIT, gang_release.WAITING, "waiting for 2 more", waiting=W.CAPACITY),
+             "team/elsewhere": Want(A.RELEASE, gang_release.RELEASED, "one node",
+                                    pins={"elsewhere-0": "other-pool", "elsewhere-1": "other-pool"})},
+            id="backfill-off-gang-on-nodes-the-blocked-one-cannot-use-starts",
+        ),
+        pytest.param(
+            [EIGHT], [member("bad", size="four")], config(),
+            {"team/bad": Want(A.RELEASE_ALONE, gang_release.INVALID, "'four' is not a positive integer",
+                              ungate=["bad"])},
+            id="invalid-size-released-with-warning",
+        ),
+        pytest.param(
+            [EIGHT], [member("nameless", labels={})], config(),
+            {"team/nameless": Want(A.RELEASE_ALONE, gang_release.INVALID, "names no gang", ungate=["nameless"])},
+            id="gate-without-gang-labels-released-with-warning",
+        ),
+        pytest.param(
+            [EIGHT], [member("p-0", gang="p", size=2), member("p-1", gang="p", size=3)], config(),
+            {"team/p-0": Want(A.RELEASE_ALONE, gang_release.INVALID, "members disagree on the gang size (2, 3)"),
+             "team/p-1": Want(A.RELEASE_ALONE, gang_release.INVALID, "members disagree on the gang size (2, 3)")},
+            id="members-disagreeing-on-size-released-with-warning",
+        ),
+        pytest.param(
+            [EIGHT], gang("train", 2, annotations={MARK: "2026-11-21T11:59:30Z"}), config(),
+            {"team/train": Want(A.RELEASE_ALONE, gang_release.ORPHANED, "was complete, now 2 of 4",
+                                ungate=["train-0", "train-1"])},
+            id="orphaned-members-released-with-warning",
+        ),
+        pytest.param(
+            [EIGHT], gang("train", 2, annotations={MARK: "2026-11-21T11:59:30Z"}, owner="job"), config(),
+            {"team/train": Want(A.WAIT, gang_release.WAITING, "2 of 4 members present", waiting=W.INCOMPLETE)},
+            id="lost-members-with-an-owner-wait-for-it-to-recreate-them",
+        ),
+        pytest.param(
+            [EIGHT], gang("train", 2, created=LONG_AGO), config(timeout_seconds=600),
+            {"team/train": Want(A.TIMED_OUT, gang_release.INCOMPLETE, "2 of 4 members present after more than 600s",
+                                waiting=W.INCOMPLETE, ungate=[])},
+            id="incomplete-past-timeout-warns-and-stays-gated",
+        ),
+        pytest.param(
+            # Restart mid-release: two members already un-gated and bound, two still gated but pinned.
+            [EIGHT],
+            [member("t-0", gang="t", gated=False, node="big"), member("t-1", gang="t", gated=False, node="big"),
+             member("t-2", gang="t", pin="big"), member("t-3", gang="t", pin="big")],
+            config(),
+            {"team/t": Want(A.RESUME, gang_release.RELEASED, "2 of 4 members already released", ungate=["t-2", "t-3"])},
+            id="restart-half-released-gang-resumes",
+        ),
+        pytest.param(
+            # One member never gated (webhook was down) and the gang is still incomplete: keep waiting.
+            [EIGHT], [member("t-0", gang="t", gated=False, node="big"), member("t-1", gang="t")], config(),
+            {"team/t": Want(A.WAIT, gang_release.WAITING, "2 of 4 members present", waiting=W.INCOMPLETE)},
+            id="started-but-incomplete-gang-waits",
+        ),
+        pytest.param(
+            # Restart after pinning, before un-gating: the pins are honoured, nothing is re-planned elsewhere.
+            [EIGHT, builders.gpu_node("also", gpus=8, domains=SPLIT_8)],
+            [member("t-0", gang="t", size=2, pin="also"), member("t-1", gang="t", size=2, pin="also")],
+            config(),
+            {"team/t": Want(A.RELEASE, gang_release.RELEASED, "(also)", pins={"t-0": "also", "t-1": "also"})},
+            id="restart-after-pinning-keeps-the-pins",
+        ),
+        pytest.param(
+            [EIGHT], [*gang("k", 1, size=2), member("k-9", gang="k", size=2, gates=[KUEUE_GATE])], config(),
+            {"team/k": Want(A.WAIT, gang_release.WAITING, f"other controllers' gates: {KUEUE_GATE}",
+                            waiting=W.OTHER_GATES, ungate=[])},
+            id="another-controllers-gate-waited-for",
+        ),
+        pytest.param(
+            # Released earlier, pinned to "big", not bound yet: its 8 GPUs are spoken for.
+            [EIGHT],
+            [member("early", gang="e", size=1, gated=False, gpus=8, pin="big"), *gang("late", 2, size=2, gpus=1)],
+            config(),
+            {"team/late": Want(A.WAIT, gang_release.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
+             "team/e": Want(A.NONE, None, "no member gated by us")},
+            id="released-unbound-pods-hold-their-pinned-node",
+        ),
+        pytest.param(
+            [EIGHT], gang("train", 2, size=2, gpus=16), config(),
+            {"team/train": Want(A.WAIT, gang_release.WAITING, "it can never fit", waiting=W.CAPACITY)},
+            id="gang-larger-than-its-nodes-says-it-can-never-fit",
+        ),
+        pytest.param(
+            [EIGHT], [member("s-0", gang="s", gated=False, size=2, node="big"),
+                      member("s-1", gang="s", gated=False, size=2, node="big")], config(),
+            {"team/s": Want(A.NONE, None, "no member gated by us")},
+            id="running-gang-needs-nothing",
+        ),
+    ],
+)
+def test_plan(
+    nodes: Sequence[dict[str, Any]],
+    pods: Sequence[dict[str, Any]],
+    cfg: settings.Settings,
+    expected: Mapping[str, Want],
+) -> None:
+    decisions = outcome(gang_release.plan(cluster(nodes, pods), config=cfg, now=NOW))
+    assert set(decisions) == set(expected)
+    for key, want in expected.items():
+        check(decisions[key], want)
+
+
+def test_demand_lists_only_gangs_waiting_for_capacity() -> None:
+    pods = [*LARGE_BLOCKED, *gang("small", 2, size=2, gpus=1),
+            *gang("partial", 1, size=3)]
+    result = gang_release.plan(cluster([EIGHT], pods), config=config(), now=NOW)
+    assert [(d.gang, d.nodes, d.missing_gpus, sorted(p.name for p in d.members)) for d in result.demand] == [
+        ("team/large", ("big",), 2, ["large-0", "large-1"])
+    ]
+
+
+@pytest.mark.parametrize(
+    ("extra_nodes", "size", "want"),
+    [
+        pytest.param(
+            [builders.gpu_node("x1", gpus=4), builders.gpu_node("x2", gpus=4)], 2,
+            Want(A.RELEASE, gang_release.RELEASED, "each member within one NVLink domain",
+                 pins={"train-0": "x1", "train-1": "x2"}),
+            id="members-go-where-one-domain-holds-each",
+        ),
+        pytest.param(
+            [], 1,
+            Want(A.WAIT, gang_release.WAITING, "4 GPUs free on its nodes but not in a simultaneous placement with "
+                 "each member inside one NVLink domain (fragmented)", waiting=W.CAPACITY),
+            id="split-free-gpus-are-not-enough",
+        ),
+    ],
+)
+def test_one_nvlink_domain_per_member(extra_nodes: list[dict[str, Any]], size: int, want: Want) -> None:
+    """DCGM says GPUs 0,1 and 4,5 of "big" are taken: 4 free there, but no domain holds a 4-GPU member."""
+    pods = [*gang("train", size, size=size, gpus=4), running("a", node="big", gpus=2), running("b", node="big", gpus=2)]
+    occupancy = {"big": {0: "other/a", 1: "other/a", 4: "other/b", 5: "other/b"}}
+    decisions = outcome(gang_release.plan(cluster([EIGHT, *extra_nodes], pods, occupancy), config=config(), now=NOW))
+    check(decisions["team/train"], want)
+
+
+def test_waiting_gangs_ask_for_the_complete_mark_once() -> None:
+    pods = [*gang("large", 2, size=2, gpus=4, created="2026-11-21T11:00:00Z"), running("busy", node="big", gpus=2),
+            member("done-0", gang="done", size=2, gpus=8, annotations={MARK: "x"}),
+            member("done-1", gang="done", size=2, gpus=8)]
+    decisions = outcome(gang_release.plan(cluster([EIGHT], pods), config=config(), now=NOW))
+    assert decisions["team/large"].mark == ("team/large-0", "team/large-1")
+    assert decisions["team/done"].mark == ("team/done-1",)
+
+
+def test_place_for_reclaim_without_and_with_the_victims() -> None:
+    pods = [*gang("train", 2, size=2, gpus=4), running("idle", node="big", gpus=8)]
+    full = cluster([EIGHT], pods)
+    members = [full.pods["team/train-0"], full.pods["team/train-1"]]
+    assert gang_release.place(members, cluster=full) is None
+    freed = cluster([EIGHT], pods[:2])
+    placed = gang_release.place(members, cluster=freed)
+    assert placed is not None and dict(placed.nodes) == {"team/train-0": "big", "team/train-1": "big"}
+
+
+@pytest.mark.parametrize(
+    ("terms", "allowed"),
+    [
+        pytest.param(None, True, id="no-required-affinity"),
+        pytest.param([{}], False, id="empty-term-matches-nothing"),
+        pytest.param([{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]}], True, id="in"),
+        pytest.param([{"matchExpressions": [{"key": "pool", "operator": "NotIn", "values": ["a"]}]}], False,
+                     id="not-in"),
+        pytest.param([{"matchExpressions": [{"key": f"{NAMES.prefix}nvlink-domain-size", "operator": "Gt",
+                                             "values": ["3"]}]}], True, id="gt"),
+        pytest.param([{"matchExpressions": [{"key": f"{NAMES.prefix}nvlink-domain-size", "operator": "Lt",
+                                             "values": ["4"]}]}], False, id="lt"),
+        pytest.param([{"matchExpressions": [{"key": "gone", "operator": "DoesNotExist"}]},
+                      {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["other"]}]}], True,
+                     id="terms-are-ored"),
+        pytest.param([{"matchExpressions": [{"key": "pool", "operator": "Exists"}],
+                       "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["other"]}]}], False,
+                     id="requirements-in-a-term-are-anded"),
+    ],
+)
+def test_affinity_allows(terms: list[dict[str, Any]] | None, allowed: bool) -> None:
+    node = snapshot.build(
+        nodes=[builders.gpu_node("n", gpus=8, domains=SPLIT_8, labels={"pool": "a"})], pods=[], names=NAMES, taken_at=0
+    ).nodes["n"]
+    pod: dict[str, Any] = {"spec": {}}
+    if terms is not None:
+        pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": terms}}}
+    assert gang_release.affinity_allows(pod, node) is allowed

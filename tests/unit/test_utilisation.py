@@ -1,0 +1,79 @@
+"""The pure half of idle detection: the one PromQL query per window and the fail-closed reading."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from common import gpu, settings, snapshot
+from descheduler import utilisation
+
+NOW = 1_800_000_000.0
+CONFIG = settings.load()
+
+
+def pod(*, full: int = 1, mig: dict[str, int] | None = None, node: str = "n1") -> snapshot.Pod:
+    return snapshot.Pod(
+        "team-a", "p", "uid", node, "Running", gpu.GpuRequest(full=full, mig=mig or {}), 0, "batch",
+        "PreemptLowerPriority", {}, {}, None, None, "", (), False, "default-scheduler", {},
+    )
+
+
+def rows(kind: str = "gpu", host: str = "n1", **stats: float) -> list[dict[str, Any]]:
+    values = {"util": 2.0, "samples": 60.0, "series": 1.0, "valid": 1.0, "last": NOW - 30, **stats}
+    return [
+        {"metric": {"gs_namespace": "team-a", "gs_pod": "p", "gs_host": host, "gs_stat": f"{kind}_{stat}"},
+         "value": [NOW, "NaN" if math.isnan(value) else str(value)]}
+        for stat, value in values.items()
+    ]
+
+
+def test_query_is_one_expression_for_all_pods_with_every_label_spelling() -> None:
+    promql = utilisation.query(3600, config=CONFIG.prometheus)
+    assert promql.count("[3600s]") == 8  # util, samples, series, valid for each of the two metrics
+    assert 'DCGM_FI_DEV_GPU_UTIL{GPU_I_PROFILE=""}' in promql
+    assert 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!=""}[3600s]) * 100' in promql
+    for label in ("pod", "exported_pod", "namespace", "exported_namespace", "Hostname", "hostname"):
+        assert f'"$1", "{label}", "(.+)"' in promql
+    assert "team-a" not in promql and "max by (gs_namespace, gs_pod, gs_host)" in promql
+
+
+@pytest.mark.parametrize(
+    ("target", "result", "idle", "reason"),
+    [
+        pytest.param(pod(), rows(), True, "GPU utilisation 2.0% < 10% over 3600s", id="idle"),
+        pytest.param(pod(), rows(util=10.0), False, "GPU utilisation 10.0% >= 10%", id="at-threshold-not-idle"),
+        pytest.param(pod(), [], False, "no DCGM series for the pod over 3600s", id="no-series"),
+        pytest.param(pod(), rows(samples=53), False, "53 samples over 3600s, need 54 (90% coverage)",
+                     id="coverage"),
+        pytest.param(pod(), rows(last=NOW - 600), False, "newest sample is 600s old (stale)", id="stale"),
+        pytest.param(pod(), rows(util=math.nan), False, "incomplete or NaN statistics", id="nan-util"),
+        pytest.param(pod(), rows(valid=0), False, "a device averages NaN", id="nan-device"),
+        pytest.param(pod(full=2), rows(), False, "only 1 of 2 devices report", id="missing-gpu"),
+        pytest.param(pod(), rows(host="n2"), False, "DCGM series come from n2, not the pod's node n1",
+                     id="other-node"),
+        pytest.param(pod(), rows(host="n1.cluster.local"), True, "2.0% < 10%", id="fqdn-host"),
+        pytest.param(pod(), rows(host=""), True, "2.0% < 10%", id="no-host-label"),
+        pytest.param(pod(full=0, mig={"1g.10gb": 1}), rows(), False, "no DCGM_FI_PROF_GR_ENGINE_ACTIVE series",
+                     id="mig-pod-needs-mig-metric"),
+        pytest.param(pod(full=0, mig={"1g.10gb": 1}), rows("mig", util=3.0), True, "3.0% < 10%", id="mig"),
+        pytest.param(pod(full=1, mig={"1g.10gb": 1}), rows() + rows("mig", util=30.0), False, "30.0% >= 10%",
+                     id="both-kinds-busiest-wins"),
+    ],
+)
+def test_assess(target: snapshot.Pod, result: list[dict[str, Any]], idle: bool, reason: str) -> None:
+    found = utilisation.assess(target, readings=utilisation.parse(result), window_seconds=3600,
+                               threshold_percent=10, config=CONFIG, now=NOW)
+    assert found.idle == idle
+    assert reason in found.reason
+
+
+def test_parse_ignores_foreign_rows_and_merges_host_spellings() -> None:
+    foreign = [{"metric": {"gs_stat": "gpu_util"}, "value": [NOW, "1"]}, {"metric": {}, "value": [NOW, "1"]}]
+    readings = utilisation.parse(foreign + rows(host="") + rows(host="n1", util=7.0))
+    assert set(readings) == {("team-a", "p")}
+    found = utilisation.assess(pod(), readings=readings, window_seconds=3600, threshold_percent=10,
+                               config=CONFIG, now=NOW)
+    assert found.reason == "GPU utilisation 7.0% < 10% over 3600s"  # the busier spelling wins
