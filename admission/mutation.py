@@ -2,8 +2,9 @@
 
 No I/O, no clock: the HTTP shell (`admission.server`) passes the snapshot and `now`. The pod is
 mutated as a working copy of the raw request object and the patch is the diff of the two over the
-fields we own (`admission.patches`), so fields we do not model are never touched. A pod that already carries our decision record is left alone,
-which makes admission idempotent (reinvocation, retries).
+fields we own (`admission.patches`), so fields we do not model are never touched. A pod that
+already carries our decision record is left alone, which makes admission idempotent (reinvocation,
+retries).
 """
 
 from __future__ import annotations

@@ -204,11 +204,12 @@ async def run(
     source: source.SnapshotSource,
     api: client.ApiClient,
     changes: asyncio.Event | None = None,
-    registry: prometheus_client.CollectorRegistry | None = None,
+    metrics: Metrics | None = None,
     clock: Callable[[], float] = time.time,
 ) -> None:
     """Release gangs until cancelled. `changes` is set by the snapshot's feeder on every new snapshot
-    (`feeder.subscribe()`); without it only the periodic resync drives the loop."""
+    (`feeder.subscribe()`); without it only the periodic resync drives the loop. `metrics` outlive
+    one run (a replica may lead, lose and regain leadership); by default they go to a private registry."""
     cfg = config.descheduler.gangs
     if not cfg.enabled:
         logger.info("gang release disabled (descheduler.gangs.enabled=false): gated pods stay gated")
@@ -217,7 +218,7 @@ async def run(
         config=config,
         source=source,
         api=api,
-        metrics=Metrics(registry if registry is not None else prometheus_client.CollectorRegistry()),
+        metrics=metrics if metrics is not None else Metrics(prometheus_client.CollectorRegistry()),
     )
     while True:
         if changes is not None:

@@ -108,7 +108,7 @@ def create_app(*, cluster_source: source.SnapshotSource) -> web.Application:
 async def serve(*, cluster_source: source.SnapshotSource, host: str, port: int, stop: asyncio.Event) -> None:
     """Serve /metrics until `stop` is set; assignments advance at each scrape (every pod seen at
     least once per scrape interval keeps its indices)."""
-    runner = web.AppRunner(create_app(cluster_source=cluster_source))
+    runner = web.AppRunner(create_app(cluster_source=cluster_source), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

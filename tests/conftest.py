@@ -7,6 +7,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+pytest_plugins = ["tests.support.prometheus"]
+
 
 @pytest.fixture(autouse=True)
 async def _no_leaked_tasks() -> AsyncIterator[None]:

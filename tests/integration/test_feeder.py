@@ -19,7 +19,7 @@ from kubernetes_asyncio import client
 
 from common import feeder, kube, prometheus, settings
 from tests import builders
-from tests.support.prometheus import Series, StartPrometheus, prometheus_factory  # noqa: F401
+from tests.support.prometheus import Series, StartPrometheus
 
 PATHS = {kind.name: kind.path for kind in feeder.KINDS}
 Obj = dict[str, Any]
@@ -401,7 +401,7 @@ async def test_raw_list_is_cheaper_than_models(fake_api: FakeApi, api_client: cl
 async def test_occupancy_from_dcgm_and_outage(
     fake_api: FakeApi,
     api_client: client.ApiClient,
-    prometheus_factory: StartPrometheus,  # noqa: F811
+    prometheus_factory: StartPrometheus,
 ) -> None:
     seed(fake_api)
     labels = {"Hostname": "gpu-1", "namespace": "team-a", "modelName": "NVIDIA H100"}

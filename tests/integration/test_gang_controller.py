@@ -291,7 +291,8 @@ async def running(
         server.changed = changes.set
     registry = prometheus_client.CollectorRegistry()
     task = asyncio.create_task(gang_controller.run(
-        config=cfg, source=StoreSource(server, NODES, clock=time.time), api=api, changes=changes, registry=registry))
+        config=cfg, source=StoreSource(server, NODES, clock=time.time), api=api, changes=changes,
+        metrics=gang_controller.Metrics(registry)))
     try:
         yield registry
     finally:

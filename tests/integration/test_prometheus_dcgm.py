@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from common import dcgm, prometheus, settings
-from tests.support.prometheus import Series, StartPrometheus, free_port, prometheus_factory  # noqa: F401
+from tests.support.prometheus import Series, StartPrometheus, free_port
 
 pytestmark = pytest.mark.prometheus
 
@@ -70,7 +70,7 @@ def client(url: str, **overrides: Any) -> prometheus.Client:
     return prometheus.Client(settings.Prometheus(url=url, **overrides))
 
 
-async def test_occupancy_from_real_prometheus(prometheus_factory: StartPrometheus) -> None:  # noqa: F811
+async def test_occupancy_from_real_prometheus(prometheus_factory: StartPrometheus) -> None:
     server = prometheus_factory(HISTORY)
     config = settings.Prometheus(url=server.url)
     result = await prometheus.Client(config).query(dcgm.occupancy_query(config), time=server.now)
@@ -85,7 +85,7 @@ async def test_occupancy_from_real_prometheus(prometheus_factory: StartPrometheu
     ]
 
 
-async def test_occupancy_window_follows_the_setting(prometheus_factory: StartPrometheus) -> None:  # noqa: F811
+async def test_occupancy_window_follows_the_setting(prometheus_factory: StartPrometheus) -> None:
     server = prometheus_factory(HISTORY)
     config = settings.Prometheus(url=server.url, occupancy_max_age_seconds=240)
     result = await prometheus.Client(config).query(dcgm.occupancy_query(config), time=server.now)
@@ -93,7 +93,7 @@ async def test_occupancy_window_follows_the_setting(prometheus_factory: StartPro
     assert occupancy["node-a"] == {0: "team-a/train-0", 4: "team-a/gone"}
 
 
-async def test_backfill_and_live_scrape_together(prometheus_factory: StartPrometheus) -> None:  # noqa: F811
+async def test_backfill_and_live_scrape_together(prometheus_factory: StartPrometheus) -> None:
     port = free_port()
     history = [Series("backfilled", {"job": "old"}, [(60, 7.0), (5, 8.0)])]
     server = prometheus_factory(history, scrape_targets=[f"127.0.0.1:{port}"], port=port)  # scrapes itself
@@ -107,13 +107,13 @@ async def test_backfill_and_live_scrape_together(prometheus_factory: StartPromet
     assert [s["value"][1] for s in await api.query("backfilled")] == ["8"]
 
 
-async def test_bad_promql_is_a_prometheus_error(prometheus_factory: StartPrometheus) -> None:  # noqa: F811
+async def test_bad_promql_is_a_prometheus_error(prometheus_factory: StartPrometheus) -> None:
     server = prometheus_factory([])
     with pytest.raises(prometheus.PrometheusError, match=r"query failed.*HTTP Status Code 400"):
         await client(server.url).query("max by (")
 
 
-async def test_stopped_server_fails_fast(prometheus_factory: StartPrometheus) -> None:  # noqa: F811
+async def test_stopped_server_fails_fast(prometheus_factory: StartPrometheus) -> None:
     server = prometheus_factory([])
     server.stop()
     # A generous timeout: the error must be the refused connection, not the timeout.

@@ -37,7 +37,7 @@ def test_render_is_dcgm_shaped_with_empty_labels_for_free_gpus_and_annotated_uti
     assert lines[0].startswith("# HELP DCGM_FI_DEV_GPU_UTIL")
     series = lines[2:]
     assert len(series) == 8
-    assert series[0] == ('DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-n-0",device="nvidia0",modelName="NVIDIA-Simulated-GPU",'
-                         'Hostname="n",container="main",namespace="ml",pod="nb"} 0')
+    assert series[0] == ('DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-n-0",device="nvidia0",'
+                         'modelName="NVIDIA-Simulated-GPU",Hostname="n",container="main",namespace="ml",pod="nb"} 0')
     assert series[1].endswith('namespace="ml",pod="nb"} 35')
     assert series[2].endswith('container="",namespace="",pod=""} 0')

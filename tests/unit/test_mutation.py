@@ -156,7 +156,7 @@ def test_tier_choice(pod, config, tier, class_name, reason, warning):
 
 
 def test_priority_and_policy_come_from_the_cluster_class():
-    outcome, result = admit(builders.pod("p", gpus=1, labels={"gpu-steward.io/tier": "scavenger"}))
+    _, result = admit(builders.pod("p", gpus=1, labels={"gpu-steward.io/tier": "scavenger"}))
     assert (result["spec"]["priority"], result["spec"]["preemptionPolicy"]) == (100, "Never")
 
 
@@ -212,7 +212,8 @@ def test_pod_larger_than_every_domain_requires_the_largest_domains():
         pytest.param({"gpu-steward.io/placement": "off"}, ("tier", "decision"), None, id="off"),
         pytest.param({"gpu-steward.io/placement": "sometimes"},
                      ("tier", "affinity-required", "affinity-preferred", "decision"),
-                     "gpu-steward: gpu-steward.io/placement='sometimes' is not one of strict, prefer, off; using strict",
+                     "gpu-steward: gpu-steward.io/placement='sometimes' is not one of strict, prefer, off; "
+                     "using strict",
                      id="invalid-falls-back-to-default"),
     ],
 )

@@ -1,0 +1,256 @@
+"""The idle-reclaim loop: every `descheduler.reclaim.interval_seconds`, one cycle =
+snapshot + one PromQL query per distinct idle window + plan + act + record.
+
+- Prometheus unset, down, slow or erroring: every pod of that window is "not idle" (fail closed), the
+  cycle evicts nothing for them and says so (log line, `..._prometheus_errors_total`).
+- Cooldowns are read from (and, after real evictions, merged into) their Lease (`cooldowns`); with no
+  API server (offline `--cluster`) or in dry-run they live in memory only.
+- Every outcome goes through `record_outcome()`: one log line, one metric, the Events.
+- Cancellation (SIGTERM) between two evictions stops the cycle; the cooldowns of the evictions
+  already made are still written (shielded), so bookkeeping matches what happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import prometheus_client
+from kubernetes_asyncio import client
+
+from common import events, prometheus, settings, snapshot, source
+from descheduler import cooldown_store, cooldowns, evictor, gang_release, policy, reclaim, utilisation
+
+logger = logging.getLogger(__name__)
+
+POLICY_INVALID = "ReclaimPolicyInvalid"
+
+
+class Querier(Protocol):
+    async def query(self, promql: str, *, time: float | None = None) -> list[dict[str, Any]]: ...
+
+
+class Metrics:
+    def __init__(self, registry: prometheus_client.CollectorRegistry) -> None:
+        self.evictions = prometheus_client.Counter(
+            "gpu_steward_reclaim_evictions", "Reclaim evictions by result and reason.", ["result", "reason"],
+            registry=registry)
+        self.candidates = prometheus_client.Gauge(
+            "gpu_steward_reclaim_candidates", "Idle GPU pods that may be reclaimed, last cycle.", registry=registry)
+        self.idle_gpus = prometheus_client.Gauge(
+            "gpu_steward_reclaim_idle_gpus", "GPUs (and MIG slices) held by those pods, last cycle.",
+            registry=registry)
+        self.cycle = prometheus_client.Histogram(
+            "gpu_steward_reclaim_cycle_seconds", "Duration of one reclaim cycle.", registry=registry)
+        self.queries = prometheus_client.Counter(
+            "gpu_steward_reclaim_promql_queries", "PromQL queries sent by the reclaim loop.", registry=registry)
+        self.prometheus_errors = prometheus_client.Counter(
+            "gpu_steward_reclaim_prometheus_errors", "Failed utilisation queries (pods stay not idle).",
+            registry=registry)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cycle:
+    plan: reclaim.Plan
+    outcomes: tuple[evictor.Outcome, ...]
+    queries: int
+    prometheus_errors: tuple[str, ...]
+
+
+def gang_demands(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float) -> list[reclaim.Demand]:
+    """Complete gated gangs that wait only for GPUs, as the gang controller sees them."""
+    waiting = gang_release.plan(cluster, config=config, now=now).demand
+    return [reclaim.gang_demand(d.gang, d.members) for d in waiting]
+
+
+class ReclaimLoop:
+    def __init__(
+        self,
+        *,
+        config: settings.Settings,
+        cluster: source.SnapshotSource,
+        prometheus: Querier | None,
+        evictions: evictor.EvictionClient,
+        api: client.ApiClient | None,
+        registry: prometheus_client.CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._config = config
+        self._cluster = cluster
+        self._prometheus = prometheus
+        self._evictor = evictor.Evictor(evictions, config=config.descheduler.reclaim)
+        self._api = api
+        self._clock = clock
+        self._metrics = Metrics(registry if registry is not None else prometheus_client.CollectorRegistry())
+        self._memory = cooldowns.State()  # dry-run / offline cooldowns
+        self._reported: set[tuple[str, str]] = set()  # (class, problem) already reported
+
+    @property
+    def _persist(self) -> bool:
+        return self._api is not None and not self._evictor.dry_run
+
+    async def run(self) -> None:
+        """Cycles until cancelled; a failed cycle is logged and the next one runs on time."""
+        interval = self._config.descheduler.reclaim.interval_seconds
+        while True:
+            started = time.monotonic()
+            try:
+                await self.cycle()
+            except (OSError, TimeoutError, ValueError) as exc:
+                logger.error("reclaim cycle failed, nothing more evicted this cycle: %s", exc)
+            except Exception as exc:  # the api module's ApiError and friends: keep the loop alive
+                logger.exception("reclaim cycle failed: %s", exc)
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+    async def cycle(self) -> Cycle:
+        started = time.monotonic()
+        now = self._clock()
+        cluster = self._cluster.snapshot
+        if not self._cluster.synced:
+            logger.info("reclaim: snapshot not synced yet; nothing to do")
+            empty = reclaim.Plan(evictions=(), spared=(), demands=(), candidates=0, idle_gpus=0)
+            return Cycle(empty, (), 0, ())
+        policies = policy.parse_all(
+            cluster.priority_classes,
+            default_threshold_percent=self._config.descheduler.reclaim.default_idle_threshold_percent,
+        )
+        await self._report_policies(policies)
+        state = self._memory
+        if self._persist and self._api is not None:
+            state = await cooldown_store.load(self._api, config=self._config)
+        wanted = reclaim.windows_needed(cluster, policies=policies, state=state, names=self._config.names, now=now)
+        assessments, queries, errors = await self._measure(cluster, wanted, policies, now=now)
+        demands = reclaim.demands_from_snapshot(cluster) + gang_demands(cluster, config=self._config, now=now)
+        plan = reclaim.plan(cluster=cluster, policies=policies, assessments=assessments, demands=demands,
+                            state=state, config=self._config, now=now)
+        self._metrics.candidates.set(plan.candidates)
+        self._metrics.idle_gpus.set(plan.idle_gpus)
+        for outcome in plan.demands:
+            logger.info("reclaim demand %s (priority %d): %s", outcome.demand, outcome.priority, outcome.reason)
+        for spared in plan.spared:
+            logger.debug("reclaim spared %s: %s", spared.pod, spared.reason)
+        if errors:
+            logger.warning("reclaim: Prometheus failed (%s); pods measured by it are not idle, so not evicted",
+                           "; ".join(errors))
+        outcomes: list[evictor.Outcome] = []  # filled as evictions happen, read even after a cancellation
+        try:
+            await self._act(plan, outcomes, now=now)
+        finally:
+            await asyncio.shield(self._remember(outcomes, state, now=now))
+            self._metrics.cycle.observe(time.monotonic() - started)
+        return Cycle(plan, tuple(outcomes), queries, tuple(errors))
+
+    async def _measure(
+        self,
+        cluster: snapshot.Snapshot,
+        wanted: Mapping[int, Sequence[str]],
+        policies: Mapping[str, policy.ReclaimPolicy],
+        *,
+        now: float,
+    ) -> tuple[dict[str, utilisation.Assessment], int, list[str]]:
+        assessments: dict[str, utilisation.Assessment] = {}
+        errors: list[str] = []
+        queries = 0
+        for window in sorted(wanted):
+            pods = wanted[window]
+            if self._prometheus is None:
+                reason = "prometheus.url is not set: no utilisation data"
+                assessments.update({key: utilisation.failed(reason) for key in pods})
+                continue
+            queries += 1
+            self._metrics.queries.inc()
+            try:
+                rows = await self._prometheus.query(utilisation.query(window, config=self._config.prometheus),
+                                                    time=now)
+            except prometheus.PrometheusError as exc:
+                self._metrics.prometheus_errors.inc()
+                errors.append(str(exc))
+                assessments.update({key: utilisation.failed(f"Prometheus query failed: {exc}") for key in pods})
+                continue
+            readings = utilisation.parse(rows)
+            for key in pods:
+                pod = cluster.pods[key]
+                found = policy.for_pod(pod, policies)
+                threshold = found.threshold_percent if isinstance(found, policy.ReclaimPolicy) else 0.0
+                assessments[key] = utilisation.assess(pod, readings=readings, window_seconds=window,
+                                                      threshold_percent=threshold, config=self._config, now=now)
+        return assessments, queries, errors
+
+    async def _act(self, plan: reclaim.Plan, outcomes: list[evictor.Outcome], *, now: float) -> None:
+        async def record(outcome: evictor.Outcome) -> None:
+            outcomes.append(outcome)
+            await self.record_outcome(outcome)
+
+        await self._evictor.evict_plan(plan.evictions, now=now, record=record)
+        for demand in plan.demands:
+            if demand.served:
+                await self._triggered(demand, outcomes)
+
+    async def record_outcome(self, outcome: evictor.Outcome) -> None:
+        """The one place an eviction outcome is told: log line + metric + Event."""
+        eviction = outcome.eviction
+        why = "on-demand" if eviction.preemptor else "always"
+        self._metrics.evictions.labels(result=outcome.result.value, reason=why).inc()
+        level = logging.INFO if outcome.result in evictor.SUCCESS else logging.WARNING
+        logger.log(level, "reclaim %s %s on %s: %s", outcome.result.value, eviction.pod, eviction.node,
+                   outcome.detail)
+        table: dict[evictor.Result, tuple[events.EventType, str, str]] = {
+            evictor.Result.EVICTED: ("Normal", "IdleGPUReclaimed", f"Evicted: {eviction.reason}"),
+            evictor.Result.WOULD_EVICT: ("Normal", "IdleGPUReclaimed", f"Would evict (dry-run): {eviction.reason}"),
+            evictor.Result.BLOCKED: ("Warning", "EvictionBlocked", f"Not evicted: {outcome.detail}"),
+            evictor.Result.FAILED: ("Warning", "EvictionFailed", f"Eviction failed: {outcome.detail}"),
+        }
+        event = table.get(outcome.result)
+        if event is not None:
+            await self._event(events.ObjectRef.pod(eviction.pod, uid=eviction.uid), *event)
+
+    async def _triggered(self, demand: reclaim.DemandOutcome, outcomes: Sequence[evictor.Outcome]) -> None:
+        done = [o.eviction.pod for o in outcomes
+                if o.eviction.preemptor == demand.demand and o.result in evictor.SUCCESS]
+        if not done:
+            return
+        verb = "Would evict (dry-run)" if self._evictor.dry_run else "Evicted"
+        message = f"{verb} {len(done)} idle GPU pod(s) for this pod (priority {demand.priority}): {', '.join(done)}"
+        for member in demand.members:
+            await self._event(events.ObjectRef.pod(member), "Normal", "GPUReclaimTriggered", message)
+
+    async def _event(self, ref: events.ObjectRef, type: events.EventType, reason: str, message: str) -> None:
+        if self._api is None:
+            return  # offline: the log line is the record
+        await events.post(self._api, regarding=ref, type=type, reason=reason, message=message,
+                          request_timeout=self._config.kubernetes.request_timeout_seconds)
+
+    async def _report_policies(self, policies: Mapping[str, policy.ReclaimPolicy]) -> None:
+        for found in policies.values():
+            if found.problem and (found.class_name, found.problem) not in self._reported:
+                self._reported.add((found.class_name, found.problem))
+                logger.warning("%s", found.reason)
+                await self._event(
+                    events.ObjectRef(kind="PriorityClass", name=found.class_name, api_version="scheduling.k8s.io/v1"),
+                    "Warning", POLICY_INVALID, found.reason,
+                )
+
+    async def _remember(self, outcomes: Sequence[evictor.Outcome], state: cooldowns.State, *, now: float) -> None:
+        done = [o.eviction for o in outcomes if o.result in evictor.SUCCESS]
+        if not done:
+            return
+        fresh = cooldowns.record(
+            cooldowns.State(),
+            preemptors=sorted({e.preemptor for e in done if e.preemptor}),
+            nodes=sorted({e.node for e in done}),
+            workloads=sorted({e.workload for e in done if e.workload}),
+            config=self._config.descheduler.reclaim.cooldowns,
+            now=now,
+        )
+        if not self._persist or self._api is None:
+            self._memory = state.merged(fresh, now=now)
+            return
+        try:
+            await cooldown_store.save(self._api, fresh, config=self._config, now=now)
+        except Exception as exc:  # kube.ApiError or a network error: logged, the evictions stand
+            logger.error("reclaim cooldowns not saved (%d eviction(s) this cycle): %s", len(done), exc)
+            self._memory = state.merged(fresh, now=now)

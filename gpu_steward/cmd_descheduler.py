@@ -1,0 +1,251 @@
+"""`gpu-steward descheduler`: gang release and idle-GPU reclaim (Lease leader election, SIGTERM-safe).
+
+    gpu-steward descheduler --once --dry-run --output json          # live cluster, decide only
+    gpu-steward descheduler --once --cluster STATE.json --prometheus-url http://...  # offline
+
+`--cluster` replays `kubectl get nodes,pods,priorityclasses,namespaces -A -o json`; with no API
+server nothing can be evicted, so it always runs as a dry-run. `--once` runs one cycle and prints its
+plan (`--output json`: `{"evictions": [...], "spared": [...]}`); otherwise, while this replica holds
+the leader Lease, the gang controller releases complete gangs (on every pod change and every
+`descheduler.gangs.resync_seconds`) and reclaim cycles run every `descheduler.reclaim.interval_seconds`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import pathlib
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import prometheus_client
+
+from common import settings, source
+from descheduler import evictor, reclaim_loop
+
+log = logging.getLogger("gpu_steward.descheduler")
+SYNC_TIMEOUT_SECONDS = 120
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "descheduler",
+        help="evict idle GPU pods by PriorityClass policy, for pending work that can use the GPUs",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", type=pathlib.Path, help="settings file (as rendered by the Helm chart)")
+    parser.add_argument("--once", action="store_true", help="run one cycle, print its plan, exit")
+    parser.add_argument("--dry-run", action="store_true", help="decide, log and emit 'would' events; evict nothing")
+    parser.add_argument("--cluster", type=pathlib.Path,
+                        help="offline cluster state (a Kubernetes List); implies dry-run")
+    parser.add_argument("--mode", choices=("on-demand", "always"), help="descheduler.reclaim.mode")
+    parser.add_argument("--prometheus-url", help="Prometheus base URL with DCGM series")
+    parser.add_argument("--prometheus-header", action="append", default=[], metavar="NAME:VALUE",
+                        help="extra HTTP header for Prometheus (repeatable), e.g. 'X-Scope-OrgID: gpu'")
+    parser.add_argument("--prometheus-bearer-token-file", type=pathlib.Path)
+    parser.add_argument("--prometheus-ca-file", type=pathlib.Path)
+    parser.add_argument("--prometheus-insecure-skip-verify", action="store_true")
+    parser.add_argument("--prometheus-timeout", type=float, metavar="SECONDS")
+    parser.add_argument("--kubeconfig", type=pathlib.Path)
+    parser.add_argument("--kube-timeout", type=float, metavar="SECONDS", help="per API request")
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    parser.add_argument("--output", choices=("text", "json"), default="text")
+    parser.set_defaults(func=run)
+
+
+def overrides(args: argparse.Namespace) -> dict[str, Any]:
+    prom: dict[str, Any] = {}
+    if args.prometheus_url:
+        prom["url"] = args.prometheus_url
+    if args.prometheus_header:
+        headers = {}
+        for header in args.prometheus_header:
+            name, sep, value = header.partition(":")
+            if not sep or not name.strip():
+                raise settings.SettingsError(f"--prometheus-header {header!r}: expected NAME:VALUE")
+            headers[name.strip()] = value.strip()
+        prom["headers"] = headers
+    for flag, key in (("prometheus_bearer_token_file", "bearer_token_file"), ("prometheus_ca_file", "ca_file"),
+                      ("prometheus_timeout", "timeout_seconds")):
+        if getattr(args, flag) is not None:
+            prom[key] = str(getattr(args, flag)) if flag.endswith("file") else getattr(args, flag)
+    if args.prometheus_insecure_skip_verify:
+        prom["insecure_skip_verify"] = True
+    kube: dict[str, Any] = {}
+    if args.kubeconfig:
+        kube["kubeconfig"] = str(args.kubeconfig)
+    if args.kube_timeout:
+        kube["request_timeout_seconds"] = args.kube_timeout
+    reclaim_cfg: dict[str, Any] = {}
+    if args.dry_run or args.cluster:
+        reclaim_cfg["dry_run"] = True
+    if args.mode:
+        reclaim_cfg["mode"] = args.mode
+    out: dict[str, Any] = {"prometheus": prom, "kubernetes": kube, "descheduler": {"reclaim": reclaim_cfg}}
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = settings.load(config_file=args.config, overrides=overrides(args))
+    except settings.SettingsError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    logging.getLogger().setLevel(config.log_level)
+    static = None
+    if args.cluster:
+        try:
+            static = source.from_file(args.cluster, names=config.names, clock=time.time)
+        except (OSError, ValueError) as exc:
+            print(f"descheduler: {exc}", file=sys.stderr)
+            return 2
+    registry = prometheus_client.CollectorRegistry()
+    if args.metrics_port:
+        prometheus_client.start_http_server(args.metrics_port, registry=registry)
+    try:
+        cycle = asyncio.run(_main(config=config, static=static, once=args.once, registry=registry))
+    except Exception:
+        log.exception("descheduler stopped on an error")
+        return 1
+    if cycle is not None:
+        print(json.dumps(cycle.plan.as_json(), indent=2) if args.output == "json" else as_text(cycle))
+    return 0
+
+
+def as_text(cycle: reclaim_loop.Cycle) -> str:
+    plan = cycle.plan
+    lines = [f"evict {e.pod} on {e.node}: {e.reason}" for e in plan.evictions]
+    lines += [f"demand {d.demand}: {d.reason}" for d in plan.demands]
+    lines += [f"spare {s.pod}: {s.reason}" for s in plan.spared]
+    lines += [f"prometheus error: {e}" for e in cycle.prometheus_errors]
+    lines.append(f"{len(plan.evictions)} eviction(s), {plan.candidates} idle candidate(s), "
+                 f"{cycle.queries} PromQL quer{'y' if cycle.queries == 1 else 'ies'}")
+    return "\n".join(lines)
+
+
+@contextlib.asynccontextmanager
+async def _clients(config: settings.Settings, *, live: bool) -> AsyncIterator[tuple[Any, Any]]:
+    """(Prometheus client or None, API client or None); closed on exit."""
+    from common import prometheus  # imported late: `--help` stays fast
+
+    dcgm = prometheus.Client(config.prometheus) if config.prometheus.url else None
+    api = None
+    try:
+        if live:
+            from common import kube
+
+            api = await kube.api_client(config.kubernetes)
+        yield dcgm, api
+    finally:
+        if api is not None:
+            await api.close()
+        if dcgm is not None:
+            dcgm.close()
+
+
+async def _main(
+    *, config: settings.Settings, static: source.StaticSource | None, once: bool,
+    registry: prometheus_client.CollectorRegistry,
+) -> reclaim_loop.Cycle | None:
+    loop = asyncio.get_running_loop()
+    stop: asyncio.Future[None] = loop.create_future()
+
+    def on_signal() -> None:
+        if not stop.done():
+            stop.set_result(None)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal)
+    try:
+        async with _clients(config, live=static is None) as (dcgm, api):
+            work = asyncio.ensure_future(
+                _work(config=config, static=static, once=once, dcgm=dcgm, api=api, registry=registry))
+            waited: list[asyncio.Future[Any]] = [work, stop]
+            await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                log.info("descheduler stopping on a signal")
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await work
+                return None
+            return work.result()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+
+
+async def _work(
+    *, config: settings.Settings, static: source.StaticSource | None, once: bool, dcgm: Any, api: Any,
+    registry: prometheus_client.CollectorRegistry,
+) -> reclaim_loop.Cycle | None:
+    dry_run = config.descheduler.reclaim.dry_run
+    client: evictor.EvictionClient = (
+        evictor.DryRunClient() if dry_run or api is None
+        else evictor.ApiEvictionClient(api, timeout_seconds=config.kubernetes.request_timeout_seconds)
+    )
+    if static is not None:
+        loop = reclaim_loop.ReclaimLoop(config=config, cluster=static, prometheus=dcgm, evictions=client, api=None,
+                                        registry=registry)
+        if once:
+            return await loop.cycle()
+        await loop.run()
+        return None
+
+    from common import feeder
+    from descheduler import gang_controller, leader
+
+    live = feeder.Feeder(config=config, api=api, prometheus=dcgm, registry=registry)
+    async with asyncio.TaskGroup() as tg:
+        feeding = tg.create_task(live.run(), name="feeder")
+        try:
+            published = live.subscribe()
+            async with asyncio.timeout(SYNC_TIMEOUT_SECONDS):
+                while not live.synced:
+                    await published.wait()
+                    published.clear()
+            live.unsubscribe(published)
+            loop = reclaim_loop.ReclaimLoop(config=config, cluster=live, prometheus=dcgm, evictions=client, api=api,
+                                            registry=registry)
+
+            gang_metrics = gang_controller.Metrics(registry)
+
+            async def lead() -> None:
+                """Both loops, while this replica leads; cancelled together when leadership is lost."""
+                changes = live.subscribe()
+                try:
+                    async with asyncio.TaskGroup() as loops:
+                        loops.create_task(gang_controller.run(config=config, source=live, api=api, changes=changes,
+                                                              metrics=gang_metrics), name="gangs")
+                        if config.descheduler.reclaim.enabled:
+                            loops.create_task(loop.run(), name="reclaim")
+                finally:
+                    live.unsubscribe(changes)
+
+            elector = leader.Elector(api, config=config)
+            if not config.descheduler.leader_election.enabled:
+                if once:
+                    return await loop.cycle()
+                await lead()
+                return None
+            if once:
+                if not dry_run:
+                    held, why = await elector.try_acquire()
+                    if not held:
+                        raise RuntimeError(f"another replica leads ({why}); not evicting")
+                try:
+                    return await loop.cycle()
+                finally:
+                    if not dry_run:
+                        await asyncio.shield(elector.release())
+            await elector.run(lead)
+            return None
+        finally:
+            feeding.cancel()
+

@@ -1,0 +1,267 @@
+"""End-to-end fixtures: one real control plane per session (kube-apiserver, etcd, kube-scheduler,
+kube-controller-manager, kwok), kwok GPU nodes, and our webhook process registered with the API server.
+
+Every test under tests/e2e is marked `e2e`. If the control plane cannot be built or started the
+fixtures fail (never skip): a missing control plane is a broken test environment, not a feature gap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import secrets
+import signal
+import ssl
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio import client, config
+
+from common import settings
+from gpu_steward import certs, localcluster
+from tests.support import kube
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+# The session's GPU nodes: 4 nodes of 8 GPUs in 2 NVLink domains, 2 nodes of 2 GPUs in one domain.
+GPU_CLUSTER = "4x8g2d, 2x2g1d"
+# Namespaces labelled with this are not sent to our webhook: tests of plain Kubernetes behaviour use them.
+BYPASS_LABEL = "e2e.gpu-steward.io/bypass-webhook"
+WEBHOOK_CONFIGURATION = "gpu-steward-e2e"
+
+Kubectl = Callable[..., Any]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = pathlib.Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+def _progress(pytestconfig: pytest.Config) -> localcluster.Progress:
+    """Show build/start progress live even under output capture (a cold build takes minutes)."""
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+
+    def say(message: str) -> None:
+        with capture.global_and_fixture_disabled():
+            sys.stderr.write(f"{message}\n")
+
+    return say
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.fixture(scope="session")
+def control_plane(pytestconfig: pytest.Config) -> Iterator[localcluster.LocalCluster]:
+    """The session's control plane, stopped (by PID) at the end even after failures, Ctrl-C or SIGTERM."""
+    # A CI time limit sends SIGTERM, which by default ends Python without running fixture teardown.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield from _control_plane(pytestconfig)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _control_plane(pytestconfig: pytest.Config) -> Iterator[localcluster.LocalCluster]:
+    say = _progress(pytestconfig)
+    problem: str | None = None
+    try:
+        bin_dir = localcluster.ensure_binaries(progress=say)
+        cluster = localcluster.LocalCluster(bin_dir, progress=say).start()
+    except localcluster.HarnessError as exc:
+        problem = str(exc)  # failed outside the handler: the message is the whole story
+    if problem is not None:
+        pytest.fail(f"the local Kubernetes control plane is not available: {problem}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def kubectl(control_plane: localcluster.LocalCluster) -> Kubectl:
+    """`kubectl(*args, input=None, check=True)` against the session's cluster."""
+    return control_plane.kubectl
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuCluster:
+    cluster: localcluster.LocalCluster
+    description: str
+    nodes: list[dict[str, Any]]  # the manifests as created
+
+    @property
+    def node_names(self) -> list[str]:
+        return [node["metadata"]["name"] for node in self.nodes]
+
+
+@pytest.fixture(scope="session")
+def names() -> settings.Names:
+    return settings.Names()
+
+
+@pytest.fixture(scope="session")
+def gpu_cluster(control_plane: localcluster.LocalCluster, names: settings.Names) -> GpuCluster:
+    """The session's kwok GPU nodes (`GPU_CLUSTER`), all Ready."""
+    nodes = localcluster.gpu_nodes(GPU_CLUSTER, names=names)
+    control_plane.add_nodes(nodes)
+    return GpuCluster(control_plane, GPU_CLUSTER, nodes)
+
+
+def _make_namespace(cluster: localcluster.LocalCluster, *, bypass_webhook: bool) -> Iterator[str]:
+    name = f"e2e-{secrets.token_hex(4)}"
+    labels = {BYPASS_LABEL: "true"} if bypass_webhook else {}
+    cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}])
+    # Pods are refused until the namespace's default ServiceAccount exists.
+    cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", name, "--timeout=30s")
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def namespace(control_plane: localcluster.LocalCluster) -> Iterator[str]:
+    """A fresh namespace our webhook (when registered) sees; deleted after the test."""
+    yield from _make_namespace(control_plane, bypass_webhook=False)
+
+
+@pytest.fixture
+def plain_namespace(control_plane: localcluster.LocalCluster) -> Iterator[str]:
+    """A fresh namespace our webhook never sees: plain Kubernetes behaviour."""
+    yield from _make_namespace(control_plane, bypass_webhook=True)
+
+
+@pytest.fixture
+async def kube_api(control_plane: localcluster.LocalCluster) -> AsyncIterator[client.ApiClient]:
+    """A kubernetes_asyncio client for the session's cluster (one per test: its event loop)."""
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=str(control_plane.kubeconfig), client_configuration=configuration)
+    async with client.ApiClient(configuration) as api:
+        yield api
+
+
+@dataclasses.dataclass
+class WebhookServer:
+    """Our webhook as a subprocess, registered through a MutatingWebhookConfiguration."""
+
+    process: localcluster.ManagedProcess
+    port: int
+    serving: certs.ServingCert
+    config_file: pathlib.Path
+    settings: settings.Settings
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}/mutate"
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.serving.ca_file))
+
+    def start(self) -> None:
+        self.process.start()
+        self.process.wait_http_ok(f"https://127.0.0.1:{self.port}/readyz", ssl_context=self.ssl_context())
+
+    def stop(self) -> None:
+        """Stop the process (the registration stays: failurePolicy Ignore lets pods through)."""
+        self.process.stop()
+
+
+def _wait_routed(cluster: localcluster.LocalCluster, server: WebhookServer, *, attempts: int = 50) -> None:
+    """Wait until the API server sends pods to the webhook: a dry-run GPU pod comes back with a decision."""
+    probe = kube.pod("webhook-probe", namespace="default", gpus=1)
+    decision = server.settings.names.decision
+    for _ in range(attempts):
+        done = cluster.kubectl(
+            "create", "--dry-run=server", "-o", "json", "-f", "-", input=yaml.safe_dump(probe), check=False
+        )
+        if done.returncode == 0 and decision in (yaml.safe_load(done.stdout)["metadata"].get("annotations") or {}):
+            return
+        if not server.process.running():
+            break
+        time.sleep(0.2)  # the API server picks up a new registration within about a second
+    raise localcluster.HarnessError(
+        f"registered, but a GPU pod created through the API server comes back without {decision}:\n"
+        f"{done.stderr or done.stdout}\n{server.process.log_tail()}"
+    )
+
+
+@pytest.fixture(scope="session")
+def webhook(
+    control_plane: localcluster.LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WebhookServer]:
+    """`python -m gpu_steward webhook` serving TLS on 127.0.0.1 and registered for pod CREATE.
+
+    The tier PriorityClasses are created too (the chart does that in a real install): without them the
+    Priority plugin rejects every pod the webhook tiers.
+    """
+    workdir = tmp_path_factory.mktemp("webhook")
+    serving = certs.generate(workdir / "tls", dns_names=["localhost"])
+    port = localcluster.free_port()
+    config_file = workdir / "settings.yaml"
+    config_file.write_text(
+        yaml.safe_dump(
+            {
+                "webhook": {
+                    "host": "127.0.0.1",
+                    "port": port,
+                    "cert_file": str(serving.cert_file),
+                    "key_file": str(serving.key_file),
+                },
+                "kubernetes": {"kubeconfig": str(control_plane.kubeconfig)},
+            }
+        )
+    )
+    loaded = settings.load(config_file=config_file)
+    process = localcluster.ManagedProcess(
+        "webhook",
+        [sys.executable, "-m", "gpu_steward", "webhook", "--config", str(config_file)],
+        log_file=workdir / "webhook.log",
+        env=_env_with_repo_on_path(),
+    )
+    server = WebhookServer(process, port, serving, config_file, loaded)
+    classes = [
+        kube.priority_class(c.name, value=c.value, preemption_policy=c.preemption_policy)
+        for c in (loaded.tiers.for_tier(t) for t in settings.Tier)
+    ]
+    registration = localcluster.mutating_webhook_configuration(
+        name=WEBHOOK_CONFIGURATION,
+        url=server.url,
+        ca_bundle=serving.ca_bundle,
+        excluded_namespaces=loaded.admission.excluded_namespaces,
+        bypass_label=BYPASS_LABEL,
+    )
+    problem: str | None = None
+    try:
+        control_plane.apply(classes)
+        server.start()
+        control_plane.apply([registration])
+        _wait_routed(control_plane, server)
+    except BaseException as exc:
+        _unregister(control_plane, server)
+        if not isinstance(exc, localcluster.HarnessError):
+            raise
+        problem = str(exc)
+    if problem is not None:
+        pytest.fail(f"our webhook is not serving the API server: {problem}", pytrace=False)
+    try:
+        yield server
+    finally:
+        _unregister(control_plane, server)
+
+
+def _unregister(cluster: localcluster.LocalCluster, server: WebhookServer) -> None:
+    cluster.kubectl("delete", "mutatingwebhookconfiguration", WEBHOOK_CONFIGURATION, "--ignore-not-found", check=False)
+    server.stop()
+
+
+def _env_with_repo_on_path() -> dict[str, str]:
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{path}" if path else str(REPO)}
