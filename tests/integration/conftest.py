@@ -48,7 +48,9 @@ def webhook_config(serving_cert: certs.ServingCert) -> settings.Settings:
 
 @pytest.fixture
 def cluster(webhook_config: settings.Settings) -> source.StaticSource:
-    return source.from_file(CLUSTER_STATE, names=webhook_config.names, clock=time.time)
+    """Stamped with the fixture's creation time, so a test can set the server's clock relative to it."""
+    taken_at = time.time()
+    return source.from_file(CLUSTER_STATE, names=webhook_config.names, clock=lambda: taken_at)
 
 
 def client_context(serving_cert: certs.ServingCert) -> ssl.SSLContext:

@@ -196,7 +196,7 @@ async def test_the_engine_gets_the_request_and_its_answer_reaches_the_wire(
     assert call["namespace"] == "ml-team"
     assert call["pod"] == body["request"]["object"]
     assert call["now"] == 1234.5
-    assert call["cluster"] is cluster.snapshot
+    assert call["cluster"].nodes is cluster.snapshot.nodes  # the source's snapshot (restamped copy)
     response = answer["response"]
     assert response["uid"] == body["request"]["uid"]
     assert response["patchType"] == "JSONPatch"
