@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import os
 import pathlib
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import pydantic
 import pydantic_settings
@@ -379,6 +379,7 @@ class Settings(pydantic_settings.BaseSettings):
     prometheus: Prometheus = Prometheus()
     descheduler: Descheduler = Descheduler()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    read_environment: ClassVar[bool] = True
 
     @classmethod
     def settings_customise_sources(
@@ -390,7 +391,7 @@ class Settings(pydantic_settings.BaseSettings):
         file_secret_settings: pydantic_settings.PydanticBaseSettingsSource,
     ) -> tuple[pydantic_settings.PydanticBaseSettingsSource, ...]:
         # The YAML file arrives as init kwargs (see load()); env wins over it.
-        return (env_settings, init_settings)
+        return (env_settings, init_settings) if cls.read_environment else (init_settings,)
 
 
 class SettingsError(Exception):
@@ -427,16 +428,7 @@ def load(
 class _WithoutEnvironment(Settings):
     """Re-validates already merged values: the environment was applied once and must not win over flags."""
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[pydantic_settings.BaseSettings],
-        init_settings: pydantic_settings.PydanticBaseSettingsSource,
-        env_settings: pydantic_settings.PydanticBaseSettingsSource,
-        dotenv_settings: pydantic_settings.PydanticBaseSettingsSource,
-        file_secret_settings: pydantic_settings.PydanticBaseSettingsSource,
-    ) -> tuple[pydantic_settings.PydanticBaseSettingsSource, ...]:
-        return (init_settings,)
+    read_environment: ClassVar[bool] = False
 
 
 def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import prometheus_client
 
 from common import settings, source
 from descheduler import evictor, reclaim_loop
+from gpu_steward import cmdline
 
 log = logging.getLogger("gpu_steward.descheduler")
 SYNC_TIMEOUT_SECONDS = 120
@@ -40,7 +41,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", type=pathlib.Path, help="settings file (as rendered by the Helm chart)")
+    cmdline.add_config(parser)
     parser.add_argument("--once", action="store_true", help="run one cycle, print its plan, exit")
     parser.add_argument("--dry-run", action="store_true", help="decide, log and emit 'would' events; evict nothing")
     parser.add_argument("--cluster", type=pathlib.Path,
@@ -56,7 +57,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--kubeconfig", type=pathlib.Path)
     parser.add_argument("--kube-timeout", type=float, metavar="SECONDS", help="per API request")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    parser.add_argument("--output", choices=("text", "json"), default="text")
+    cmdline.add_output(parser)
     parser.set_defaults(func=run)
 
 
@@ -93,12 +94,7 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = settings.load(config_file=args.config, overrides=overrides(args))
-    except settings.SettingsError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    logging.getLogger().setLevel(config.log_level)
+    config = cmdline.load_settings(args, overrides=overrides)
     static = None
     if args.cluster:
         try:

@@ -12,7 +12,8 @@ from typing import Any
 import yaml
 
 from admission import mutation, scoring
-from common import gpu, settings, source
+from common import gpu, source
+from gpu_steward import cmdline
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,17 +25,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument("pod", type=pathlib.Path, help="pod manifest (YAML or JSON)")
     parser.add_argument("--cluster", type=pathlib.Path, required=True, help="cluster state: a Kubernetes List")
-    parser.add_argument("--config", type=pathlib.Path, help="settings file (as rendered by the Helm chart)")
-    parser.add_argument("--output", choices=("text", "json"), default="text")
+    cmdline.add_config(parser)
+    cmdline.add_output(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = settings.load(config_file=args.config)
-    except settings.SettingsError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+    config = cmdline.load_settings(args)
     try:
         pod = yaml.safe_load(args.pod.read_text())
         cluster = source.from_file(args.cluster, names=config.names, clock=time.time).snapshot

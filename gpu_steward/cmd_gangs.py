@@ -17,6 +17,7 @@ from typing import Any
 
 from common import feeder, kube, settings, snapshot, source
 from descheduler import gang_release
+from gpu_steward import cmdline
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,17 +27,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Show the gang controller's view: each gang, its members, its state and why.",
     )
     parser.add_argument("--cluster", type=pathlib.Path, help="cluster state (a Kubernetes List); default: live")
-    parser.add_argument("--config", type=pathlib.Path, help="settings file (as rendered by the Helm chart)")
-    parser.add_argument("--output", choices=("text", "json"), default="text")
+    cmdline.add_config(parser)
+    cmdline.add_output(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = settings.load(config_file=args.config)
-    except settings.SettingsError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+    config = cmdline.load_settings(args)
     now = time.time()
     try:
         if args.cluster is not None:

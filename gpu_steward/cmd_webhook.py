@@ -24,6 +24,7 @@ from aiohttp import web
 
 from admission import server, tls
 from common import settings, source
+from gpu_steward import cmdline
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Serve AdmissionReview admission.k8s.io/v1 on POST /mutate over TLS, with /healthz, "
         "/readyz and /metrics. Flags override the settings file and environment.",
     )
-    parser.add_argument("--config", type=pathlib.Path, help="settings file (as rendered by the Helm chart)")
+    cmdline.add_config(parser)
     parser.add_argument(
         "--cluster",
         type=pathlib.Path,
@@ -59,12 +60,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = settings.load(config_file=args.config, overrides=_overrides(args))
-    except settings.SettingsError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    logging.getLogger().setLevel(config.log_level)
+    config = cmdline.load_settings(args, overrides=_overrides)
     try:
         context = tls.ssl_context(config.webhook)
     except (ValueError, OSError, ssl.SSLError) as exc:
