@@ -1,89 +1,354 @@
-"""One reclaim cycle over 1,000 nodes and 10,000 GPU pods: time, peak memory, PromQL queries.
+"""Idle-reclaim cycle at 1,000 nodes and 10,000 GPU pods: cycle time, peak memory, PromQL queries.
 
-    python -m benchmarks.reclaim_cycle [--nodes 1000] [--pods 10000] [--pending 200]
+    python benchmarks/reclaim_cycle.py [--nodes 1000] [--pods 10000] [--pending 50] [--quick] [--scale]
+                                       [--out FILE]
 
-Prometheus is replaced by a stand-in returning one DCGM-shaped answer per window (5 statistics per
-pod, as the real query does), so the number measures our side: snapshot screening, parsing,
-assessment, planning and the dry-run evictor. Goal (issue 3): < 2 s, constant queries, < 300 MB.
+A full cluster (every GPU taken, so each pending pod needs victims): 8-GPU nodes with two NVLink
+domains of 4 holding pods of 1, 1, 2 and 4 GPUs, plus as many MIG nodes (28x 1g.10gb + 8x 3g.40gb)
+as it takes to place `--pods` pods. Pods belong to four PriorityClasses (three idle windows, one not
+reclaimable), some to ReplicaSets and gangs; about a third are idle. Pending: `--pending` pods of
+1-8 GPUs or one MIG slice at mixed priorities, plus two gated gangs waiting for GPUs. Settings are
+the defaults (limits included) in dry-run.
+
+Prometheus is a stand-in that counts queries and answers each with one DCGM-shaped row per pod and
+statistic, for every pod as the real query does, with sample counts that follow the queried window;
+the JSON body is decoded per query, as the HTTP client would.
+The snapshot is built once (the feeder keeps it up to date between cycles; its build time is
+reported apart); every cycle runs on a fresh `ReclaimLoop` so that dry-run cooldowns do not shrink
+the next cycle's work. Reported: whole cycle and planner alone (p50, max), each phase's median, peak
+RSS of the process (raw objects and snapshot included), queries per cycle, evictions planned.
+`--scale` runs sizes up to 5,000 nodes / 50,000 pods, each in its own process (so each has its own
+peak RSS), and fits cycle time against pods. Times are printed, never asserted; the machine may be
+shared, so the load average is recorded beside them.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import math
+import os
+import pathlib
+import re
 import resource
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from common import settings, snapshot, source
-from descheduler import evictor, reclaim_loop
-from tests import builders
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT))  # after site-packages: an installed gpu-steward wins; a bare checkout works too
 
-P = "reclaim-idle-resource.scheduling.x-k8s.io/"
+from common import settings, snapshot, source  # noqa: E402
+from descheduler import evictor, policy, reclaim, reclaim_loop  # noqa: E402
+
+SCRIPT = pathlib.Path(__file__).resolve()
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "reclaim_cycle.json"
+PREFIX = policy.PREFIX
 NOW = 1_800_000_000.0
+STARTED = "2027-01-13T00:00:00Z"  # two days before NOW: past every toleration and window
+GOALS = {"cycle_seconds": 2.0, "peak_rss_mb": 300.0}
+SCALE = ((1000, 10000), (2000, 20000), (3000, 30000), (5000, 50000))
+QUICK_SCALE = ((100, 1000), (200, 2000), (400, 4000))
+FULL_NODE_PODS = (1, 1, 2, 4)  # GPUs of the pods on an 8-GPU node (two NVLink domains of 4)
+MIG_SLICES = {"1g.10gb": 28, "3g.40gb": 8}  # one pod per slice
+# PriorityClass: value, annotations; pods cycle through `CLASS_MIX`.
+CLASSES: dict[str, tuple[int, dict[str, str]]] = {
+    "batch": (1000, {f"{PREFIX}resource-idle-seconds": "3600", f"{PREFIX}resource-idle-usage-threshold": "10"}),
+    "notebook": (500, {f"{PREFIX}gpu-idle-seconds": "1800", f"{PREFIX}gpu-idle-usage-threshold": "5",
+                       f"{PREFIX}minimum-preemptable-priority": "600"}),
+    "scavenger": (100, {f"{PREFIX}resource-idle-seconds": "900", f"{PREFIX}minimum-preemptable-priority": "0"}),
+    "inference": (100000, {}),
+}
+CLASS_MIX = ("batch", "batch", "notebook", "inference", "batch", "scavenger", "notebook", "inference")
+PENDING = ((1, None, 10000), (2, None, 10000), (0, "1g.10gb", 4000), (4, None, 10000), (1, None, 600),
+           (8, None, 10000), (0, "3g.40gb", 10000), (2, None, 4000))  # (GPUs, MIG profile, priority), cycled
 
 
-class Answers:
-    def __init__(self, pods: list[dict[str, Any]]) -> None:
-        self.rows: list[dict[str, Any]] = []
+# --- the synthetic cluster ------------------------------------------------------------------------
+
+
+def _node(name: str, allocatable: dict[str, str], annotations: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}, "annotations": annotations},
+            "spec": {}, "status": {"allocatable": {"cpu": "64", "memory": "512Gi", **allocatable},
+                                   "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def _pod(name: str, *, namespace: str, limits: dict[str, str], node: str | None, priority: int,
+         class_name: str | None, created: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "cuda:12", "resources": {"limits": limits}}],
+                            "priority": priority}
+    if class_name:
+        spec["priorityClassName"] = class_name
+    status: dict[str, Any] = {"phase": "Pending"}
+    if node:
+        spec["nodeName"] = node
+        status = {"phase": "Running", "startTime": created,
+                  "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": created}]}
+    return {"apiVersion": "v1", "kind": "Pod", "spec": spec, "status": status,
+            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{namespace}-{name}",
+                         "creationTimestamp": created, "labels": labels or {}}}
+
+
+def synthetic_cluster(*, nodes: int, pods: int, pending: int) -> dict[str, list[dict[str, Any]]]:
+    full_pods = len(FULL_NODE_PODS)
+    mig_pods = sum(MIG_SLICES.values())
+    mig_nodes = min(nodes, max(0, math.ceil((pods - full_pods * nodes) / (mig_pods - full_pods))))
+    raw_nodes: list[dict[str, Any]] = []
+    slots: list[tuple[str, dict[str, str]]] = []  # (node, limits) of every device set a pod may hold
+    topology = json.dumps([[0, 1, 2, 3], [4, 5, 6, 7]])
+    for n in range(nodes):
+        name = f"gpu-{n:05d}"
+        if n < nodes - mig_nodes:
+            raw_nodes.append(_node(name, {"nvidia.com/gpu": "8"}, {"gpu-steward.io/nvlink-topology": topology}))
+            slots += [(name, {"nvidia.com/gpu": str(g)}) for g in FULL_NODE_PODS]
+        else:
+            raw_nodes.append(_node(name, {f"nvidia.com/mig-{p}": str(c) for p, c in MIG_SLICES.items()}, {}))
+            slots += [(name, {f"nvidia.com/mig-{p}": "1"}) for p, c in MIG_SLICES.items() for _ in range(c)]
+    running = []
+    for i, (node, limits) in enumerate(slots[:pods]):
+        class_name = CLASS_MIX[i % len(CLASS_MIX)]
+        labels = {"gpu-steward.io/gang-name": f"job-{i // 400}", "gpu-steward.io/gang-size": "4"} \
+            if i % 400 < 4 else {}
+        body = _pod(f"p-{i:06d}", namespace=f"team-{i % 50}", limits=limits, node=node,
+                    priority=CLASSES[class_name][0], class_name=class_name, created=STARTED, labels=labels)
+        if i % 2:
+            body["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": f"rs-{i // 10}", "controller": True}]
+        running.append(body)
+    waiting = []
+    for i in range(pending):
+        gpus, profile, priority = PENDING[i % len(PENDING)]
+        limits = {f"nvidia.com/mig-{profile}": "1"} if profile else {"nvidia.com/gpu": str(gpus)}
+        body = _pod(f"w-{i:04d}", namespace="team-b", limits=limits, node=None, priority=priority, class_name=None,
+                    created=f"2027-01-14T23:{i // 60 % 60:02d}:{i % 60:02d}Z")
+        body["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+        waiting.append(body)
+    for g in range(2):  # complete gated gangs that wait only for GPUs
+        for m in range(4):
+            body = _pod(f"gang-{g}-{m}", namespace="team-g", limits={"nvidia.com/gpu": "2"}, node=None,
+                        priority=10000, class_name=None, created="2027-01-14T22:00:00Z",
+                        labels={"gpu-steward.io/gang-name": f"g{g}", "gpu-steward.io/gang-size": "4"})
+            body["spec"]["schedulingGates"] = [{"name": "gpu-steward.io/gang"}]
+            waiting.append(body)
+    classes = [{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "value": value,
+                "metadata": {"name": name, "annotations": notes}} for name, (value, notes) in CLASSES.items()]
+    return {"nodes": raw_nodes, "pods": running + waiting, "priority_classes": classes}
+
+
+class FakePrometheus:
+    """Answers like Prometheus would the reclaim query: 5 statistics per pod and kind of device, for every
+    pod with DCGM series (the query cannot filter by pod); sample counts follow the queried window."""
+
+    def __init__(self, pods: Sequence[dict[str, Any]], *, interval_seconds: int) -> None:
         self.queries = 0
-        for i, pod in enumerate(pods):
-            meta = pod["metadata"]
-            stats = {"util": 1.0 if i % 3 == 0 else 50.0, "samples": 60.0, "series": 1.0, "valid": 1.0,
-                     "last": NOW - 20}
-            for stat, value in stats.items():
-                self.rows.append({"metric": {"gs_namespace": meta["namespace"], "gs_pod": meta["name"],
-                                             "gs_host": pod["spec"]["nodeName"], "gs_stat": f"gpu_{stat}"},
-                                  "value": [NOW, str(value)]})
+        self._interval = interval_seconds
+        self._pods = [p for p in pods if p["spec"].get("nodeName")]
+        self._bodies: dict[int, str] = {}  # window -> the HTTP body of the answer
 
     async def query(self, promql: str, *, time: float | None = None) -> list[dict[str, Any]]:
         self.queries += 1
-        return self.rows
+        window = int(re.search(r"\[(\d+)s\]", promql).group(1))  # type: ignore[union-attr]
+        if window not in self._bodies:  # built once: the stand-in's own work is not ours to measure
+            self._bodies[window] = self._body(window)
+        # Decoded per query, as the HTTP client does (that cost and memory are the cycle's).
+        return list(json.loads(self._bodies[window])["data"]["result"])
+
+    def _body(self, window: int) -> str:
+        rows = []
+        for i, pod in enumerate(self._pods):
+            meta, limits = pod["metadata"], pod["spec"]["containers"][0]["resources"]["limits"]
+            kind = "gpu" if "nvidia.com/gpu" in limits else "mig"
+            devices = float(sum(int(v) for v in limits.values()))
+            util = 1.0 + i % 4 if i % 3 == 0 else 20.0 + i % 70  # a third idle
+            samples = window / self._interval * (0.5 if i % 37 == 0 else 1.0)  # a few with gaps
+            stats = {"util": util, "samples": samples, "series": devices, "valid": devices, "last": NOW - 20}
+            for stat, value in stats.items():
+                rows.append({"metric": {"gs_namespace": meta["namespace"], "gs_pod": meta["name"],
+                                        "gs_host": pod["spec"]["nodeName"], "gs_stat": f"{kind}_{stat}"},
+                             "value": [NOW, repr(value)]})
+        return json.dumps({"status": "success", "data": {"resultType": "vector", "result": rows}})
+
+
+# --- measuring ------------------------------------------------------------------------------------
+
+
+def _rss_mb() -> float:
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return math.nan
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def run_size(*, nodes: int, pods: int, pending: int, cycles: int) -> dict[str, Any]:
+    load_before = os.getloadavg()
+    rss_start = _rss_mb()
+    raw = synthetic_cluster(nodes=nodes, pods=pods, pending=pending)
+    config = settings.load(overrides={"descheduler": {"reclaim": {"dry_run": True}}})
+    started = time.perf_counter()
+    cluster = snapshot.build(nodes=raw["nodes"], pods=raw["pods"], priority_classes=raw["priority_classes"],
+                             names=config.names, taken_at=NOW)
+    build_seconds = time.perf_counter() - started
+    rss_built = _rss_mb()
+    prometheus = FakePrometheus(raw["pods"], interval_seconds=config.descheduler.reclaim.sample_interval_seconds)
+
+    def new_loop() -> reclaim_loop.ReclaimLoop:
+        return reclaim_loop.ReclaimLoop(config=config, cluster=source.StaticSource(cluster), prometheus=prometheus,
+                                        evictions=evictor.DryRunClient(), api=None, clock=lambda: NOW)
+
+    results: list[reclaim_loop.Cycle] = []
+    cycle_seconds: list[float] = []
+    queries: list[int] = []
+    inputs: dict[str, Any] = {}
+    with _capturing(reclaim, "plan", inputs):  # the planner's inputs, to time it alone below
+        for _ in range(cycles):
+            loop, before = new_loop(), prometheus.queries
+            started = time.perf_counter()
+            results.append(asyncio.run(loop.cycle()))
+            cycle_seconds.append(time.perf_counter() - started)
+            queries.append(prometheus.queries - before)
+    planner = []
+    for _ in range(cycles):
+        started = time.perf_counter()
+        alone = reclaim.plan(**inputs)
+        planner.append(time.perf_counter() - started)
+    plans = {json.dumps(p.as_json(), sort_keys=True) for p in [alone, *(c.plan for c in results)]}
+    last = results[-1].plan
+    return {
+        "nodes": nodes, "gpu_pods": sum(1 for p in cluster.pods.values() if p.node_name), "pending": pending,
+        "cycles": cycles,
+        "cycle_seconds": _spread(cycle_seconds),
+        "planner_seconds": _spread(planner),
+        "phase_seconds_p50": {k: round(statistics.median(c.seconds.get(k, 0.0) for c in results), 4)
+                              for k in results[0].seconds},
+        "snapshot_build_seconds": round(build_seconds, 3),
+        "promql_queries_per_cycle": sorted(set(queries)),
+        "candidates": last.candidates, "idle_gpus": last.idle_gpus,
+        "demands": len(last.demands), "demands_served": sum(d.served for d in last.demands),
+        "evictions_planned": len(last.evictions), "same_plan_every_cycle": len(plans) == 1,
+        "rss_mb": {"start": round(rss_start, 1), "after_snapshot": round(rss_built, 1), "end": round(_rss_mb(), 1),
+                   "peak": round(_peak_rss_mb(), 1)},
+        "load_average": {"before": [round(x, 2) for x in load_before],
+                         "after": [round(x, 2) for x in os.getloadavg()]},
+    }
+
+
+@contextlib.contextmanager
+def _capturing(module: Any, name: str, into: dict[str, Any]) -> Iterator[None]:
+    """Wrap `module.name` so that its last call's keyword arguments land in `into`."""
+    original = getattr(module, name)
+
+    def wrapper(**kwargs: Any) -> Any:
+        into.update(kwargs)
+        return original(**kwargs)
+
+    setattr(module, name, wrapper)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+def _spread(values: Sequence[float]) -> dict[str, float]:
+    return {"p50": round(statistics.median(values), 4), "max": round(max(values), 4), "min": round(min(values), 4)}
+
+
+def scale(sizes: Sequence[tuple[int, int]], *, pending: int, cycles: int) -> dict[str, Any]:
+    """Each size in its own process (own peak RSS); a least-squares line of cycle p50 against pods and
+    the log-log slope (1: linear, 2: quadratic)."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for nodes, pods in sizes:
+            out = pathlib.Path(tmp) / f"{nodes}.json"
+            subprocess.run([sys.executable, str(SCRIPT), "--nodes", str(nodes), "--pods", str(pods), "--pending",
+                            str(pending), "--cycles", str(cycles), "--out", str(out), "--quiet"], check=True)
+            rows.append(json.loads(out.read_text())["run"])
+    xs = [float(r["gpu_pods"]) for r in rows]
+    ys = [r["cycle_seconds"]["p50"] for r in rows]
+    fit = statistics.linear_regression(xs, ys)
+    predicted = [fit.slope * x + fit.intercept for x in xs]
+    mean = statistics.fmean(ys)
+    total = sum((y - mean) ** 2 for y in ys)
+    r2 = 1 - sum((y - p) ** 2 for y, p in zip(ys, predicted, strict=True)) / total if total else 1.0
+    exponent = statistics.linear_regression([math.log(x) for x in xs], [math.log(y) for y in ys]).slope
+    return {
+        "sizes": [{k: r[k] for k in ("nodes", "gpu_pods", "cycle_seconds", "planner_seconds", "rss_mb",
+                                     "promql_queries_per_cycle", "evictions_planned")} for r in rows],
+        "seconds_per_1000_pods": round(fit.slope * 1000, 4), "intercept_seconds": round(fit.intercept, 4),
+        "r2": round(r2, 4), "loglog_exponent": round(exponent, 3),
+        "linear": bool(0.8 <= exponent <= 1.2 and r2 >= 0.95),
+    }
+
+
+def table(run: dict[str, Any]) -> str:
+    cycle, planner, rss = run["cycle_seconds"], run["planner_seconds"], run["rss_mb"]
+    phases = ", ".join(f"{k} {v * 1000:.0f}" for k, v in run["phase_seconds_p50"].items())
+    lines = [
+        f"reclaim cycle: {run['nodes']} nodes, {run['gpu_pods']} GPU pods, {run['pending']} pending pods + 2 gangs, "
+        f"{run['cycles']} cycles",
+        f"  whole cycle     p50 {cycle['p50'] * 1000:8.1f} ms   max {cycle['max'] * 1000:8.1f} ms"
+        f"   (goal < {GOALS['cycle_seconds'] * 1000:.0f} ms)",
+        f"  planner alone   p50 {planner['p50'] * 1000:8.1f} ms   max {planner['max'] * 1000:8.1f} ms",
+        f"  phases p50 (ms) {phases}",
+        f"  snapshot build  {run['snapshot_build_seconds'] * 1000:8.1f} ms (once; the feeder's job, not the cycle's)",
+        f"  peak RSS        {rss['peak']:8.1f} MB (start {rss['start']}, after snapshot {rss['after_snapshot']})"
+        f"   (goal < {GOALS['peak_rss_mb']:.0f} MB)",
+        f"  PromQL queries  {run['promql_queries_per_cycle']} per cycle (one per distinct idle window)",
+        f"  candidates {run['candidates']}, idle GPUs {run['idle_gpus']}, demands {run['demands']} "
+        f"(served {run['demands_served']}), evictions planned {run['evictions_planned']}, "
+        f"same plan every cycle: {run['same_plan_every_cycle']}",
+        f"  load average    before {run['load_average']['before']}, after {run['load_average']['after']}",
+    ]
+    return "\n".join(lines)
+
+
+def scale_table(result: dict[str, Any]) -> str:
+    lines = ["scaling (each size in its own process):",
+             f"  {'nodes':>6} {'GPU pods':>9} {'cycle p50':>10} {'planner p50':>12} {'peak RSS':>9} {'evictions':>9}"]
+    for r in result["sizes"]:
+        lines.append(f"  {r['nodes']:>6} {r['gpu_pods']:>9} {r['cycle_seconds']['p50'] * 1000:>8.0f}ms "
+                     f"{r['planner_seconds']['p50'] * 1000:>10.0f}ms {r['rss_mb']['peak']:>7.0f}MB "
+                     f"{r['evictions_planned']:>9}")
+    verdict = "linear" if result["linear"] else "NOT linear"
+    lines.append(f"  fit: {result['seconds_per_1000_pods'] * 1000:.1f} ms per 1,000 pods + "
+                 f"{result['intercept_seconds'] * 1000:.0f} ms, r2 {result['r2']}, log-log exponent "
+                 f"{result['loglog_exponent']} -> {verdict}")
+    return "\n".join(lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--pods", type=int, default=10000)
-    parser.add_argument("--pending", type=int, default=200)
+    parser.add_argument("--pods", type=int, default=10000, help="GPU pods running")
+    parser.add_argument("--pending", type=int, default=50, help="pending GPU pods (preemptors)")
+    parser.add_argument("--cycles", type=int, default=5, help="cycles measured (and planner repeats)")
+    parser.add_argument("--quick", action="store_true", help="CI-sized: 200 nodes, 2,000 pods, 3 cycles")
+    parser.add_argument("--scale", action="store_true", help="also run 1,000/10,000 .. 5,000/50,000 and fit a line")
+    parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
+    parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)  # the --scale children
     args = parser.parse_args()
-
-    def batch(body: dict[str, Any]) -> None:
-        body["spec"].update(priorityClassName="batch" if body["metadata"]["name"].endswith("0") else "hourly",
-                            priority=1000)
-
-    def unschedulable(body: dict[str, Any]) -> None:
-        body["spec"]["priority"] = 10000
-        body["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
-
-    per_node = max(1, args.pods // args.nodes)  # every node full: each demand needs victims
-    nodes = [builders.gpu_node(f"node-{n}", gpus=per_node, topology="annotation",
-                               domains=[range(per_node // 2), range(per_node // 2, per_node)])
-             for n in range(args.nodes)]
-    running = [builders.pod(f"p-{i}", namespace=f"ns-{i % 50}", gpus=1, node=f"node-{i % args.nodes}",
-                            phase="Running", created="2020-01-01T00:00:00Z", mutate=batch) for i in range(args.pods)]
-    waiting = [builders.pod(f"w-{i}", namespace="team-b", gpus=1 + i % 4, mutate=unschedulable)
-               for i in range(args.pending)]
-    classes = [builders.priority_class("batch", 1000, annotations={f"{P}resource-idle-seconds": "3600"}),
-               builders.priority_class("hourly", 1000, annotations={f"{P}gpu-idle-seconds": "1800"})]
-    config = settings.load(overrides={"descheduler": {"reclaim": {
-        "dry_run": True, "limits": {"per_cycle": 100, "per_node": 4, "per_namespace": 10}}}})
-    answers = Answers(running)
-    cluster = snapshot.build(nodes=nodes, pods=running + waiting, priority_classes=classes, names=config.names,
-                             taken_at=NOW)
-    loop = reclaim_loop.ReclaimLoop(config=config, cluster=source.StaticSource(cluster), prometheus=answers,
-                                    evictions=evictor.DryRunClient(), api=None, clock=lambda: NOW)
-    started = time.perf_counter()
-    cycle = asyncio.run(loop.cycle())
-    elapsed = time.perf_counter() - started
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # whole process, KiB on Linux
-    print(json.dumps({
-        "nodes": args.nodes, "gpu_pods": args.pods, "pending": args.pending,
-        "cycle_seconds": round(elapsed, 3), "max_rss_mb": round(peak_mb, 1),
-        "promql_queries": answers.queries, "evictions": len(cycle.plan.evictions),
-        "candidates": cycle.plan.candidates,
-    }))
+    if args.quick:
+        args.nodes, args.pods, args.pending, args.cycles = 200, 2000, 20, 3
+    result: dict[str, Any] = {"goals": GOALS, "run": run_size(nodes=args.nodes, pods=args.pods,
+                                                              pending=args.pending, cycles=args.cycles)}
+    if not args.quiet:
+        print(table(result["run"]), flush=True)
+    if args.scale:
+        result["scale"] = scale(QUICK_SCALE if args.quick else SCALE, pending=args.pending, cycles=3)
+        print(scale_table(result["scale"]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if not args.quiet:
+        print(f"results: {args.out}")
 
 
 if __name__ == "__main__":

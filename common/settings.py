@@ -163,7 +163,10 @@ class TierClass(Model):
 
     name: str = pydantic.Field(min_length=1, description="PriorityClass name.")
     value: int = pydantic.Field(ge=-2_147_483_648, le=1_000_000_000, description="PriorityClass value.")
-    preemption_policy: Literal["PreemptLowerPriority", "Never"] = "PreemptLowerPriority"
+    preemption_policy: Literal["PreemptLowerPriority", "Never"] = pydantic.Field(
+        default="PreemptLowerPriority",
+        description="PreemptLowerPriority or Never, set on the pod with the class (Never: it never preempts).",
+    )
 
 
 class TierRule(Model):
@@ -188,7 +191,11 @@ class Tiers(Model):
     normal: TierClass = TierClass(name="gpu-steward-normal", value=10_000)
     scavenger: TierClass = TierClass(name="gpu-steward-scavenger", value=100, preemption_policy="Never")
     default: Tier = pydantic.Field(default=Tier.NORMAL, description="Tier of a GPU pod no label or rule places.")
-    rules: list[TierRule] = pydantic.Field(default_factory=list)
+    rules: list[TierRule] = pydantic.Field(
+        default_factory=list,
+        description="Tier rules, first match wins: "
+        "[{name, tier, namespace_labels, pod_labels, owner_kinds, namespaces}].",
+    )
     override_explicit_class: bool = pydantic.Field(
         default=False, description="Replace a priorityClassName the user set (default: keep it)."
     )
@@ -204,7 +211,10 @@ class Tiers(Model):
 
 
 class Admission(Model):
-    default_placement: Placement = Placement.STRICT
+    default_placement: Placement = pydantic.Field(
+        default=Placement.STRICT,
+        description="strict | prefer | off: NVLink affinity of pods without the placement label.",
+    )
     preferred_terms: int = pydantic.Field(
         default=3, ge=0, le=20, description="How many best-scored nodes get a preferred affinity term."
     )
@@ -219,8 +229,10 @@ class Admission(Model):
 
 
 class Webhook(Model):
-    host: str = "0.0.0.0"
-    port: int = pydantic.Field(default=8443, ge=1, le=65535)
+    host: str = pydantic.Field(default="0.0.0.0", description="Listen address of the webhook server.")
+    port: int = pydantic.Field(
+        default=8443, ge=1, le=65535, description="Listen port (HTTPS); the Service's targetPort."
+    )
     cert_file: pathlib.Path | None = pydantic.Field(default=None, description="PEM serving certificate.")
     key_file: pathlib.Path | None = pydantic.Field(default=None, description="PEM private key.")
     cert_check_seconds: Seconds = pydantic.Field(
@@ -254,21 +266,38 @@ class PrometheusLabels(Model):
     `exported_pod` beats `pod`, because Prometheus writes `exported_*` only when the scrape target's own
     `pod`/`namespace` (the dcgm-exporter pod's) clashed with the workload's."""
 
-    pod: list[str] = pydantic.Field(default_factory=lambda: ["pod", "exported_pod"])
-    namespace: list[str] = pydantic.Field(default_factory=lambda: ["namespace", "exported_namespace"])
-    hostname: list[str] = pydantic.Field(default_factory=lambda: ["Hostname", "hostname"])
-    gpu: str = "gpu"
-    mig_profile: str = "GPU_I_PROFILE"
-    mig_instance: str = "GPU_I_ID"
+    pod: list[str] = pydantic.Field(
+        default_factory=lambda: ["pod", "exported_pod"],
+        description="DCGM labels naming the pod; a later non-empty one wins (exported_pod after a rename).",
+    )
+    namespace: list[str] = pydantic.Field(
+        default_factory=lambda: ["namespace", "exported_namespace"],
+        description="DCGM labels naming the pod's namespace; a later non-empty one wins.",
+    )
+    hostname: list[str] = pydantic.Field(
+        default_factory=lambda: ["Hostname", "hostname"],
+        description="DCGM labels naming the node (older dcgm-exporter: Hostname).",
+    )
+    gpu: str = pydantic.Field(default="gpu", description="DCGM label with the GPU index.")
+    mig_profile: str = pydantic.Field(
+        default="GPU_I_PROFILE", description="DCGM label with the MIG profile (e.g. 1g.10gb)."
+    )
+    mig_instance: str = pydantic.Field(default="GPU_I_ID", description="DCGM label with the MIG GPU instance id.")
 
 
 class Prometheus(Model):
     url: str | None = pydantic.Field(default=None, description="Unset: no DCGM data (no idle reclaim).")
     headers: dict[str, str] = pydantic.Field(default_factory=dict, description="Extra HTTP headers.")
-    bearer_token_file: pathlib.Path | None = None
-    ca_file: pathlib.Path | None = None
-    insecure_skip_verify: bool = False
-    timeout_seconds: Seconds = 5
+    bearer_token_file: pathlib.Path | None = pydantic.Field(
+        default=None, description="File with a bearer token for Prometheus (re-read on every query)."
+    )
+    ca_file: pathlib.Path | None = pydantic.Field(
+        default=None, description="PEM CA bundle that signs Prometheus' certificate."
+    )
+    insecure_skip_verify: bool = pydantic.Field(
+        default=False, description="Do not verify Prometheus' TLS certificate (testing only)."
+    )
+    timeout_seconds: Seconds = pydantic.Field(default=5, description="Bound of one PromQL query (seconds).")
     occupancy_refresh_seconds: Seconds = pydantic.Field(
         default=30, description="How often GPU-index occupancy is re-read from DCGM series."
     )
@@ -276,9 +305,15 @@ class Prometheus(Model):
         default=120,
         description="A DCGM series with no sample this recent no longer says which pod holds a GPU.",
     )
-    gpu_util_metric: str = pydantic.Field(default="DCGM_FI_DEV_GPU_UTIL", pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+    gpu_util_metric: str = pydantic.Field(
+        default="DCGM_FI_DEV_GPU_UTIL",
+        pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$",
+        description="DCGM metric of whole-GPU utilisation (percent).",
+    )
     mig_activity_metric: str = pydantic.Field(
-        default="DCGM_FI_PROF_GR_ENGINE_ACTIVE", pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
+        default="DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$",
+        description="DCGM metric of MIG instance activity (ratio 0-1).",
     )
     labels: PrometheusLabels = PrometheusLabels()
 
@@ -290,28 +325,43 @@ class Cooldowns(Model):
 
 
 class EvictionLimits(Model):
-    per_cycle: int = pydantic.Field(default=10, ge=0)
-    per_node: int = pydantic.Field(default=2, ge=0)
-    per_namespace: int = pydantic.Field(default=5, ge=0)
+    per_cycle: int = pydantic.Field(default=10, ge=0, description="Most evictions in one cycle.")
+    per_node: int = pydantic.Field(default=2, ge=0, description="Most evictions per node in one cycle.")
+    per_namespace: int = pydantic.Field(default=5, ge=0, description="Most evictions per namespace in one cycle.")
 
 
 class LeaderElection(Model):
-    enabled: bool = True
-    lease_name: str = "gpu-steward-descheduler"
-    lease_namespace: str = "gpu-steward"
-    lease_duration_seconds: Seconds = 15
-    renew_deadline_seconds: Seconds = 10
-    retry_period_seconds: Seconds = 2
+    enabled: bool = pydantic.Field(
+        default=True, description="Only the Lease holder acts; off: run exactly one replica."
+    )
+    lease_name: str = pydantic.Field(default="gpu-steward-descheduler", description="Name of the leader Lease.")
+    lease_namespace: str = pydantic.Field(
+        default="gpu-steward", description="Namespace of the Lease (the chart sets the release namespace)."
+    )
+    lease_duration_seconds: Seconds = pydantic.Field(
+        default=15, description="How long a Lease is valid without renewal (seconds)."
+    )
+    renew_deadline_seconds: Seconds = pydantic.Field(
+        default=10, description="The leader steps down if it cannot renew within this (seconds)."
+    )
+    retry_period_seconds: Seconds = pydantic.Field(
+        default=2, description="How often Lease acquisition/renewal is tried (seconds)."
+    )
     identity: str | None = pydantic.Field(
         default=None, description="This replica's holder identity in the Lease; unset: hostname + random suffix."
     )
 
 
 class Reclaim(Model):
-    enabled: bool = True
-    interval_seconds: Seconds = 60
-    mode: Literal["on-demand", "always"] = "on-demand"
-    dry_run: bool = False
+    enabled: bool = pydantic.Field(default=True, description="Run the idle-GPU reclaim loop.")
+    interval_seconds: Seconds = pydantic.Field(default=60, description="Seconds between reclaim cycles.")
+    mode: Literal["on-demand", "always"] = pydantic.Field(
+        default="on-demand",
+        description="on-demand: reclaim only for pending GPU pods that need it; always: any idle pod.",
+    )
+    dry_run: bool = pydantic.Field(
+        default=False, description="Decide, log and emit 'would evict' Events, but evict nothing."
+    )
     min_coverage: Fraction = pydantic.Field(
         default=0.9, description="Share of the idle window that must have samples before a pod can be idle."
     )
@@ -334,7 +384,9 @@ class Reclaim(Model):
     retry_backoff_initial_seconds: Seconds = pydantic.Field(
         default=60, description="After a failed eviction (not 429/404) the pod waits this long, doubling."
     )
-    retry_backoff_max_seconds: Seconds = 900
+    retry_backoff_max_seconds: Seconds = pydantic.Field(
+        default=900, description="Longest wait before retrying a failed eviction (seconds)."
+    )
 
 
 class Gangs(Model):
@@ -378,7 +430,9 @@ class Settings(pydantic_settings.BaseSettings):
     kubernetes: Kubernetes = Kubernetes()
     prometheus: Prometheus = Prometheus()
     descheduler: Descheduler = Descheduler()
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = pydantic.Field(
+        default="INFO", description="DEBUG | INFO | WARNING | ERROR."
+    )
     read_environment: ClassVar[bool] = True
 
     @classmethod
@@ -398,9 +452,7 @@ class SettingsError(Exception):
     """Bad configuration; the message names each offending key."""
 
 
-def load(
-    *, config_file: pathlib.Path | None = None, overrides: dict[str, Any] | None = None
-) -> Settings:
+def load(*, config_file: pathlib.Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
     """Load settings from defaults, the YAML file, the environment, then `overrides` (CLI flags)."""
     path = config_file or (pathlib.Path(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else None)
     data: dict[str, Any] = {}

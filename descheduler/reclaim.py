@@ -18,8 +18,10 @@ Rules, in order:
    what the member needs: the same MIG profile for MIG members; full GPUs on a node without MIG
    partitions for full-GPU members, forming one NVLink domain that holds the member when the node's
    topology is known. Minimal set: units by GPUs (desc) then priority (asc) until it fits, then drop
-   any unit not needed (highest priority first). Every node is screened by counts; the `SHORTLIST`
-   nodes needing the fewest evicted GPUs get that exact search (a constant bound on cycle time).
+   any unit not needed (highest priority first). Exact, without a search of every node: nodes that
+   cannot hold the member even with every eligible unit evicted are screened out (by count, then
+   NVLink), the rest are searched by a lower bound of their cost; untouched nodes are screened once
+   per cycle for each kind of member.
    always: every idle unit is evicted, no preemptor needed.
 4. Limits (per cycle, per node, per namespace) are charged per unit; a unit that would cross one
    is spared with the limit as its reason.
@@ -31,15 +33,17 @@ import bisect
 import collections
 import dataclasses
 import datetime
+import functools
+import heapq
+import itertools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Any
 
 from common import fit, gangs, gpu, placement, settings, snapshot
 from descheduler import cooldowns, policy, protections, utilisation
 
 NEVER = "Never"
-SHORTLIST = 16  # nodes per demand member that get the exact minimal-victim-set search (bounds cycle time)
 MAX_REASONS = 3  # why a demand cannot be served: the first few nodes' reasons
 GANG = "gang:"  # prefix of gang keys, so that a gang never collides with a pod of the same name
 
@@ -187,6 +191,10 @@ class Budget:
                 return f"per-namespace eviction limit {self._limits.per_namespace} reached in {namespace}"
         return None
 
+    def spent(self) -> str | None:
+        """Why no eviction at all fits in this cycle any more, or None."""
+        return self.refuse([("", "")]) if self._total >= self._limits.per_cycle else None
+
     def charge(self, pods: Iterable[tuple[str, str]]) -> None:
         for namespace, node in pods:
             self._total += 1
@@ -246,22 +254,28 @@ def screen(
     return found
 
 
-def windows_needed(
+Screened = Mapping[str, "policy.ReclaimPolicy | str"]  # pod key -> `screen()` of the pod
+
+
+def screen_all(
     cluster: snapshot.Snapshot,
     *,
     policies: Mapping[str, policy.ReclaimPolicy],
     state: cooldowns.State,
     names: settings.Names,
     now: float,
-) -> dict[int, list[str]]:
+) -> dict[str, policy.ReclaimPolicy | str]:
+    """`screen()` of every pod holding GPUs: once per cycle, for `windows_needed()` and `plan()`."""
+    return {pod.key: screen(pod, cluster=cluster, policies=policies, state=state, names=names, now=now)
+            for pod in cluster.pods.values() if pod.holds_gpus}
+
+
+def windows_needed(screened: Screened) -> dict[int, list[str]]:
     """Idle window -> pods to measure over it: the shell queries Prometheus once per window."""
     out: dict[int, list[str]] = collections.defaultdict(list)
-    for pod in cluster.pods.values():
-        if not pod.holds_gpus:
-            continue
-        found = screen(pod, cluster=cluster, policies=policies, state=state, names=names, now=now)
+    for key, found in screened.items():
         if not isinstance(found, str) and found.idle_seconds is not None:
-            out[found.idle_seconds].append(pod.key)
+            out[found.idle_seconds].append(key)
     return dict(out)
 
 
@@ -277,16 +291,24 @@ class _Unit:
     key: str
     candidates: tuple[_Candidate, ...]
 
-    @property
+    # Read for every node and demand of a cycle: computed once (units are immutable).
+    @functools.cached_property
     def minimum_preemptable(self) -> int:
         return max(c.policy.minimum_preemptable_priority for c in self.candidates)
 
-    @property
+    @functools.cached_property
     def priority(self) -> int:
         return max(c.pod.priority for c in self.candidates)
 
-    def on(self, node: str) -> list[snapshot.Pod]:
-        return [c.pod for c in self.candidates if c.pod.node_name == node]
+    @functools.cached_property
+    def _by_node(self) -> dict[str, tuple[snapshot.Pod, ...]]:
+        out: dict[str, list[snapshot.Pod]] = collections.defaultdict(list)
+        for candidate in self.candidates:
+            out[candidate.pod.node_name or ""].append(candidate.pod)
+        return {node: tuple(pods) for node, pods in out.items()}
+
+    def on(self, node: str) -> tuple[snapshot.Pod, ...]:
+        return self._by_node.get(node, ())
 
     def slots(self) -> list[tuple[str, str]]:
         return [(c.pod.namespace, c.pod.node_name or "") for c in self.candidates]
@@ -408,15 +430,17 @@ def plan(
     state: cooldowns.State,
     config: settings.Settings,
     now: float,
+    screened: Screened | None = None,
 ) -> Plan:
+    """`screened`: `screen_all()` of these same inputs, when the caller has it already."""
     names = config.names
     reclaim = config.descheduler.reclaim
+    if screened is None:
+        screened = screen_all(cluster, policies=policies, state=state, names=names, now=now)
     spared: dict[str, str] = {}
     candidates: dict[str, _Candidate] = {}
-    for pod in sorted(cluster.pods.values(), key=lambda p: p.key):
-        if not pod.holds_gpus:
-            continue
-        found = screen(pod, cluster=cluster, policies=policies, state=state, names=names, now=now)
+    for key in sorted(screened):
+        pod, found = cluster.pods[key], screened[key]
         if isinstance(found, str):
             spared[pod.key] = found
             continue
@@ -591,24 +615,6 @@ def _on_demand(
     return evictions, outcomes
 
 
-def _slack(
-    node: snapshot.Node, request: gpu.GpuRequest, units: Sequence[_Unit], cluster: snapshot.Snapshot,
-    state: _NodeState,
-) -> int:
-    """Free devices plus what `units` would free, minus what the member needs (the scarcest kind).
-    Negative: the node cannot hold the member whatever is evicted. Counts only, no NVLink domains."""
-    freed = [cluster.pods[k] for k in state.freed]
-    here = [p for u in units for p in u.on(node.name)]
-    if request.full:
-        free = node.allocatable.full - node.requested_full - state.claimed_full
-        return free + sum(p.request.full for p in freed + here) - request.full
-    return min(
-        (node.free_mig(profile) - state.claimed_mig[profile] + sum(p.request.mig.get(profile, 0) for p in freed + here)
-         - count for profile, count in request.mig.items()),
-        default=0,
-    )
-
-
 def _short(
     name: str, request: gpu.GpuRequest, idle_here: Sequence[_Unit], present: Sequence[_Unit],
     allowed: Sequence[_Unit],
@@ -621,35 +627,140 @@ def _short(
     return f"{name}: needs {request.describe()}, more than is free even after evicting every eligible idle pod"
 
 
+@dataclasses.dataclass(frozen=True, order=True)
+class _Option:
+    """A node that holds the member once all of `units` are evicted, with a lower bound of the cost of
+    its minimal victim set (`_Choice.cost()`, node name last): nodes are searched cheapest bound first."""
+
+    bound: tuple[int, int, int, str]
+    units: tuple[_Unit, ...] = dataclasses.field(compare=False)
+    free: Mapping[str, int] = dataclasses.field(compare=False)  # free devices by kind, before evictions
+
+    @property
+    def node(self) -> str:
+        return self.bound[3]
+
+
+def _needs(request: gpu.GpuRequest) -> dict[str, int]:
+    """Devices the member needs by kind: "" for full GPUs, else the MIG profile."""
+    needs = {"": request.full} if request.full else {}
+    needs.update({profile: count for profile, count in request.mig.items() if count})
+    return needs
+
+
+def _option(
+    node: snapshot.Node, request: gpu.GpuRequest, units: Sequence[_Unit], free: Mapping[str, int],
+    cluster: snapshot.Snapshot, state: _NodeState,
+) -> _Option | str | None:
+    """The node's option if evicting all of `units` lets the member fit; else why not (None: too few
+    devices by count). Bound: any victim set frees at least each kind's shortfall in GPUs, needs at
+    least the fewest units covering it, and so evicts at least the that-many-th lowest priority."""
+    short = fewest = 0
+    for kind, need in _needs(request).items():
+        deficit = need - free.get(kind, 0)
+        if deficit <= 0:
+            continue
+        gains = sorted((sum(p.request.mig.get(kind, 0) if kind else p.request.full for p in u.on(node.name))
+                        for u in units), reverse=True)
+        covered = list(itertools.accumulate(gains))  # by the 1, 2, ... most freeing units
+        if not covered or covered[-1] < deficit:
+            return None
+        short, fewest = short + deficit, max(fewest, bisect.bisect_left(covered, deficit) + 1)
+    if request.full:  # counts suffice; the NVLink domains and actual indices must too
+        freed = {p.key for u in units for p in u.on(node.name)}
+        placed = _placement(node, request, _room(node, cluster, state, freed))
+        if isinstance(placed, str):
+            return f"{node.name}: {placed} even after evicting every eligible idle pod"
+    # No shortfall: the empty set costs (0, 0, 0) and any other at least one GPU more.
+    floor = sorted(u.priority for u in units)[fewest - 1] if fewest else 0
+    return _Option((short, fewest, floor, node.name), tuple(units), free)
+
+
+def _screen(
+    index: _Index, name: str, request: gpu.GpuRequest, priority: int, *,
+    state: _NodeState | None = None, taken: Set[str] = frozenset(),
+) -> _Option | str | None:
+    """The node's option for a member of `priority`, or why it cannot hold it (None: nothing to say).
+    `state` None: a node no demand of this cycle has touched, read straight from the snapshot."""
+    node = index.cluster.nodes[name]
+    if request.full and node.allocatable.mig:
+        return f"{name}: partitioned by MIG, a full-GPU pod needs a node without MIG slices"
+    idle_here = [u for u in index.by_node.get(name, ()) if u.key not in taken]
+    present = [u for u in idle_here if _helps(u, name, request)]
+    allowed = [u for u in present if priority >= u.minimum_preemptable]
+    if state is None:
+        state = _NodeState()
+        free = {"": node.allocatable.full - node.requested_full}
+        free.update({p: node.allocatable.mig.get(p, 0) - node.mig_used.get(p, 0) for p in request.mig})
+    else:
+        full, _, mig = _room(node, index.cluster, state, set())
+        free = {"": full, **mig}
+    found = _option(node, request, allowed, free, index.cluster, state)
+    if found is None and idle_here:
+        return _short(name, request, idle_here, present, allowed)
+    return found
+
+
 class _Index:
-    """Per-plan precomputation: which nodes a member's tolerations/nodeSelector allow, and for each
-    node its free full GPUs plus the idle units freeing full GPUs there, by minimum-preemptable
-    priority with prefix sums — so screening an untouched node for a full-GPU member is a bisection."""
+    """Per-plan precomputation: idle units by node and each unit's nodes, where idle units free each
+    kind of device, the nodes a member's tolerations/nodeSelector allow, and the options of untouched
+    nodes for each kind of member."""
 
     def __init__(self, cluster: snapshot.Snapshot, by_node: Mapping[str, Sequence[_Unit]]) -> None:
         self.cluster = cluster
         self.by_node = by_node
+        self.unit_nodes = {u.key: _nodes(u) for units in by_node.values() for u in units}
+        self._freeing: dict[str, set[str]] = collections.defaultdict(set)  # kind (see `_needs`) -> nodes
+        for name, units in by_node.items():
+            for pod in (p for u in units for p in u.on(name)):
+                for kind in _needs(pod.request):
+                    self._freeing[kind].add(name)
+        # Priorities between two of these floors let the same units go: they share screenings.
+        self._floors = sorted({u.minimum_preemptable for units in by_node.values() for u in units})
         self._fits: dict[str, list[str]] = {}
-        self.unit_nodes: dict[str, set[str]] = {}
-        self.full: dict[str, tuple[int, list[int], list[int], list[_Unit]]] = {}
-        for name, node in cluster.nodes.items():
-            units = sorted((u for u in by_node.get(name, ()) if any(p.request.full for p in u.on(name))),
-                           key=lambda u: u.minimum_preemptable)
-            sums = [0]
-            for unit in units:
-                sums.append(sums[-1] + sum(p.request.full for p in unit.on(name)))
-            self.full[name] = (node.allocatable.full - node.requested_full,
-                               [u.minimum_preemptable for u in units], sums, units)
-        for resident in by_node.values():
-            for unit in resident:
-                self.unit_nodes.setdefault(unit.key, _nodes(unit))
+        self._untouched: dict[tuple[Any, ...], list[_Option]] = {}
+
+    @staticmethod
+    def _fit_key(spec: Mapping[str, Any]) -> str:
+        return json.dumps([spec.get("tolerations"), spec.get("nodeSelector")], sort_keys=True, default=str)
 
     def nodes_for(self, spec: Mapping[str, Any]) -> list[str]:
         """Nodes passing `fit.why_not` (it reads only tolerations and nodeSelector), cached per pair."""
-        key = json.dumps([spec.get("tolerations"), spec.get("nodeSelector")], sort_keys=True, default=str)
+        key = self._fit_key(spec)
         if key not in self._fits:
             self._fits[key] = sorted(n for n, node in self.cluster.nodes.items() if not fit.why_not(spec, node))
         return self._fits[key]
+
+    def _may_hold(self, request: gpu.GpuRequest) -> set[str]:
+        """Untouched nodes where each kind of device the request needs is free enough already or freed
+        by some idle unit; on any other node evictions cannot make it fit."""
+        maybe: set[str] | None = None
+        for kind, need in _needs(request).items():
+            if kind:
+                free = {n.name for n in self.cluster.nodes.values() if n.free_mig(kind) >= need}
+            else:  # nodes of one GPU state have as many free GPUs
+                free = {n.name for group in self.cluster.nodes_by_gpu_state.values() if group[0].free_gpus >= need
+                        for n in group}
+            here = free | self._freeing.get(kind, set())
+            maybe = here if maybe is None else maybe & here
+        return set(self.cluster.nodes) if maybe is None else maybe
+
+    def untouched(self, member: Member, priority: int) -> list[_Option]:
+        """Options of the member's nodes as the snapshot has them, cheapest bound first: valid for every
+        node no demand has touched, so computed once per (allowed nodes, request, idle units the
+        priority may take)."""
+        request = member.request
+        key = (self._fit_key(member.spec), request.full, tuple(sorted(request.mig.items())),
+               bisect.bisect_right(self._floors, priority))
+        if key not in self._untouched:
+            maybe = self._may_hold(request)
+            options = []
+            for name in self.nodes_for(member.spec):
+                found = _screen(self, name, request, priority) if name in maybe else None
+                if isinstance(found, _Option):
+                    options.append(found)
+            self._untouched[key] = sorted(options)
+        return self._untouched[key]
 
 
 def _best_node(
@@ -660,47 +771,50 @@ def _best_node(
     taken: set[str],
     budget: Budget,
 ) -> _Choice | str:
-    """The node with the cheapest minimal victim set for the member. Every node is screened by counts;
-    the `SHORTLIST` nodes needing the fewest evicted GPUs get the exact (NVLink, limits) search."""
+    """The node with the cheapest minimal victim set for the member, searched exactly but not node by
+    node: nodes that cannot hold it even with every eligible idle pod evicted are screened out by
+    counting, the rest are tried cheapest lower bound first until the bound exceeds the best cost."""
     cluster = index.cluster
-    reasons: list[str] = []
-    shortlist: list[tuple[int, str, Sequence[_Unit]]] = []
+    request = member.request
+    names = index.nodes_for(member.spec)
     touched = set(trial).union(*(index.unit_nodes[k] for k in taken))
-    need = member.request.full
-    for name in index.nodes_for(member.spec):
-        node = cluster.nodes[name]
-        if need and node.allocatable.mig:
-            reasons.append(f"{name}: partitioned by MIG, a full-GPU pod needs a node without MIG slices")
-            continue
-        if need and not member.request.mig and name not in touched:
-            free, floors, sums, units = index.full[name]
-            fast = bisect.bisect_right(floors, demand.priority)
-            if free + sums[fast] >= need:
-                shortlist.append((max(0, need - free), name, units[:fast]))
-                continue
-            if not index.by_node.get(name) or len(reasons) >= MAX_REASONS:
-                continue
-        state = trial.get(name) or _NodeState()
-        idle_here = [u for u in index.by_node.get(name, ()) if u.key not in taken]
-        present = [u for u in idle_here if _helps(u, name, member.request)]
-        allowed = [u for u in present if demand.priority >= u.minimum_preemptable]
-        if _slack(node, member.request, allowed, cluster, state) < 0:
-            if idle_here and len(reasons) < MAX_REASONS:
-                reasons.append(_short(name, member.request, idle_here, present, allowed))
-            continue
-        shortlist.append((max(0, -_slack(node, member.request, (), cluster, state)), name, allowed))
+
+    def screen_node(name: str) -> _Option | str | None:
+        if name not in touched:
+            return _screen(index, name, request, demand.priority)
+        return _screen(index, name, request, demand.priority, state=trial.get(name) or _NodeState(), taken=taken)
+
+    fresh = [o for o in map(screen_node, touched.intersection(names)) if isinstance(o, _Option)]
+    options = heapq.merge(sorted(fresh), (o for o in index.untouched(member, demand.priority) if o.node not in touched))
     best: _Choice | None = None
-    for _, name, candidates in sorted(shortlist, key=lambda t: (t[0], t[1]))[:SHORTLIST]:
-        limited = {u.key: budget.refuse(u.slots()) for u in candidates}
-        eligible = [u for u in candidates if limited[u.key] is None]
-        choice = _minimal_set(cluster.nodes[name], member, eligible, cluster, trial.get(name) or _NodeState())
-        if isinstance(choice, str):
-            reasons.append(choice + "".join(sorted({f" ({why})" for why in limited.values() if why})))
-            continue
-        if best is None or choice.cost() < best.cost():
+    failures: list[str] = []
+    spent = budget.spent()
+    for option in options:
+        if best is not None and option.bound > best.cost():
+            break
+        if spent and option.bound[0]:  # this and every later option needs evictions
+            failures.append(spent)
+            break
+        node = cluster.nodes[option.node]
+        state = trial.get(option.node) or _NodeState()
+        limited = {u.key: budget.refuse(u.slots()) for u in option.units}
+        eligible = [u for u in option.units if limited[u.key] is None]
+        if len(eligible) < len(option.units):  # limits take some units away: screen again without them
+            why = "".join(sorted({f" ({w})" for w in limited.values() if w}))
+            found = _option(node, request, eligible, option.free, cluster, state)
+            if not isinstance(found, _Option):
+                failures.append((found or _short(node.name, request, option.units, option.units, eligible)) + why)
+                continue
+            if best is not None and found.bound > best.cost():
+                continue
+        choice = _minimal_set(node, member, eligible, cluster, state)
+        if isinstance(choice, str):  # not reached: the option's screen is exact
+            failures.append(choice)
+        elif best is None or choice.cost() < best.cost():
             best = choice
-        if not choice.units:
-            break  # fits without evictions: nothing can be cheaper
     if best is not None:
         return best
-    return "; ".join(reasons[:MAX_REASONS]) or "no node with reclaimable idle GPUs fits it"
+    # Why not: what failed on the most promising nodes, else (none was) the first nodes' screening.
+    said = (r for r in map(screen_node, names) if isinstance(r, str))
+    return "; ".join(failures[:MAX_REASONS] or itertools.islice(said, MAX_REASONS)) \
+        or "no node with reclaimable idle GPUs fits it"

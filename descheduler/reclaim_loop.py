@@ -59,12 +59,24 @@ class Cycle:
     outcomes: tuple[evictor.Outcome, ...]
     queries: int
     prometheus_errors: tuple[str, ...]
+    seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)  # duration of each phase
 
 
 def gang_demands(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float) -> list[reclaim.Demand]:
     """Complete gated gangs that wait only for GPUs, as the gang controller sees them."""
     waiting = gang_release.plan(cluster, config=config, now=now).demand
     return [reclaim.gang_demand(d.gang, d.members) for d in waiting]
+
+
+def _rows_of(rows: Sequence[Mapping[str, Any]], pods: Sequence[str]) -> list[Mapping[str, Any]]:
+    """The rows about `pods`: an answer covers every pod with DCGM series, and parsing them is the cost."""
+    wanted = {tuple(key.split("/", 1)) for key in pods}
+    out = []
+    for row in rows:
+        metric = row.get("metric") or {}
+        if (metric.get(utilisation.NAMESPACE), metric.get(utilisation.POD)) in wanted:
+            out.append(row)
+    return out
 
 
 class ReclaimLoop:
@@ -108,6 +120,11 @@ class ReclaimLoop:
 
     async def cycle(self) -> Cycle:
         started = time.monotonic()
+        seconds: dict[str, float] = {}
+
+        def lap(phase: str) -> None:  # time spent since the previous lap (or the start)
+            seconds[phase] = time.monotonic() - started - sum(seconds.values())
+
         now = self._clock()
         cluster = self._cluster.snapshot
         if not self._cluster.synced:
@@ -122,11 +139,17 @@ class ReclaimLoop:
         state = self._memory
         if self._persist and self._api is not None:
             state = await cooldown_store.load(self._api, config=self._config)
-        wanted = reclaim.windows_needed(cluster, policies=policies, state=state, names=self._config.names, now=now)
+        lap("policies")
+        screened = reclaim.screen_all(cluster, policies=policies, state=state, names=self._config.names, now=now)
+        wanted = reclaim.windows_needed(screened)
+        lap("screen")
         assessments, queries, errors = await self._measure(cluster, wanted, policies, now=now)
+        lap("measure")
         demands = reclaim.demands_from_snapshot(cluster) + gang_demands(cluster, config=self._config, now=now)
+        lap("demands")
         plan = reclaim.plan(cluster=cluster, policies=policies, assessments=assessments, demands=demands,
-                            state=state, config=self._config, now=now)
+                            state=state, config=self._config, now=now, screened=screened)
+        lap("plan")
         self._metrics.candidates.set(plan.candidates)
         self._metrics.idle_gpus.set(plan.idle_gpus)
         for outcome in plan.demands:
@@ -141,8 +164,10 @@ class ReclaimLoop:
             await self._act(plan, outcomes, now=now)
         finally:
             await asyncio.shield(self._remember(outcomes, state, now=now))
+            lap("act")
             self._metrics.cycle.observe(time.monotonic() - started)
-        return Cycle(plan, tuple(outcomes), queries, tuple(errors))
+        logger.debug("reclaim cycle phases (s): %s", {k: round(v, 3) for k, v in seconds.items()})
+        return Cycle(plan, tuple(outcomes), queries, tuple(errors), seconds)
 
     async def _measure(
         self,
@@ -171,7 +196,7 @@ class ReclaimLoop:
                 errors.append(str(exc))
                 assessments.update({key: utilisation.failed(f"Prometheus query failed: {exc}") for key in pods})
                 continue
-            readings = utilisation.parse(rows)
+            readings = utilisation.parse(_rows_of(rows, pods))
             for key in pods:
                 pod = cluster.pods[key]
                 found = policy.for_pod(pod, policies)

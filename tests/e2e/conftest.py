@@ -265,3 +265,99 @@ def _unregister(cluster: localcluster.LocalCluster, server: WebhookServer) -> No
 def _env_with_repo_on_path() -> dict[str, str]:
     path = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{path}" if path else str(REPO)}
+
+
+@pytest.fixture
+def webhook_stopped(control_plane: localcluster.LocalCluster, webhook: WebhookServer) -> Iterator[WebhookServer]:
+    """The session's webhook process stopped (still registered) for one test; started and routed again after."""
+    webhook.stop()
+    try:
+        yield webhook
+    finally:
+        webhook.start()
+        _wait_routed(control_plane, webhook)
+
+
+# --- the descheduler -------------------------------------------------------------------------------
+
+DESCHEDULER_NAMESPACE = "gpu-steward-e2e"  # holds the descheduler's Leases
+
+
+@dataclasses.dataclass
+class Descheduler:
+    """`python -m gpu_steward descheduler` with one test's settings; leading (it holds its Lease)."""
+
+    process: localcluster.ManagedProcess
+    config_file: pathlib.Path
+    settings: settings.Settings
+
+
+StartDescheduler = Callable[[dict[str, Any]], Descheduler]
+
+
+@pytest.fixture
+def descheduler_factory(
+    control_plane: localcluster.LocalCluster, tmp_path: pathlib.Path
+) -> Iterator[StartDescheduler]:
+    """`start(settings) -> Descheduler`: the real descheduler process (gang release + idle reclaim) with
+    short intervals merged under `settings`, returned once it leads; stopped by PID at teardown.
+
+    Each start gets Leases of its own name, so it never waits for a predecessor's Lease to expire.
+    """
+    control_plane.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DESCHEDULER_NAMESPACE}}])
+    started: list[Descheduler] = []
+
+    def start(overrides: dict[str, Any]) -> Descheduler:
+        run = f"e2e-{secrets.token_hex(4)}"
+        base = {
+            "kubernetes": {"kubeconfig": str(control_plane.kubeconfig)},
+            "descheduler": {
+                "leader_election": {
+                    "lease_name": run,
+                    "lease_namespace": DESCHEDULER_NAMESPACE,
+                    "identity": run,
+                    "lease_duration_seconds": 6,
+                    "renew_deadline_seconds": 4,
+                    "retry_period_seconds": 1,
+                },
+                "reclaim": {"interval_seconds": 1, "cooldown_lease_name": f"{run}-cooldowns"},
+                "gangs": {"resync_seconds": 1},
+            },
+        }
+        config_file = tmp_path / f"descheduler-{run}.yaml"
+        config_file.write_text(yaml.safe_dump(base))
+        loaded = settings.load(config_file=config_file, overrides=overrides)
+        config_file.write_text(yaml.safe_dump(loaded.model_dump(mode="json", exclude_none=True)))
+        process = localcluster.ManagedProcess(
+            "descheduler",
+            [sys.executable, "-m", "gpu_steward", "descheduler", "--config", str(config_file)],
+            log_file=tmp_path / f"descheduler-{run}.log",
+            env=_env_with_repo_on_path(),
+        )
+        server = Descheduler(process, config_file, loaded)
+        started.append(server)
+        process.start()
+        _wait_leading(control_plane, server, lease=run)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.process.stop()
+
+
+def _wait_leading(cluster: localcluster.LocalCluster, server: Descheduler, *, lease: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not server.process.running():
+            raise localcluster.HarnessError(f"the descheduler exited before leading:\n{server.process.log_tail()}")
+        holder = cluster.kubectl(
+            "get", "lease", lease, "-n", DESCHEDULER_NAMESPACE, "-o", "jsonpath={.spec.holderIdentity}", check=False
+        )
+        if holder.returncode == 0 and holder.stdout.strip() == lease:
+            return
+        time.sleep(0.2)
+    raise localcluster.HarnessError(
+        f"the descheduler holds no Lease after {timeout:.0f} s:\n{server.process.log_tail()}"
+    )

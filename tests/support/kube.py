@@ -1,11 +1,14 @@
-"""Builders for the Kubernetes objects tests create: plain dicts, exactly what goes over the wire."""
+"""Builders for the Kubernetes objects tests create (plain dicts, exactly what goes over the wire), and
+the few reads and waits the end-to-end tests share."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from common import gpu
+from gpu_steward import localcluster
 
 
 def requirement(key: str, operator: str, *values: str) -> dict[str, Any]:
@@ -85,3 +88,63 @@ def pod_disruption_budget(
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"minAvailable": min_available, "selector": {"matchLabels": dict(match_labels)}},
     }
+
+
+# --- reading and waiting on a live cluster (end-to-end tests) ------------------------------------
+
+T = TypeVar("T")
+Cluster = localcluster.LocalCluster
+
+
+def poll(
+    what: str, check: Callable[[], T | None], *, timeout_seconds: float = 30, interval_seconds: float = 0.25
+) -> T:
+    """Call `check` until it returns something truthy and return that; fail naming `what` and the last value."""
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not after {timeout_seconds:.0f} s (last: {value!r})")
+        time.sleep(interval_seconds)
+
+
+def pods(cluster: Cluster, namespace: str) -> dict[str, dict[str, Any]]:
+    """The namespace's pods by name, as stored."""
+    listed = cluster.kubectl_json("get", "pods", "-n", namespace)["items"]
+    return {p["metadata"]["name"]: p for p in listed}
+
+
+def events(cluster: Cluster, namespace: str, *, reason: str | None = None) -> list[dict[str, Any]]:
+    """Events of the namespace as `kubectl get events` lists them (optionally of one reason), oldest first."""
+    selector = ["--field-selector", f"reason={reason}"] if reason else []
+    listed = cluster.kubectl_json("get", "events", "-n", namespace, *selector)["items"]
+    return sorted(listed, key=lambda e: (e.get("lastTimestamp") or "", e["metadata"]["name"]))
+
+
+def events_about(cluster: Cluster, namespace: str, pod_name: str, *, reason: str) -> list[dict[str, Any]]:
+    return [e for e in events(cluster, namespace, reason=reason) if e["involvedObject"].get("name") == pod_name]
+
+
+def scheduled_reason(pod: Mapping[str, Any]) -> str | None:
+    """`PodScheduled` as one word: "True", or the reason it is False (Unschedulable, SchedulingGated)."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled":
+            return "True" if condition.get("status") == "True" else condition.get("reason")
+    return None
+
+
+def gates(pod: Mapping[str, Any]) -> list[str]:
+    return [g["name"] for g in pod["spec"].get("schedulingGates") or []]
+
+
+def wait_gpus_free(cluster: Cluster, *, timeout_seconds: float = 60) -> None:
+    """Wait until no pod anywhere holds or waits for GPUs: earlier tests' namespaces are deleted without
+    waiting, and a test that measures placement or capacity needs the GPU nodes to itself."""
+
+    def leftovers() -> list[str]:
+        listed = cluster.kubectl_json("get", "pods", "-A")["items"]
+        return [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in listed if gpu.pod_request(p).any]
+
+    poll("GPU pods of earlier tests gone", lambda: not leftovers() or None, timeout_seconds=timeout_seconds)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
 
-from common import settings, snapshot, topology
+from common import fit, settings, snapshot, topology
 from descheduler import cooldowns, policy, reclaim, utilisation
 from tests import builders
 
@@ -432,3 +433,101 @@ def test_gated_pods_are_not_single_demands() -> None:
     assert [d.key for d in reclaim.demands_from_snapshot(cluster)] == ["team-b/free"]
     demand = reclaim.gang_demand("team-b/g", [cluster.pods["team-b/held"], cluster.pods["team-b/free"]])
     assert dataclasses.astuple(demand)[0] == "gang:team-b/g"
+
+
+# --- The fast victim search decides exactly as the plain one ----------------------------------------
+
+
+def reference_best_node(
+    index: Any, member: reclaim.Member, demand: reclaim.Demand, trial: dict[str, Any], taken: set[str],
+    budget: reclaim.Budget,
+) -> Any:
+    """The rule as written: every allowed node gets the full minimal-victim-set search; cheapest wins."""
+    cluster, request = index.cluster, member.request
+    best = None
+    for name, node in sorted(cluster.nodes.items()):
+        if fit.why_not(member.spec, node) or (request.full and node.allocatable.mig):
+            continue
+        eligible = [
+            u for u in index.by_node.get(name, ()) if u.key not in taken
+            and any(p.request.full if request.full else set(p.request.mig) & set(request.mig) for p in u.on(name))
+            and demand.priority >= u.minimum_preemptable and budget.refuse(u.slots()) is None
+        ]
+        choice = reclaim._minimal_set(node, member, eligible, cluster, trial.get(name) or reclaim._NodeState())
+        if not isinstance(choice, str) and (best is None or choice.cost() < best.cost()):
+            best = choice
+    return best or "no node fits"
+
+
+def random_cluster(rng: random.Random) -> tuple[list[Raw], list[Raw], dict[str, utilisation.Assessment], list[Raw]]:
+    """A few full-GPU and MIG nodes filled with pods of random size, class, priority, age, owner and
+    gang; a random share of them idle; pending pods and a gated gang of random size and priority."""
+    nodes: list[Raw] = []
+    pods: list[Raw] = []
+    for n in range(rng.randint(1, 7)):
+        name = f"n{n}"
+        if rng.random() < 0.25:
+            profiles = {"1g.10gb": rng.randint(1, 4), "3g.40gb": rng.randint(0, 2)}
+            nodes.append(mig_node(name, profiles=profiles))
+            slots = [p for p, c in profiles.items() for _ in range(c)]
+            sizes = [{p: 1} for p in slots if rng.random() < 0.8]
+        else:
+            gpus = rng.choice([1, 2, 4, 8])
+            cut = rng.randint(1, gpus)
+            domains = [range(cut), range(cut, gpus)] if cut < gpus else [range(gpus)]
+            taint = rng.random() < 0.15
+
+            def mutate(body: Raw, taint: bool = taint) -> None:
+                if taint:
+                    body["spec"]["taints"] = [{"key": "dedicated", "value": "x", "effect": "NoSchedule"}]
+
+            nodes.append(builders.gpu_node(name, gpus=gpus, domains=domains, mutate=mutate,
+                                           topology=rng.choice(["labels", "annotation", "none"])))
+            left, sizes = gpus - rng.randint(0, 1), []
+            while left > 0:
+                size = rng.randint(1, min(4, left))
+                sizes.append({"": size})
+                left -= size
+        for size in sizes:
+            i = len(pods)
+            gang_labels = gang(f"g{i % 3}") if rng.random() < 0.15 else None
+            pods.append(running(
+                f"p{i}", node=name, gpus=size.get("", 0), mig={k: v for k, v in size.items() if k} or None,
+                cls=rng.choice(["batch", "yielding", "yielding", "sticky"]), priority=rng.choice([5, 10, 30, 100]),
+                namespace=rng.choice(["team-a", "team-c"]), created=f"2026-11-21T0{rng.randint(0, 9)}:00:00Z",
+                owner=("ReplicaSet", f"rs-{rng.randint(0, 3)}") if rng.random() < 0.5 else None, labels=gang_labels,
+            ))
+    assessments = idle(*(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods if rng.random() < 0.7))
+    waiting = [
+        pending(f"w{i}", gpus=0 if mig else rng.choice([1, 1, 2, 3, 4, 8]), mig={mig: 1} if mig else None,
+                priority=rng.choice([600, 4000, 10000]), preemption_policy="Never" if rng.random() < 0.1 else None)
+        for i in range(rng.randint(0, 5)) for mig in [rng.choice([None, None, None, "1g.10gb", "3g.40gb"])]
+    ]
+    gated = [pending(f"g{i}", gpus=rng.choice([1, 2]), priority=10000) for i in range(rng.choice([0, 0, 2, 3]))]
+    for pod in gated:
+        pod["spec"]["schedulingGates"] = [{"name": "gpu-steward.io/gang"}]
+    return nodes, pods + waiting + gated, assessments, gated
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_fast_search_decides_as_the_plain_one(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(seed)
+    nodes, pods, assessments, gated = random_cluster(rng)
+    limits = {"per_cycle": rng.choice([2, 5, 100]), "per_node": rng.choice([1, 2, 10]),
+              "per_namespace": rng.choice([1, 3, 100])}
+    state = cooldowns.State({f"node:n{rng.randint(0, 6)}": COOLING} if rng.random() < 0.2 else {})
+
+    def demands(cluster: snapshot.Snapshot) -> list[reclaim.Demand]:
+        gang_pods = [cluster.pods[f"team-b/{g['metadata']['name']}"] for g in gated]
+        return reclaim.demands_from_snapshot(cluster) + ([reclaim.gang_demand("team-b/g", gang_pods)] if gated else [])
+
+    def decide() -> tuple[Any, ...]:
+        result = run(nodes, pods, assessments, overrides={"descheduler": {"reclaim": {"limits": limits}}},
+                     state=state, demands=demands)
+        # A demand nobody can serve lists a few nodes' reasons; which few is the search's business.
+        outcomes = [(o.demand, o.served, o.victims, o.reason if o.served else None) for o in result.demands]
+        return result.evictions, result.spared, outcomes
+
+    fast = decide()
+    monkeypatch.setattr(reclaim, "_best_node", reference_best_node)
+    assert fast == decide()

@@ -1,0 +1,433 @@
+"""The Helm chart: values ⇔ settings model one to one, lint, renders for several value sets, Kubernetes
+schema validation of every rendered object, and values.schema.json refusing bad values."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import importlib.util
+import itertools
+import json
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from cryptography import x509
+
+from common import settings
+from tests.chart import helm
+
+NAMESPACE = "gpu-steward"
+RELEASE = "gs"
+PREFIX = f"{RELEASE}-gpu-steward"
+DEFAULTS = settings.Settings().model_dump(mode="json")
+KUBE_VERSIONS = ("1.30.0", "1.36.0")
+# Kinds of CRDs (cert-manager, Prometheus Operator) that have no schema in kubernetes-validate.
+CRD_KINDS = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate"),
+             ("monitoring.coreos.com/v1", "ServiceMonitor")}
+Objects = list[dict[str, Any]]
+
+
+def _gen_schema() -> Any:
+    spec = importlib.util.spec_from_file_location("gen_schema", helm.CHART / "hack" / "gen_schema.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GEN = _gen_schema()
+
+
+# --- values ⇔ settings model ---------------------------------------------------------------------
+
+
+def test_values_settings_are_the_model_defaults() -> None:
+    values = yaml.safe_load((helm.CHART / "values.yaml").read_text())
+    assert values["settings"] == DEFAULTS
+
+
+def test_generated_parts_are_fresh() -> None:
+    """values.schema.json's `settings` and values.yaml's settings section are what the generator writes."""
+    schema_text, values_text = GEN.render()
+    assert (helm.CHART / "values.schema.json").read_text() == schema_text, "run charts/gpu-steward/hack/gen_schema.py"
+    assert (helm.CHART / "values.yaml").read_text() == values_text, "run charts/gpu-steward/hack/gen_schema.py"
+
+
+def test_schema_settings_is_the_model_schema_with_refs_inlined() -> None:
+    schema = json.loads((helm.CHART / "values.schema.json").read_text())
+    settings_schema = schema["properties"]["settings"]
+    assert settings_schema == GEN.settings_schema()
+    assert "$ref" not in json.dumps(settings_schema)
+    assert settings_schema["properties"].keys() == settings.Settings.model_fields.keys()
+
+
+def _objects_without_closed_properties(node: Any, path: str = "") -> list[str]:
+    found = []
+    if isinstance(node, dict):
+        if "properties" in node and node.get("additionalProperties") is not False:
+            found.append(path or "/")
+        for key, value in node.items():
+            found += _objects_without_closed_properties(value, f"{path}/{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found += _objects_without_closed_properties(value, f"{path}/{i}")
+    return found
+
+
+def test_schema_closes_every_object() -> None:
+    schema = json.loads((helm.CHART / "values.schema.json").read_text())
+    assert _objects_without_closed_properties(schema) == []
+
+
+def test_every_settings_key_is_documented_in_values() -> None:
+    """Every generated settings key line is preceded by a comment line (its description)."""
+    section = (helm.CHART / "values.yaml").read_text().partition(GEN.SETTINGS_MARKER)[2].splitlines()[1:]
+    assert section[0] == "settings:"
+    leaves = [(before.strip(), line.strip()) for before, line in itertools.pairwise(section)
+              if not line.strip().startswith("#") and not line.strip().endswith(":")]
+    assert len(leaves) > 80
+    assert [line for before, line in leaves if not before.startswith("# ")] == []
+
+
+# --- lint and render ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param({}, id="defaults"),
+        pytest.param({"tls": {"mode": "cert-manager"}, "serviceMonitor": {"enabled": True}}, id="cert-manager"),
+    ],
+)
+def test_helm_lint(values: dict[str, Any]) -> None:
+    out = helm.helm("lint", "--strict", str(helm.CHART), "--kube-version", helm.KUBE_VERSION, values=values)
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+
+
+def _one(objects: Objects, kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(found) == 1, f"{kind} {name}: {len(found)} found"
+    return found[0]
+
+
+def _kinds(objects: Objects) -> set[tuple[str, str]]:
+    return {(o["kind"], o["metadata"]["name"]) for o in objects}
+
+
+def _container(objects: Objects, kind: str, name: str) -> dict[str, Any]:
+    container: dict[str, Any] = _one(objects, kind, name)["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+Rule = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]  # apiGroups, resources, verbs
+
+
+def _rules(objects: Objects, kind: str, name: str) -> list[Rule]:
+    rules = _one(objects, kind, name)["rules"]
+    return [(tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["verbs"])) for r in rules]
+
+
+def _webhook(objects: Objects) -> dict[str, Any]:
+    hook: dict[str, Any] = _one(objects, "MutatingWebhookConfiguration")["webhooks"][0]
+    return hook
+
+
+def _config(objects: Objects) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(_one(objects, "ConfigMap", f"{PREFIX}-config")["data"]["config.yaml"])
+    return data
+
+
+READ = ("list", "watch")
+
+
+def check_defaults(objects: Objects) -> None:
+    assert _kinds(objects) == {
+        ("ConfigMap", f"{PREFIX}-config"),
+        ("PriorityClass", "gpu-steward-critical"), ("PriorityClass", "gpu-steward-normal"),
+        ("PriorityClass", "gpu-steward-scavenger"),
+        ("MutatingWebhookConfiguration", PREFIX), ("Secret", f"{PREFIX}-webhook-tls"),
+        *((kind, f"{PREFIX}-{c}") for c in ("webhook", "descheduler", "labeler")
+          for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")),
+        ("Service", f"{PREFIX}-webhook"), ("Deployment", f"{PREFIX}-webhook"),
+        ("PodDisruptionBudget", f"{PREFIX}-webhook"),
+        ("Deployment", f"{PREFIX}-descheduler"), ("Service", f"{PREFIX}-descheduler-metrics"),
+        ("Role", f"{PREFIX}-descheduler"), ("RoleBinding", f"{PREFIX}-descheduler"),
+        ("DaemonSet", f"{PREFIX}-labeler"),
+    }
+    # The settings file is values.settings, key for key, and loads as the default settings.
+    assert _config(objects) == DEFAULTS
+
+    hook = _webhook(objects)
+    assert {k: hook[k] for k in ("name", "admissionReviewVersions", "sideEffects", "failurePolicy", "timeoutSeconds",
+                                 "reinvocationPolicy", "rules")} == {
+        "name": "pods.gpu-steward.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+        "failurePolicy": "Ignore", "timeoutSeconds": 3, "reinvocationPolicy": "Never",
+        "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
+                   "scope": "Namespaced"}],
+    }
+    assert hook["namespaceSelector"] == {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", NAMESPACE]}]}
+    assert hook["objectSelector"] == {"matchExpressions": [
+        {"key": "gpu-steward.io/skip", "operator": "NotIn", "values": ["true", "True", "yes", "1"]}]}
+    assert hook["clientConfig"]["service"] == {"name": f"{PREFIX}-webhook", "namespace": NAMESPACE,
+                                               "path": "/mutate", "port": 443}
+    _check_self_signed_tls(objects, dns=f"{PREFIX}-webhook.{NAMESPACE}.svc", ips=[])
+
+    webhook = _one(objects, "Deployment", f"{PREFIX}-webhook")
+    assert webhook["spec"]["replicas"] == 2
+    pod = webhook["spec"]["template"]["spec"]
+    assert pod["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
+    container = pod["containers"][0]
+    assert container["args"] == ["webhook"]
+    assert container["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
+    assert _env(container) == {
+        "GPU_STEWARD_CONFIG": "/etc/gpu-steward/config/config.yaml",
+        "GPU_STEWARD_WEBHOOK__CERT_FILE": "/etc/gpu-steward/tls/tls.crt",
+        "GPU_STEWARD_WEBHOOK__KEY_FILE": "/etc/gpu-steward/tls/tls.key",
+        "GPU_STEWARD_ADMISSION__EXCLUDED_NAMESPACES": '["kube-system","gpu-steward"]',
+    }
+    assert _one(objects, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+
+    descheduler = _container(objects, "Deployment", f"{PREFIX}-descheduler")
+    assert descheduler["args"] == ["descheduler", "--metrics-port=9090"]
+    assert _env(descheduler) == {
+        "GPU_STEWARD_CONFIG": "/etc/gpu-steward/config/config.yaml",
+        "GPU_STEWARD_DESCHEDULER__LEADER_ELECTION__LEASE_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        "GPU_STEWARD_DESCHEDULER__LEADER_ELECTION__IDENTITY": {"fieldRef": {"fieldPath": "metadata.name"}},
+    }
+
+    labeler = _one(objects, "DaemonSet", f"{PREFIX}-labeler")["spec"]["template"]["spec"]
+    assert labeler["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert labeler["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert labeler["containers"][0]["args"] == ["label-node", "--interval=300", "--nvidia-smi=nvidia-smi",
+                                                "--nvidia-smi-timeout=30"]
+    assert _env(labeler["containers"][0])["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert "nvidia.com/gpu" not in json.dumps(labeler["containers"][0]["resources"])  # must not take a GPU
+
+    # Least privilege, per component.
+    assert _rules(objects, "ClusterRole", f"{PREFIX}-webhook") == [
+        (("",), ("nodes", "pods", "namespaces"), READ), (("scheduling.k8s.io",), ("priorityclasses",), READ)]
+    assert _rules(objects, "ClusterRole", f"{PREFIX}-descheduler") == [
+        (("",), ("nodes", "namespaces"), READ), (("",), ("pods",), (*READ, "patch")),
+        (("scheduling.k8s.io",), ("priorityclasses",), READ), (("",), ("pods/eviction",), ("create",)),
+        (("",), ("events",), ("create",))]
+    assert _rules(objects, "Role", f"{PREFIX}-descheduler") == [
+        (("coordination.k8s.io",), ("leases",), ("get", "create", "update"))]
+    assert _rules(objects, "ClusterRole", f"{PREFIX}-labeler") == [(("",), ("nodes",), ("get", "patch"))]
+
+    classes = {o["metadata"]["name"]: o for o in objects if o["kind"] == "PriorityClass"}
+    reclaim = "reclaim-idle-resource.scheduling.x-k8s.io/"
+    assert {name: (c["value"], c["preemptionPolicy"], c["metadata"].get("annotations", {}))
+            for name, c in classes.items()} == {
+        "gpu-steward-critical": (100_000, "PreemptLowerPriority", {}),
+        "gpu-steward-normal": (10_000, "PreemptLowerPriority", {
+            f"{reclaim}resource-idle-seconds": "3600", f"{reclaim}resource-idle-usage-threshold": "5",
+            f"{reclaim}toleration-seconds": "1800"}),
+        "gpu-steward-scavenger": (100, "Never", {
+            f"{reclaim}resource-idle-seconds": "600", f"{reclaim}resource-idle-usage-threshold": "5",
+            f"{reclaim}toleration-seconds": "300"}),
+    }
+
+
+def _check_self_signed_tls(objects: Objects, *, dns: str, ips: list[str]) -> None:
+    """The Secret's CA is the caBundle, and it signed a serving cert valid for the Service name."""
+    secret = _one(objects, "Secret", f"{PREFIX}-webhook-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    assert _webhook(objects)["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    cert.verify_directly_issued_by(ca)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert dns in sans.get_values_for_type(x509.DNSName)
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ips
+    assert cert.not_valid_after_utc - cert.not_valid_before_utc > datetime.timedelta(days=3000)
+
+
+def check_cert_manager(objects: Objects) -> None:
+    assert not [o for o in objects if o["kind"] == "Secret"]
+    name = f"{PREFIX}-webhook"
+    assert _one(objects, "Issuer", name)["spec"] == {"selfSigned": {}}
+    certificate = _one(objects, "Certificate", name)["spec"]
+    assert certificate["secretName"] == f"{PREFIX}-webhook-tls"
+    assert f"{name}.{NAMESPACE}.svc" in certificate["dnsNames"]
+    assert certificate["issuerRef"] == {"name": name, "kind": "Issuer", "group": "cert-manager.io"}
+    configuration = _one(objects, "MutatingWebhookConfiguration")
+    assert configuration["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": f"{NAMESPACE}/{name}"}
+    assert "caBundle" not in configuration["webhooks"][0]["clientConfig"]
+
+
+def check_existing_issuer(objects: Objects) -> None:
+    assert not [o for o in objects if o["kind"] == "Issuer"]
+    assert _one(objects, "Certificate")["spec"]["issuerRef"] == {
+        "name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+
+
+def check_no_priority_classes(objects: Objects) -> None:
+    assert not [o for o in objects if o["kind"] == "PriorityClass"]
+    assert _config(objects)["tiers"] == DEFAULTS["tiers"]  # the webhook still assigns the existing classes
+
+
+def check_no_labeler(objects: Objects) -> None:
+    assert not [o for o in objects if "labeler" in o["metadata"]["name"]]
+    assert _one(objects, "Deployment", f"{PREFIX}-webhook")
+
+
+def check_excluded_namespaces(objects: Objects) -> None:
+    expected = ["kube-system", NAMESPACE, "team-a", "batch"]
+    assert _webhook(objects)["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": expected},
+        {"key": "gpu-steward.io/enabled", "operator": "In", "values": ["true"]},
+    ]
+    env = _env(_container(objects, "Deployment", f"{PREFIX}-webhook"))
+    assert json.loads(env["GPU_STEWARD_ADMISSION__EXCLUDED_NAMESPACES"]) == expected
+    assert _config(objects)["admission"]["excluded_namespaces"] == ["kube-system", "team-a", "batch"]
+
+
+CUSTOM = {
+    "names": {"prefix": "gpu.example.com/"},
+    "scoring": {"base": 40, "exact_domain_fit": 35.5},
+    "tiers": {"critical": {"name": "prod-gpu", "value": 500_000, "preemption_policy": "PreemptLowerPriority"},
+              "rules": [{"name": "inference", "tier": "critical", "namespaces": ["serving"]}]},
+    "prometheus": {"url": "http://prometheus.monitoring:9090", "labels": {"hostname": ["node"]}},
+    "descheduler": {"reclaim": {"dry_run": True, "limits": {"per_node": 1}}, "gangs": {"enabled": False}},
+}
+
+
+def check_custom_settings(objects: Objects) -> None:
+    config = _config(objects)
+    expected = settings.Settings(**{**DEFAULTS, **CUSTOM}).model_dump(mode="json")
+    assert settings.Settings(**config).model_dump(mode="json") == expected
+    assert config["scoring"]["base"] == 40 and config["scoring"]["exact_domain_fit"] == 35.5
+    assert config["prometheus"]["labels"] == {**DEFAULTS["prometheus"]["labels"], "hostname": ["node"]}
+    critical = _one(objects, "PriorityClass", "prod-gpu")
+    assert (critical["value"], critical["metadata"]["labels"]["gpu.example.com/tier"]) == (500_000, "critical")
+    hook = _webhook(objects)
+    assert hook["name"] == "pods.gpu.example.com"
+    assert hook["objectSelector"]["matchExpressions"][0]["key"] == "gpu.example.com/skip"
+    # Gang release off: the descheduler may no longer patch pods.
+    assert (("",), ("pods",), READ) in _rules(objects, "ClusterRole", f"{PREFIX}-descheduler")
+
+
+def check_reclaim_off(objects: Objects) -> None:
+    rules = _rules(objects, "ClusterRole", f"{PREFIX}-descheduler")
+    assert not [r for r in rules if "pods/eviction" in r[1]]
+
+
+def check_service_monitors(objects: Objects) -> None:
+    webhook = _one(objects, "ServiceMonitor", f"{PREFIX}-webhook")["spec"]
+    assert webhook["endpoints"][0]["scheme"] == "https"
+    assert webhook["endpoints"][0]["tlsConfig"]["ca"] == {"secret": {"name": f"{PREFIX}-webhook-tls", "key": "ca.crt"}}
+    descheduler = _one(objects, "ServiceMonitor", f"{PREFIX}-descheduler")["spec"]
+    assert descheduler["endpoints"][0]["port"] == "metrics"
+    assert _one(objects, "ServiceMonitor", f"{PREFIX}-webhook")["metadata"]["labels"]["release"] == "kube-prom"
+
+
+def check_local_webhook(objects: Objects) -> None:
+    hook = _webhook(objects)
+    assert hook["clientConfig"]["url"] == "https://127.0.0.1:18443/mutate"
+    assert "service" not in hook["clientConfig"]
+    _check_self_signed_tls(objects, dns=f"{PREFIX}-webhook.{NAMESPACE}.svc", ips=["127.0.0.1"])
+    assert _one(objects, "Deployment", f"{PREFIX}-webhook")["spec"]["replicas"] == 0
+    assert not [o for o in objects if o["kind"] in ("DaemonSet", "PodDisruptionBudget")]
+    assert not [o for o in objects if "descheduler" in o["metadata"]["name"]]
+
+
+def check_everything_off(objects: Objects) -> None:
+    assert objects == []
+
+
+SCENARIOS = [
+    pytest.param({}, check_defaults, id="defaults"),
+    pytest.param({"tls": {"mode": "cert-manager"}}, check_cert_manager, id="cert-manager"),
+    pytest.param({"tls": {"mode": "cert-manager", "certManager": {"issuerRef": {"name": "corp-ca",
+                                                                                "kind": "ClusterIssuer"}}}},
+                 check_existing_issuer, id="cert-manager-existing-issuer"),
+    pytest.param({"priorityClasses": {"create": False}}, check_no_priority_classes, id="priority-classes-existing"),
+    pytest.param({"labeler": {"enabled": False}}, check_no_labeler, id="labeler-off"),
+    pytest.param({"settings": {"admission": {"excluded_namespaces": ["kube-system", "team-a", "batch"]}},
+                  "webhook": {"namespaceSelectorExpressions": [
+                      {"key": "gpu-steward.io/enabled", "operator": "In", "values": ["true"]}]}},
+                 check_excluded_namespaces, id="excluded-namespaces"),
+    pytest.param({"settings": CUSTOM}, check_custom_settings, id="custom-settings"),
+    pytest.param({"settings": {"descheduler": {"reclaim": {"enabled": False}}}}, check_reclaim_off, id="reclaim-off"),
+    pytest.param({"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prom"}}}, check_service_monitors,
+                 id="service-monitors"),
+    pytest.param(helm.local_webhook_values(18443), check_local_webhook, id="local-webhook-for-e2e"),
+    pytest.param({"webhook": {"enabled": False}, "descheduler": {"enabled": False}, "labeler": {"enabled": False},
+                  "priorityClasses": {"create": False}}, check_everything_off, id="everything-off"),
+]
+
+
+@pytest.mark.parametrize(("values", "check"), SCENARIOS)
+def test_render(values: dict[str, Any], check: Callable[[Objects], None]) -> None:
+    objects = helm.template(values, release=RELEASE, namespace=NAMESPACE)
+    check(objects)
+    for obj in objects:
+        if (obj["apiVersion"], obj["kind"]) in CRD_KINDS:
+            continue  # no offline schema; their fields are asserted by the checks above
+        for version in KUBE_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_rendered_settings_load_in_the_program(tmp_path: pathlib.Path) -> None:
+    """The ConfigMap's file, read the way the components read it, gives the settings the values say."""
+    objects = helm.template({"settings": CUSTOM}, release=RELEASE, namespace=NAMESPACE)
+    path = tmp_path / "config.yaml"
+    path.write_text(_one(objects, "ConfigMap")["data"]["config.yaml"])
+    loaded = settings.load(config_file=path)
+    assert loaded.names.prefix == "gpu.example.com/"
+    assert loaded.tiers.rules[0].namespaces == ["serving"]
+    assert loaded.descheduler.reclaim.limits.per_node == 1
+
+
+def test_config_change_rolls_the_pods() -> None:
+    def checksums(values: dict[str, Any]) -> set[str]:
+        objects = helm.template(values, release=RELEASE, namespace=NAMESPACE)
+        return {o["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+                for o in objects if o["kind"] in ("Deployment", "DaemonSet")}
+
+    before, after = checksums({}), checksums({"settings": {"log_level": "DEBUG"}})
+    assert len(before) == 1 and len(after) == 1 and before != after
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        pytest.param({"settings": {"scoring": {"bogus": 1}}}, "at '/settings/scoring': additional properties 'bogus'",
+                     id="unknown-settings-key"),
+        pytest.param({"settings": {"webhook": {"port": "8443"}}},
+                     "at '/settings/webhook/port': got string, want integer", id="settings-wrong-type"),
+        pytest.param({"settings": {"prometheus": {"timeout_seconds": 0}}}, "/settings/prometheus/timeout_seconds",
+                     id="settings-out-of-range"),
+        pytest.param({"settings": {"tiers": {"default": "gold"}}}, "/settings/tiers/default", id="settings-bad-enum"),
+        pytest.param({"settings": {"names": {"prefix": "No_Slash"}}}, "/settings/names/prefix",
+                     id="settings-bad-pattern"),
+        pytest.param({"setings": {}}, "additional properties 'setings' not allowed", id="unknown-top-level-key"),
+        pytest.param({"webhook": {"failurePolicy": "Sometimes"}}, "/webhook/failurePolicy", id="bad-failure-policy"),
+        pytest.param({"webhook": {"timeoutSeconds": 31}}, "/webhook/timeoutSeconds", id="timeout-above-30"),
+        pytest.param({"tls": {"mode": "vault"}}, "/tls/mode", id="bad-tls-mode"),
+        pytest.param({"priorityClasses": {"normal": {"reclaim": {"idle-seconds": 5}}}},
+                     "additional properties 'idle-seconds'", id="unknown-reclaim-annotation"),
+        pytest.param({"settings": {"webhook": {"request_timeout_seconds": 3}}},
+                     "settings.webhook.request_timeout_seconds must be below webhook.timeoutSeconds",
+                     id="request-budget-not-below-webhook-timeout"),
+        pytest.param({"descheduler": {"replicas": 2},
+                      "settings": {"descheduler": {"leader_election": {"enabled": False}}}},
+                     "descheduler.replicas > 1 needs settings.descheduler.leader_election.enabled",
+                     id="replicas-without-leader-election"),
+    ],
+)
+def test_bad_values_fail_the_render(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmError) as caught:
+        helm.template(values)
+    assert message in str(caught.value)

@@ -1,0 +1,164 @@
+"""Gangs end to end: our webhook gates every member at creation, the real descheduler process
+releases a gang only when all of it is present and can be placed at once, and the real scheduler
+binds the members where the release pinned them — all of them, or none.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+import pytest
+
+from common import gpu, settings, snapshot
+from gpu_steward import devicesim, localcluster
+from tests.e2e import conftest
+from tests.support import kube
+
+pytestmark = pytest.mark.e2e
+
+NAMES = settings.Names()
+HOLD_SECONDS = 3  # how long a gang that must wait is watched to stay gated (descheduler resyncs every 1 s)
+GANG_ONLY = {"descheduler": {"reclaim": {"enabled": False}}}  # nothing but gang release acts on the cluster
+
+
+def create_members(
+    cluster: localcluster.LocalCluster, namespace: str, gang: str, *, size: int, gpus: int, members: range
+) -> None:
+    labels = {NAMES.gang_name: gang, NAMES.gang_size: str(size)}
+    for i in members:
+        pod = kube.pod(f"{gang}-{i}", namespace=namespace, gpus=gpus, labels=labels)
+        cluster.kubectl("create", "-f", "-", input=json.dumps(pod))
+
+
+def gang(cluster: localcluster.LocalCluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    members = kube.pods(cluster, namespace).values()
+    return sorted((p for p in members if (p["metadata"].get("labels") or {}).get(NAMES.gang_name) == name),
+                  key=lambda p: p["metadata"]["name"])
+
+
+def state(members: list[dict[str, Any]]) -> dict[str, tuple[bool, str | None]]:
+    """Member -> (gated by us, node bound to)."""
+    return {p["metadata"]["name"]: (NAMES.gate in kube.gates(p), p["spec"].get("nodeName")) for p in members}
+
+
+def hold_gated(cluster: localcluster.LocalCluster, namespace: str, name: str, *, count: int) -> None:
+    """For HOLD_SECONDS, every one of the gang's `count` members stays gated and unbound."""
+    deadline = time.monotonic() + HOLD_SECONDS
+    while time.monotonic() < deadline:
+        seen = state(gang(cluster, namespace, name))
+        assert len(seen) == count and all(g and n is None for g, n in seen.values()), f"released early: {seen}"
+        time.sleep(0.25)
+
+
+def waiting_until(
+    cluster: localcluster.LocalCluster, namespace: str, name: str, *, count: int, says: re.Pattern[str]
+) -> dict[str, str]:
+    """Wait until the newest GangWaiting Event of each of the gang's first `count` members says `says`
+    (the controller tells a member again only when what the gang waits for changes, not on every count);
+    return member -> message."""
+
+    def newest() -> dict[str, str] | None:
+        found = {f"{name}-{i}": kube.events_about(cluster, namespace, f"{name}-{i}", reason="GangWaiting")
+                 for i in range(count)}
+        told = {m: e[-1]["message"] for m, e in found.items() if e}
+        return told if len(told) == count and all(says.fullmatch(t) for t in told.values()) else None
+
+    return kube.poll(f"GangWaiting on every member of {name} saying {says.pattern!r}", newest)
+
+
+def bound_together(cluster: localcluster.LocalCluster, namespace: str, name: str, *, size: int) -> dict[str, str]:
+    """Wait until every member is released and bound; return member -> node."""
+
+    def all_bound() -> dict[str, str] | None:
+        seen = state(gang(cluster, namespace, name))
+        done = len(seen) == size and all(not g and n for g, n in seen.values())
+        return {m: str(n) for m, (_, n) in seen.items()} if done else None
+
+    return kube.poll(f"all {size} members of {name} bound", all_bound)
+
+
+def domains_spanned(cluster: localcluster.LocalCluster, namespace: str) -> dict[str, int]:
+    """Pod name -> NVLink domains its GPUs span, with the device-plugin stand-in's index assignment."""
+    document = cluster.kubectl_json("get", "nodes,pods,priorityclasses,namespaces", "-A")
+    cluster_state = snapshot.from_list(document, names=NAMES, taken_at=None)
+    assignments = devicesim.Assignments()
+    assignments.update(cluster_state)
+    out = {}
+    for pod in cluster_state.pods.values():
+        if pod.namespace == namespace and pod.node_name:
+            held = set(assignments.by_node[pod.node_name].get(pod.key, ()))
+            out[pod.name] = sum(1 for d in cluster_state.nodes[pod.node_name].topology.domains if held & set(d))
+    return out
+
+
+def pinned_node(pod: dict[str, Any]) -> list[str]:
+    """Node names the release pinned the pod to (`matchFields metadata.name In [...]` in every required term)."""
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return sorted({v for t in terms["nodeSelectorTerms"] for f in t.get("matchFields") or []
+                   if f["key"] == "metadata.name" for v in f["values"]})
+
+
+def test_gang_stays_gated_until_complete_then_is_released_and_bound_together(
+    gpu_cluster: conftest.GpuCluster,
+    webhook: conftest.WebhookServer,
+    descheduler_factory: conftest.StartDescheduler,
+    namespace: str,
+) -> None:
+    cluster = gpu_cluster.cluster
+    kube.wait_gpus_free(cluster)
+    descheduler_factory(GANG_ONLY)
+
+    gang_name = f"{namespace}/train"
+
+    create_members(cluster, namespace, "train", size=4, gpus=2, members=range(3))
+    # Each member is told how many were present when the controller first saw it waiting.
+    incomplete = re.compile(f"gang {re.escape(gang_name)}: [123] of 4 members present")
+    waiting_until(cluster, namespace, "train", count=3, says=incomplete)
+    hold_gated(cluster, namespace, "train", count=3)
+    create_members(cluster, namespace, "train", size=4, gpus=2, members=range(3, 4))
+    nodes = bound_together(cluster, namespace, "train", size=4)
+
+    members = gang(cluster, namespace, "train")
+    # Each member was pinned to the node the release planned for it, and the scheduler bound it there.
+    assert {p["metadata"]["name"]: pinned_node(p) for p in members} == {m: [n] for m, n in nodes.items()}
+    released = {
+        p["metadata"]["name"]: [e["message"] for e in kube.events_about(cluster, namespace, p["metadata"]["name"],
+                                                                         reason="GangReleased")]
+        for p in members
+    }
+    used = sorted(set(nodes.values()))
+    expected = f"gang {gang_name}: 4 members on {len(used)} node(s) ({', '.join(used)}): "
+    assert all(len(m) == 1 and m[0].startswith(expected) for m in released.values()), (released, nodes)
+    assert all(m[0].endswith("; each member within one NVLink domain") for m in released.values()), released
+    assert domains_spanned(cluster, namespace) == dict.fromkeys(nodes, 1)
+
+
+def test_gang_that_cannot_fit_stays_fully_gated_until_it_can_then_all_of_it_binds(
+    gpu_cluster: conftest.GpuCluster,
+    webhook: conftest.WebhookServer,
+    descheduler_factory: conftest.StartDescheduler,
+    namespace: str,
+) -> None:
+    cluster = gpu_cluster.cluster
+    kube.wait_gpus_free(cluster)
+    descheduler_factory(GANG_ONLY)
+    # 8 members of 4 GPUs need every NVLink domain of the four 8-GPU nodes; one of them is taken.
+    cluster.kubectl("create", "-f", "-", input=json.dumps(kube.pod("blocker", namespace=namespace, gpus=8)))
+    kube.poll("blocker bound", lambda: kube.pods(cluster, namespace)["blocker"]["spec"].get("nodeName"))
+
+    create_members(cluster, namespace, "big", size=8, gpus=4, members=range(8))
+    capacity = f"gang {namespace}/big: complete; waiting for 8 more free GPUs (32 needed, 24 free on its nodes)"
+    waiting_until(cluster, namespace, "big", count=8, says=re.compile(re.escape(capacity)))
+    hold_gated(cluster, namespace, "big", count=8)
+    cluster.kubectl("delete", "pod", "blocker", "-n", namespace, "--wait=true")
+    nodes = bound_together(cluster, namespace, "big", size=8)
+
+    eight_gpu_nodes = sorted(n["metadata"]["name"] for n in gpu_cluster.nodes
+                             if n["status"]["capacity"].get(gpu.FULL_GPU) == "8")
+    assert sorted(set(nodes.values())) == eight_gpu_nodes
+    assert domains_spanned(cluster, namespace) == dict.fromkeys(nodes, 1)
+    listed = [e["involvedObject"]["name"] for e in kube.events(cluster, namespace, reason="GangReleased")]
+    assert sorted(listed) == sorted(nodes)

@@ -1,0 +1,159 @@
+"""Idle-GPU reclaim end to end: the real descheduler process reads DCGM history from a real
+Prometheus (backfilled with promtool, labelled like dcgm-exporter output for the pods' real names and
+nodes), evicts an idle pod through the real Eviction API for a pending pod of equal priority (which
+the scheduler itself may not preempt), and is refused by a PodDisruptionBudget for another; the
+Events it posts are listed by `kubectl get events`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from common import gpu, settings, snapshot
+from descheduler import policy
+from gpu_steward import devicesim, localcluster
+from tests.e2e import conftest
+from tests.support import kube, prometheus
+
+pytestmark = [pytest.mark.e2e, pytest.mark.prometheus]
+
+NAMES = settings.Names()
+RECLAIMABLE = "e2e-reclaimable"
+PRIORITY = 1000
+IDLE_WINDOW_SECONDS = 10
+THRESHOLD_PERCENT = 5
+IDLE_UTILISATION = 1.0  # percent, on every GPU of both idle pods
+HISTORY_SECONDS = 120  # DCGM history before the test starts ...
+AHEAD_SECONDS = 300  # ... and written ahead of it, so the idle window is covered whenever the cycle runs
+HOSTNAME = "kubernetes.io/hostname"
+BLOCKED = "Cannot evict pod as it would violate the pod's disruption budget."
+
+
+@pytest.fixture
+def reclaimable_class(control_plane: localcluster.LocalCluster) -> Iterator[str]:
+    """A PriorityClass whose idle pods may go to pending pods of its own priority after a short window."""
+    pc = kube.priority_class(RECLAIMABLE, value=PRIORITY)
+    pc["metadata"]["annotations"] = {
+        policy.MIN_PRIORITY: str(PRIORITY),
+        policy.TOLERATION: "0",
+        policy.IDLE_SECONDS[0]: str(IDLE_WINDOW_SECONDS),
+        policy.THRESHOLD[0]: str(THRESHOLD_PERCENT),
+    }
+    control_plane.apply([pc])
+    yield RECLAIMABLE
+    control_plane.kubectl("delete", "priorityclass", RECLAIMABLE, "--ignore-not-found", check=False)
+
+
+def pinned_pod(name: str, *, namespace: str, node: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A 2-GPU pod of the reclaimable class that may only run on `node`."""
+    return kube.pod(name, namespace=namespace, gpus=2, labels=labels, priority_class=RECLAIMABLE,
+                    node_selector={HOSTNAME: node})
+
+
+def dcgm_history(cluster: localcluster.LocalCluster, namespace: str) -> list[prometheus.Series]:
+    """`DCGM_FI_DEV_GPU_UTIL` per GPU of each running pod of the namespace, labelled as dcgm-exporter does,
+    the GPU indices as the device-plugin stand-in assigns them."""
+    document = cluster.kubectl_json("get", "nodes,pods,priorityclasses,namespaces", "-A")
+    state = snapshot.from_list(document, names=NAMES, taken_at=None)
+    assignments = devicesim.Assignments()
+    assignments.update(state)
+    samples = [(float(ago), IDLE_UTILISATION) for ago in range(HISTORY_SECONDS + AHEAD_SECONDS)]
+    series = []
+    for pod in state.pods.values():
+        if pod.namespace != namespace or not pod.node_name:
+            continue
+        for index in assignments.by_node[pod.node_name][pod.key]:
+            labels = {
+                "gpu": str(index),
+                "UUID": f"GPU-{pod.node_name}-{index}",
+                "device": f"nvidia{index}",
+                "modelName": "NVIDIA H100 80GB HBM3",
+                "Hostname": pod.node_name,
+                "container": "main",
+                "namespace": pod.namespace,
+                "pod": pod.name,
+            }
+            series.append(prometheus.Series("DCGM_FI_DEV_GPU_UTIL", labels, samples))
+    return series
+
+
+def phase_is(cluster: localcluster.LocalCluster, namespace: str, name: str, phase: str) -> Callable[[], bool]:
+    return lambda: bool(kube.pods(cluster, namespace).get(name, {}).get("status", {}).get("phase") == phase)
+
+
+def scheduled_is(cluster: localcluster.LocalCluster, namespace: str, name: str, reason: str) -> Callable[[], bool]:
+    return lambda: kube.scheduled_reason(kube.pods(cluster, namespace)[name]) == reason
+
+
+def test_idle_pod_is_evicted_for_a_pending_pod_and_a_disruption_budget_blocks_another(
+    gpu_cluster: conftest.GpuCluster,
+    webhook: conftest.WebhookServer,
+    descheduler_factory: conftest.StartDescheduler,
+    prometheus_factory: prometheus.StartPrometheus,
+    reclaimable_class: str,
+    namespace: str,
+) -> None:
+    cluster = gpu_cluster.cluster
+    kube.wait_gpus_free(cluster)
+    free_node, guarded_node = sorted(
+        n["metadata"]["name"] for n in gpu_cluster.nodes if n["status"]["capacity"].get(gpu.FULL_GPU) == "2"
+    )[:2]
+    # Two idle pods, each filling a 2-GPU node; a PodDisruptionBudget guards the second.
+    for pod in (
+        pinned_pod("idle-free", namespace=namespace, node=free_node),
+        pinned_pod("idle-guarded", namespace=namespace, node=guarded_node, labels={"app": "guarded"}),
+        kube.pod_disruption_budget("guard", namespace=namespace, match_labels={"app": "guarded"}, min_available=1),
+    ):
+        cluster.kubectl("create", "-f", "-", input=json.dumps(pod))
+    for name in ("idle-free", "idle-guarded"):
+        kube.poll(f"{name} running", phase_is(cluster, namespace, name, "Running"))
+    cluster.kubectl("wait", "--for=jsonpath={.status.currentHealthy}=1", "pdb/guard", "-n", namespace, "--timeout=30s")
+    dcgm = prometheus_factory(dcgm_history(cluster, namespace), now=time.time() + AHEAD_SECONDS)
+    descheduler = descheduler_factory({
+        "prometheus": {"url": dcgm.url, "occupancy_refresh_seconds": 1},
+        "descheduler": {"reclaim": {"sample_interval_seconds": 1,
+                                    "cooldowns": {"node_seconds": 0, "workload_seconds": 0}}},
+    })
+    # A pending pod of the same priority for each node: the scheduler cannot preempt for them.
+    for name, node in (("want-free", free_node), ("want-guarded", guarded_node)):
+        cluster.kubectl("create", "-f", "-", input=json.dumps(pinned_pod(name, namespace=namespace, node=node)))
+    for name in ("want-free", "want-guarded"):
+        kube.poll(f"{name} unschedulable", scheduled_is(cluster, namespace, name, "Unschedulable"))
+
+    def outcome() -> dict[str, Any] | None:
+        pods = kube.pods(cluster, namespace)
+        blocked = kube.events_about(cluster, namespace, "idle-guarded", reason="EvictionBlocked")
+        done = "idle-free" not in pods and pods["want-free"]["spec"].get("nodeName") and blocked
+        return {"pods": pods, "blocked": blocked} if done else None
+
+    try:
+        seen = kube.poll("idle-free evicted, want-free bound, idle-guarded blocked", outcome, timeout_seconds=60)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\ndescheduler log:\n{descheduler.process.log_tail(40)}") from None
+
+    pods = seen["pods"]
+    assert pods["want-free"]["spec"]["nodeName"] == free_node
+    assert "idle-guarded" in pods and not pods["idle-guarded"]["metadata"].get("deletionTimestamp")
+    assert not pods["want-guarded"]["spec"].get("nodeName")
+    reason = (f"GPU utilisation {IDLE_UTILISATION:.1f}% < {THRESHOLD_PERCENT}% over {IDLE_WINDOW_SECONDS}s; "
+              f"reclaimed for {namespace}/want-free (priority {PRIORITY})")
+    listed = {
+        (e["type"], e["reason"], e["involvedObject"]["name"], e["message"])
+        for e in kube.events(cluster, namespace)
+        if e["reason"] in ("IdleGPUReclaimed", "GPUReclaimTriggered", "EvictionBlocked")
+    }
+    assert ("Normal", "IdleGPUReclaimed", "idle-free", f"Evicted: {reason}") in listed, listed
+    assert ("Normal", "GPUReclaimTriggered", "want-free",
+            f"Evicted 1 idle GPU pod(s) for this pod (priority {PRIORITY}): {namespace}/idle-free") in listed, listed
+    assert ("Warning", "EvictionBlocked", "idle-guarded",
+            f"Not evicted: a PodDisruptionBudget blocks the eviction: HTTP 429: {BLOCKED}") in listed, listed
+    assert {(t, r, o) for t, r, o, _ in listed} == {
+        ("Normal", "IdleGPUReclaimed", "idle-free"),
+        ("Normal", "GPUReclaimTriggered", "want-free"),
+        ("Warning", "EvictionBlocked", "idle-guarded"),
+    }
