@@ -7,7 +7,6 @@ import logging
 import pathlib
 
 
-
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "demo",
