@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import math
 import os
@@ -54,7 +55,7 @@ NOW = 1_800_000_000.0
 STARTED = "2027-01-13T00:00:00Z"  # two days before NOW: past every toleration and window
 GOALS = {"cycle_seconds": 2.0, "peak_rss_mb": 300.0}
 SCALE = ((1000, 10000), (2000, 20000), (3000, 30000), (5000, 50000))
-QUICK_SCALE = ((100, 1000), (200, 2000), (400, 4000))
+QUICK_SCALE = ((50, 500), (100, 1000), (200, 2000))
 FULL_NODE_PODS = (1, 1, 2, 4)  # GPUs of the pods on an 8-GPU node (two NVLink domains of 4)
 MIG_SLICES = {"1g.10gb": 28, "3g.40gb": 8}  # one pod per slice
 # PriorityClass: value, annotations; pods cycle through `CLASS_MIX`.
@@ -65,7 +66,8 @@ CLASSES: dict[str, tuple[int, dict[str, str]]] = {
     "scavenger": (100, {f"{PREFIX}resource-idle-seconds": "900", f"{PREFIX}minimum-preemptable-priority": "0"}),
     "inference": (100000, {}),
 }
-CLASS_MIX = ("batch", "batch", "notebook", "inference", "batch", "scavenger", "notebook", "inference")
+# Seven long: prime to the 4 pods of a full node and the 36 of a MIG node, so every size gets every class.
+CLASS_MIX = ("batch", "batch", "notebook", "inference", "batch", "scavenger", "notebook")
 PENDING = ((1, None, 10000), (2, None, 10000), (0, "1g.10gb", 4000), (4, None, 10000), (1, None, 600),
            (8, None, 10000), (0, "3g.40gb", 10000), (2, None, 4000))  # (GPUs, MIG profile, priority), cycled
 
@@ -145,7 +147,7 @@ class FakePrometheus:
     """Answers like Prometheus would the reclaim query: 5 statistics per pod and kind of device, for every
     pod with DCGM series (the query cannot filter by pod); sample counts follow the queried window."""
 
-    def __init__(self, pods: Sequence[dict[str, Any]], *, interval_seconds: int) -> None:
+    def __init__(self, pods: Sequence[dict[str, Any]], *, interval_seconds: float) -> None:
         self.queries = 0
         self._interval = interval_seconds
         self._pods = [p for p in pods if p["spec"].get("nodeName")]
@@ -189,33 +191,60 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def run_size(*, nodes: int, pods: int, pending: int, cycles: int) -> dict[str, Any]:
+# Settings overrides of each scenario: the defaults (a per-cycle limit soon stops the search), and
+# limits so wide that every pending pod is searched for and served if it can be (the planner's worst).
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "default limits": {},
+    "no limits": {"limits": {"per_cycle": 1_000_000, "per_node": 64, "per_namespace": 1_000_000}},
+}
+
+
+def run_size(*, nodes: int, pods: int, pending: int, cycles: int, freeze: bool = False) -> dict[str, Any]:
     load_before = os.getloadavg()
     rss_start = _rss_mb()
     raw = synthetic_cluster(nodes=nodes, pods=pods, pending=pending)
-    config = settings.load(overrides={"descheduler": {"reclaim": {"dry_run": True}}})
+    names = settings.load().names
     started = time.perf_counter()
     cluster = snapshot.build(nodes=raw["nodes"], pods=raw["pods"], priority_classes=raw["priority_classes"],
-                             names=config.names, taken_at=NOW)
+                             names=names, taken_at=NOW)
     build_seconds = time.perf_counter() - started
     rss_built = _rss_mb()
-    prometheus = FakePrometheus(raw["pods"], interval_seconds=config.descheduler.reclaim.sample_interval_seconds)
+    if freeze:
+        gc.freeze()  # what a long-running process may do once synced: the collector skips these objects
+    prometheus = FakePrometheus(raw["pods"], interval_seconds=settings.Reclaim().sample_interval_seconds)
+    scenarios = {}
+    for scenario, reclaim_settings in SCENARIOS.items():
+        config = settings.load(overrides={"descheduler": {"reclaim": {"dry_run": True, **reclaim_settings}}})
+        scenarios[scenario] = _scenario(cluster, prometheus, config=config, cycles=cycles)
+    return {
+        "nodes": nodes, "gpu_pods": sum(1 for p in cluster.pods.values() if p.node_name), "pending": pending,
+        "cycles": cycles, "gc_freeze": freeze, "scenarios": scenarios,
+        "snapshot_build_seconds": round(build_seconds, 3),
+        "rss_mb": {"start": round(rss_start, 1), "after_snapshot": round(rss_built, 1), "end": round(_rss_mb(), 1),
+                   "peak": round(_peak_rss_mb(), 1)},
+        "load_average": {"before": [round(x, 2) for x in load_before],
+                         "after": [round(x, 2) for x in os.getloadavg()]},
+    }
 
-    def new_loop() -> reclaim_loop.ReclaimLoop:
-        return reclaim_loop.ReclaimLoop(config=config, cluster=source.StaticSource(cluster), prometheus=prometheus,
-                                        evictions=evictor.DryRunClient(), api=None, clock=lambda: NOW)
 
+def _scenario(cluster: snapshot.Snapshot, prometheus: FakePrometheus, *, config: settings.Settings,
+              cycles: int) -> dict[str, Any]:
+    """`cycles` measured cycles after one to warm up (the stand-in builds its answers then)."""
     results: list[reclaim_loop.Cycle] = []
-    cycle_seconds: list[float] = []
+    wall: list[float] = []
+    cpu: list[float] = []
     queries: list[int] = []
     inputs: dict[str, Any] = {}
     with _capturing(reclaim, "plan", inputs):  # the planner's inputs, to time it alone below
-        for _ in range(cycles):
-            loop, before = new_loop(), prometheus.queries
-            started = time.perf_counter()
+        for _ in range(cycles + 1):
+            loop = reclaim_loop.ReclaimLoop(config=config, cluster=source.StaticSource(cluster), prometheus=prometheus,
+                                            evictions=evictor.DryRunClient(), api=None, clock=lambda: NOW)
+            before, started, used = prometheus.queries, time.perf_counter(), time.process_time()
             results.append(asyncio.run(loop.cycle()))
-            cycle_seconds.append(time.perf_counter() - started)
+            wall.append(time.perf_counter() - started)
+            cpu.append(time.process_time() - used)
             queries.append(prometheus.queries - before)
+    del results[0], wall[0], cpu[0], queries[0]
     planner = []
     for _ in range(cycles):
         started = time.perf_counter()
@@ -224,21 +253,13 @@ def run_size(*, nodes: int, pods: int, pending: int, cycles: int) -> dict[str, A
     plans = {json.dumps(p.as_json(), sort_keys=True) for p in [alone, *(c.plan for c in results)]}
     last = results[-1].plan
     return {
-        "nodes": nodes, "gpu_pods": sum(1 for p in cluster.pods.values() if p.node_name), "pending": pending,
-        "cycles": cycles,
-        "cycle_seconds": _spread(cycle_seconds),
-        "planner_seconds": _spread(planner),
+        "cycle_seconds": _spread(wall), "cycle_cpu_seconds": _spread(cpu), "planner_seconds": _spread(planner),
         "phase_seconds_p50": {k: round(statistics.median(c.seconds.get(k, 0.0) for c in results), 4)
                               for k in results[0].seconds},
-        "snapshot_build_seconds": round(build_seconds, 3),
         "promql_queries_per_cycle": sorted(set(queries)),
         "candidates": last.candidates, "idle_gpus": last.idle_gpus,
         "demands": len(last.demands), "demands_served": sum(d.served for d in last.demands),
         "evictions_planned": len(last.evictions), "same_plan_every_cycle": len(plans) == 1,
-        "rss_mb": {"start": round(rss_start, 1), "after_snapshot": round(rss_built, 1), "end": round(_rss_mb(), 1),
-                   "peak": round(_peak_rss_mb(), 1)},
-        "load_average": {"before": [round(x, 2) for x in load_before],
-                         "after": [round(x, 2) for x in os.getloadavg()]},
     }
 
 
@@ -262,66 +283,72 @@ def _spread(values: Sequence[float]) -> dict[str, float]:
     return {"p50": round(statistics.median(values), 4), "max": round(max(values), 4), "min": round(min(values), 4)}
 
 
-def scale(sizes: Sequence[tuple[int, int]], *, pending: int, cycles: int) -> dict[str, Any]:
-    """Each size in its own process (own peak RSS); a least-squares line of cycle p50 against pods and
-    the log-log slope (1: linear, 2: quadratic)."""
+def scale(sizes: Sequence[tuple[int, int]], *, pending: int, cycles: int, freeze: bool) -> dict[str, Any]:
+    """Each size in its own process (own peak RSS); per scenario, a least-squares line of cycle p50
+    against pods, its r2, and the log-log slope (1: linear, 2: quadratic)."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for nodes, pods in sizes:
             out = pathlib.Path(tmp) / f"{nodes}.json"
             subprocess.run([sys.executable, str(SCRIPT), "--nodes", str(nodes), "--pods", str(pods), "--pending",
-                            str(pending), "--cycles", str(cycles), "--out", str(out), "--quiet"], check=True)
+                            str(pending), "--cycles", str(cycles), "--out", str(out), "--quiet",
+                            *(["--gc-freeze"] if freeze else [])], check=True)
             rows.append(json.loads(out.read_text())["run"])
     xs = [float(r["gpu_pods"]) for r in rows]
-    ys = [r["cycle_seconds"]["p50"] for r in rows]
-    fit = statistics.linear_regression(xs, ys)
-    predicted = [fit.slope * x + fit.intercept for x in xs]
-    mean = statistics.fmean(ys)
-    total = sum((y - mean) ** 2 for y in ys)
-    r2 = 1 - sum((y - p) ** 2 for y, p in zip(ys, predicted, strict=True)) / total if total else 1.0
-    exponent = statistics.linear_regression([math.log(x) for x in xs], [math.log(y) for y in ys]).slope
-    return {
-        "sizes": [{k: r[k] for k in ("nodes", "gpu_pods", "cycle_seconds", "planner_seconds", "rss_mb",
-                                     "promql_queries_per_cycle", "evictions_planned")} for r in rows],
-        "seconds_per_1000_pods": round(fit.slope * 1000, 4), "intercept_seconds": round(fit.intercept, 4),
-        "r2": round(r2, 4), "loglog_exponent": round(exponent, 3),
-        "linear": bool(0.8 <= exponent <= 1.2 and r2 >= 0.95),
-    }
+    fits = {}
+    for scenario in SCENARIOS:
+        ys = [r["scenarios"][scenario]["cycle_seconds"]["p50"] for r in rows]
+        line = statistics.linear_regression(xs, ys)
+        mean = statistics.fmean(ys)
+        total = sum((y - mean) ** 2 for y in ys)
+        residual = sum((y - line.slope * x - line.intercept) ** 2 for x, y in zip(xs, ys, strict=True))
+        r2 = 1 - residual / total if total else 1.0
+        exponent = statistics.linear_regression([math.log(x) for x in xs], [math.log(y) for y in ys]).slope
+        fits[scenario] = {"seconds_per_1000_pods": round(line.slope * 1000, 4),
+                          "intercept_seconds": round(line.intercept, 4), "r2": round(r2, 4),
+                          "loglog_exponent": round(exponent, 3), "linear": bool(0.8 <= exponent <= 1.2 and r2 >= 0.95)}
+    return {"sizes": rows, "fits": fits}
 
 
 def table(run: dict[str, Any]) -> str:
-    cycle, planner, rss = run["cycle_seconds"], run["planner_seconds"], run["rss_mb"]
-    phases = ", ".join(f"{k} {v * 1000:.0f}" for k, v in run["phase_seconds_p50"].items())
+    rss = run["rss_mb"]
     lines = [
-        f"reclaim cycle: {run['nodes']} nodes, {run['gpu_pods']} GPU pods, {run['pending']} pending pods + 2 gangs, "
-        f"{run['cycles']} cycles",
-        f"  whole cycle     p50 {cycle['p50'] * 1000:8.1f} ms   max {cycle['max'] * 1000:8.1f} ms"
-        f"   (goal < {GOALS['cycle_seconds'] * 1000:.0f} ms)",
-        f"  planner alone   p50 {planner['p50'] * 1000:8.1f} ms   max {planner['max'] * 1000:8.1f} ms",
-        f"  phases p50 (ms) {phases}",
-        f"  snapshot build  {run['snapshot_build_seconds'] * 1000:8.1f} ms (once; the feeder's job, not the cycle's)",
-        f"  peak RSS        {rss['peak']:8.1f} MB (start {rss['start']}, after snapshot {rss['after_snapshot']})"
-        f"   (goal < {GOALS['peak_rss_mb']:.0f} MB)",
-        f"  PromQL queries  {run['promql_queries_per_cycle']} per cycle (one per distinct idle window)",
-        f"  candidates {run['candidates']}, idle GPUs {run['idle_gpus']}, demands {run['demands']} "
-        f"(served {run['demands_served']}), evictions planned {run['evictions_planned']}, "
-        f"same plan every cycle: {run['same_plan_every_cycle']}",
-        f"  load average    before {run['load_average']['before']}, after {run['load_average']['after']}",
+        f"reclaim cycle: {run['nodes']} nodes, {run['gpu_pods']} GPU pods, {run['pending']} pending pods + 2 gangs "
+        f"of 4; {run['cycles']} cycles each{'; gc.freeze() after the snapshot build' if run['gc_freeze'] else ''}",
+        f"  {'scenario':<15} {'cycle p50':>9} {'max':>7} {'cpu p50':>8} {'planner':>8} {'queries':>7} "
+        f"{'served':>7} {'evictions':>9}  phases p50 (ms)",
+    ]
+    for name, s in run["scenarios"].items():
+        phases = " ".join(f"{k} {v * 1000:.0f}" for k, v in s["phase_seconds_p50"].items() if k != "policies")
+        lines.append(
+            f"  {name:<15} {s['cycle_seconds']['p50'] * 1000:>7.0f}ms {s['cycle_seconds']['max'] * 1000:>5.0f}ms "
+            f"{s['cycle_cpu_seconds']['p50'] * 1000:>6.0f}ms {s['planner_seconds']['p50'] * 1000:>6.0f}ms "
+            f"{','.join(map(str, s['promql_queries_per_cycle'])):>7} {s['demands_served']:>3}/{s['demands']:<3} "
+            f"{s['evictions_planned']:>9}  {phases}"
+            + ("" if s["same_plan_every_cycle"] else "  (plans differ between cycles!)"))
+    lines += [
+        f"  goals: cycle < {GOALS['cycle_seconds'] * 1000:.0f} ms, peak RSS < {GOALS['peak_rss_mb']:.0f} MB, "
+        f"queries constant (one per distinct idle window)",
+        f"  peak RSS {rss['peak']:.0f} MB (at start {rss['start']:.0f}, after the snapshot "
+        f"{rss['after_snapshot']:.0f}); snapshot build {run['snapshot_build_seconds'] * 1000:.0f} ms "
+        "(the feeder's, not the cycle's)",
+        f"  candidates (idle and reclaimable) {next(iter(run['scenarios'].values()))['candidates']}; load average "
+        f"before {run['load_average']['before']}, after {run['load_average']['after']} (2 cores, shared)",
     ]
     return "\n".join(lines)
 
 
 def scale_table(result: dict[str, Any]) -> str:
-    lines = ["scaling (each size in its own process):",
-             f"  {'nodes':>6} {'GPU pods':>9} {'cycle p50':>10} {'planner p50':>12} {'peak RSS':>9} {'evictions':>9}"]
+    lines = ["scaling (each size in its own process): cycle p50 / planner p50 per scenario, peak RSS",
+             f"  {'nodes':>6} {'GPU pods':>9} " + " ".join(f"{name:>22}" for name in SCENARIOS) + f" {'peak RSS':>9}"]
     for r in result["sizes"]:
-        lines.append(f"  {r['nodes']:>6} {r['gpu_pods']:>9} {r['cycle_seconds']['p50'] * 1000:>8.0f}ms "
-                     f"{r['planner_seconds']['p50'] * 1000:>10.0f}ms {r['rss_mb']['peak']:>7.0f}MB "
-                     f"{r['evictions_planned']:>9}")
-    verdict = "linear" if result["linear"] else "NOT linear"
-    lines.append(f"  fit: {result['seconds_per_1000_pods'] * 1000:.1f} ms per 1,000 pods + "
-                 f"{result['intercept_seconds'] * 1000:.0f} ms, r2 {result['r2']}, log-log exponent "
-                 f"{result['loglog_exponent']} -> {verdict}")
+        cells = " ".join(f"{s['cycle_seconds']['p50'] * 1000:>10.0f}ms /{s['planner_seconds']['p50'] * 1000:>7.0f}ms"
+                         for s in r["scenarios"].values())
+        lines.append(f"  {r['nodes']:>6} {r['gpu_pods']:>9} {cells} {r['rss_mb']['peak']:>7.0f}MB")
+    for name, fit in result["fits"].items():
+        lines.append(f"  {name}: {fit['seconds_per_1000_pods'] * 1000:.1f} ms per 1,000 pods + "
+                     f"{fit['intercept_seconds'] * 1000:.0f} ms, r2 {fit['r2']}, log-log exponent "
+                     f"{fit['loglog_exponent']} -> {'linear' if fit['linear'] else 'NOT linear'}")
     return "\n".join(lines)
 
 
@@ -331,19 +358,21 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=10000, help="GPU pods running")
     parser.add_argument("--pending", type=int, default=50, help="pending GPU pods (preemptors)")
     parser.add_argument("--cycles", type=int, default=5, help="cycles measured (and planner repeats)")
-    parser.add_argument("--quick", action="store_true", help="CI-sized: 200 nodes, 2,000 pods, 3 cycles")
+    parser.add_argument("--quick", action="store_true", help="CI-sized: 100 nodes, 1,000 pods, 10 pending, 3 cycles")
     parser.add_argument("--scale", action="store_true", help="also run 1,000/10,000 .. 5,000/50,000 and fit a line")
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
+    parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() once the snapshot is built")
     parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)  # the --scale children
     args = parser.parse_args()
     if args.quick:
-        args.nodes, args.pods, args.pending, args.cycles = 200, 2000, 20, 3
-    result: dict[str, Any] = {"goals": GOALS, "run": run_size(nodes=args.nodes, pods=args.pods,
-                                                              pending=args.pending, cycles=args.cycles)}
+        args.nodes, args.pods, args.pending, args.cycles = 100, 1000, 10, 3
+    result: dict[str, Any] = {"goals": GOALS, "run": run_size(nodes=args.nodes, pods=args.pods, pending=args.pending,
+                                                              cycles=args.cycles, freeze=args.gc_freeze)}
     if not args.quiet:
         print(table(result["run"]), flush=True)
     if args.scale:
-        result["scale"] = scale(QUICK_SCALE if args.quick else SCALE, pending=args.pending, cycles=3)
+        result["scale"] = scale(QUICK_SCALE if args.quick else SCALE, pending=args.pending, cycles=3,
+                                freeze=args.gc_freeze)
         print(scale_table(result["scale"]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -731,9 +731,9 @@ class _Index:
             self._fits[key] = sorted(n for n, node in self.cluster.nodes.items() if not fit.why_not(spec, node))
         return self._fits[key]
 
-    def _may_hold(self, request: gpu.GpuRequest) -> set[str]:
-        """Untouched nodes where each kind of device the request needs is free enough already or freed
-        by some idle unit; on any other node evictions cannot make it fit."""
+    def _may_hold(self, request: gpu.GpuRequest, *, evicting: bool) -> set[str]:
+        """Untouched nodes where each kind of device the request needs is free enough already or (when
+        `evicting`) freed by some idle unit; on any other node evictions cannot make it fit."""
         maybe: set[str] | None = None
         for kind, need in _needs(request).items():
             if kind:
@@ -741,19 +741,19 @@ class _Index:
             else:  # nodes of one GPU state have as many free GPUs
                 free = {n.name for group in self.cluster.nodes_by_gpu_state.values() if group[0].free_gpus >= need
                         for n in group}
-            here = free | self._freeing.get(kind, set())
+            here = free | self._freeing.get(kind, set()) if evicting else free
             maybe = here if maybe is None else maybe & here
         return set(self.cluster.nodes) if maybe is None else maybe
 
-    def untouched(self, member: Member, priority: int) -> list[_Option]:
+    def untouched(self, member: Member, priority: int, *, evicting: bool) -> list[_Option]:
         """Options of the member's nodes as the snapshot has them, cheapest bound first: valid for every
         node no demand has touched, so computed once per (allowed nodes, request, idle units the
-        priority may take)."""
+        priority may take). Not `evicting` (the budget is spent): only nodes that hold it as they are."""
         request = member.request
         key = (self._fit_key(member.spec), request.full, tuple(sorted(request.mig.items())),
-               bisect.bisect_right(self._floors, priority))
+               bisect.bisect_right(self._floors, priority), evicting)
         if key not in self._untouched:
-            maybe = self._may_hold(request)
+            maybe = self._may_hold(request, evicting=evicting)
             options = []
             for name in self.nodes_for(member.spec):
                 found = _screen(self, name, request, priority) if name in maybe else None
@@ -784,17 +784,15 @@ def _best_node(
             return _screen(index, name, request, demand.priority)
         return _screen(index, name, request, demand.priority, state=trial.get(name) or _NodeState(), taken=taken)
 
-    fresh = [o for o in map(screen_node, touched.intersection(names)) if isinstance(o, _Option)]
-    options = heapq.merge(sorted(fresh), (o for o in index.untouched(member, demand.priority) if o.node not in touched))
-    best: _Choice | None = None
-    failures: list[str] = []
     spent = budget.spent()
+    fresh = [o for o in map(screen_node, touched.intersection(names)) if isinstance(o, _Option)]
+    untouched = index.untouched(member, demand.priority, evicting=spent is None)
+    options = heapq.merge(sorted(fresh), (o for o in untouched if o.node not in touched))
+    best: _Choice | None = None
+    failures = [spent] if spent else []
     for option in options:
-        if best is not None and option.bound > best.cost():
-            break
-        if spent and option.bound[0]:  # this and every later option needs evictions
-            failures.append(spent)
-            break
+        if (best is not None and option.bound > best.cost()) or (spent and option.bound[0]):
+            break  # spent: this and every later option needs evictions
         node = cluster.nodes[option.node]
         state = trial.get(option.node) or _NodeState()
         limited = {u.key: budget.refuse(u.slots()) for u in option.units}
@@ -803,7 +801,7 @@ def _best_node(
             why = "".join(sorted({f" ({w})" for w in limited.values() if w}))
             found = _option(node, request, eligible, option.free, cluster, state)
             if not isinstance(found, _Option):
-                failures.append((found or _short(node.name, request, option.units, option.units, eligible)) + why)
+                failures.append((found or _short(node.name, request, option.units, option.units, option.units)) + why)
                 continue
             if best is not None and found.bound > best.cost():
                 continue

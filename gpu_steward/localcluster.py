@@ -620,6 +620,22 @@ def gpu_nodes(
     return nodes
 
 
+def gpu_node(
+    name: str,
+    *,
+    gpus: int,
+    domains: int,
+    product: str,
+    names: settings.Names,
+    cpu: str,
+    memory: str,
+    pods: int = 110,
+) -> dict[str, Any]:
+    """One kwok node shaped like `gpu_nodes`' but named and sized by the caller (e.g. a trace's node)."""
+    group = parse_nodes(f"1x{gpus}g{domains}d:{product}")[0]  # same validation as a description
+    return _node(name, group, names=names, cpu=cpu, memory=memory, pods=pods)
+
+
 def _node(name: str, group: NodeGroup, *, names: settings.Names, cpu: str, memory: str, pods: int) -> dict[str, Any]:
     labels = {
         "kubernetes.io/hostname": name,

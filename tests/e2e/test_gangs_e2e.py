@@ -53,20 +53,22 @@ def hold_gated(cluster: localcluster.LocalCluster, namespace: str, name: str, *,
         time.sleep(0.25)
 
 
-def waiting_until(
+def waiting_told(
     cluster: localcluster.LocalCluster, namespace: str, name: str, *, count: int, says: re.Pattern[str]
-) -> dict[str, str]:
-    """Wait until the newest GangWaiting Event of each of the gang's first `count` members says `says`
-    (the controller tells a member again only when what the gang waits for changes, not on every count);
-    return member -> message."""
+) -> None:
+    """Wait until each of the gang's first `count` members has a GangWaiting Event saying `says`."""
+    told: dict[str, list[str]] = {}
 
-    def newest() -> dict[str, str] | None:
-        found = {f"{name}-{i}": kube.events_about(cluster, namespace, f"{name}-{i}", reason="GangWaiting")
-                 for i in range(count)}
-        told = {m: e[-1]["message"] for m, e in found.items() if e}
-        return told if len(told) == count and all(says.fullmatch(t) for t in told.values()) else None
+    def every_member() -> bool:
+        for i in range(count):
+            told[f"{name}-{i}"] = [e["message"] for e in kube.events_about(
+                cluster, namespace, f"{name}-{i}", reason="GangWaiting")]
+        return all(any(says.fullmatch(m) for m in messages) for messages in told.values())
 
-    return kube.poll(f"GangWaiting on every member of {name} saying {says.pattern!r}", newest)
+    try:
+        kube.poll(f"GangWaiting on every member of {name} saying {says.pattern!r}", every_member)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\ntold: {json.dumps(told, indent=1)}") from None
 
 
 def bound_together(cluster: localcluster.LocalCluster, namespace: str, name: str, *, size: int) -> dict[str, str]:
@@ -114,9 +116,9 @@ def test_gang_stays_gated_until_complete_then_is_released_and_bound_together(
     gang_name = f"{namespace}/train"
 
     create_members(cluster, namespace, "train", size=4, gpus=2, members=range(3))
-    # Each member is told how many were present when the controller first saw it waiting.
+    # Each member is told how many were present when the controller first saw it waiting (told once).
     incomplete = re.compile(f"gang {re.escape(gang_name)}: [123] of 4 members present")
-    waiting_until(cluster, namespace, "train", count=3, says=incomplete)
+    waiting_told(cluster, namespace, "train", count=3, says=incomplete)
     hold_gated(cluster, namespace, "train", count=3)
     create_members(cluster, namespace, "train", size=4, gpus=2, members=range(3, 4))
     nodes = bound_together(cluster, namespace, "train", size=4)
@@ -151,7 +153,7 @@ def test_gang_that_cannot_fit_stays_fully_gated_until_it_can_then_all_of_it_bind
 
     create_members(cluster, namespace, "big", size=8, gpus=4, members=range(8))
     capacity = f"gang {namespace}/big: complete; waiting for 8 more free GPUs (32 needed, 24 free on its nodes)"
-    waiting_until(cluster, namespace, "big", count=8, says=re.compile(re.escape(capacity)))
+    waiting_told(cluster, namespace, "big", count=8, says=re.compile(re.escape(capacity)))
     hold_gated(cluster, namespace, "big", count=8)
     cluster.kubectl("delete", "pod", "blocker", "-n", namespace, "--wait=true")
     nodes = bound_together(cluster, namespace, "big", size=8)

@@ -117,10 +117,10 @@ def pods(cluster: Cluster, namespace: str) -> dict[str, dict[str, Any]]:
 
 
 def events(cluster: Cluster, namespace: str, *, reason: str | None = None) -> list[dict[str, Any]]:
-    """Events of the namespace as `kubectl get events` lists them (optionally of one reason), oldest first."""
+    """Events of the namespace as `kubectl get events` lists them (optionally of one reason)."""
     selector = ["--field-selector", f"reason={reason}"] if reason else []
-    listed = cluster.kubectl_json("get", "events", "-n", namespace, *selector)["items"]
-    return sorted(listed, key=lambda e: (e.get("lastTimestamp") or "", e["metadata"]["name"]))
+    listed: list[dict[str, Any]] = cluster.kubectl_json("get", "events", "-n", namespace, *selector)["items"]
+    return listed
 
 
 def events_about(cluster: Cluster, namespace: str, pod_name: str, *, reason: str) -> list[dict[str, Any]]:
