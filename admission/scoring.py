@@ -159,7 +159,8 @@ def _templates(
                 full.append(group)
             else:
                 templates.append((template, group))
-        templates.sort(key=lambda item: -item[0].score)
+        # Equal scores: the fullest node first (best fit keeps whole nodes free for large pods), then by name.
+        templates.sort(key=lambda item: (-item[0].score, item[1][0].free_gpus, item[1][0].name))
         cluster.memo[key] = (templates, full)
     result: tuple[list[tuple[NodeScore, tuple[snapshot.Node, ...]]], list[tuple[snapshot.Node, ...]]]
     result = cluster.memo[key]
@@ -170,7 +171,7 @@ def rank(
     *, gpus: int, pod_spec: Mapping[str, Any], cluster: snapshot.Snapshot, cfg: settings.Scoring,
     limit: int | None = None,
 ) -> Ranking:
-    """Nodes that can take the pod, best first (ties by name). Each GPU state is scored once; with
+    """Nodes that can take the pod, best first (ties: fewest free GPUs, then name). Each GPU state is scored once; with
     `limit`, only that many nodes are looked at past the scoring (the webhook's hot path) and
     `excluded` lists only the nodes passed over on the way."""
     templates, full = _templates(gpus, cluster, cfg)
@@ -187,5 +188,4 @@ def rank(
                 excluded[node.name] = reason
                 continue
             scores.append(dataclasses.replace(template, node=node.name))
-    scores.sort(key=lambda s: (-s.score, s.node))
     return Ranking(tuple(scores), excluded)

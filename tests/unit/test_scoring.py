@@ -143,3 +143,13 @@ def test_rank_with_a_limit_returns_the_same_best_nodes(limit):
     limited = scoring.rank(gpus=1, pod_spec={}, cluster=snap, cfg=CFG, limit=limit)
     assert limited.scores == full.scores[:limit]
     assert [s.node for s in full.scores] == ["n2", "n0", "n1", "big"]
+
+
+def test_equal_scores_go_to_the_fullest_node_first_to_keep_whole_nodes_free():
+    snap = cluster(
+        builders.gpu_node("a-empty", gpus=8, domains=[range(4), range(4, 8)]),
+        builders.gpu_node("b-one-used", gpus=8, domains=[range(4), range(4, 8)]),
+        pods=(busy("b-one-used", 1),),
+    )
+    ranking = scoring.rank(gpus=1, pod_spec={}, cluster=snap, cfg=CFG)
+    assert [(s.node, s.score) for s in ranking.scores] == [("b-one-used", 40), ("a-empty", 40)]
