@@ -1,0 +1,911 @@
+"""Placement quality on a real trace: the real kube-scheduler alone, bin packing, and gpu-steward.
+
+    python benchmarks/placement_trace.py [--nodes N|all] [--pods N] [--trace multigpu50|default]
+        [--time-compression X] [--arrival-rate R] [--arms default,binpack,gpu-steward] [--quick] [--out FILE]
+
+One run, three arms one after another, each on a fresh local control plane (kube-apiserver, etcd,
+kube-scheduler, kube-controller-manager via kwokctl; kwok plays the kubelets) with the same nodes
+and the same pod sequence:
+  * default       — kube-scheduler as shipped, no webhook;
+  * binpack       — kube-scheduler with NodeResourcesFit MostAllocated (cpu 1, memory 1,
+                    nvidia.com/gpu 3: the weights of Kubernetes' own bin-packing example);
+  * gpu-steward   — kube-scheduler as shipped plus our webhook (`python -m gpu_steward webhook`),
+                    registered with the API server, reading the cluster through its watch feeder and
+                    GPU-index occupancy from a real Prometheus (see "GPU indices" below).
+
+Nodes: `openb_node_list_gpu_node.csv` (1,213 nodes), or a stratified sample: every (GPU model,
+GPU count) class gets its share of N by largest remainder, its first nodes in file order. NVLink
+domains follow the traces README: T4/A10 none (one domain per GPU), 1 GPU one domain, 2 GPUs one
+domain of 2, 4 GPUs two of 2, 8 GPUs two of 4. The model goes to `nvidia.com/gpu.product`.
+
+Pods: GPU pods that ask for whole GPUs (num_gpu >= 1, gpu_milli 1000), with the trace's cpu and
+memory requests. Fractional-GPU pods (gpu_milli < 1000) are skipped and counted: GPU sharing/MIG is
+out of scope and the device plugin would not give them a whole GPU. `gpu_spec` is empty for every
+pod of both files (checked at load: a pod with one is refused), so no model constraint applies.
+`multigpu50` has no times: its first 8,152 rows are `default`'s rows (same names and requests) and
+take their times; each of the 909 extra multi-GPU rows copies the times of a `default` pod with
+the same requests (round robin among them), so it sits next to its twin in creation order.
+
+Replay (a documented departure from wall-clock trace time): the trace's own timestamps never load
+the cluster — at most 65 GPUs of 6,212 are in use at once over its 149 days (whole and fractional
+pods together) — so a literal time replay would measure an empty cluster. Pods therefore arrive in
+creation order at `--arrival-rate` pods/s and each lives its trace lifetime (deletion - creation)
+divided by `--time-compression` (at least `MIN_LIFETIME_SECONDS`, so every binding is observed). A
+pod still pending when its lifetime ends is deleted anyway, as its user did in the trace. The replay
+ends `DRAIN_SECONDS` after the last arrival. Then all pods are deleted and a burst of pods (the
+sequence's first 1-GPU pods, up to `BURST_GPU_SHARE` of the cluster's GPUs) is created at once: the burst's
+pods bound per second is the scheduling throughput (it includes the webhook call in arm c).
+
+GPU indices inside a node: kwok has no device plugin, so `gpu_steward.devicesim.Assignments` (the one
+policy: smallest free NVLink domain that fits, else fewest domains; a pod keeps its indices) assigns
+them in every arm, updated on every cluster change this benchmark sees, and the same object is served
+as DCGM series to a real Prometheus in every arm (same load everywhere). In arm c the webhook reads
+those series like it reads dcgm-exporter in production. Why not let the webhook estimate indices
+itself: its estimate re-places every pod of a node oldest first at each rebuild, while a device
+plugin keeps a pod's GPUs; after departures the two differ (free GPUs per domain (3, 2) versus
+(1, 4) for the same pods), so only the observed series make the webhook see what is measured.
+
+Measured per arm: for every multi-GPU pod, the NVLink domains its GPUs span and the fewest it could
+have spanned on any node that could hold it (GPUs, cpu, memory) at the moment it was bound; the share
+of domain-fittable pods (fewest == 1) placed in one domain; GPU fragmentation sampled every
+`SAMPLE_SECONDS` (free GPUs in partly used domains / partly used nodes); pods never scheduled and
+waits; burst throughput. Prints a table, writes JSON (--out) and a PNG bar chart (--picture).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import csv
+import dataclasses
+import json
+import math
+import pathlib
+import ssl
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script from a checkout
+
+import yaml  # noqa: E402
+from aiohttp import web  # noqa: E402
+from kubernetes_asyncio import client  # noqa: E402
+from PIL import Image, ImageDraw  # noqa: E402
+
+from common import feeder, gpu, kube, placement, settings, snapshot  # noqa: E402
+from gpu_steward import certs, demo, devicesim, localcluster, localprometheus  # noqa: E402
+
+TRACES = pathlib.Path("/work/shared/traces/alibaba-openb")
+NODE_FILE = "openb_node_list_gpu_node.csv"
+POD_FILES = {"default": "openb_pod_list_default.csv", "multigpu50": "openb_pod_list_multigpu50.csv"}
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "placement_trace.json"
+DEFAULT_PICTURE = ROOT / "benchmarks" / "results" / "placement_domains.png"
+ARMS = ("default", "binpack", "gpu-steward")
+NAMESPACE = "trace"
+BURST_NAMESPACE = "burst"
+DECISION = settings.Names().decision
+NO_NVLINK_MODELS = frozenset({"T4", "A10"})
+MIN_LIFETIME_SECONDS = 2.0
+DRAIN_SECONDS = 10.0
+SAMPLE_SECONDS = 2.0
+SCRAPE_SECONDS = 2
+BURST_GPU_SHARE = 0.6
+BURST_MAX_PODS = 400
+BURST_TIMEOUT_SECONDS = 120.0
+CREATE_CONCURRENCY = 32
+API_TIMEOUT_SECONDS = 30.0
+GOALS = {"one_domain_share": 0.98, "throughput_ratio": 0.90}
+BINPACK_SCHEDULER = {
+    "apiVersion": "kubescheduler.config.k8s.io/v1",
+    "kind": "KubeSchedulerConfiguration",
+    "profiles": [
+        {
+            "schedulerName": "default-scheduler",
+            "pluginConfig": [
+                {
+                    "name": "NodeResourcesFit",
+                    "args": {
+                        "scoringStrategy": {
+                            "type": "MostAllocated",
+                            "resources": [
+                                {"name": "cpu", "weight": 1},
+                                {"name": "memory", "weight": 1},
+                                {"name": gpu.FULL_GPU, "weight": 3},
+                            ],
+                        }
+                    },
+                }
+            ],
+        }
+    ],
+}
+
+
+# --- the trace (pure) ------------------------------------------------------------------------------
+
+
+def nvlink_domains(*, gpus: int, model: str) -> int:
+    """How many NVLink domains a trace node has (the traces README's mapping); domains are equal-sized."""
+    if gpus < 1:
+        raise ValueError(f"a GPU node needs at least one GPU, got {gpus}")
+    if model in NO_NVLINK_MODELS:
+        return gpus  # no NVLink: every GPU is its own domain
+    by_count = {1: 1, 2: 1, 4: 2, 8: 2}
+    if gpus not in by_count:
+        raise ValueError(f"no NVLink mapping for a {gpus}-GPU {model} node")
+    return by_count[gpus]
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceNode:
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: int
+    model: str
+
+    @property
+    def domains(self) -> int:
+        return nvlink_domains(gpus=self.gpus, model=self.model)
+
+    @property
+    def gpu_class(self) -> tuple[str, int]:
+        return self.model, self.gpus
+
+
+@dataclasses.dataclass(frozen=True)
+class TracePod:
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: int
+    created: int  # trace seconds
+    deleted: int
+
+    @property
+    def lifetime(self) -> int:
+        return max(0, self.deleted - self.created)
+
+
+@dataclasses.dataclass(frozen=True)
+class PodSet:
+    pods: tuple[TracePod, ...]  # whole-GPU pods in creation order
+    skipped: Mapping[str, int]  # why -> how many
+
+
+def read_nodes(path: pathlib.Path) -> list[TraceNode]:
+    with path.open(newline="") as handle:
+        return [
+            TraceNode(row["sn"], int(row["cpu_milli"]), int(row["memory_mib"]), int(row["gpu"]), row["model"])
+            for row in csv.DictReader(handle)
+        ]
+
+
+def stratified_sample(nodes: Sequence[TraceNode], count: int) -> list[TraceNode]:
+    """`count` nodes, each (model, GPU count) class by its share (largest remainder; ties to the bigger
+    class), taking a class's first nodes in file order; the result keeps file order."""
+    if count >= len(nodes):
+        return list(nodes)
+    classes: dict[tuple[str, int], list[TraceNode]] = collections.defaultdict(list)
+    for node in nodes:
+        classes[node.gpu_class].append(node)
+    quotas = {c: count * len(members) / len(nodes) for c, members in classes.items()}
+    taken = {c: math.floor(q) for c, q in quotas.items()}
+    by_remainder = sorted(classes, key=lambda c: (-(quotas[c] - taken[c]), -len(classes[c]), c))
+    for c in by_remainder[: count - sum(taken.values())]:
+        taken[c] += 1
+    chosen = {n.name for c, members in classes.items() for n in members[: taken[c]]}
+    return [n for n in nodes if n.name in chosen]
+
+
+def read_pods(path: pathlib.Path, *, timed: Sequence[TracePod] = ()) -> PodSet:
+    """Whole-GPU pods of a trace file in creation order. Rows without times (multigpu50) take them from
+    the `timed` pod of the same name, else from a `timed` pod with the same requests (round robin)."""
+    skipped: collections.Counter[str] = collections.Counter()
+    rows: list[dict[str, str]] = []
+    with path.open(newline="") as handle:
+        for row in csv.DictReader(handle):
+            if row.get("gpu_spec"):
+                raise ValueError(f"{row['name']}: gpu_spec {row['gpu_spec']!r} is not modelled by this benchmark")
+            gpus, milli = int(row["num_gpu"]), int(row["gpu_milli"])
+            if gpus < 1:
+                skipped["no GPU"] += 1
+            elif milli < 1000:
+                skipped["fractional GPU (sharing is out of scope)"] += 1
+            else:
+                rows.append(row)
+    by_name = {p.name: p for p in timed}
+    twins: dict[tuple[int, int, int], list[TracePod]] = collections.defaultdict(list)
+    for pod in timed:
+        twins[(pod.cpu_milli, pod.memory_mib, pod.gpus)].append(pod)
+    used: collections.Counter[tuple[int, int, int]] = collections.Counter()
+    pods = []
+    for row in rows:
+        cpu, memory, gpus = int(row["cpu_milli"]), int(row["memory_mib"]), int(row["num_gpu"])
+        if row.get("creation_time"):
+            times = (int(row["creation_time"]), int(row["deletion_time"]))
+        elif row["name"] in by_name:
+            times = (by_name[row["name"]].created, by_name[row["name"]].deleted)
+        else:
+            shape = (cpu, memory, gpus)
+            if not twins[shape]:
+                raise ValueError(f"{row['name']}: no times and no timed pod with the same requests")
+            twin = twins[shape][used[shape] % len(twins[shape])]
+            used[shape] += 1
+            times = (twin.created, twin.deleted)
+        pods.append(TracePod(row["name"], cpu, memory, gpus, *times))
+    pods.sort(key=lambda p: (p.created, p.name))
+    return PodSet(tuple(pods), dict(skipped))
+
+
+def load_pods(trace: str, *, directory: pathlib.Path = TRACES) -> PodSet:
+    timed = () if trace == "default" else read_pods(directory / POD_FILES["default"]).pods
+    return read_pods(directory / POD_FILES[trace], timed=timed)
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Action:
+    at: float  # wall seconds from the replay's start
+    kind: Literal["create", "delete"]
+    pod: int  # index into the pod sequence
+
+
+def replay_plan(
+    pods: Sequence[TracePod], *, arrival_rate: float, compression: float, min_lifetime: float = MIN_LIFETIME_SECONDS
+) -> list[Action]:
+    """Arrivals every 1/arrival_rate s in order; each pod deleted after its compressed trace lifetime.
+    Deletions later than the last arrival + DRAIN_SECONDS are left out (those pods run to the end)."""
+    if arrival_rate <= 0 or compression <= 0:
+        raise ValueError("arrival rate and time compression must be positive")
+    end = (len(pods) - 1) / arrival_rate + DRAIN_SECONDS if pods else 0.0
+    actions = []
+    for index, pod in enumerate(pods):
+        start = index / arrival_rate
+        actions.append(Action(start, "create", index))
+        stop = start + max(min_lifetime, pod.lifetime / compression)
+        if stop <= end:
+            actions.append(Action(stop, "delete", index))
+    return sorted(actions)
+
+
+def trace_node_manifest(node: TraceNode, *, names: settings.Names) -> dict[str, Any]:
+    return localcluster.gpu_node(node.name, gpus=node.gpus, domains=node.domains, product=node.model, names=names,
+                                 cpu=f"{node.cpu_milli}m", memory=f"{node.memory_mib}Mi")
+
+
+def pod_manifest(pod: TracePod, *, namespace: str, name: str | None = None) -> dict[str, Any]:
+    gpus = str(pod.gpus)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name or pod.name, "namespace": namespace, "labels": {"app": "openb"}},
+        "spec": {
+            "containers": [{
+                "name": "main",
+                "image": "registry.local/openb:1",
+                "resources": {"requests": {"cpu": f"{pod.cpu_milli}m", "memory": f"{pod.memory_mib}Mi",
+                                           gpu.FULL_GPU: gpus}, "limits": {gpu.FULL_GPU: gpus}},
+            }],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+# --- measuring (pure: fed snapshots and times) ------------------------------------------------------
+
+
+def domains_spanned(domains: Sequence[Sequence[int]], indices: Iterable[int]) -> int:
+    held = set(indices)
+    return sum(1 for domain in domains if held & set(domain))
+
+
+@dataclasses.dataclass(frozen=True)
+class Fragmentation:
+    total: int
+    free: int
+    stranded_in_domains: int  # free GPUs in domains that are partly used
+    stranded_in_nodes: int  # free GPUs on nodes that are partly used
+
+    @property
+    def used_share(self) -> float:
+        return (self.total - self.free) / self.total if self.total else 0.0
+
+
+def fragmentation(nodes: Mapping[str, Sequence[Sequence[int]]], used: Mapping[str, set[int]]) -> Fragmentation:
+    total = free = in_domains = in_nodes = 0
+    for name, domains in nodes.items():
+        taken = used.get(name, set())
+        node_free = 0
+        for domain in domains:
+            domain_free = sum(1 for i in domain if i not in taken)
+            node_free += domain_free
+            if 0 < domain_free < len(domain):
+                in_domains += domain_free
+        size = sum(len(d) for d in domains)
+        total += size
+        free += node_free
+        if 0 < node_free < size:
+            in_nodes += node_free
+    return Fragmentation(total, free, in_domains, in_nodes)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeRoom:
+    domains: tuple[tuple[int, ...], ...]
+    cpu_milli: int
+    memory_mib: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Binding:
+    pod: str  # namespace/name
+    gpus: int
+    node: str
+    bound_at: float
+    spanned: int  # NVLink domains its GPUs span
+    fewest: int | None  # fewest domains any node that could hold it offered then (None: none could)
+    steered: bool = False  # carries gpu-steward's decision record (its webhook admitted it)
+
+    @property
+    def fittable(self) -> bool:
+        return self.fewest == 1
+
+
+@dataclasses.dataclass
+class Tracker:
+    """Follows a cluster through its snapshots: GPU indices (devicesim's policy) and one `Binding` per pod.
+
+    `rooms`: each node's NVLink domains and cpu/memory; `requests`: each pod's (cpu milli, memory MiB).
+    """
+
+    rooms: Mapping[str, NodeRoom]
+    requests: Mapping[str, tuple[int, int]]
+    assignments: devicesim.Assignments = dataclasses.field(default_factory=devicesim.Assignments)
+    bindings: dict[str, Binding] = dataclasses.field(default_factory=dict)
+    samples: list[tuple[float, Fragmentation]] = dataclasses.field(default_factory=list)
+
+    def observe(self, cluster: snapshot.Snapshot, *, now: float) -> list[Binding]:
+        """Record pods bound since the last call, in creation order, each judged against the cluster as
+        the earlier ones left it (pods that ended are gone first)."""
+        resident = {p.key for p in cluster.pods.values() if p.holds_gpus and p.request.full}
+        new = sorted((p for p in cluster.pods.values() if p.key in resident and p.key not in self.bindings),
+                     key=lambda p: (p.created, p.key))
+        fresh = {p.key for p in new}
+        # The devicesim server may have assigned some new pods already: judge from the state without them.
+        held = {node: {k: v for k, v in pods.items() if k in resident and k not in fresh}
+                for node, pods in self.assignments.by_node.items()}
+        self.assignments.update(cluster)
+        used = {node: {i for v in pods.values() for i in v} for node, pods in held.items()}
+        load = {node: [sum(self.requests.get(k, (0, 0))[j] for k in pods) for j in (0, 1)]
+                for node, pods in held.items()}
+        out = []
+        for pod in new:
+            node = pod.node_name or ""
+            indices = self.assignments.by_node.get(node, {}).get(pod.key, ())
+            room = self.rooms.get(node)
+            if room is None or not indices:
+                continue  # not a trace node, or over-committed: nothing to judge
+            cpu, memory = self.requests.get(pod.key, (0, 0))
+            binding = Binding(pod.key, pod.request.full, node, now, domains_spanned(room.domains, indices),
+                              self._fewest(pod.request.full, cpu, memory, used, load),
+                              steered=DECISION in pod.annotations)
+            self.bindings[pod.key] = binding
+            out.append(binding)
+            used.setdefault(node, set()).update(indices)
+            spent = load.setdefault(node, [0, 0])
+            spent[0] += cpu
+            spent[1] += memory
+        return out
+
+    def _fewest(self, gpus: int, cpu: int, memory: int, used: Mapping[str, set[int]],
+                load: Mapping[str, list[int]]) -> int | None:
+        best: int | None = None
+        for name, room in self.rooms.items():
+            spent = load.get(name, [0, 0])
+            if spent[0] + cpu > room.cpu_milli or spent[1] + memory > room.memory_mib:
+                continue
+            choice = placement.allocate(placement.free_by_domain(room.domains, used.get(name, set())), gpus)
+            if choice is not None and (best is None or choice.spanned < best):
+                best = choice.spanned
+                if best == 1:
+                    break
+        return best
+
+    def sample(self, *, now: float) -> Fragmentation:
+        used = {node: {i for v in pods.values() for i in v} for node, pods in self.assignments.by_node.items()}
+        frag = fragmentation({n: r.domains for n, r in self.rooms.items()}, used)
+        self.samples.append((now, frag))
+        return frag
+
+    def resident(self) -> int:
+        return sum(len(pods) for pods in self.assignments.by_node.values())
+
+
+# --- summarising (pure) -----------------------------------------------------------------------------
+
+
+def _quantile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def placement_summary(bindings: Sequence[Binding]) -> dict[str, Any]:
+    multi = [b for b in bindings if b.gpus > 1]
+    fittable = [b for b in multi if b.fittable]
+    by_size: dict[str, Any] = {}
+    for size in sorted({b.gpus for b in multi}):
+        group = [b for b in multi if b.gpus == size]
+        by_size[str(size)] = {
+            "pods": len(group),
+            "mean_domains_spanned": statistics.fmean(b.spanned for b in group),
+            "fittable_in_one_domain": sum(b.fittable for b in group),
+            "in_one_domain_of_fittable": sum(b.fittable and b.spanned == 1 for b in group),
+        }
+    extra = [b.spanned - b.fewest for b in multi if b.fewest is not None]
+    return {
+        "multi_gpu_pods_bound": len(multi),
+        "admitted_by_gpu_steward": sum(b.steered for b in bindings),
+        "fittable_in_one_domain": len(fittable),
+        "in_one_domain_of_fittable": sum(b.spanned == 1 for b in fittable),
+        "one_domain_share": (sum(b.spanned == 1 for b in fittable) / len(fittable)) if fittable else None,
+        "mean_domains_spanned": statistics.fmean(b.spanned for b in multi) if multi else None,
+        "mean_extra_domains": statistics.fmean(extra) if extra else None,
+        "by_size": by_size,
+    }
+
+
+def fragmentation_summary(samples: Sequence[tuple[float, Fragmentation]]) -> dict[str, Any]:
+    with_free = [f for _, f in samples if f.free]
+    return {
+        "samples": len(samples),
+        "mean_used_share": statistics.fmean(f.used_share for _, f in samples) if samples else None,
+        "mean_free_gpus": statistics.fmean(f.free for _, f in samples) if samples else None,
+        "stranded_in_domains_share": statistics.fmean(f.stranded_in_domains / f.free for f in with_free)
+        if with_free else None,
+        "stranded_in_nodes_share": statistics.fmean(f.stranded_in_nodes / f.free for f in with_free)
+        if with_free else None,
+    }
+
+
+def pending_summary(
+    *, created: Mapping[str, float], deleted: Mapping[str, float], bound: Mapping[str, float], end: float
+) -> dict[str, Any]:
+    """`created`/`deleted`: when each replayed pod was created/deleted; `bound`: when seen bound."""
+    waits = [bound[k] - t for k, t in created.items() if k in bound]
+    never = [k for k in created if k not in bound]
+    pending_seconds = sum(min(bound.get(k, end), deleted.get(k, end)) - t for k, t in created.items())
+    return {
+        "pods_created": len(created),
+        "never_scheduled": len(never),
+        "gave_up_while_pending": sum(1 for k in never if k in deleted),
+        "pending_at_end": sum(1 for k in never if k not in deleted),
+        "wait_p50_seconds": _quantile(waits, 0.5),
+        "wait_p99_seconds": _quantile(waits, 0.99),
+        "wait_max_seconds": max(waits, default=None),
+        "pending_pod_seconds": pending_seconds,
+    }
+
+
+def goals(arms: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's goals for the gpu-steward arm, each with whether it is met and the numbers behind it."""
+    ours = arms.get("gpu-steward")
+    if ours is None:
+        return []
+    out = []
+    share = ours["placement"]["one_domain_share"]
+    out.append({"goal": f">= {GOALS['one_domain_share']:.0%} of domain-fittable multi-GPU pods in one domain",
+                "met": share is not None and share >= GOALS["one_domain_share"],
+                "value": share})
+    baselines = {k: v["pending"]["never_scheduled"] for k, v in arms.items() if k != "gpu-steward"}
+    if baselines:
+        best = min(baselines.values())
+        out.append({"goal": "no more pods left pending than the best baseline",
+                    "met": ours["pending"]["never_scheduled"] <= best,
+                    "value": {"gpu-steward": ours["pending"]["never_scheduled"], **baselines}})
+    base = arms.get("default", {}).get("burst", {}).get("pods_per_second")
+    mine = ours["burst"]["pods_per_second"]
+    if base and mine is not None:
+        out.append({"goal": f"burst throughput >= {GOALS['throughput_ratio']:.0%} of the default scheduler's",
+                    "met": mine / base >= GOALS["throughput_ratio"], "value": mine / base})
+    return out
+
+
+# --- running one arm (I/O) --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    bin_dir: pathlib.Path
+    nodes: tuple[TraceNode, ...]
+    pods: tuple[TracePod, ...]
+    plan: tuple[Action, ...]
+    burst: tuple[TracePod, ...]
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+def _settings(kubeconfig: pathlib.Path) -> settings.Settings:
+    return settings.Settings(kubernetes=settings.Kubernetes(kubeconfig=kubeconfig, watch_timeout_seconds=60))
+
+
+@contextlib.contextmanager
+def _webhook(cluster: localcluster.LocalCluster, workdir: pathlib.Path, *, prometheus_url: str) -> Iterator[None]:
+    """Our webhook as a real process (default settings: strict placement), registered with the API server."""
+    cert = certs.generate(workdir / "tls")
+    port = localcluster.free_port()
+    config_file = workdir / "gpu-steward.yaml"
+    config_file.write_text(yaml.safe_dump({
+        "kubernetes": {"kubeconfig": str(cluster.kubeconfig), "watch_timeout_seconds": 60},
+        "webhook": {"host": "127.0.0.1", "port": port, "cert_file": str(cert.cert_file),
+                    "key_file": str(cert.key_file)},
+        "prometheus": {"url": prometheus_url, "occupancy_refresh_seconds": SCRAPE_SECONDS},
+    }))
+    process = localcluster.ManagedProcess(
+        "webhook", [sys.executable, "-m", "gpu_steward", "webhook", "--config", str(config_file)],
+        log_file=workdir / "webhook.log")
+    try:
+        process.start()
+        trust = ssl.create_default_context(cafile=str(cert.ca_file))
+        process.wait_http_ok(f"https://127.0.0.1:{port}/readyz", ssl_context=trust, timeout_seconds=60)
+        cluster.apply([localcluster.mutating_webhook_configuration(
+            name="gpu-steward", url=f"https://127.0.0.1:{port}/mutate", ca_bundle=cert.ca_bundle)])
+        yield
+    finally:
+        process.stop()
+
+
+async def _serve_devices(tracker: Tracker, live: feeder.Feeder, port: int) -> None:
+    """devicesim's /metrics over the tracker's own Assignments, so DCGM says what is measured."""
+    app = devicesim.create_app(cluster_source=live)
+    app[devicesim.APP_ASSIGNMENTS] = tracker.assignments
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+async def _follow(live: feeder.Feeder, tracker: Tracker, start: float) -> None:
+    changed = live.subscribe()
+    try:
+        while True:
+            await changed.wait()
+            changed.clear()
+            tracker.observe(live.snapshot, now=time.monotonic() - start)
+    finally:
+        live.unsubscribe(changed)
+
+
+async def _create(api: client.ApiClient, manifest: Mapping[str, Any]) -> None:
+    namespace = manifest["metadata"]["namespace"]
+    await kube.request(api, "POST", f"/api/v1/namespaces/{namespace}/pods", body=manifest,
+                       timeout_seconds=API_TIMEOUT_SECONDS)
+
+
+async def _delete(api: client.ApiClient, namespace: str, name: str | None = None) -> None:
+    path = f"/api/v1/namespaces/{namespace}/pods" + (f"/{name}" if name else "")
+    try:
+        await kube.request(api, "DELETE", path, query={"gracePeriodSeconds": 0}, timeout_seconds=API_TIMEOUT_SECONDS)
+    except kube.ApiError as exc:
+        if exc.status != 404:
+            raise
+
+
+async def _replay(api: client.ApiClient, setup: Setup, tracker: Tracker, start: float) -> dict[str, Any]:
+    limit = asyncio.Semaphore(CREATE_CONCURRENCY)
+    created: dict[str, float] = {}
+    deleted: dict[str, float] = {}
+    creations: dict[int, asyncio.Task[None]] = {}
+    failures: list[str] = []
+
+    def clock() -> float:
+        return time.monotonic() - start
+
+    async def create(index: int) -> None:
+        pod = setup.pods[index]
+        async with limit:
+            try:
+                await _create(api, pod_manifest(pod, namespace=NAMESPACE))
+            except kube.ApiError as exc:
+                failures.append(f"create {pod.name}: {exc}")
+                return
+        created[f"{NAMESPACE}/{pod.name}"] = clock()
+
+    async def delete(index: int) -> None:
+        await creations[index]
+        pod = setup.pods[index]
+        async with limit:
+            await _delete(api, NAMESPACE, pod.name)
+        deleted[f"{NAMESPACE}/{pod.name}"] = clock()
+
+    async def sampler() -> None:
+        while True:
+            tracker.sample(now=clock())
+            await asyncio.sleep(SAMPLE_SECONDS)
+
+    offset = clock()  # the plan's zero
+    async with asyncio.TaskGroup() as group:
+        sampling = group.create_task(sampler())
+        for action in setup.plan:
+            delay = offset + action.at - clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if action.kind == "create":
+                creations[action.pod] = group.create_task(create(action.pod))
+            else:
+                group.create_task(delete(action.pod))
+        last_arrival = max((a.at for a in setup.plan if a.kind == "create"), default=0.0)
+        await asyncio.sleep(max(0.0, offset + last_arrival + DRAIN_SECONDS - clock()))
+        sampling.cancel()
+    end = clock()
+    lag = [created[f"{NAMESPACE}/{setup.pods[a.pod].name}"] - offset - a.at for a in setup.plan
+           if a.kind == "create" and f"{NAMESPACE}/{setup.pods[a.pod].name}" in created]
+    bound = {k: b.bound_at for k, b in tracker.bindings.items() if k in created}
+    return {
+        "duration_seconds": end - offset,
+        "create_failures": failures[:20],
+        "create_lag_p99_seconds": _quantile(lag, 0.99),
+        "pending": pending_summary(created=created, deleted=deleted, bound=bound, end=end),
+    }
+
+
+async def _wait_until(predicate: Callable[[], bool], *, within: float, interval: float = 0.2) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(interval)
+    return bool(predicate())
+
+
+async def _burst(api: client.ApiClient, setup: Setup, tracker: Tracker, start: float) -> dict[str, Any]:
+    """Empty the cluster, then create the burst pods at once; pods bound per second from the first create."""
+    await _delete(api, NAMESPACE)
+    await _wait_until(lambda: tracker.resident() == 0, within=60)
+    limit = asyncio.Semaphore(CREATE_CONCURRENCY)
+    keys = [f"{BURST_NAMESPACE}/burst-{i:04d}" for i in range(len(setup.burst))]
+
+    async def create(index: int) -> None:
+        async with limit:
+            pod = setup.burst[index]
+            await _create(api, pod_manifest(pod, namespace=BURST_NAMESPACE, name=keys[index].split("/")[1]))
+
+    first = time.monotonic() - start
+    async with asyncio.TaskGroup() as group:
+        for index in range(len(setup.burst)):
+            group.create_task(create(index))
+    created = time.monotonic() - start
+    await _wait_until(lambda: all(k in tracker.bindings for k in keys), within=BURST_TIMEOUT_SECONDS)
+    times = [tracker.bindings[k].bound_at for k in keys if k in tracker.bindings]
+    span = (max(times) - first) if times else None
+    await _delete(api, BURST_NAMESPACE)
+    return {
+        "pods": len(keys),
+        "bound": len(times),
+        "create_seconds": created - first,
+        "seconds_to_last_bound": span,
+        "pods_per_second": (len(times) / span) if span else None,
+    }
+
+
+async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str,
+                   workdir: pathlib.Path) -> dict[str, Any]:
+    config = _settings(cluster.kubeconfig)
+    rooms = {n.name: NodeRoom(tuple(tuple(d) for d in localcluster.NodeGroup(1, n.gpus, n.domains, n.model).topology()),
+                              n.cpu_milli, n.memory_mib) for n in setup.nodes}
+    requests = {f"{NAMESPACE}/{p.name}": (p.cpu_milli, p.memory_mib) for p in setup.pods}
+    requests |= {f"{BURST_NAMESPACE}/burst-{i:04d}": (p.cpu_milli, p.memory_mib) for i, p in enumerate(setup.burst)}
+    tracker = Tracker(rooms=rooms, requests=requests)
+    api = await kube.api_client(config.kubernetes)
+    start = time.monotonic()
+    try:
+        live = feeder.Feeder(config=config, api=api, prometheus=None)
+        with contextlib.ExitStack() as stack:
+            async with asyncio.TaskGroup() as group:
+                background = [group.create_task(live.run()), group.create_task(_follow(live, tracker, start))]
+                port = localcluster.free_port()
+                background.append(group.create_task(_serve_devices(tracker, live, port)))
+                prom = await asyncio.to_thread(
+                    localprometheus.start_prometheus, workdir / "prometheus", [],
+                    scrape_targets=[f"127.0.0.1:{port}"], scrape_interval=f"{SCRAPE_SECONDS}s")
+                stack.callback(prom.stop)
+                if arm == "gpu-steward":
+                    await asyncio.to_thread(stack.enter_context, _webhook(cluster, workdir, prometheus_url=prom.url))
+                await _wait_until(lambda: live.synced and len(live.snapshot.nodes) == len(setup.nodes), within=60)
+                say(f"   replaying {len(setup.pods)} pods ({len(setup.plan)} actions)")
+                replay = await _replay(api, setup, tracker, start)
+                say(f"   replay done in {replay['duration_seconds']:.0f} s; burst of {len(setup.burst)} pods")
+                burst = await _burst(api, setup, tracker, start)
+                for task in background:
+                    task.cancel()
+    finally:
+        await api.close()
+    replayed = [b for k, b in tracker.bindings.items() if k.startswith(f"{NAMESPACE}/")]
+    return {**replay, "placement": placement_summary(replayed),
+            "fragmentation": fragmentation_summary(tracker.samples), "burst": burst}
+
+
+def run_arm(setup: Setup, *, arm: str, workdir: pathlib.Path) -> dict[str, Any]:
+    say(f"\n=== {arm} ===")
+    names = settings.Names()
+    cluster = localcluster.LocalCluster(setup.bin_dir, scheduler_config=BINPACK_SCHEDULER if arm == "binpack" else None,
+                                        progress=lambda m: None)
+    started = time.monotonic()
+    with cluster:
+        cluster.add_nodes([trace_node_manifest(n, names=names) for n in setup.nodes], timeout_seconds=180)
+        namespaces = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
+                      for n in (NAMESPACE, BURST_NAMESPACE)]
+        cluster.apply([*namespaces, *demo.priority_classes(settings.Settings())])  # tier classes, same in every arm
+        say(f"   control plane + {len(setup.nodes)} kwok nodes ready in {time.monotonic() - started:.0f} s")
+        result = asyncio.run(_measure(cluster, setup, arm=arm, workdir=workdir))
+    return result
+
+
+# --- reporting --------------------------------------------------------------------------------------
+
+
+def _fmt(value: Any, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(arms: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    rows: list[tuple[str, ...]] = [("", *arms)]
+
+    def row(label: str, get: Any) -> None:
+        rows.append((label, *(get(r) for r in arms.values())))
+
+    row("multi-GPU pods bound", lambda r: str(r["placement"]["multi_gpu_pods_bound"]))
+    row("  of which domain-fittable", lambda r: str(r["placement"]["fittable_in_one_domain"]))
+    row("fittable placed in one domain", lambda r: f"{r['placement']['in_one_domain_of_fittable']} "
+        f"({_fmt(r['placement']['one_domain_share'], '.1%')})")
+    row("mean domains / multi-GPU pod", lambda r: _fmt(r["placement"]["mean_domains_spanned"]))
+    row("mean extra domains vs best", lambda r: _fmt(r["placement"]["mean_extra_domains"]))
+    sizes = sorted({s for r in arms.values() for s in r["placement"]["by_size"]}, key=int)
+    for size in sizes:
+        row(f"  mean domains, {size}-GPU pods",
+            lambda r, s=size: _fmt(r["placement"]["by_size"].get(s, {}).get("mean_domains_spanned")))
+    row("GPU used (mean of samples)", lambda r: _fmt(r["fragmentation"]["mean_used_share"], ".1%"))
+    row("free GPUs in part-used domains", lambda r: _fmt(r["fragmentation"]["stranded_in_domains_share"], ".1%"))
+    row("free GPUs on part-used nodes", lambda r: _fmt(r["fragmentation"]["stranded_in_nodes_share"], ".1%"))
+    row("pods never scheduled", lambda r: str(r["pending"]["never_scheduled"]))
+    row("  still pending at end", lambda r: str(r["pending"]["pending_at_end"]))
+    row("pending pod-seconds", lambda r: _fmt(r["pending"]["pending_pod_seconds"], ".0f"))
+    row("wait p50 / p99 (s)", lambda r: f"{_fmt(r['pending']['wait_p50_seconds'])} / "
+        f"{_fmt(r['pending']['wait_p99_seconds'])}")
+    row("burst pods bound / s", lambda r: _fmt(r["burst"]["pods_per_second"], ".1f"))
+    width = max(len(r[0]) for r in rows) + 2
+    return [r[0].ljust(width) + "".join(cell.ljust(18) for cell in r[1:]) for r in rows]
+
+
+COLOURS = {"default": (127, 127, 127), "binpack": (255, 127, 14), "gpu-steward": (31, 119, 180)}
+
+
+def picture(path: pathlib.Path, arms: Mapping[str, Mapping[str, Any]], *, title: str) -> None:
+    """Bars: mean NVLink domains spanned per multi-GPU pod, per pod size and overall, one colour per arm."""
+    groups = sorted({s for r in arms.values() for s in r["placement"]["by_size"]}, key=int)
+    labels = [f"{g}-GPU pods" for g in groups] + ["all multi-GPU"]
+
+    def value(result: Mapping[str, Any], index: int) -> float:
+        p = result["placement"]
+        got = p["by_size"].get(groups[index], {}).get("mean_domains_spanned") if index < len(groups) \
+            else p["mean_domains_spanned"]
+        return float(got or 0.0)
+
+    width, height, left, bottom, top = 760, 420, 60, 60, 50
+    top_value = max([value(r, i) for r in arms.values() for i in range(len(labels))] + [1.0])
+    scale = (height - bottom - top) / (math.ceil(top_value * 2) / 2)
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    draw.text((left, 15), title, fill="black")
+    base = height - bottom
+    draw.line([left, base, width - 20, base], fill="black")
+    for tick in range(math.ceil(top_value * 2) + 1):
+        y = base - tick * 0.5 * scale
+        draw.line([left - 4, y, left, y], fill="black")
+        draw.text((left - 30, y - 6), f"{tick * 0.5:.1f}", fill="black")
+    slot = (width - left - 20) / len(labels)
+    bar = slot * 0.8 / max(1, len(arms))
+    for i, label in enumerate(labels):
+        x0 = left + i * slot + slot * 0.1
+        for j, (arm, result) in enumerate(arms.items()):
+            v = value(result, i)
+            x = x0 + j * bar
+            draw.rectangle([x, base - v * scale, x + bar - 3, base], fill=COLOURS.get(arm, (0, 0, 0)), outline="black")
+            draw.text((x + 2, base - v * scale - 14), f"{v:.2f}", fill="black")
+        draw.text((x0, base + 8), label, fill="black")
+    for j, arm in enumerate(arms):
+        lx = left + j * 160
+        draw.rectangle([lx, height - 26, lx + 14, height - 12], fill=COLOURS.get(arm, (0, 0, 0)), outline="black")
+        draw.text((lx + 20, height - 25), arm, fill="black")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path)
+
+
+# --- command line -----------------------------------------------------------------------------------
+
+
+def burst_pods(pods: Sequence[TracePod], *, gpus: int) -> tuple[TracePod, ...]:
+    """The sequence's first 1-GPU pods, as many as `gpus` (at most BURST_MAX_PODS): every arm can bind
+    them all, so the burst times the scheduler and admission, not the cluster running full."""
+    return tuple(p for p in pods if p.gpus == 1)[: min(gpus, BURST_MAX_PODS)]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--nodes", default="200", help="nodes (stratified sample) or 'all' (1,213)")
+    parser.add_argument("--pods", type=int, default=2000, help="first N whole-GPU pods in creation order")
+    parser.add_argument("--trace", choices=sorted(POD_FILES), default="multigpu50")
+    parser.add_argument("--time-compression", type=float, default=40.0,
+                        help="trace lifetimes are divided by this")
+    parser.add_argument("--arrival-rate", type=float, default=12.0, help="pods created per second")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {','.join(ARMS)}")
+    parser.add_argument("--quick", action="store_true", help="small CI run: 40 nodes, 250 pods")
+    parser.add_argument("--out", type=pathlib.Path, help=f"JSON results (default {DEFAULT_OUT.name})")
+    parser.add_argument("--picture", type=pathlib.Path, help=f"PNG chart (default {DEFAULT_PICTURE.name})")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.nodes, args.pods, args.arrival_rate = "40", min(args.pods, 250), 15.0
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown or not arms:
+        parser.error(f"--arms: unknown {unknown}; choose from {', '.join(ARMS)}")
+    args.arms = arms
+    suffix = "_quick" if args.quick else ""
+    args.out = args.out or DEFAULT_OUT.with_name(f"{DEFAULT_OUT.stem}{suffix}.json")
+    args.picture = args.picture or DEFAULT_PICTURE.with_name(f"{DEFAULT_PICTURE.stem}{suffix}.png")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    all_nodes = read_nodes(TRACES / NODE_FILE)
+    nodes = all_nodes if args.nodes == "all" else stratified_sample(all_nodes, int(args.nodes))
+    pod_set = load_pods(args.trace)
+    pods = pod_set.pods[: args.pods]
+    gpus = sum(n.gpus for n in nodes)
+    plan = replay_plan(pods, arrival_rate=args.arrival_rate, compression=args.time_compression)
+    say(f"{len(nodes)} nodes ({gpus} GPUs), {len(pods)} pods of {args.trace} "
+        f"({dict(collections.Counter(p.gpus for p in pods))} by GPUs; skipped {pod_set.skipped}), "
+        f"{args.arrival_rate:g} pods/s, lifetimes / {args.time_compression:g}")
+    bin_dir = localcluster.ensure_binaries(progress=lambda line: None)
+    setup = Setup(bin_dir, tuple(nodes), tuple(pods), tuple(plan), burst_pods(pods, gpus=int(gpus * BURST_GPU_SHARE)))
+    arms: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="placement-trace-") as tmp:
+        for arm in args.arms:
+            workdir = pathlib.Path(tmp) / arm
+            workdir.mkdir()
+            arms[arm] = run_arm(setup, arm=arm, workdir=workdir)
+    lines = table(arms)
+    say("\n" + "\n".join(lines))
+    verdicts = goals(arms)
+    for verdict in verdicts:
+        say(f"goal {'MET' if verdict['met'] else 'NOT MET'}: {verdict['goal']} ({verdict['value']})")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "command": " ".join(["python", "benchmarks/placement_trace.py", *(argv if argv is not None else sys.argv[1:])]),
+        "trace": args.trace, "nodes": len(nodes), "gpus": gpus, "pods": len(pods),
+        "pods_by_gpus": dict(collections.Counter(p.gpus for p in pods)), "skipped": pod_set.skipped,
+        "arrival_rate": args.arrival_rate, "time_compression": args.time_compression,
+        "burst_pods": len(setup.burst), "arms": arms, "goals": verdicts, "table": lines,
+    }, indent=2))
+    picture(args.picture, arms, title=f"Mean NVLink domains spanned per multi-GPU pod - {args.trace}, "
+            f"{len(nodes)} nodes, {len(pods)} pods")
+    say(f"results: {args.out}\npicture: {args.picture}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

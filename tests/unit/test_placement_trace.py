@@ -1,0 +1,265 @@
+"""The pure parts of benchmarks/placement_trace.py: trace reading, NVLink mapping, replay plan, metrics."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import pytest
+
+from benchmarks import placement_trace as pt
+from common import settings, snapshot, topology
+from gpu_steward import localcluster
+from tests import builders
+
+NAMES = settings.Names()
+
+
+@pytest.mark.parametrize(
+    ("gpus", "model", "domains"),
+    [
+        pytest.param(8, "G2", 2, id="8-gpu-two-domains-of-4"),
+        pytest.param(4, "V100M16", 2, id="4-gpu-two-pairs"),
+        pytest.param(2, "P100", 1, id="2-gpu-p100-one-pair"),
+        pytest.param(1, "V100M16", 1, id="1-gpu-one-domain"),
+        pytest.param(2, "T4", 2, id="t4-no-nvlink"),
+        pytest.param(4, "T4", 4, id="4xt4-no-nvlink"),
+        pytest.param(1, "A10", 1, id="a10-no-nvlink"),
+    ],
+)
+def test_nvlink_mapping_follows_the_traces_readme(gpus: int, model: str, domains: int) -> None:
+    assert pt.nvlink_domains(gpus=gpus, model=model) == domains
+
+
+@pytest.mark.parametrize(
+    ("gpus", "message"),
+    [pytest.param(0, "at least one GPU", id="no-gpu"), pytest.param(6, "no NVLink mapping", id="6-gpu")],
+)
+def test_nvlink_mapping_refuses_what_it_does_not_know(gpus: int, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        pt.nvlink_domains(gpus=gpus, model="G2")
+
+
+def test_trace_node_becomes_a_kwok_node_with_our_topology_and_its_own_size() -> None:
+    node = pt.trace_node_manifest(pt.TraceNode("openb-node-0007", 96000, 786432, 8, "G2"), names=NAMES)
+    topo = topology.from_node(node, names=NAMES)
+    assert node["metadata"]["name"] == "openb-node-0007"
+    assert node["metadata"]["annotations"][localcluster.KWOK_NODE_ANNOTATION] == "fake"
+    assert node["status"]["allocatable"] == {"cpu": "96000m", "memory": "786432Mi", "pods": "110",
+                                             "nvidia.com/gpu": "8"}
+    assert (topo.source, topo.domains, topo.product) == (
+        topology.Source.ANNOTATION, ((0, 1, 2, 3), (4, 5, 6, 7)), "G2")
+
+
+def test_gpu_node_refuses_domains_that_do_not_divide_the_gpus() -> None:
+    with pytest.raises(ValueError, match="do not divide"):
+        localcluster.gpu_node("n", gpus=6, domains=4, product="X", names=NAMES, cpu="1", memory="1Gi")
+
+
+def _nodes(*spec: tuple[str, int, int]) -> list[pt.TraceNode]:
+    out = []
+    for model, gpus, count in spec:
+        out += [pt.TraceNode(f"{model}-{gpus}-{i}", 64000, 262144, gpus, model) for i in range(count)]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("count", "expected"),
+    [
+        pytest.param(10, {("G2", 8): 5, ("T4", 2): 4, ("P100", 2): 1}, id="proportional"),
+        pytest.param(3, {("G2", 8): 2, ("T4", 2): 1}, id="largest-remainder"),
+        pytest.param(100, {("G2", 8): 10, ("T4", 2): 8, ("P100", 2): 2}, id="all-when-more-asked"),
+    ],
+)
+def test_stratified_sample_is_proportional_by_model_and_gpu_count(count: int, expected: dict[Any, int]) -> None:
+    nodes = _nodes(("G2", 8, 10), ("T4", 2, 8), ("P100", 2, 2))
+    sample = pt.stratified_sample(nodes, count)
+    got: dict[Any, int] = {}
+    for node in sample:
+        got[node.gpu_class] = got.get(node.gpu_class, 0) + 1
+    assert got == expected
+    assert sample == [n for n in nodes if n in sample]  # file order kept, first of each class
+
+
+HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
+DEFAULT_CSV = HEADER + """
+p-0,8000,16384,1,1000,,LS,Running,50,150,50
+p-1,4000,8192,1,500,,LS,Running,10,20,10
+p-2,0,1024,0,0,,BE,Running,5,6,5
+p-3,16000,32768,2,1000,,LS,Running,20,420,20
+"""
+MULTI_CSV = """name,cpu_milli,memory_mib,num_gpu,gpu_milli
+p-0,8000,16384,1,1000
+p-1,4000,8192,1,500
+p-3,16000,32768,2,1000
+p-4,16000,32768,2,1000
+"""
+
+
+def _write(tmp_path: pathlib.Path, name: str, text: str) -> pathlib.Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_read_pods_keeps_whole_gpu_pods_in_creation_order_and_counts_the_rest(tmp_path: pathlib.Path) -> None:
+    got = pt.read_pods(_write(tmp_path, pt.POD_FILES["default"], DEFAULT_CSV))
+    assert got.pods == (pt.TracePod("p-3", 16000, 32768, 2, 20, 420), pt.TracePod("p-0", 8000, 16384, 1, 50, 150))
+    assert got.skipped == {"fractional GPU (sharing is out of scope)": 1, "no GPU": 1}
+
+
+def test_untimed_rows_take_times_by_name_else_from_a_twin_with_the_same_requests(tmp_path: pathlib.Path) -> None:
+    _write(tmp_path, pt.POD_FILES["default"], DEFAULT_CSV)
+    _write(tmp_path, pt.POD_FILES["multigpu50"], MULTI_CSV)
+    got = pt.load_pods("multigpu50", directory=tmp_path)
+    assert [(p.name, p.created, p.deleted) for p in got.pods] == [
+        ("p-3", 20, 420), ("p-4", 20, 420), ("p-0", 50, 150)]
+
+
+def test_untimed_row_without_a_twin_is_an_error(tmp_path: pathlib.Path) -> None:
+    path = _write(tmp_path, "m.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nx,1,1,4,1000\n")
+    with pytest.raises(ValueError, match="no timed pod with the same requests"):
+        pt.read_pods(path, timed=())
+
+
+def test_a_gpu_model_constraint_is_refused_not_silently_dropped(tmp_path: pathlib.Path) -> None:
+    path = _write(tmp_path, "d.csv", DEFAULT_CSV.replace("p-0,8000,16384,1,1000,,", "p-0,8000,16384,1,1000,V100M16,"))
+    with pytest.raises(ValueError, match="gpu_spec 'V100M16'"):
+        pt.read_pods(path)
+
+
+def test_replay_plan_paces_arrivals_compresses_lifetimes_and_drops_deletions_after_the_end() -> None:
+    pods = [pt.TracePod("a", 1, 1, 1, 0, 400), pt.TracePod("b", 1, 1, 1, 0, 10),
+            pt.TracePod("c", 1, 1, 1, 0, 10**6)]
+    plan = pt.replay_plan(pods, arrival_rate=2.0, compression=100.0)
+    assert plan == [
+        pt.Action(0.0, "create", 0),
+        pt.Action(0.5, "create", 1),
+        pt.Action(1.0, "create", 2),
+        pt.Action(2.5, "delete", 1),  # 0.1 s raised to the minimum lifetime
+        pt.Action(4.0, "delete", 0),  # 400 s / 100
+    ]  # c lives past the last arrival + drain: runs to the end
+
+
+@pytest.mark.parametrize(
+    ("used", "expected"),
+    [
+        pytest.param({}, pt.Fragmentation(12, 12, 0, 0), id="empty"),
+        pytest.param({"big": {0}}, pt.Fragmentation(12, 11, 3, 7), id="one-gpu-strands-its-domain-and-node"),
+        pytest.param({"big": {0, 1, 2, 3}}, pt.Fragmentation(12, 8, 0, 4), id="full-domain-strands-only-the-node"),
+        pytest.param({"big": set(range(8)), "pair": {0, 1}, "t4": {0, 1}}, pt.Fragmentation(12, 0, 0, 0),
+                     id="full"),
+        pytest.param({"t4": {1}}, pt.Fragmentation(12, 11, 0, 1), id="t4-domains-are-single-gpus"),
+    ],
+)
+def test_fragmentation_counts_free_gpus_stranded_in_partly_used_domains_and_nodes(
+    used: dict[str, set[int]], expected: pt.Fragmentation
+) -> None:
+    nodes = {"big": [[0, 1, 2, 3], [4, 5, 6, 7]], "pair": [[0, 1]], "t4": [[0], [1]]}
+    assert pt.fragmentation(nodes, used) == expected
+
+
+ROOMS = {
+    "big": pt.NodeRoom(((0, 1, 2, 3), (4, 5, 6, 7)), 64000, 524288),
+    "small": pt.NodeRoom(((0, 1), (2, 3)), 8000, 524288),
+}
+
+
+def _cluster(pods: list[dict[str, Any]]) -> snapshot.Snapshot:
+    nodes = [builders.gpu_node("big", gpus=8, domains=[range(4), range(4, 8)]),
+             builders.gpu_node("small", gpus=4, domains=[range(2), range(2, 4)])]
+    return snapshot.build(nodes=nodes, pods=pods, names=NAMES, taken_at=0.0)
+
+
+def _pod(name: str, gpus: int, node: str, second: int, **kw: Any) -> dict[str, Any]:
+    return builders.pod(name, gpus=gpus, node=node, phase="Running", created=f"2026-01-01T00:00:{second:02d}Z", **kw)
+
+
+def _tracker_with_big_nearly_full(**requests: tuple[int, int]) -> tuple[pt.Tracker, list[dict[str, Any]]]:
+    """Pods a and b (3 GPUs each) on big, observed at 1.0: one GPU left free in each of big's domains."""
+    asks = {"default/a": (1000, 1), "default/b": (1000, 1), **{f"default/{k}": v for k, v in requests.items()}}
+    tracker = pt.Tracker(rooms=ROOMS, requests=asks)
+    pods = [_pod("a", 3, "big", 1), _pod("b", 3, "big", 2)]
+    tracker.observe(_cluster(pods), now=1.0)
+    return tracker, pods
+
+
+def test_tracker_judges_each_pod_against_the_cluster_the_earlier_pods_left() -> None:
+    tracker, (a, b) = _tracker_with_big_nearly_full(c=(1000, 1))
+    # a took domain 0; b then still fit domain 1 and got it.
+    assert tracker.bindings["default/a"] == pt.Binding("default/a", 3, "big", 1.0, 1, 1)
+    assert tracker.bindings["default/b"] == pt.Binding("default/b", 3, "big", 1.0, 1, 1)
+    c = _pod("c", 2, "small", 3, annotations={pt.DECISION: "…"})
+    tracker.observe(_cluster([a, b, c]), now=2.0)
+    # With a and b on big, 1 GPU is free per big domain: only small's pairs could hold c in one domain.
+    assert tracker.bindings["default/c"] == pt.Binding("default/c", 2, "small", 2.0, 1, 1, steered=True)
+
+
+def test_tracker_marks_a_pod_spread_over_two_domains_while_a_whole_pair_was_free_elsewhere() -> None:
+    tracker, pods = _tracker_with_big_nearly_full(x=(1000, 1))
+    x = _pod("x", 2, "big", 3)  # big has one free GPU per domain; small's pairs are both free
+    tracker.observe(_cluster([*pods, x]), now=2.0)
+    assert tracker.bindings["default/x"] == pt.Binding("default/x", 2, "big", 2.0, 2, 1)
+    assert tracker.bindings["default/x"].fittable
+    assert pt.placement_summary(list(tracker.bindings.values()))["one_domain_share"] == pytest.approx(2 / 3)
+
+
+def test_tracker_respects_cpu_when_asking_where_a_pod_could_have_gone() -> None:
+    tracker, (a, b) = _tracker_with_big_nearly_full(c=(20000, 1))
+    # c asks 2 GPUs and 20 cores: small has its pairs free but only 8 cores, so only big could take it,
+    # where 1 GPU is free per domain: the fewest domains possible was 2, it is not domain-fittable.
+    c = _pod("c", 2, "big", 3)
+    tracker.observe(_cluster([a, b, c]), now=2.0)
+    assert tracker.bindings["default/c"] == pt.Binding("default/c", 2, "big", 2.0, 2, 2)
+    assert not tracker.bindings["default/c"].fittable
+
+
+def test_tracker_samples_fragmentation_from_the_assigned_indices() -> None:
+    tracker = pt.Tracker(rooms=ROOMS, requests={"default/a": (1000, 1)})
+    tracker.observe(_cluster([_pod("a", 1, "small", 1)]), now=1.0)
+    assert tracker.sample(now=1.0) == pt.Fragmentation(12, 11, 1, 3)
+    assert tracker.resident() == 1
+
+
+def _binding(gpus: int, spanned: int, fewest: int | None) -> pt.Binding:
+    return pt.Binding(f"default/p{gpus}{spanned}{fewest}", gpus, "n", 0.0, spanned, fewest)
+
+
+def test_placement_summary_counts_one_domain_placements_among_fittable_pods() -> None:
+    got = pt.placement_summary([_binding(1, 1, 1), _binding(2, 1, 1), _binding(2, 2, 1), _binding(4, 2, 2),
+                                _binding(8, 2, 2), _binding(8, 3, None)])
+    assert got["multi_gpu_pods_bound"] == 5
+    assert (got["fittable_in_one_domain"], got["in_one_domain_of_fittable"], got["one_domain_share"]) == (2, 1, 0.5)
+    assert got["mean_domains_spanned"] == pytest.approx(10 / 5)
+    assert got["mean_extra_domains"] == pytest.approx(1 / 4)
+    assert got["by_size"]["8"] == {"pods": 2, "mean_domains_spanned": 2.5, "fittable_in_one_domain": 0,
+                                   "in_one_domain_of_fittable": 0}
+
+
+def test_pending_summary_separates_pods_given_up_from_pods_still_waiting() -> None:
+    got = pt.pending_summary(created={"a": 0.0, "b": 1.0, "c": 2.0, "d": 3.0}, deleted={"b": 5.0, "a": 9.0},
+                             bound={"a": 0.5, "d": 4.0}, end=10.0)
+    assert got["never_scheduled"] == 2
+    assert (got["gave_up_while_pending"], got["pending_at_end"]) == (1, 1)
+    assert got["pending_pod_seconds"] == pytest.approx(0.5 + 4.0 + 8.0 + 1.0)
+    assert got["wait_max_seconds"] == pytest.approx(1.0)
+
+
+def _arm(share: float | None, never: int, rate: float) -> dict[str, Any]:
+    return {"placement": {"one_domain_share": share}, "pending": {"never_scheduled": never},
+            "burst": {"pods_per_second": rate}}
+
+
+@pytest.mark.parametrize(
+    ("ours", "met"),
+    [
+        pytest.param(_arm(0.99, 3, 95.0), [True, True, True], id="all-met"),
+        pytest.param(_arm(0.97, 3, 95.0), [False, True, True], id="share-below-98"),
+        pytest.param(_arm(0.99, 4, 95.0), [True, False, True], id="more-pending-than-best-baseline"),
+        pytest.param(_arm(0.99, 3, 89.0), [True, True, False], id="throughput-below-90-percent"),
+        pytest.param(_arm(None, 3, 95.0), [False, True, True], id="nothing-fittable-is-not-met"),
+    ],
+)
+def test_goals_compare_gpu_steward_with_the_baselines(ours: dict[str, Any], met: list[bool]) -> None:
+    arms = {"default": _arm(0.5, 5, 100.0), "binpack": _arm(0.6, 3, 98.0), "gpu-steward": ours}
+    assert [g["met"] for g in pt.goals(arms)] == met
