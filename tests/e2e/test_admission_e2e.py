@@ -22,7 +22,6 @@ from tests.support import kube
 pytestmark = pytest.mark.e2e
 
 NAMES = settings.Names()
-NODE_FIELD = "metadata.name"  # how the webhook names a node in a preferred term
 KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
 KUEUE_COUNT = "kueue.x-k8s.io/pod-group-total-count"  # an annotation, as Kueue writes it
 
@@ -49,16 +48,6 @@ def required_terms(pod: dict[str, Any]) -> list[dict[str, Any]]:
     return list(required.get("nodeSelectorTerms") or [])
 
 
-def preferred_nodes(pod: dict[str, Any]) -> list[tuple[int, list[str]]]:
-    """(weight, node names) of each preferred term that names nodes."""
-    out = []
-    for term in node_affinity(pod).get("preferredDuringSchedulingIgnoredDuringExecution") or []:
-        for field in term["preference"].get("matchFields") or []:
-            if field["key"] == NODE_FIELD and field["operator"] == "In":
-                out.append((int(term["weight"]), list(field["values"])))
-    return out
-
-
 @pytest.mark.parametrize(
     ("gpus", "labels", "tier"),
     [
@@ -76,6 +65,7 @@ def test_gpu_pod_comes_back_tiered_with_nvlink_affinity_and_a_decision_record(
     tier: settings.Tier,
 ) -> None:
     cluster = gpu_cluster.cluster
+    kube.wait_gpus_free(cluster)  # preferred terms name nodes with room: earlier tests' pods must be gone
     wanted = webhook.settings.tiers.for_tier(tier)
 
     stored = create_and_read(cluster, kube.pod("gpu", namespace=namespace, gpus=gpus, labels=labels))
@@ -98,7 +88,7 @@ def test_gpu_pod_comes_back_tiered_with_nvlink_affinity_and_a_decision_record(
     terms = required_terms(stored)
     assert terms and all(domain_size in t.get("matchExpressions", []) for t in terms), terms
     # ... and the preferred terms name real nodes that pass it, best first, weights in 1..100.
-    preferred = preferred_nodes(stored)
+    preferred = kube.preferred_nodes(stored)
     sizes = {n["metadata"]["name"]: int(n["metadata"]["labels"][NAMES.nvlink_domain_size]) for n in gpu_cluster.nodes}
     assert preferred, node_affinity(stored)
     weights = [w for w, _ in preferred]

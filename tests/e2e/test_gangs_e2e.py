@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from common import gpu, settings, snapshot
-from gpu_steward import devicesim, localcluster
+from common import gpu, settings
+from gpu_steward import localcluster
 from tests.e2e import conftest
 from tests.support import kube
 
@@ -83,17 +83,10 @@ def bound_together(cluster: localcluster.LocalCluster, namespace: str, name: str
 
 
 def domains_spanned(cluster: localcluster.LocalCluster, namespace: str) -> dict[str, int]:
-    """Pod name -> NVLink domains its GPUs span, with the device-plugin stand-in's index assignment."""
-    document = cluster.kubectl_json("get", "nodes,pods,priorityclasses,namespaces", "-A")
-    cluster_state = snapshot.from_list(document, names=NAMES, taken_at=None)
-    assignments = devicesim.Assignments()
-    assignments.update(cluster_state)
-    out = {}
-    for pod in cluster_state.pods.values():
-        if pod.namespace == namespace and pod.node_name:
-            held = set(assignments.by_node[pod.node_name].get(pod.key, ()))
-            out[pod.name] = sum(1 for d in cluster_state.nodes[pod.node_name].topology.domains if held & set(d))
-    return out
+    """Bound pod name -> NVLink domains its GPUs span."""
+    view = kube.GpuView.of(cluster, names=NAMES)
+    return {p.name: view.domains_spanned(p) for p in view.state.pods.values()
+            if p.namespace == namespace and p.node_name}
 
 
 def pinned_node(pod: dict[str, Any]) -> list[str]:

@@ -23,7 +23,7 @@ import pytest
 
 from admission import mutation
 from common import snapshot
-from gpu_steward import devicesim, localcluster
+from gpu_steward import localcluster
 from tests.e2e import conftest
 from tests.support import kube
 
@@ -49,26 +49,15 @@ class Landing:
         return f"{self.pod}: {where}"
 
 
-def cluster_state(cluster: localcluster.LocalCluster) -> dict[str, Any]:
-    state: dict[str, Any] = cluster.kubectl_json("get", "nodes,pods,priorityclasses,namespaces", "-A")
-    return state
-
-
 def measure(arm: conftest.GpuCluster, namespace: str, webhook: conftest.WebhookServer) -> list[Landing]:
-    names = webhook.settings.names
-    state = snapshot.from_list(cluster_state(arm.cluster), names=names, taken_at=None)
-    assignments = devicesim.Assignments()
-    assignments.update(state)
-    largest = max(node.topology.domain_size for node in state.nodes.values())
-    out = []
-    for pod in sorted(state.pods.values(), key=lambda p: p.name):
-        if pod.namespace != namespace:
-            continue
-        node = state.nodes.get(pod.node_name or "")
-        indices = set(assignments.by_node.get(pod.node_name or "", {}).get(pod.key, ()))
-        spanned = sum(1 for domain in node.topology.domains if indices & set(domain)) if node else 0
-        out.append(Landing(pod.name, pod.request.full, pod.node_name, spanned, math.ceil(pod.request.full / largest)))
-    return out
+    view = kube.GpuView.of(arm.cluster, names=webhook.settings.names)
+    largest = max(node.topology.domain_size for node in view.state.nodes.values())
+    return [
+        Landing(pod.name, pod.request.full, pod.node_name, view.domains_spanned(pod),
+                math.ceil(pod.request.full / largest))
+        for pod in sorted(view.state.pods.values(), key=lambda p: p.name)
+        if pod.namespace == namespace
+    ]
 
 
 def place_in_sequence(
@@ -96,7 +85,7 @@ def webhook_caught_up(cluster: localcluster.LocalCluster, webhook: conftest.Webh
     def wait(pod: dict[str, Any]) -> None:
         def same() -> tuple[str, str] | None:
             now = time.time()
-            state = snapshot.from_list(cluster_state(cluster), names=webhook.settings.names, taken_at=now)
+            state = snapshot.from_list(kube.cluster_state(cluster), names=webhook.settings.names, taken_at=now)
             expected = mutation.decide(
                 operation="CREATE", namespace=namespace, pod=pod, cluster=state, config=webhook.settings, now=now
             ).record
@@ -137,10 +126,17 @@ def test_webhook_steers_each_pod_into_nvlink_domains_that_fit_it(
         "\nwith gpu-steward:\n  " + "\n  ".join(map(str, ours))
         + "\nplain Kubernetes:\n  " + "\n  ".join(map(str, baseline))
     )
-    shaped = [p for p, stored in kube.pods(cluster, namespace).items()
-              if webhook.settings.names.decision in (stored["metadata"].get("annotations") or {})]
-    assert len(shaped) == len(SEQUENCE), report
     assert [(p.pod, p.gpus) for p in ours] == [(p.pod, p.gpus) for p in baseline], report
+    # Why each landed where it did: the webhook required domains that hold it and preferred that node.
+    stored = kube.pods(cluster, namespace)
+    domain_size = webhook.settings.names.nvlink_domain_size
+    largest = max(int(node["metadata"]["labels"][domain_size]) for node in gpu_cluster.nodes)
+    for landed in ours:
+        pod = stored[landed.pod]
+        record = (pod["metadata"].get("annotations") or {}).get(webhook.settings.names.decision, "")
+        assert f"required {domain_size} >= {min(landed.gpus, largest)}:" in record, (landed, record)
+        preferred = {node for _, nodes in kube.preferred_nodes(pod) for node in nodes}
+        assert landed.node in preferred, (landed, record)
     # Every pod bound, each within the fewest NVLink domains possible (one, up to the domain size).
     assert [p for p in ours if p.node is None or p.excess] == [], report
     # No worse than plain Kubernetes: as many pods placed, no more domains spanned beyond the fewest.

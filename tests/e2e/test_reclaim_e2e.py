@@ -7,6 +7,7 @@ Events it posts are listed by `kubectl get events`.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -14,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from common import gpu, settings, snapshot
+from common import gpu, settings
 from descheduler import policy
-from gpu_steward import devicesim, localcluster
+from gpu_steward import localcluster
 from tests.e2e import conftest
 from tests.support import kube, prometheus
 
@@ -58,16 +59,13 @@ def pinned_pod(name: str, *, namespace: str, node: str, labels: dict[str, str] |
 def dcgm_history(cluster: localcluster.LocalCluster, namespace: str) -> list[prometheus.Series]:
     """`DCGM_FI_DEV_GPU_UTIL` per GPU of each running pod of the namespace, labelled as dcgm-exporter does,
     the GPU indices as the device-plugin stand-in assigns them."""
-    document = cluster.kubectl_json("get", "nodes,pods,priorityclasses,namespaces", "-A")
-    state = snapshot.from_list(document, names=NAMES, taken_at=None)
-    assignments = devicesim.Assignments()
-    assignments.update(state)
+    view = kube.GpuView.of(cluster, names=NAMES)
     samples = [(float(ago), IDLE_UTILISATION) for ago in range(HISTORY_SECONDS + AHEAD_SECONDS)]
     series = []
-    for pod in state.pods.values():
+    for pod in view.state.pods.values():
         if pod.namespace != namespace or not pod.node_name:
             continue
-        for index in assignments.by_node[pod.node_name][pod.key]:
+        for index in view.indices(pod):
             labels = {
                 "gpu": str(index),
                 "UUID": f"GPU-{pod.node_name}-{index}",
@@ -84,10 +82,6 @@ def dcgm_history(cluster: localcluster.LocalCluster, namespace: str) -> list[pro
 
 def phase_is(cluster: localcluster.LocalCluster, namespace: str, name: str, phase: str) -> Callable[[], bool]:
     return lambda: bool(kube.pods(cluster, namespace).get(name, {}).get("status", {}).get("phase") == phase)
-
-
-def scheduled_is(cluster: localcluster.LocalCluster, namespace: str, name: str, reason: str) -> Callable[[], bool]:
-    return lambda: kube.scheduled_reason(kube.pods(cluster, namespace)[name]) == reason
 
 
 def test_idle_pod_is_evicted_for_a_pending_pod_and_a_disruption_budget_blocks_another(
@@ -122,21 +116,23 @@ def test_idle_pod_is_evicted_for_a_pending_pod_and_a_disruption_budget_blocks_an
     # A pending pod of the same priority for each node: the scheduler cannot preempt for them.
     for name, node in (("want-free", free_node), ("want-guarded", guarded_node)):
         cluster.kubectl("create", "-f", "-", input=json.dumps(pinned_pod(name, namespace=namespace, node=node)))
-    for name in ("want-free", "want-guarded"):
-        kube.poll(f"{name} unschedulable", scheduled_is(cluster, namespace, name, "Unschedulable"))
 
-    def outcome() -> dict[str, Any] | None:
+    def outcome() -> dict[str, dict[str, Any]] | None:
         pods = kube.pods(cluster, namespace)
         blocked = kube.events_about(cluster, namespace, "idle-guarded", reason="EvictionBlocked")
-        done = "idle-free" not in pods and pods["want-free"]["spec"].get("nodeName") and blocked
-        return {"pods": pods, "blocked": blocked} if done else None
+        return pods if "idle-free" not in pods and pods["want-free"]["spec"].get("nodeName") and blocked else None
 
     try:
-        seen = kube.poll("idle-free evicted, want-free bound, idle-guarded blocked", outcome, timeout_seconds=60)
+        pods = kube.poll("idle-free evicted, want-free bound, idle-guarded blocked", outcome, timeout_seconds=60)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\ndescheduler log:\n{descheduler.process.log_tail(40)}") from None
 
-    pods = seen["pods"]
+    # The scheduler itself found no room for either and could not preempt (equal priority); its Event
+    # stays when want-free is bound later.
+    for name in ("want-free", "want-guarded"):
+        failed = functools.partial(kube.events_about, cluster, namespace, name, reason="FailedScheduling")
+        told = kube.poll(f"FailedScheduling for {name}", failed)
+        assert "Insufficient nvidia.com/gpu" in told[0]["message"], told
     assert pods["want-free"]["spec"]["nodeName"] == free_node
     assert "idle-guarded" in pods and not pods["idle-guarded"]["metadata"].get("deletionTimestamp")
     assert not pods["want-guarded"]["spec"].get("nodeName")

@@ -3,12 +3,13 @@ the few reads and waits the end-to-end tests share."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from common import gpu
-from gpu_steward import localcluster
+from common import gpu, settings, snapshot
+from gpu_steward import devicesim, localcluster
 
 
 def requirement(key: str, operator: str, *values: str) -> dict[str, Any]:
@@ -135,8 +136,50 @@ def scheduled_reason(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
+def preferred_nodes(pod: Mapping[str, Any]) -> list[tuple[int, list[str]]]:
+    """(weight, node names) of each preferred node-affinity term naming nodes (`matchFields metadata.name In`)."""
+    node_affinity = (pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}
+    out = []
+    for term in node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or []:
+        for field in term["preference"].get("matchFields") or []:
+            if field["key"] == "metadata.name" and field["operator"] == "In":
+                out.append((int(term["weight"]), list(field["values"])))
+    return out
+
+
 def gates(pod: Mapping[str, Any]) -> list[str]:
     return [g["name"] for g in pod["spec"].get("schedulingGates") or []]
+
+
+def cluster_state(cluster: Cluster) -> dict[str, Any]:
+    """`kubectl get nodes,pods,priorityclasses,namespaces -A -o json`: what the snapshot is built from."""
+    state: dict[str, Any] = cluster.kubectl_json("get", "nodes,pods,priorityclasses,namespaces", "-A")
+    return state
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuView:
+    """The cluster as stored, with the GPU indices the device-plugin stand-in gives each bound pod
+    (`devicesim.Assignments`: the one policy every compared arm is measured with)."""
+
+    state: snapshot.Snapshot
+    assignments: devicesim.Assignments
+
+    @classmethod
+    def of(cls, cluster: Cluster, *, names: settings.Names) -> GpuView:
+        state = snapshot.from_list(cluster_state(cluster), names=names, taken_at=None)
+        assignments = devicesim.Assignments()
+        assignments.update(state)
+        return cls(state, assignments)
+
+    def indices(self, pod: snapshot.Pod) -> tuple[int, ...]:
+        return self.assignments.by_node.get(pod.node_name or "", {}).get(pod.key, ())
+
+    def domains_spanned(self, pod: snapshot.Pod) -> int:
+        """NVLink domains the pod's GPUs span (0: not bound)."""
+        node = self.state.nodes.get(pod.node_name or "")
+        held = set(self.indices(pod))
+        return sum(1 for domain in node.topology.domains if held & set(domain)) if node else 0
 
 
 def wait_gpus_free(cluster: Cluster, *, timeout_seconds: float = 60) -> None:
