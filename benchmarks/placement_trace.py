@@ -87,7 +87,9 @@ NODE_FILE = "openb_node_list_gpu_node.csv"
 POD_FILES = {"default": "openb_pod_list_default.csv", "multigpu50": "openb_pod_list_multigpu50.csv"}
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "placement_trace.json"
 DEFAULT_PICTURE = ROOT / "benchmarks" / "results" / "placement_domains.png"
-ARMS = ("default", "binpack", "gpu-steward")
+ARMS = ("default", "binpack", "gpu-steward", "gpu-steward+binpack")
+OURS = ("gpu-steward", "gpu-steward+binpack")  # arms with our webhook; the rest are baselines
+BINPACKING = ("binpack", "gpu-steward+binpack")
 NAMESPACE = "trace"
 BURST_NAMESPACE = "burst"
 DECISION = settings.Names().decision
@@ -495,9 +497,9 @@ def pending_summary(
     }
 
 
-def goals(arms: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The issue's goals for the gpu-steward arm, each with whether it is met and the numbers behind it."""
-    ours = arms.get("gpu-steward")
+def goals(arms: Mapping[str, Mapping[str, Any]], *, arm: str = "gpu-steward") -> list[dict[str, Any]]:
+    """The issue's goals for one of our arms, each with whether it is met and the numbers behind it."""
+    ours = arms.get(arm)
     if ours is None:
         return []
     out = []
@@ -505,12 +507,12 @@ def goals(arms: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     out.append({"goal": f">= {GOALS['one_domain_share']:.0%} of domain-fittable multi-GPU pods in one domain",
                 "met": share is not None and share >= GOALS["one_domain_share"],
                 "value": share})
-    baselines = {k: v["pending"]["never_scheduled"] for k, v in arms.items() if k != "gpu-steward"}
+    baselines = {k: v["pending"]["never_scheduled"] for k, v in arms.items() if k not in OURS}
     if baselines:
         best = min(baselines.values())
         out.append({"goal": "no more pods left pending than the best baseline",
                     "met": ours["pending"]["never_scheduled"] <= best,
-                    "value": {"gpu-steward": ours["pending"]["never_scheduled"], **baselines}})
+                    "value": {arm: ours["pending"]["never_scheduled"], **baselines}})
     base = arms.get("default", {}).get("burst", {}).get("pods_per_second")
     mine = ours["burst"]["pods_per_second"]
     if base and mine is not None:
@@ -722,7 +724,7 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
                     localprometheus.start_prometheus, workdir / "prometheus", [],
                     scrape_targets=[f"127.0.0.1:{port}"], scrape_interval=f"{SCRAPE_SECONDS}s")
                 stack.callback(prom.stop)
-                if arm == "gpu-steward":
+                if arm in OURS:
                     await asyncio.to_thread(stack.enter_context, _webhook(cluster, workdir, prometheus_url=prom.url))
                 await _wait_until(lambda: live.synced and len(live.snapshot.nodes) == len(setup.nodes), within=60)
                 say(f"   replaying {len(setup.pods)} pods ({len(setup.plan)} actions)")
@@ -741,8 +743,8 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
 def run_arm(setup: Setup, *, arm: str, workdir: pathlib.Path) -> dict[str, Any]:
     say(f"\n=== {arm} ===")
     names = settings.Names()
-    cluster = localcluster.LocalCluster(setup.bin_dir, scheduler_config=BINPACK_SCHEDULER if arm == "binpack" else None,
-                                        progress=lambda m: None)
+    scheduler = BINPACK_SCHEDULER if arm in BINPACKING else None
+    cluster = localcluster.LocalCluster(setup.bin_dir, scheduler_config=scheduler, progress=lambda m: None)
     started = time.monotonic()
     with cluster:
         cluster.add_nodes([trace_node_manifest(n, names=names) for n in setup.nodes], timeout_seconds=180)
@@ -790,7 +792,8 @@ def table(arms: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return [r[0].ljust(width) + "".join(cell.ljust(18) for cell in r[1:]) for r in rows]
 
 
-COLOURS = {"default": (127, 127, 127), "binpack": (255, 127, 14), "gpu-steward": (31, 119, 180)}
+COLOURS = {"default": (127, 127, 127), "binpack": (255, 127, 14), "gpu-steward": (31, 119, 180),
+           "gpu-steward+binpack": (44, 160, 44)}
 
 
 def picture(path: pathlib.Path, arms: Mapping[str, Mapping[str, Any]], *, title: str) -> None:
@@ -870,7 +873,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    with localcluster.sigterm_as_interrupt():
+        return _main(parse_args(argv), command=list(argv if argv is not None else sys.argv[1:]))
+
+
+def _main(args: argparse.Namespace, *, command: list[str]) -> int:
     all_nodes = read_nodes(TRACES / NODE_FILE)
     nodes = all_nodes if args.nodes == "all" else stratified_sample(all_nodes, int(args.nodes))
     pod_set = load_pods(args.trace)
@@ -890,12 +897,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             arms[arm] = run_arm(setup, arm=arm, workdir=workdir)
     lines = table(arms)
     say("\n" + "\n".join(lines))
-    verdicts = goals(arms)
+    verdicts = [{**verdict, "arm": arm} for arm in OURS if arm in arms for verdict in goals(arms, arm=arm)]
     for verdict in verdicts:
-        say(f"goal {'MET' if verdict['met'] else 'NOT MET'}: {verdict['goal']} ({verdict['value']})")
+        say(f"{verdict['arm']} goal {'MET' if verdict['met'] else 'NOT MET'}: {verdict['goal']} ({verdict['value']})")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "command": " ".join(["python", "benchmarks/placement_trace.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python", "benchmarks/placement_trace.py", *command]),
         "trace": args.trace, "nodes": len(nodes), "gpus": gpus, "pods": len(pods),
         "pods_by_gpus": dict(collections.Counter(p.gpus for p in pods)), "skipped": pod_set.skipped,
         "arrival_rate": args.arrival_rate, "time_compression": args.time_compression,

@@ -431,7 +431,7 @@ def run(*, out_dir: pathlib.Path, keep: bool, say: Say) -> int:
     say("gpu-steward demo: preparing the local control plane (built once from Go modules, then cached)")
     bin_dir = localcluster.ensure_binaries(progress=lambda line: say(f"   {line}"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="gpu-steward-demo-") as tmp:
+    with localcluster.sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix="gpu-steward-demo-") as tmp:
         base = run_once(label="default Kubernetes", bin_dir=bin_dir, steward=False,
                         workdir=pathlib.Path(tmp) / "baseline", say=say)
         (pathlib.Path(tmp) / "steward").mkdir()

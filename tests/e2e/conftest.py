@@ -11,7 +11,6 @@ import dataclasses
 import os
 import pathlib
 import secrets
-import signal
 import ssl
 import sys
 import time
@@ -54,19 +53,11 @@ def _progress(pytestconfig: pytest.Config) -> localcluster.Progress:
     return say
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 @pytest.fixture(scope="session")
 def control_plane(pytestconfig: pytest.Config) -> Iterator[localcluster.LocalCluster]:
     """The session's control plane, stopped (by PID) at the end even after failures, Ctrl-C or SIGTERM."""
-    # A CI time limit sends SIGTERM, which by default ends Python without running fixture teardown.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
+    with localcluster.sigterm_as_interrupt():
         yield from _control_plane(pytestconfig)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _control_plane(pytestconfig: pytest.Config) -> Iterator[localcluster.LocalCluster]:
