@@ -7,7 +7,10 @@ Interface (shared by the descheduler's reclaim loop and the gang controller):
                            message="...", request_timeout=5)
 
 `post()` never raises (except cancellation): an Event is a courtesy, so a failure is logged and
-returned as False, never allowed to break the caller's loop. Events are core/v1 (`kubectl describe`
+returned as False, never allowed to break the caller's loop. Repeats aggregate as client-go's
+recorder does: the Event's name is derived from what it says about which object, so the same
+Event again (an eviction a PodDisruptionBudget keeps blocking every cycle) bumps `count` and
+`lastTimestamp` of the existing one instead of adding another. Events are core/v1 (`kubectl describe`
 and `kubectl get events` show them on every server version); cluster-scoped objects (Nodes,
 PriorityClasses) get their Event in the `default` namespace, as kubectl and the scheduler do.
 """
@@ -18,7 +21,7 @@ import asyncio
 import dataclasses
 import datetime
 import logging
-import secrets
+import hashlib
 from typing import Any, Literal
 
 from kubernetes_asyncio import client
@@ -51,6 +54,13 @@ class ObjectRef:
         return cls(kind="Pod", name=name, namespace=namespace, uid=uid or None)
 
 
+def _name(regarding: ObjectRef, *, type: EventType, reason: str, message: str) -> str:
+    """The same Event about the same object gets the same name (object name + a digest)."""
+    said = "\0".join((regarding.kind, regarding.namespace or "", regarding.name, regarding.uid or "", type, reason,
+                      message[:MAX_MESSAGE]))
+    return f"{regarding.name}.{hashlib.sha256(said.encode()).hexdigest()[:16]}"
+
+
 def body(
     *, regarding: ObjectRef, type: EventType, reason: str, message: str, component: str, now: datetime.datetime
 ) -> dict[str, Any]:
@@ -65,8 +75,7 @@ def body(
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        # Unique like client-go's recorder: object name plus a random suffix.
-        "metadata": {"name": f"{regarding.name}.{secrets.token_hex(8)}", "namespace": namespace},
+        "metadata": {"name": _name(regarding, type=type, reason=reason, message=message), "namespace": namespace},
         "involvedObject": involved,
         "type": type,
         "reason": reason,
@@ -97,11 +106,16 @@ async def post(
         component=component,
         now=datetime.datetime.now(datetime.UTC),
     )
+    namespace, name = document["metadata"]["namespace"], document["metadata"]["name"]
     try:
-        namespace = document["metadata"]["namespace"]
-        await kube.request(
-            api, "POST", f"/api/v1/namespaces/{namespace}/events", body=document, timeout_seconds=request_timeout
-        )
+        try:
+            await kube.request(
+                api, "POST", f"/api/v1/namespaces/{namespace}/events", body=document, timeout_seconds=request_timeout
+            )
+        except kube.ApiError as exc:
+            if exc.status != 409:
+                raise
+            await _repeat(api, f"/api/v1/namespaces/{namespace}/events/{name}", document, timeout=request_timeout)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # an Event must never break its caller
@@ -111,6 +125,18 @@ async def post(
         )
         return False
     return True
+
+
+async def _repeat(api: client.ApiClient, path: str, document: dict[str, Any], *, timeout: float) -> None:
+    """The same Event exists: count one more occurrence (merge patch, guarded by resourceVersion)."""
+    existing = await kube.get(api, path, timeout_seconds=timeout)
+    patch = {
+        "metadata": {"resourceVersion": (existing.get("metadata") or {}).get("resourceVersion")},
+        "count": int(existing.get("count") or 1) + 1,
+        "lastTimestamp": document["lastTimestamp"],
+    }
+    await kube.request(api, "PATCH", path, body=patch, timeout_seconds=timeout,
+                       content_type="application/merge-patch+json")
 
 
 def _describe(exc: BaseException) -> str:
