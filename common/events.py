@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
-import logging
 import hashlib
+import logging
 from typing import Any, Literal
 
 from kubernetes_asyncio import client

@@ -403,6 +403,31 @@ def test_limits(limits: dict[str, int], evictions: int, reason: str | None) -> N
         assert any(reason in o.reason for o in result.demands), [o.reason for o in result.demands]
 
 
+def test_spent_cycle_budget_is_the_reason_for_later_demands() -> None:
+    nodes = [builders.gpu_node("n1", gpus=2), builders.gpu_node("n2", gpus=2)]
+    result = run(nodes, LIMIT_PODS, idle("team-a/a", "team-c/b", "team-a/c", "team-c/d"),
+                 overrides={"descheduler": {"reclaim": {"limits": {"per_cycle": 2}}}})
+    assert [(o.demand, o.served, o.reason) for o in result.demands] == [
+        ("team-b/w1", True, "2 idle pod(s) evicted on n1"),
+        ("team-b/w2", False, "no node can hold it: team-b/w2: per-cycle eviction limit 2 reached"),
+    ]
+
+
+def test_windows_needed_groups_screened_pods_by_idle_window() -> None:
+    config = settings.load()
+    pods = [running("a", node="n1"), running("b", node="n1", cls="yielding"), running("c", node="n1", cls="sticky"),
+            running("d", node="n1", deleting=True), pending("w")]
+    cluster = snapshot.build(nodes=[builders.gpu_node("n1", gpus=4)], pods=pods, priority_classes=CLASSES,
+                             names=config.names, taken_at=NOW)
+    policies = policy.parse_all(cluster.priority_classes, default_threshold_percent=5.0)
+    screened = reclaim.screen_all(cluster, policies=policies, state=NO_COOLDOWNS, names=config.names, now=NOW)
+    assert {k: v if isinstance(v, str) else v.class_name for k, v in screened.items()} == {
+        "team-a/a": "batch", "team-a/b": "yielding", "team-a/c": "PriorityClass sticky sets no idle window",
+        "team-a/d": "already terminating",
+    }
+    assert reclaim.windows_needed(screened) == {3600: ["team-a/a", "team-a/b"]}
+
+
 def test_mode_always_needs_no_preemptor_and_honours_limits() -> None:
     pods = [running("a", node="n1", priority=5), running("b", node="n2", priority=9),
             running("c", node="n2", priority=1, cls="sticky")]
@@ -459,12 +484,14 @@ def reference_best_node(
     return best or "no node fits"
 
 
-def random_cluster(rng: random.Random) -> tuple[list[Raw], list[Raw], dict[str, utilisation.Assessment], list[Raw]]:
-    """A few full-GPU and MIG nodes filled with pods of random size, class, priority, age, owner and
-    gang; a random share of them idle; pending pods and a gated gang of random size and priority."""
+def random_cluster(
+    rng: random.Random, *, most_nodes: int
+) -> tuple[list[Raw], list[Raw], dict[str, utilisation.Assessment], list[Raw]]:
+    """Full-GPU and MIG nodes filled with pods of random size, class, priority, age, owner and gang;
+    a random share of them idle; pending pods and a gated gang of random size and priority."""
     nodes: list[Raw] = []
     pods: list[Raw] = []
-    for n in range(rng.randint(1, 7)):
+    for n in range(rng.randint(1, most_nodes)):
         name = f"n{n}"
         if rng.random() < 0.25:
             profiles = {"1g.10gb": rng.randint(1, 4), "3g.40gb": rng.randint(0, 2)}
@@ -485,9 +512,9 @@ def random_cluster(rng: random.Random) -> tuple[list[Raw], list[Raw], dict[str, 
                                            topology=rng.choice(["labels", "annotation", "none"])))
             left, sizes = gpus - rng.randint(0, 1), []
             while left > 0:
-                size = rng.randint(1, min(4, left))
-                sizes.append({"": size})
-                left -= size
+                take = rng.randint(1, min(4, left))
+                sizes.append({"": take})
+                left -= take
         for size in sizes:
             i = len(pods)
             gang_labels = gang(f"g{i % 3}") if rng.random() < 0.15 else None
@@ -501,7 +528,7 @@ def random_cluster(rng: random.Random) -> tuple[list[Raw], list[Raw], dict[str, 
     waiting = [
         pending(f"w{i}", gpus=0 if mig else rng.choice([1, 1, 2, 3, 4, 8]), mig={mig: 1} if mig else None,
                 priority=rng.choice([600, 4000, 10000]), preemption_policy="Never" if rng.random() < 0.1 else None)
-        for i in range(rng.randint(0, 5)) for mig in [rng.choice([None, None, None, "1g.10gb", "3g.40gb"])]
+        for i in range(rng.randint(0, most_nodes)) for mig in [rng.choice([None, None, None, "1g.10gb", "3g.40gb"])]
     ]
     gated = [pending(f"g{i}", gpus=rng.choice([1, 2]), priority=10000) for i in range(rng.choice([0, 0, 2, 3]))]
     for pod in gated:
@@ -509,13 +536,13 @@ def random_cluster(rng: random.Random) -> tuple[list[Raw], list[Raw], dict[str, 
     return nodes, pods + waiting + gated, assessments, gated
 
 
-@pytest.mark.parametrize("seed", range(300))
-def test_fast_search_decides_as_the_plain_one(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("seed", "most_nodes"), [*((s, 7) for s in range(300)), *((s, 40) for s in range(300, 320))])
+def test_fast_search_decides_as_the_plain_one(seed: int, most_nodes: int, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(seed)
-    nodes, pods, assessments, gated = random_cluster(rng)
+    nodes, pods, assessments, gated = random_cluster(rng, most_nodes=most_nodes)
     limits = {"per_cycle": rng.choice([2, 5, 100]), "per_node": rng.choice([1, 2, 10]),
               "per_namespace": rng.choice([1, 3, 100])}
-    state = cooldowns.State({f"node:n{rng.randint(0, 6)}": COOLING} if rng.random() < 0.2 else {})
+    state = cooldowns.State({f"node:n{rng.randint(0, most_nodes)}": COOLING} if rng.random() < 0.2 else {})
 
     def demands(cluster: snapshot.Snapshot) -> list[reclaim.Demand]:
         gang_pods = [cluster.pods[f"team-b/{g['metadata']['name']}"] for g in gated]
