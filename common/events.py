@@ -115,7 +115,7 @@ async def post(
         except kube.ApiError as exc:
             if exc.status != 409:
                 raise
-            await _repeat(api, f"/api/v1/namespaces/{namespace}/events/{name}", document, timeout=request_timeout)
+            await _repeat(api, f"/api/v1/namespaces/{namespace}/events/{name}", document, timeout_seconds=request_timeout)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # an Event must never break its caller
@@ -127,15 +127,15 @@ async def post(
     return True
 
 
-async def _repeat(api: client.ApiClient, path: str, document: dict[str, Any], *, timeout: float) -> None:
+async def _repeat(api: client.ApiClient, path: str, document: dict[str, Any], *, timeout_seconds: float) -> None:
     """The same Event exists: count one more occurrence (merge patch, guarded by resourceVersion)."""
-    existing = await kube.get(api, path, timeout_seconds=timeout)
+    existing = await kube.get(api, path, timeout_seconds=timeout_seconds)
     patch = {
         "metadata": {"resourceVersion": (existing.get("metadata") or {}).get("resourceVersion")},
         "count": int(existing.get("count") or 1) + 1,
         "lastTimestamp": document["lastTimestamp"],
     }
-    await kube.request(api, "PATCH", path, body=patch, timeout_seconds=timeout,
+    await kube.request(api, "PATCH", path, body=patch, timeout_seconds=timeout_seconds,
                        content_type="application/merge-patch+json")
 
 
