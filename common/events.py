@@ -115,7 +115,8 @@ async def post(
         except kube.ApiError as exc:
             if exc.status != 409:
                 raise
-            await _repeat(api, f"/api/v1/namespaces/{namespace}/events/{name}", document, timeout_seconds=request_timeout)
+            path = f"/api/v1/namespaces/{namespace}/events/{name}"
+            await _repeat(api, path, document, timeout_seconds=request_timeout)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # an Event must never break its caller
