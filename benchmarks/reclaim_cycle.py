@@ -308,7 +308,7 @@ def scale(sizes: Sequence[tuple[int, int]], *, pending: int, cycles: int, freeze
         exponent = statistics.linear_regression([math.log(x) for x in xs], [math.log(y) for y in ys]).slope
         fits[scenario] = {"seconds_per_1000_pods": round(line.slope * 1000, 4),
                           "intercept_seconds": round(line.intercept, 4), "r2": round(r2, 4),
-                          "loglog_exponent": round(exponent, 3), "linear": bool(0.8 <= exponent <= 1.2 and r2 >= 0.95)}
+                          "loglog_exponent": round(exponent, 3), "growth": _growth(exponent)}
     return {"sizes": rows, "fits": fits}
 
 
@@ -340,6 +340,13 @@ def table(run: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _growth(exponent: float) -> str:
+    """In words, how time grows with size, from the log-log slope."""
+    if exponent > 1.2:
+        return "superlinear"
+    return "linear" if exponent >= 0.8 else "sublinear (fixed costs weigh, or noise)"
+
+
 def scale_table(result: dict[str, Any]) -> str:
     lines = ["scaling (each size in its own process): cycle CPU p50 / planner p50 per scenario, peak RSS",
              f"  {'nodes':>6} {'GPU pods':>9} " + " ".join(f"{name:>22}" for name in SCENARIOS) + f" {'peak RSS':>9}"]
@@ -350,7 +357,7 @@ def scale_table(result: dict[str, Any]) -> str:
     for name, fit in result["fits"].items():
         lines.append(f"  {name}: CPU {fit['seconds_per_1000_pods'] * 1000:.1f} ms per 1,000 pods + "
                      f"{fit['intercept_seconds'] * 1000:.0f} ms, r2 {fit['r2']}, log-log exponent "
-                     f"{fit['loglog_exponent']} -> {'linear' if fit['linear'] else 'NOT linear'}")
+                     f"{fit['loglog_exponent']} -> {fit['growth']}")
     return "\n".join(lines)
 
 
