@@ -82,7 +82,7 @@ from PIL import Image, ImageDraw  # noqa: E402
 from common import feeder, gpu, kube, placement, settings, snapshot  # noqa: E402
 from gpu_steward import certs, demo, devicesim, localcluster, localprometheus  # noqa: E402
 
-TRACES = pathlib.Path("/work/shared/traces/alibaba-openb")
+TRACES = ROOT.parent / "shared" / "traces" / "alibaba-openb"  # the public traces sit beside the checkout
 NODE_FILE = "openb_node_list_gpu_node.csv"
 POD_FILES = {"default": "openb_pod_list_default.csv", "multigpu50": "openb_pod_list_multigpu50.csv"}
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "placement_trace.json"
