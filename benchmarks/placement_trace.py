@@ -63,24 +63,22 @@ import dataclasses
 import json
 import math
 import pathlib
-import ssl
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
-import yaml  # noqa: E402
 from aiohttp import web  # noqa: E402
 from kubernetes_asyncio import client  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
 from common import feeder, gpu, kube, placement, settings, snapshot  # noqa: E402
-from gpu_steward import certs, demo, devicesim, localcluster, localprometheus  # noqa: E402
+from gpu_steward import demo, devicesim, localcluster, localprometheus, localsteward  # noqa: E402
 
 TRACES = ROOT.parent / "shared" / "traces" / "alibaba-openb"  # the public traces sit beside the checkout
 NODE_FILE = "openb_node_list_gpu_node.csv"
@@ -541,32 +539,6 @@ def _settings(kubeconfig: pathlib.Path) -> settings.Settings:
     return settings.Settings(kubernetes=settings.Kubernetes(kubeconfig=kubeconfig, watch_timeout_seconds=60))
 
 
-@contextlib.contextmanager
-def _webhook(cluster: localcluster.LocalCluster, workdir: pathlib.Path, *, prometheus_url: str) -> Iterator[None]:
-    """Our webhook as a real process (default settings: strict placement), registered with the API server."""
-    cert = certs.generate(workdir / "tls")
-    port = localcluster.free_port()
-    config_file = workdir / "gpu-steward.yaml"
-    config_file.write_text(yaml.safe_dump({
-        "kubernetes": {"kubeconfig": str(cluster.kubeconfig), "watch_timeout_seconds": 60},
-        "webhook": {"host": "127.0.0.1", "port": port, "cert_file": str(cert.cert_file),
-                    "key_file": str(cert.key_file)},
-        "prometheus": {"url": prometheus_url, "occupancy_refresh_seconds": SCRAPE_SECONDS},
-    }))
-    process = localcluster.ManagedProcess(
-        "webhook", [sys.executable, "-m", "gpu_steward", "webhook", "--config", str(config_file)],
-        log_file=workdir / "webhook.log")
-    try:
-        process.start()
-        trust = ssl.create_default_context(cafile=str(cert.ca_file))
-        process.wait_http_ok(f"https://127.0.0.1:{port}/readyz", ssl_context=trust, timeout_seconds=60)
-        cluster.apply([localcluster.mutating_webhook_configuration(
-            name="gpu-steward", url=f"https://127.0.0.1:{port}/mutate", ca_bundle=cert.ca_bundle)])
-        yield
-    finally:
-        process.stop()
-
-
 async def _serve_devices(tracker: Tracker, live: feeder.Feeder, port: int) -> None:
     """devicesim's /metrics over the tracker's own Assignments, so DCGM says what is measured."""
     app = devicesim.create_app(cluster_source=live)
@@ -725,7 +697,9 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
                     scrape_targets=[f"127.0.0.1:{port}"], scrape_interval=f"{SCRAPE_SECONDS}s")
                 stack.callback(prom.stop)
                 if arm in OURS:
-                    await asyncio.to_thread(stack.enter_context, _webhook(cluster, workdir, prometheus_url=prom.url))
+                    config = {"kubernetes": {"watch_timeout_seconds": 60},
+                              "prometheus": {"url": prom.url, "occupancy_refresh_seconds": SCRAPE_SECONDS}}
+                    await asyncio.to_thread(stack.enter_context, localsteward.webhook(cluster, workdir, config=config))
                 await _wait_until(lambda: live.synced and len(live.snapshot.nodes) == len(setup.nodes), within=60)
                 say(f"   replaying {len(setup.pods)} pods ({len(setup.plan)} actions)")
                 replay = await _replay(api, setup, tracker, start)

@@ -471,7 +471,7 @@ def load(*, config_file: pathlib.Path | None = None, overrides: dict[str, Any] |
         raise SettingsError(_describe(exc, source=origin)) from exc
     if overrides:
         try:
-            settings = _WithoutEnvironment(**_deep_merge(settings.model_dump(mode="json"), overrides))
+            settings = _WithoutEnvironment(**merge(settings.model_dump(mode="json"), overrides))
         except pydantic.ValidationError as exc:
             raise SettingsError(_describe(exc, source="command-line flags")) from exc
     return settings
@@ -483,11 +483,12 @@ class _WithoutEnvironment(Settings):
     read_environment: ClassVar[bool] = False
 
 
-def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`extra` over `base`, nested mappings merged key by key (settings documents)."""
     out = dict(base)
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
+            out[key] = merge(out[key], value)
         else:
             out[key] = value
     return out

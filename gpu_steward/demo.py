@@ -26,18 +26,14 @@ import functools
 import json
 import logging
 import pathlib
-import ssl
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-import yaml
-
 from common import feeder, kube, settings, snapshot
-from gpu_steward import certs, devicesim, localcluster, localprometheus, occupancy_picture
+from gpu_steward import devicesim, localcluster, localprometheus, localsteward, occupancy_picture
 
 NODES = "1x8g2d,2x4g2d,2x2g"  # 20 GPUs
 NAMESPACE = "ml"
@@ -220,23 +216,12 @@ class RunResult:
     events: list[str] = dataclasses.field(default_factory=list)
 
 
-def _write_config(directory: pathlib.Path, data: Mapping[str, Any]) -> pathlib.Path:
-    path = directory / "gpu-steward.yaml"
-    path.write_text(yaml.safe_dump(dict(data), sort_keys=False))
-    return path
-
-
 @contextlib.contextmanager
 def _gpu_steward(
     cluster: localcluster.LocalCluster, workdir: pathlib.Path, *, prometheus_url: str, say: Say
 ) -> Iterator[None]:
     """Our webhook (registered with the API server) and descheduler as real processes."""
-    cert = certs.generate(workdir / "tls")
-    port = localcluster.free_port()
-    config_file = _write_config(workdir, {
-        "kubernetes": {"kubeconfig": str(cluster.kubeconfig)},
-        "webhook": {"host": "127.0.0.1", "port": port, "cert_file": str(cert.cert_file),
-                    "key_file": str(cert.key_file)},
+    config = {
         "prometheus": {"url": prometheus_url, "occupancy_refresh_seconds": SCRAPE_SECONDS},
         "descheduler": {
             "leader_election": {"lease_namespace": "gpu-steward", "lease_duration_seconds": 6,
@@ -245,27 +230,15 @@ def _gpu_steward(
                         "max_sample_age_seconds": 20},
             "gangs": {"resync_seconds": 2},
         },
-    })
-    python = sys.executable
-    webhook = localcluster.ManagedProcess("webhook", [python, "-m", "gpu_steward", "webhook", "--config",
-                                                      str(config_file)], log_file=workdir / "webhook.log")
-    descheduler = localcluster.ManagedProcess("descheduler", [python, "-m", "gpu_steward", "descheduler", "--config",
-                                                              str(config_file)], log_file=workdir / "descheduler.log")
-    try:
-        webhook.start()
-        trust = ssl.create_default_context(cafile=str(cert.ca_file))
-        webhook.wait_http_ok(f"https://127.0.0.1:{port}/readyz", ssl_context=trust, timeout_seconds=60)
-        cluster.apply([localcluster.mutating_webhook_configuration(
-            name="gpu-steward", url=f"https://127.0.0.1:{port}/mutate", ca_bundle=cert.ca_bundle)])
-        say(f"   webhook https://127.0.0.1:{port}/mutate registered (failurePolicy Ignore, timeout 3 s)")
-        descheduler.start()
+    }
+    with localsteward.webhook(cluster, workdir, config=config) as config_file:
+        say("   webhook registered with the API server (failurePolicy Ignore, timeout 3 s)")
+        descheduler = localsteward.process("descheduler", config_file, workdir=workdir).start()
         say("   descheduler started (gang release + idle reclaim, leader election on a Lease)")
-        yield
-    finally:
-        with contextlib.suppress(localcluster.HarnessError):
-            cluster.kubectl("delete", "mutatingwebhookconfiguration", "gpu-steward", "--ignore-not-found", check=False)
-        descheduler.stop()
-        webhook.stop()
+        try:
+            yield
+        finally:
+            descheduler.stop()
 
 
 async def _serve_devices(cluster: localcluster.LocalCluster, config: settings.Settings, port: int,
