@@ -362,6 +362,13 @@ class Reclaim(Model):
     dry_run: bool = pydantic.Field(
         default=False, description="Decide, log and emit 'would evict' Events, but evict nothing."
     )
+    idle_statistic: Literal["peak", "average"] = pydantic.Field(
+        default="peak",
+        description="How a pod's samples over its idle window are judged. peak: idle only if no sample "
+        "reaches the threshold (the busiest moment decides); average: the window's mean below it (the "
+        "ReclaimIdleResource plugin's rule). On bursty serving pods the average evicts many pods that are busy "
+        "again within minutes (benchmarks/RESULTS.md, Reclaim quality); peak is the safer default.",
+    )
     min_coverage: Fraction = pydantic.Field(
         default=0.9, description="Share of the idle window that must have samples before a pod can be idle."
     )

@@ -189,8 +189,9 @@ class ReclaimLoop:
             queries += 1
             self._metrics.queries.inc()
             try:
-                rows = await self._prometheus.query(utilisation.query(window, config=self._config.prometheus),
-                                                    time=now)
+                promql = utilisation.query(window, config=self._config.prometheus,
+                                           statistic=self._config.descheduler.reclaim.idle_statistic)
+                rows = await self._prometheus.query(promql, time=now)
             except prometheus.PrometheusError as exc:
                 self._metrics.prometheus_errors.inc()
                 errors.append(str(exc))

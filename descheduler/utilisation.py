@@ -3,9 +3,10 @@
 `query(window)` builds one instant query whose result carries, per (namespace, pod, host) and per kind
 of device (`gpu`: whole GPUs, `DCGM_FI_DEV_GPU_UTIL` in percent; `mig`: MIG slices,
 `DCGM_FI_PROF_GR_ENGINE_ACTIVE` ratio x 100), five statistics tagged by the `gs_stat` label:
-`util` (max over the pod's devices of the window average: a multi-GPU pod is idle only if every GPU
-is), `samples` (min sample count of any device: the coverage), `series` (devices reporting), `valid`
-(devices whose average is a number, not NaN) and `last` (oldest "newest sample" of any device).
+`util` (max over the pod's devices of the window's peak or average, per `reclaim.idle_statistic`: a
+multi-GPU pod is idle only if every GPU is), `samples` (min sample count of any device: the
+coverage), `series` (devices reporting), `valid` (devices whose average is a number, not NaN) and
+`last` (oldest "newest sample" of any device).
 
 Label spellings: the pod/namespace/host label lists of `prometheus.labels` are copied onto our own
 `gs_*` labels in list order, so a later name overrides an earlier one when both are set. With the
@@ -47,8 +48,13 @@ def _normalise(expr: str, labels: settings.PrometheusLabels) -> str:
     return expr
 
 
-def query(window_seconds: int, *, config: settings.Prometheus) -> str:
-    """The one instant query for every pod whose idle window is `window_seconds`."""
+STATISTIC = {"peak": "max_over_time", "average": "avg_over_time"}
+
+
+def query(window_seconds: int, *, config: settings.Prometheus, statistic: str) -> str:
+    """The one instant query for every pod whose idle window is `window_seconds`; `statistic` is
+    `peak` or `average` (settings.Reclaim.idle_statistic)."""
+    over_time = STATISTIC[statistic]
     mig = config.labels.mig_profile
     selectors = {
         "gpu": (f'{config.gpu_util_metric}{{{mig}=""}}', ""),
@@ -59,7 +65,7 @@ def query(window_seconds: int, *, config: settings.Prometheus) -> str:
     for kind, (selector, scale) in selectors.items():
         ranged = f"{selector}[{window_seconds}s]"
         stats = {
-            "util": f"max {by} ({_normalise(f'avg_over_time({ranged}){scale}', config.labels)})",
+            "util": f"max {by} ({_normalise(f'{over_time}({ranged}){scale}', config.labels)})",
             "samples": f"min {by} ({_normalise(f'count_over_time({ranged})', config.labels)})",
             "series": f"count {by} ({_normalise(f'count_over_time({ranged})', config.labels)})",
             # NaN >= 0 is false: a device averaging NaN drops out of `valid` but not `series`.
@@ -160,6 +166,7 @@ def assess(
         utilisations.append(stats["util"])
     value = max(utilisations)
     verdict = "<" if value < threshold_percent else ">="
-    reason = f"GPU utilisation {value:.1f}% {verdict} {threshold_percent:g}% over {window_seconds}s"
+    reason = (f"{reclaim.idle_statistic} GPU utilisation {value:.1f}% {verdict} {threshold_percent:g}% "
+              f"over {window_seconds}s")
     return Assessment(value < threshold_percent, value, reason)
 

@@ -136,7 +136,7 @@ def test_idle_pod_is_evicted_for_a_pending_pod_and_a_disruption_budget_blocks_an
     assert pods["want-free"]["spec"]["nodeName"] == free_node
     assert "idle-guarded" in pods and not pods["idle-guarded"]["metadata"].get("deletionTimestamp")
     assert not pods["want-guarded"]["spec"].get("nodeName")
-    reason = (f"GPU utilisation {IDLE_UTILISATION:.1f}% < {THRESHOLD_PERCENT}% over {IDLE_WINDOW_SECONDS}s; "
+    reason = (f"peak GPU utilisation {IDLE_UTILISATION:.1f}% < {THRESHOLD_PERCENT}% over {IDLE_WINDOW_SECONDS}s; "
               f"reclaimed for {namespace}/want-free (priority {PRIORITY})")
     listed = {
         (e["type"], e["reason"], e["involvedObject"]["name"], e["message"])

@@ -249,7 +249,7 @@ async def test_cycle_evicts_posts_events_and_persists_cooldowns(
         ("PriorityClass", "broken", "Warning", "ReclaimPolicyInvalid"):
             f"PriorityClass broken not reclaimable: {p_key('resource-idle-seconds')}='soon' is not an integer",
         ("Pod", "idle", "Normal", "IdleGPUReclaimed"):
-            f"{verb}: GPU utilisation 1.0% < 5% over 3600s; reclaimed for team-b/want (priority 10000)",
+            f"{verb}: peak GPU utilisation 1.0% < 5% over 3600s; reclaimed for team-b/want (priority 10000)",
         ("Pod", "want", "Normal", "GPUReclaimTriggered"):
             f"{verb} 1 idle GPU pod(s) for this pod (priority 10000): team-a/idle",
     }

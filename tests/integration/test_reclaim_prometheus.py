@@ -48,6 +48,9 @@ HISTORY = [
     Series(UTIL, dcgm("2", pod="elsewhere", host="n9"), every_minute(1.0)),
     Series(UTIL, dcgm("3", pod="half-reporting", host="n2"), every_minute(1.0)),
     Series(UTIL, dcgm("4", pod="nan", host="n2"), every_minute(float("nan"))),
+    # Idle but for one minute of serving at 60 %: the window's average (2 %) hides what its peak shows.
+    Series(UTIL, dcgm("5", pod="bursty", host="n2"),
+           [(ago, 60.0 if ago == 1830 else value) for ago, value in every_minute(1.0)]),
 ]
 
 
@@ -66,6 +69,7 @@ def cluster_pods() -> list[dict[str, Any]]:
         running("mig-busy", gpus=0, mig={"1g.10gb": 1}), running("gappy", node="n2"),
         running("stale", node="n2"), running("elsewhere"), running("half-reporting", node="n2", gpus=2),
         running("nan", node="n2"), running("missing"), running("half-hour", cls="half-hourly"),
+        running("bursty", node="n2"),
     ]
 
 
@@ -122,7 +126,8 @@ async def test_assess_against_real_prometheus(
 ) -> None:
     client = prometheus.Client(settings.Prometheus(url=server.url))
     try:
-        rows = await client.query(utilisation.query(HOUR, config=config.prometheus), time=server.now)
+        rows = await client.query(utilisation.query(
+            HOUR, config=config.prometheus, statistic=config.descheduler.reclaim.idle_statistic), time=server.now)
     finally:
         client.close()
     cluster = build(config, server.now)
@@ -130,6 +135,27 @@ async def test_assess_against_real_prometheus(
                                 window_seconds=HOUR, threshold_percent=10, config=config, now=server.now)
     assert result.idle == idle
     assert reason in result.reason
+
+
+@pytest.mark.parametrize(
+    ("statistic", "idle", "reason"),
+    [
+        pytest.param("peak", False, "peak GPU utilisation 60.0% >= 10% over 3600s", id="peak-sees-the-burst"),
+        pytest.param("average", True, "average GPU utilisation 2.0% < 10% over 3600s", id="average-hides-it"),
+    ],
+)
+async def test_window_statistic_on_a_bursty_pod(server: PrometheusServer, statistic: str, idle: bool,
+                                                reason: str) -> None:
+    config = settings.load(overrides={"descheduler": {"reclaim": {"idle_statistic": statistic}}})
+    client = prometheus.Client(settings.Prometheus(url=server.url))
+    try:
+        rows = await client.query(utilisation.query(HOUR, config=config.prometheus, statistic=statistic),
+                                  time=server.now)
+    finally:
+        client.close()
+    result = utilisation.assess(build(config, server.now).pods["team-a/bursty"], readings=utilisation.parse(rows),
+                                window_seconds=HOUR, threshold_percent=10, config=config, now=server.now)
+    assert (result.idle, result.reason) == (idle, reason)
 
 
 class Counting:
@@ -162,13 +188,14 @@ async def test_cycle_queries_once_per_window_and_plans(server: PrometheusServer)
         cycle = await _loop(config, querier, server.now).cycle()
     finally:
         querier.client.close()
-    assert cycle.queries == 2 and len(querier.promql) == 2  # 14 pods, two distinct windows
+    assert cycle.queries == 2 and len(querier.promql) == 2  # 15 pods, two distinct windows
     assert cycle.prometheus_errors == ()
     evicted = {e["pod"] for e in cycle.plan.as_json()["evictions"]}
     assert evicted == {"team-a/idle", "team-a/renamed", "team-a/multi-idle", "team-a/mig-idle"}
     spared = {s.pod: s.reason for s in cycle.plan.spared}
     assert spared["team-a/half-hour"] == "not idle: no DCGM series for the pod over 1800s"
-    assert spared["team-a/multi"] == "not idle: GPU utilisation 80.0% >= 10% over 3600s"
+    assert spared["team-a/multi"] == "not idle: peak GPU utilisation 80.0% >= 10% over 3600s"
+    assert spared["team-a/bursty"] == "not idle: peak GPU utilisation 60.0% >= 10% over 3600s"
     assert all(o.result is evictor.Result.WOULD_EVICT for o in cycle.outcomes)
 
 

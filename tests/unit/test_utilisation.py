@@ -30,8 +30,14 @@ def rows(kind: str = "gpu", host: str = "n1", **stats: float) -> list[dict[str, 
     ]
 
 
+@pytest.mark.parametrize(("statistic", "function"), [("peak", "max_over_time"), ("average", "avg_over_time")])
+def test_window_statistic_picks_the_promql_function(statistic: str, function: str) -> None:
+    promql = utilisation.query(600, config=CONFIG.prometheus, statistic=statistic)
+    assert f'{function}(DCGM_FI_DEV_GPU_UTIL{{GPU_I_PROFILE=""}}[600s])' in promql
+
+
 def test_query_is_one_expression_for_all_pods_with_every_label_spelling() -> None:
-    promql = utilisation.query(3600, config=CONFIG.prometheus)
+    promql = utilisation.query(3600, config=CONFIG.prometheus, statistic="average")
     assert promql.count("[3600s]") == 8  # util, samples, series, valid for each of the two metrics
     assert 'DCGM_FI_DEV_GPU_UTIL{GPU_I_PROFILE=""}' in promql
     assert 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!=""}[3600s]) * 100' in promql
@@ -76,4 +82,4 @@ def test_parse_ignores_foreign_rows_and_merges_host_spellings() -> None:
     assert set(readings) == {("team-a", "p")}
     found = utilisation.assess(pod(), readings=readings, window_seconds=3600, threshold_percent=10,
                                config=CONFIG, now=NOW)
-    assert found.reason == "GPU utilisation 7.0% < 10% over 3600s"  # the busier spelling wins
+    assert found.reason == "peak GPU utilisation 7.0% < 10% over 3600s"  # the busier spelling wins
