@@ -21,13 +21,6 @@ FALSE_VALUES = frozenset({"false", "0", "no", ""})
 
 
 @dataclasses.dataclass(frozen=True)
-class NodeScoreView:
-    node: str
-    score: float
-    normalized: int
-
-
-@dataclasses.dataclass(frozen=True)
 class Outcome:
     patch: list[dict[str, Any]]  # RFC 6902 operations; empty => nothing to change
     changes: tuple[str, ...]  # kinds of mutation made: tier, affinity-required, affinity-preferred, gate, decision
@@ -36,7 +29,6 @@ class Outcome:
     skipped: str | None  # why the pod was left alone entirely (None: it was considered)
     tier: str | None = None
     gated: bool = False
-    scores: tuple[NodeScoreView, ...] = ()
 
 
 def _skip(reason: str, *warnings: str) -> Outcome:
@@ -96,7 +88,7 @@ def decide(
 
     tier_name = _apply_tier(mutated, ns=ns, cluster=cluster, config=config, notes=notes, warnings=warnings,
                             changes=changes)
-    scores = _apply_placement(mutated, request=request, cluster=cluster, config=config, now=now,
+    _apply_placement(mutated, request=request, cluster=cluster, config=config, now=now,
                               notes=notes, warnings=warnings, changes=changes)
     gate = gating.decide(pod=pod, names=config.names)
     if gate.add:
@@ -118,7 +110,6 @@ def decide(
         skipped=None,
         tier=tier_name,
         gated=gate.add,
-        scores=tuple(NodeScoreView(s.node, s.score, s.normalized) for s in scores),
     )
 
 
@@ -181,20 +172,20 @@ def _apply_placement(
     notes: list[str],
     warnings: list[str],
     changes: list[str],
-) -> tuple[scoring.NodeScore, ...]:
+) -> None:
     mode = _placement_mode(mutated.get("metadata") or {}, config, warnings)
     if mode is settings.Placement.OFF:
         notes.append("placement off")
-        return ()
+        return
     if request.full == 0:
         notes.append("placement: MIG slices only, NVLink domains do not apply")
-        return ()
+        return
     age = cluster.age(now)
     if age is None or age > config.admission.max_snapshot_age_seconds:
         known = "never synced" if age is None else f"{age:.0f}s old"
         warnings.append(f"cluster snapshot {known}; NVLink affinity not added")
         notes.append(f"placement skipped: snapshot {known}")
-        return ()
+        return
 
     parts = [f"placement {mode.value}"]
     if mode is settings.Placement.STRICT:
@@ -212,4 +203,3 @@ def _apply_placement(
     else:
         parts.append(f"no node can take {request.full} GPUs now")
     notes.append("; ".join(parts))
-    return ranking.scores

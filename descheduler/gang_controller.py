@@ -28,7 +28,7 @@ import aiohttp
 import prometheus_client
 from kubernetes_asyncio import client
 
-from common import events, kube, settings, snapshot, source
+from common import events, kube, settings, snapshot, source, timestamps
 from descheduler import gang_patch, gang_release
 
 logger = logging.getLogger(__name__)
@@ -154,7 +154,7 @@ class Controller:
         self._metrics.releases.labels(_release_kind(decision)).inc()
         if decision.action is not gang_release.Action.RELEASE_ALONE:
             newest = max((cluster.pods[m.key].created for m in decision.members), default="")
-            started = gang_release.seconds(newest)
+            started = timestamps.epoch(newest)
             if started is not None:
                 self._metrics.wait_seconds.observe(max(0.0, now - started))
         await self._tell(decision, only_changes=False)

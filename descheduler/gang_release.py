@@ -34,12 +34,11 @@ Pure: a `Snapshot`, the settings and `now` in, decisions with their reasons out.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import enum
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from common import fit, gangs, gpu, placement, settings, snapshot
+from common import fit, gangs, gpu, placement, settings, snapshot, timestamps
 
 EventType = Literal["Normal", "Warning"]
 
@@ -357,14 +356,6 @@ def place(members: Sequence[snapshot.Pod], *, cluster: snapshot.Snapshot) -> Pla
 # --- the planner ---------------------------------------------------------------------------------
 
 
-def seconds(stamp: str) -> float | None:
-    """Unix seconds of an RFC 3339 timestamp (None if unreadable)."""
-    try:
-        return datetime.datetime.fromisoformat(stamp).timestamp()
-    except ValueError:
-        return None
-
-
 def _member(pod: snapshot.Pod, *, gate: str, node: str | None = None) -> Member:
     return Member(pod.key, pod.uid, gate in pod.scheduling_gates, pod.request, pod.node_name or node)
 
@@ -466,7 +457,7 @@ def _before_queue(gang: _Gang, *, names: settings.Names, cfg: settings.Gangs, no
             message = (f"gang was complete, now {count} of {gang.size} members remain and nothing will "
                        "recreate the others; released")
             return gang.decide(Action.RELEASE_ALONE, message, "Warning", ORPHANED, members=members)
-        age = now - (seconds(gang.created) or now)
+        age = now - (timestamps.epoch(gang.created) or now)
         present = f"{count} of {gang.size} members present"
         if age > cfg.timeout_seconds:
             message = (f"{present} after more than {cfg.timeout_seconds:g}s (the timeout); kept gated: "

@@ -26,8 +26,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from common import kube, settings
-from descheduler import reclaim
+from common import kube, settings, timestamps
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +46,7 @@ def may_acquire(spec: Mapping[str, Any], *, identity: str, now: float) -> tuple[
         return True, "the Lease has no holder"
     if holder == identity:
         return True, "we hold the Lease"
-    renewed = reclaim.epoch(spec.get("renewTime")) or reclaim.epoch(spec.get("acquireTime"))
+    renewed = timestamps.epoch(spec.get("renewTime")) or timestamps.epoch(spec.get("acquireTime"))
     duration = float(spec.get("leaseDurationSeconds") or 0)
     if renewed is None or renewed + duration < now:
         return True, f"holder {holder} let the Lease expire"

@@ -32,7 +32,6 @@ from __future__ import annotations
 import bisect
 import collections
 import dataclasses
-import datetime
 import functools
 import heapq
 import itertools
@@ -40,7 +39,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Any
 
-from common import fit, gangs, gpu, placement, settings, snapshot
+from common import fit, gangs, gpu, placement, settings, snapshot, timestamps
 from descheduler import cooldowns, policy, protections, utilisation
 
 NEVER = "Never"
@@ -205,22 +204,12 @@ class Budget:
 # --- Screening ------------------------------------------------------------------------------------
 
 
-def epoch(text: str | None) -> float | None:
-    """Unix seconds of an RFC 3339 timestamp (Kubernetes Time or MicroTime); None if absent or malformed."""
-    if not text:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def scheduled_at(pod: snapshot.Pod) -> float | None:
     status = pod.raw.get("status") or {}
     for condition in status.get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "True":
-            return epoch(condition.get("lastTransitionTime")) or epoch(status.get("startTime"))
-    return epoch(status.get("startTime")) or epoch(pod.created)
+            return timestamps.epoch(condition.get("lastTransitionTime")) or timestamps.epoch(status.get("startTime"))
+    return timestamps.epoch(status.get("startTime")) or timestamps.epoch(pod.created)
 
 
 def screen(

@@ -23,7 +23,7 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from common import kube, settings, snapshot
+from common import kube, settings, snapshot, timestamps
 from descheduler import gang_controller, gang_release
 from tests import builders
 
@@ -391,7 +391,7 @@ async def test_waiting_and_timeout_events_are_posted_once(fake: tuple[FakeApiSer
         pod = gang_member(f"part-{i}", gang="part", size=3, gpus=1, namespace=NAMESPACE, gated=True)
         pod["metadata"]["creationTimestamp"] = "2026-11-21T10:00:00Z"
         server.put(pod)
-    created = gang_release.seconds("2026-11-21T10:00:00Z")
+    created = timestamps.epoch("2026-11-21T10:00:00Z")
     assert created is not None
     clock = [created]
     ctl = controller(server, api, config(timeout_seconds=600), clock=lambda: clock[0])
