@@ -65,14 +65,19 @@ class Metrics:
             registry=self.registry,
         )
         age.set_function(lambda: _or_never(snapshot_age()))
-        for result in Result:  # every series exists from the start, so rate() sees the first request
-            self.requests.labels(result=result.value)
+        # Every series exists from the start, so rate() sees the first request; the children are kept
+        # because a labels() lookup per request costs more than the increment.
+        self._requests_by_result = {result: self.requests.labels(result=result.value) for result in Result}
+        self._mutations_by_kind: dict[str, prometheus_client.Counter] = {}
 
     def record(self, *, result: Result, seconds: float, changes: tuple[str, ...], warnings: int) -> None:
-        self.requests.labels(result=result.value).inc()
+        self._requests_by_result[result].inc()
         self.latency.observe(seconds)
         for kind in changes:
-            self.mutations.labels(kind=kind).inc()
+            counter = self._mutations_by_kind.get(kind)
+            if counter is None:
+                counter = self._mutations_by_kind[kind] = self.mutations.labels(kind=kind)
+            counter.inc()
         if warnings:
             self.warnings.inc(warnings)
 

@@ -187,5 +187,5 @@ def rank(
             if reason is not None:
                 excluded[node.name] = reason
                 continue
-            scores.append(dataclasses.replace(template, node=node.name))
+            scores.append(NodeScore(node.name, template.score, template.normalized, template.spanned, template.terms))
     return Ranking(tuple(scores), excluded)

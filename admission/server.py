@@ -158,16 +158,21 @@ async def mutate(request: web.Request) -> web.Response:
     answer = _answer(app, parsed.request)
     seconds = timer() - started
     app[METRICS].record(result=answer.result, seconds=seconds, changes=answer.changes, warnings=len(answer.warnings))
-    log.info(
-        "admission uid=%s op=%s pod=%s result=%s changes=%s duration_ms=%.2f%s",
-        parsed.request.uid,
-        parsed.request.operation,
-        _pod_ref(parsed.request),
-        answer.result.value,
-        ",".join(answer.changes) or "-",
-        seconds * 1000,
-        f" skipped={answer.skipped!r}" if answer.skipped else "",
-    )
+    # One line per request costs as much as the decision itself; the pod's decision annotation and the
+    # metrics are the record, so the line is for debugging, or for answers that warned the user.
+    level = logging.INFO if answer.warnings else logging.DEBUG
+    if log.isEnabledFor(level):
+        log.log(
+            level,
+            "admission uid=%s op=%s pod=%s result=%s changes=%s duration_ms=%.2f%s",
+            parsed.request.uid,
+            parsed.request.operation,
+            _pod_ref(parsed.request),
+            answer.result.value,
+            ",".join(answer.changes) or "-",
+            seconds * 1000,
+            f" skipped={answer.skipped!r}" if answer.skipped else "",
+        )
     return web.json_response(answer.body)
 
 

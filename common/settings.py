@@ -216,7 +216,12 @@ class Admission(Model):
         description="strict | prefer | off: NVLink affinity of pods without the placement label.",
     )
     preferred_terms: int = pydantic.Field(
-        default=3, ge=0, le=20, description="How many best-scored nodes get a preferred affinity term."
+        default=10,
+        ge=0,
+        le=20,
+        description="How many best-scored nodes get a preferred affinity term. Keep it well above 1: the "
+        "scheduler scores only a sample of the feasible nodes (percentageOfNodesToScore) and pods admitted "
+        "together see the same best nodes (docs/scoring.md).",
     )
     excluded_namespaces: list[str] = pydantic.Field(
         default_factory=lambda: ["kube-system"],

@@ -231,7 +231,7 @@ def check_defaults(objects: Objects) -> None:
             for name, c in classes.items()} == {
         "gpu-steward-critical": (100_000, "PreemptLowerPriority", {}),
         "gpu-steward-normal": (10_000, "PreemptLowerPriority", {
-            f"{reclaim}resource-idle-seconds": "3600", f"{reclaim}resource-idle-usage-threshold": "5",
+            f"{reclaim}resource-idle-seconds": "10800", f"{reclaim}resource-idle-usage-threshold": "5",
             f"{reclaim}toleration-seconds": "1800"}),
         "gpu-steward-scavenger": (100, "Never", {
             f"{reclaim}resource-idle-seconds": "600", f"{reclaim}resource-idle-usage-threshold": "5",

@@ -107,7 +107,7 @@ async def test_every_review_is_allowed_and_echoes_its_uid(
     webhook: conftest.Webhook, caplog: pytest.LogCaptureFixture, fixture: str, result: str, why: str | None
 ) -> None:
     body = conftest.review_fixture(fixture)
-    caplog.set_level(logging.INFO, logger="admission.server")
+    caplog.set_level(logging.DEBUG, logger="admission.server")
     before = (await webhook.get("/metrics"))[1]
 
     answer = await webhook.review(body)
@@ -121,10 +121,11 @@ async def test_every_review_is_allowed_and_echoes_its_uid(
     after = (await webhook.get("/metrics"))[1]
     name = "gpu_steward_admission_requests_total"
     assert metric(after, name, result=result) == metric(before, name, result=result) + 1
-    (line,) = [r.getMessage() for r in caplog.records if body["request"]["uid"] in r.getMessage()]
-    assert f"result={result}" in line
+    (record,) = [r for r in caplog.records if body["request"]["uid"] in r.getMessage()]
+    assert f"result={result}" in record.getMessage()
+    assert record.levelno == logging.DEBUG  # no warning: the decision annotation and metrics are the record
     if why is not None:
-        assert why in line
+        assert why in record.getMessage()
 
 
 @pytest.mark.parametrize(
@@ -137,7 +138,7 @@ async def test_every_review_is_allowed_and_echoes_its_uid(
 async def test_the_log_line_names_the_pod(
     webhook: conftest.Webhook, caplog: pytest.LogCaptureFixture, fixture: str, pod_ref: str
 ) -> None:
-    caplog.set_level(logging.INFO, logger="admission.server")
+    caplog.set_level(logging.DEBUG, logger="admission.server")
     body = conftest.review_fixture(fixture)
     await webhook.review(body)
     (line,) = [r.getMessage() for r in caplog.records if body["request"]["uid"] in r.getMessage()]
@@ -173,7 +174,7 @@ async def test_the_patch_applies_to_the_request_object_and_is_idempotent(
 
 
 async def test_the_engine_gets_the_request_and_its_answer_reaches_the_wire(
-    start_webhook: conftest.StartWebhook, cluster: source.StaticSource
+    start_webhook: conftest.StartWebhook, cluster: source.StaticSource, caplog: pytest.LogCaptureFixture
 ) -> None:
     patch = [{"op": "add", "path": "/metadata/labels/example.com~1team", "value": "a~b"}]
     engine = Engine(
@@ -186,6 +187,7 @@ async def test_the_engine_gets_the_request_and_its_answer_reaches_the_wire(
         )
     )
     body = conftest.review_fixture("pod-create-generate-name")
+    caplog.set_level(logging.DEBUG, logger="admission.server")
 
     async with start_webhook(decide=engine, clock=lambda: 1234.5) as hook:
         answer = await hook.review(body)
@@ -204,6 +206,9 @@ async def test_the_engine_gets_the_request_and_its_answer_reaches_the_wire(
     assert response["warnings"] == ["first warning", "x" * review.MAX_WARNING_CHARS]
     assert metric(page, "gpu_steward_admission_mutations_total", kind="tier") == 1
     assert metric(page, "gpu_steward_admission_warnings_total") == 2
+    # An answer that warned the user is logged at INFO, unlike quiet ones.
+    (record,) = [r for r in caplog.records if body["request"]["uid"] in r.getMessage()]
+    assert record.levelno == logging.INFO and "result=mutated" in record.getMessage()
 
 
 @pytest.mark.parametrize(
