@@ -1,29 +1,39 @@
-"""What gpu-steward's webhook adds to pod creation through the real API server.
+"""What gpu-steward's webhook adds to pod creation through the real API server, beside any webhook's floor.
 
     python benchmarks/webhook_apiserver.py [--nodes 20x8g2d] [--pods 300] [--block 25] [--quick] [--out FILE]
 
 One local control plane (kube-apiserver, etcd, scheduler, kwok; `gpu_steward/localcluster.py`) with
-the same kwok GPU nodes for both arms, and the real `gpu-steward webhook` process started once
-(`gpu_steward/localsteward.py`). Two arms, alternated in blocks of `--block` pods in the order
-A B B A A B … (so a linear drift of the machine falls on both alike):
-  * A — the webhook NOT registered (its MutatingWebhookConfiguration deleted);
-  * B — the webhook registered (the same object created again).
-Before each block a probe pod is created until the apiserver shows the arm's state (B: the pod
-carries our decision annotation; A: it does not), since webhook registrations reach the admission
-chain through an informer. Then `--block` GPU pods (1 GPU, default tier) are created ONE AT A TIME
+the same kwok GPU nodes for every arm, the real `gpu-steward webhook` process (`gpu_steward/localsteward.py`)
+and a no-op aiohttp webhook (`benchmarks/noop_webhook.py`, this script with `--serve-noop`) each started
+once. Three arms:
+  * A — no webhook registered;
+  * B — gpu-steward's MutatingWebhookConfiguration registered;
+  * C — the no-op webhook registered instead: a copy of ours as the apiserver stores it (rules,
+    selectors, timeout, failure policy, side effects), named `noop.benchmark.gpu-steward.io` and
+    pointing at the no-op server over TLS with its own throwaway CA (`gpu_steward/certs.py`). It
+    decodes the review, echoes the uid and allows, with no patch: the apiserver does the same work
+    as for B except our handler and applying our patch. C minus A is the floor: what ANY Python
+    aiohttp webhook adds on this machine.
+At most one registration exists at a time (the old one is deleted before the new one is created).
+Blocks of `--block` pods run in rounds of one block per arm, every other round reversed: A B C C B A
+A B C … (each arm's mean position is the same over two rounds, so a linear drift of the machine falls
+on all arms alike). Before each block a probe pod is created until the apiserver shows the arm's
+state, since webhook registrations reach the admission chain through an informer: the pod carries
+our decision annotation exactly in B, and the no-op server's request counter (it changes nothing in
+the pod) rose exactly in C. Then `--block` GPU pods (1 GPU, default tier) are created ONE AT A TIME
 over one keep-alive HTTPS connection with the admin client certificate (sequential creates: this
-measures latency, not throughput), each timed from the POST to the decoded answer; after the
-block its pods are force-deleted so every block starts from the same empty nodes.
+measures latency, not throughput), each timed from the POST to the decoded answer; after the block
+its pods are force-deleted so every block starts from the same empty nodes.
 
 The apiserver's /metrics is scraped around every block; the delta of
-`apiserver_admission_webhook_admission_duration_seconds{name="pods.gpu-steward.io",type="admit"}`
-gives the webhook call's mean (sum/count, exact) and p50/p99 estimated from its buckets the way
-PromQL's histogram_quantile does (linear within a bucket; the buckets are coarse: 5 ms, 25 ms, …).
-The webhook's own /metrics is scraped too: `gpu_steward_admission_request_duration_seconds` (body
-read to answer ready, fine buckets) — the rest of the apiserver's figure is transport and the
-apiserver's own work (encoding the review, applying the patch). The goal is judged on the median
-of paired neighbouring-block differences (B minus A), which a drifting load cancels; pooled p50s
-and medians of block medians are printed beside it.
+`apiserver_admission_webhook_admission_duration_seconds{name=…,type="admit"}` (B: pods.gpu-steward.io,
+C: the no-op's name, A: both, which must stay 0) gives the webhook call's mean (sum/count, exact) and
+p50/p99 estimated from its buckets the way PromQL's histogram_quantile does (linear within a bucket;
+the buckets are coarse: 5 ms, 25 ms, …). gpu-steward's own /metrics is scraped too:
+`gpu_steward_admission_request_duration_seconds` (body read to answer ready, fine buckets). Each
+comparison (B-A: added by gpu-steward, the goal's; C-A: the floor; B-C: gpu-steward over the floor)
+is judged on the median of the differences within rounds (blocks seconds apart, which a drifting load
+cancels; C and A are two blocks apart); pooled p50s and medians of block medians are printed beside it.
 Prints a table and writes JSON to --out. Times are printed, never asserted; the machine may be
 shared, so the load average is recorded and the arms are compared by medians and ratios.
 """
@@ -32,7 +42,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
+import copy
+import dataclasses
 import json
 import math
 import os
@@ -42,7 +55,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -50,14 +63,18 @@ sys.path.append(str(ROOT))  # after site-packages: an installed gpu-steward wins
 
 import aiohttp  # noqa: E402
 from kubernetes_asyncio import client  # noqa: E402
+from noop_webhook import serve_noop  # noqa: E402  # benchmarks/noop_webhook.py, beside this script
 from prometheus_client import parser as prom_parser  # noqa: E402
 
 from common import kube, settings  # noqa: E402
-from gpu_steward import demo, localcluster, localsteward  # noqa: E402
+from gpu_steward import certs, demo, localcluster, localsteward  # noqa: E402
 
+SCRIPT = pathlib.Path(__file__).resolve()
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "webhook_apiserver.json"
 NAMESPACE = "bench"
 WEBHOOK_NAME = "pods.gpu-steward.io"  # the webhook's name inside our registration
+NOOP_REGISTRATION = "gpu-steward-benchmark-noop"
+NOOP_WEBHOOK_NAME = "noop.benchmark.gpu-steward.io"
 ADMISSION_METRIC = "apiserver_admission_webhook_admission_duration_seconds"
 HANDLER_METRIC = "gpu_steward_admission_request_duration_seconds"  # the webhook's own, from admission/metrics.py
 REGISTRATIONS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
@@ -65,7 +82,14 @@ PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
 CALL_TIMEOUT_SECONDS = 30
 SWITCH_TIMEOUT_SECONDS = 60
 GOAL_ADDED_P50_MS = 2.0
-ARMS = {"A": "without webhook", "B": "with gpu-steward"}
+ARMS = {"A": "without webhook", "B": "with gpu-steward", "C": "with no-op webhook"}
+WEBHOOKS = {"B": WEBHOOK_NAME, "C": NOOP_WEBHOOK_NAME}  # the webhook each arm registers (A: none)
+# key: (minuend arm, subtrahend arm, what the difference means)
+COMPARISONS = {
+    "B_vs_A": ("B", "A", "added by gpu-steward"),
+    "C_vs_A": ("C", "A", "added by the no-op webhook"),
+    "B_vs_C": ("B", "C", "gpu-steward over the no-op"),
+}
 
 
 def say(message: str) -> None:
@@ -108,34 +132,89 @@ async def delete_all(api: client.ApiClient) -> None:
             await asyncio.sleep(0.1)
 
 
-# --- the registration, on and off -----------------------------------------------------------------
+# --- the registrations: none, ours or the no-op's -------------------------------------------------
 
 
-async def set_registered(
-    api: client.ApiClient, registration: Mapping[str, Any], *, on: bool, decision: str, probes: list[int]
-) -> None:
-    """Create or delete our registration, then create probe pods until the admission chain agrees."""
-    path = f"{REGISTRATIONS}/{registration['metadata']['name']}"
+@contextlib.contextmanager
+def noop_webhook(workdir: pathlib.Path) -> Iterator[tuple[str, certs.ServingCert]]:
+    """Run arm C's server (this script with --serve-noop) on a serving certificate of its own CA,
+    made the way localsteward makes ours; yield its base URL and the certificate. Stopped on exit."""
+    cert = certs.generate(workdir / "noop-tls", common_name="noop-webhook")
+    port = localcluster.free_port()
+    url = f"https://127.0.0.1:{port}"
+    server = localcluster.ManagedProcess(
+        "noop-webhook",
+        [sys.executable, str(SCRIPT), "--serve-noop", "--port", str(port),
+         "--cert-file", str(cert.cert_file), "--key-file", str(cert.key_file)],
+        log_file=workdir / "noop-webhook.log")
     try:
-        await kube.get(api, path, timeout_seconds=CALL_TIMEOUT_SECONDS)
-        present = True
-    except kube.ApiError as exc:
-        if exc.status != 404:
-            raise
-        present = False
-    if on and not present:
-        await kube.request(api, "POST", REGISTRATIONS, body=dict(registration), timeout_seconds=CALL_TIMEOUT_SECONDS)
-    elif present and not on:
-        await kube.request(api, "DELETE", path, timeout_seconds=CALL_TIMEOUT_SECONDS)
-    tries = 0
-    async with asyncio.timeout(SWITCH_TIMEOUT_SECONDS):
-        while True:
-            tries += 1
-            _, stored = await create(api, f"probe-{len(probes)}-{tries}")
-            if (decision in (stored["metadata"].get("annotations") or {})) == on:
-                break
-            await asyncio.sleep(0.1)
-    probes.append(tries)
+        server.start()
+        trust = ssl.create_default_context(cafile=str(cert.ca_file))
+        server.wait_http_ok(f"{url}/readyz", ssl_context=trust, timeout_seconds=60)
+        yield url, cert
+    finally:
+        server.stop()
+
+
+def noop_registration(ours: Mapping[str, Any], *, url: str, ca_bundle: bytes) -> dict[str, Any]:
+    """Our registration as the apiserver stored it (defaults filled in), renamed and pointed at the
+    no-op server: whatever localsteward registers, C differs from B only in who answers."""
+    [hook] = copy.deepcopy(ours["webhooks"])
+    hook["name"] = NOOP_WEBHOOK_NAME
+    hook["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca_bundle).decode()}
+    return {"apiVersion": ours["apiVersion"], "kind": ours["kind"], "metadata": {"name": NOOP_REGISTRATION},
+            "webhooks": [hook]}
+
+
+@dataclasses.dataclass
+class Registrations:
+    """Which webhook the apiserver calls on pod create: none (A), ours (B) or the no-op (C)."""
+
+    api: client.ApiClient
+    objects: Mapping[str, Mapping[str, Any]]  # arm -> the MutatingWebhookConfiguration it registers
+    session: aiohttp.ClientSession  # trusts the no-op server
+    noop_requests_url: str
+    decision: str  # our annotation: the sign that ours was called
+    probes: list[int] = dataclasses.field(default_factory=list)  # probe pods per switch
+
+    async def switch(self, arm: str) -> None:
+        """Make `arm`'s registration the only one, then create probe pods until the admission chain agrees."""
+        # Deletions first: two webhooks are never registered at once.
+        for owner in sorted(self.objects, key=lambda owner: owner == arm):
+            await self._ensure(self.objects[owner], present=owner == arm)
+        tries = 0
+        async with asyncio.timeout(SWITCH_TIMEOUT_SECONDS):
+            while True:
+                tries += 1
+                before = await self.noop_requests()
+                _, stored = await create(self.api, f"probe-{len(self.probes)}-{tries}")
+                called = {"B": self.decision in (stored["metadata"].get("annotations") or {}),
+                          "C": await self.noop_requests() > before}
+                if all(seen == (owner == arm) for owner, seen in called.items()):
+                    break
+                await asyncio.sleep(0.1)
+        self.probes.append(tries)
+
+    async def _ensure(self, registration: Mapping[str, Any], *, present: bool) -> None:
+        path = f"{REGISTRATIONS}/{registration['metadata']['name']}"
+        try:
+            await kube.get(self.api, path, timeout_seconds=CALL_TIMEOUT_SECONDS)
+            exists = True
+        except kube.ApiError as exc:
+            if exc.status != 404:
+                raise
+            exists = False
+        if present and not exists:
+            await kube.request(self.api, "POST", REGISTRATIONS, body=dict(registration),
+                               timeout_seconds=CALL_TIMEOUT_SECONDS)
+        elif exists and not present:
+            await kube.request(self.api, "DELETE", path, timeout_seconds=CALL_TIMEOUT_SECONDS)
+
+    async def noop_requests(self) -> int:
+        """How many reviews the no-op server has answered (it leaves no mark in the pod)."""
+        async with self.session.get(self.noop_requests_url) as answer:
+            answer.raise_for_status()
+            return int(await answer.text())
 
 
 # --- apiserver metrics ----------------------------------------------------------------------------
@@ -144,26 +223,39 @@ async def set_registered(
 Histogram = dict[float, float]  # cumulative count by upper bound; the sum under key -1 (no bound is negative)
 
 
-def histogram(text: str, family_name: str, labels: Mapping[str, str]) -> Histogram:
-    """One histogram out of a Prometheus text page, summed over the series matching `labels`."""
-    out: Histogram = {}
+def histograms(
+    text: str, family_name: str, labels: Mapping[str, str], *, by: str | None = None
+) -> dict[str, Histogram]:
+    """Histograms out of a Prometheus text page, one per value of label `by` (read once: the apiserver's
+    page is large; all under "" without `by`), each summed over the series matching `labels`."""
+    out: dict[str, Histogram] = {}
     for family in prom_parser.text_string_to_metric_families(text):
         if family.name != family_name:
             continue
         for sample in family.samples:
             if any(sample.labels.get(key) != value for key, value in labels.items()):
                 continue
+            hist = out.setdefault(sample.labels.get(by, "") if by else "", {})
             if sample.name.endswith("_bucket"):
                 bound = float(sample.labels["le"])
-                out[bound] = out.get(bound, 0.0) + sample.value
+                hist[bound] = hist.get(bound, 0.0) + sample.value
             elif sample.name.endswith("_sum"):
-                out[-1.0] = out.get(-1.0, 0.0) + sample.value
+                hist[-1.0] = hist.get(-1.0, 0.0) + sample.value
+    return out
+
+
+def histogram_sum(parts: Sequence[Mapping[float, float]]) -> Histogram:
+    out: Histogram = {}
+    for part in parts:
+        for key, value in part.items():
+            out[key] = out.get(key, 0.0) + value
     return out
 
 
 async def scrape(api: client.ApiClient, webhook: aiohttp.ClientSession, webhook_metrics: str) -> dict[str, Histogram]:
-    """The apiserver's view of our webhook calls (label `operation`/`rejected` summed) and the webhook's
-    own handling time (body read to answer ready), both cumulative."""
+    """Cumulative: the apiserver's view of the calls to each arm's webhook (under the arm's letter;
+    labels `operation`/`rejected` summed) and gpu-steward's own handling time (body read to answer
+    ready, under "handler")."""
     response = await api.call_api(
         "/metrics", "GET", header_params={"Accept": "text/plain"}, auth_settings=["BearerToken"],
         _preload_content=False, _request_timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT_SECONDS))
@@ -174,9 +266,10 @@ async def scrape(api: client.ApiClient, webhook: aiohttp.ClientSession, webhook_
     async with webhook.get(webhook_metrics) as answer:
         answer.raise_for_status()
         own = await answer.text()
+    calls = histograms(apiserver, ADMISSION_METRIC, {"type": "admit"}, by="name")
     return {
-        "apiserver": histogram(apiserver, ADMISSION_METRIC, {"name": WEBHOOK_NAME, "type": "admit"}),
-        "handler": histogram(own, HANDLER_METRIC, {}),
+        **{arm: calls.get(name, {}) for arm, name in WEBHOOKS.items()},  # no series before a webhook's first call
+        "handler": histograms(own, HANDLER_METRIC, {}).get("", {}),
     }
 
 
@@ -216,9 +309,11 @@ def webhook_summary(buckets: Mapping[float, float]) -> dict[str, Any]:
 # --- the run --------------------------------------------------------------------------------------
 
 
-def block_order(blocks: int) -> list[str]:
-    """A B B A A B B A …: each arm's mean position is the same, so a linear drift cancels."""
-    return [("A", "B", "B", "A")[i % 4] for i in range(blocks)]
+def block_order(rounds: int) -> list[str]:
+    """Rounds of one block per arm, every other one reversed: A B C C B A A B C …. Over two rounds each
+    arm's mean position is the same, so a linear drift cancels; within a round the arms run seconds apart."""
+    arms = list(ARMS)
+    return [arm for number in range(rounds) for arm in (arms if number % 2 == 0 else arms[::-1])]
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -237,8 +332,23 @@ def arm_summary(latencies: Sequence[float], block_medians: Sequence[float]) -> d
     }
 
 
+def admission_summary(arm: str, seen: Mapping[str, Histogram]) -> dict[str, Any]:
+    """The apiserver's calls to the arm's webhook (A: to any, so 0) and, as a check, to each webhook by name."""
+    own = seen[arm] if arm in WEBHOOKS else histogram_sum([seen[other] for other in WEBHOOKS])
+    return {
+        "webhook": WEBHOOKS.get(arm, "none (calls to any counted)"),
+        **webhook_summary(own),
+        "calls_by_webhook": {name: int(seen[other].get(math.inf, 0.0)) for other, name in WEBHOOKS.items()},
+    }
+
+
 async def measure(
-    cluster: localcluster.LocalCluster, args: argparse.Namespace, *, workdir: pathlib.Path
+    cluster: localcluster.LocalCluster,
+    args: argparse.Namespace,
+    *,
+    workdir: pathlib.Path,
+    noop_url: str,
+    noop_cert: certs.ServingCert,
 ) -> dict[str, Any]:
     names = settings.Settings().names
     api = await kube.api_client(settings.Kubernetes(kubeconfig=cluster.kubeconfig))
@@ -247,25 +357,28 @@ async def measure(
             await asyncio.to_thread(stack.enter_context, localsteward.webhook(cluster, workdir, config={}))
             stored = await kube.get(api, f"{REGISTRATIONS}/{localsteward.REGISTRATION}",
                                     timeout_seconds=CALL_TIMEOUT_SECONDS)
-            registration = {key: stored[key] for key in ("apiVersion", "kind", "webhooks")}
-            registration["metadata"] = {"name": stored["metadata"]["name"]}
-            probes: list[int] = []
+            ours = {key: stored[key] for key in ("apiVersion", "kind", "webhooks")}
+            ours["metadata"] = {"name": stored["metadata"]["name"]}
             latencies: dict[str, list[float]] = {arm: [] for arm in ARMS}
             medians: dict[str, list[float]] = {arm: [] for arm in ARMS}
-            seen: dict[str, dict[str, Histogram]] = {arm: {"apiserver": {}, "handler": {}} for arm in ARMS}
-            own_metrics = registration["webhooks"][0]["clientConfig"]["url"].replace("/mutate", "/metrics")
+            seen: dict[str, dict[str, Histogram]] = {arm: {key: {} for key in (*WEBHOOKS, "handler")} for arm in ARMS}
+            own_metrics = ours["webhooks"][0]["clientConfig"]["url"].replace("/mutate", "/metrics")
             trust = ssl.create_default_context(cafile=workdir / "tls" / "ca.crt")  # where localsteward put it
+            trust.load_verify_locations(cafile=noop_cert.ca_file)
             session = await stack.enter_async_context(aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(ssl=trust), timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT_SECONDS)))
-            # Warm-up, not counted: connections, caches, the webhook's first requests, both arms.
+            registrations = Registrations(
+                api, {"B": ours, "C": noop_registration(ours, url=f"{noop_url}/mutate", ca_bundle=noop_cert.ca_bundle)},
+                session, noop_requests_url=f"{noop_url}/requests", decision=names.decision)
+            # Warm-up, not counted: connections, caches, the webhooks' first requests, every arm.
             for arm in ARMS:
-                await set_registered(api, registration, on=arm == "B", decision=names.decision, probes=probes)
+                await registrations.switch(arm)
                 for index in range(args.warmup):
                     await create(api, f"warm-{arm.lower()}-{index}")
                 await delete_all(api)
-            order = block_order(math.ceil(args.pods / args.block) * 2)
+            order = block_order(math.ceil(args.pods / args.block))
             for number, arm in enumerate(order):
-                await set_registered(api, registration, on=arm == "B", decision=names.decision, probes=probes)
+                await registrations.switch(arm)
                 before = await scrape(api, session, own_metrics)
                 times = [(await create(api, f"{arm.lower()}-{number}-{i}"))[0] for i in range(args.block)]
                 after = await scrape(api, session, own_metrics)
@@ -278,38 +391,51 @@ async def measure(
     finally:
         await api.close()
     arms = {arm: {"label": ARMS[arm], **arm_summary(latencies[arm], medians[arm]),
-                  "webhook_admission": webhook_summary(seen[arm]["apiserver"]),
+                  "webhook_admission": admission_summary(arm, seen[arm]),
                   "webhook_handler": webhook_summary(seen[arm]["handler"])} for arm in ARMS}
-    return {"arms": arms, "block_order": order, "probe_pods_per_switch": probes,
+    return {"arms": arms, "webhooks": WEBHOOKS, "block_order": order, "probe_pods_per_switch": registrations.probes,
             "blocks": [{"arm": arm, "median_ms": round(medians[arm][order[:i].count(arm)] * 1000, 3)}
                        for i, arm in enumerate(order)]}
 
 
-def paired_differences(blocks: Sequence[Mapping[str, Any]]) -> list[float]:
-    """B minus A block medians (ms) of neighbouring blocks (1st with 2nd, 3rd with 4th, …): the two
-    blocks of a pair ran seconds apart, so the machine's drift between pairs drops out."""
+def paired_differences(blocks: Sequence[Mapping[str, Any]], first: str, second: str) -> list[float]:
+    """`first` minus `second` block medians (ms) within each round (`block_order`): the blocks of a round
+    ran seconds apart, so the machine's drift between rounds drops out, and the reversed rounds swap
+    which of the two ran first."""
     out = []
-    for first, second in zip(blocks[::2], blocks[1::2], strict=False):
-        by_arm = {first["arm"]: first["median_ms"], second["arm"]: second["median_ms"]}
-        out.append(round(by_arm["B"] - by_arm["A"], 3))
+    for start in range(0, len(blocks) - len(ARMS) + 1, len(ARMS)):
+        by_arm = {block["arm"]: block["median_ms"] for block in blocks[start:start + len(ARMS)]}
+        out.append(round(by_arm[first] - by_arm[second], 3))
     return out
 
 
-def compare(arms: Mapping[str, Mapping[str, Any]], blocks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The goal is judged on the median of paired block differences: on a shared machine the pooled
-    p50s drift by more than the effect (the pooled numbers are reported beside it)."""
-    a, b = arms["A"], arms["B"]
-    pairs = paired_differences(blocks)
-    added = statistics.median(pairs)
+def difference(arms: Mapping[str, Mapping[str, Any]], blocks: Sequence[Mapping[str, Any]], first: str,
+               second: str) -> dict[str, Any]:
+    x, y = arms[first], arms[second]
+    pairs = paired_differences(blocks, first, second)
     return {
-        "added_p50_ms_paired_blocks": round(added, 3),
+        "added_p50_ms_paired_blocks": round(statistics.median(pairs), 3),
         "paired_block_differences_ms": pairs,
-        "added_pooled_p50_ms": round(b["p50_ms"] - a["p50_ms"], 3),
-        "added_median_of_block_medians_ms": round(b["median_of_block_medians_ms"] - a["median_of_block_medians_ms"], 3),
-        "p50_ratio": round(b["p50_ms"] / a["p50_ms"], 3),
-        "p99_ratio": round(b["p99_ms"] / a["p99_ms"], 3),
-        "goal": f"under {GOAL_ADDED_P50_MS:g} ms added to p50 pod creation",
+        "added_pooled_p50_ms": round(x["p50_ms"] - y["p50_ms"], 3),
+        "added_median_of_block_medians_ms": round(x["median_of_block_medians_ms"] - y["median_of_block_medians_ms"], 3),
+        "p50_ratio": round(x["p50_ms"] / y["p50_ms"], 3),
+        "p99_ratio": round(x["p99_ms"] / y["p99_ms"], 3),
+    }
+
+
+def compare(arms: Mapping[str, Mapping[str, Any]], blocks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Each comparison is judged on the median of its paired block differences: on a shared machine the
+    pooled p50s drift by more than the effect (the pooled numbers are reported beside it). The goal is
+    gpu-steward's B-A; C-A, what a webhook that does nothing adds, is the floor under it."""
+    out: dict[str, Any] = {key: {"arms": f"{first}-{second}", "label": label, **difference(arms, blocks, first, second)}
+                           for key, (first, second, label) in COMPARISONS.items()}
+    added, floor = out["B_vs_A"]["added_p50_ms_paired_blocks"], out["C_vs_A"]["added_p50_ms_paired_blocks"]
+    return {
+        **out,
+        "goal": f"under {GOAL_ADDED_P50_MS:g} ms added to p50 pod creation (gpu-steward vs none)",
         "goal_met": added < GOAL_ADDED_P50_MS,
+        "floor_ms": floor,
+        "floor": "added to p50 pod creation by a no-op Python aiohttp webhook over TLS (no-op vs none)",
     }
 
 
@@ -318,26 +444,33 @@ def table(results: Mapping[str, Any]) -> str:
     lines = [f"{'arm':<20} {'pods':>5} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'mean ms':>8} "
              f"{'blk med':>8} {'webhook calls':>13} {'wh mean ms':>10} {'wh p50~':>8} {'wh p99~':>8} "
              f"{'own mean':>8} {'own p50~':>8}"]
+
+    def cell(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    stray = []
     for arm, row in arms.items():
         hook, own = row["webhook_admission"], row["webhook_handler"]
-
-        def cell(value: float | None) -> str:
-            return "-" if value is None else f"{value:.3f}"
-
         lines.append(
             f"{arm + ' ' + row['label']:<20} {row['pods']:>5} {row['p50_ms']:>8.3f} {row['p90_ms']:>8.3f} "
             f"{row['p99_ms']:>8.3f} {row['mean_ms']:>8.3f} {row['median_of_block_medians_ms']:>8.3f} "
             f"{hook['calls']:>13} {cell(hook['mean_ms']):>10} {cell(hook['p50_ms_from_buckets']):>8} "
             f"{cell(hook['p99_ms_from_buckets']):>8} {cell(own['mean_ms']):>8} {cell(own['p50_ms_from_buckets']):>8}"
         )
-    lines.append(
-        f"added by the webhook to the median create: {verdict['added_p50_ms_paired_blocks']:+.3f} ms "
-        f"(median of {len(verdict['paired_block_differences_ms'])} paired block differences); pooled p50 "
-        f"{verdict['added_pooled_p50_ms']:+.3f} ms (B/A {verdict['p50_ratio']:.2f}x), "
-        f"median of block medians {verdict['added_median_of_block_medians_ms']:+.3f} ms,\n  "
-        f"p99 B/A {verdict['p99_ratio']:.2f}x; goal {verdict['goal']}: "
-        f"{'MET' if verdict['goal_met'] else 'NOT MET'}"
-    )
+        stray += [f"{arm}: {calls} to {name}" for name, calls in hook["calls_by_webhook"].items()
+                  if calls and name != hook["webhook"]]
+    for key, (first, second, _) in COMPARISONS.items():
+        diff = verdict[key]
+        lines.append(
+            f"{diff['label'] + ' (' + diff['arms'] + '):':<36} {diff['added_p50_ms_paired_blocks']:+7.3f} ms "
+            f"(median of {len(diff['paired_block_differences_ms'])} paired block differences); pooled p50 "
+            f"{diff['added_pooled_p50_ms']:+.3f} ms ({first}/{second} {diff['p50_ratio']:.2f}x), block medians "
+            f"{diff['added_median_of_block_medians_ms']:+.3f} ms, p99 {first}/{second} {diff['p99_ratio']:.2f}x"
+        )
+    lines.append(f"goal {verdict['goal']}: {'MET' if verdict['goal_met'] else 'NOT MET'}; "
+                 f"floor {verdict['floor_ms']:+.3f} ms = what a no-op Python aiohttp webhook adds here")
+    if stray:
+        lines.append(f"WARNING: webhook calls outside their arm's blocks: {'; '.join(stray)}")
     load = results["load_average"]
     lines.append(f"load average (1/5/15 min) before {load['before']}, after {load['after']}")
     return "\n".join(lines)
@@ -347,13 +480,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", default="20x8g2d", help="kwok GPU nodes (localcluster.parse_nodes)")
     parser.add_argument("--pods", type=int, default=300, help="pods created per arm")
-    parser.add_argument("--block", type=int, default=25, help="pods per block; arms alternate A B B A …")
+    parser.add_argument("--block", type=int, default=25, help="pods per block; blocks rotate A B C C B A …")
     parser.add_argument("--warmup", type=int, default=10, help="uncounted pods per arm before measuring")
-    parser.add_argument("--quick", action="store_true", help="CI size: 50 pods per arm in blocks of 10")
+    parser.add_argument("--quick", action="store_true", help="CI size: 40 pods per arm in blocks of 10")
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
+    # Arm C's server: this script again, as a process of its own (`noop_webhook`).
+    parser.add_argument("--serve-noop", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--cert-file", type=pathlib.Path, help=argparse.SUPPRESS)
+    parser.add_argument("--key-file", type=pathlib.Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.quick:
-        args.pods, args.block, args.warmup = 50, 10, 5
+    if args.quick:  # 4 rounds: A B C C B A twice, balanced
+        args.pods, args.block, args.warmup = 40, 10, 5
     if args.pods < 1 or args.block < 1:
         parser.error("--pods and --block must be positive")
     gpus = sum(g.count * g.gpus for g in localcluster.parse_nodes(args.nodes))
@@ -363,8 +501,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.serve_noop:  # aiohttp's run_app ends on SIGTERM by itself
+        serve_noop(port=args.port, cert_file=args.cert_file, key_file=args.key_file)
+        return 0
     with localcluster.sigterm_as_interrupt():
-        return _main(parse_args(argv), command=list(argv if argv is not None else sys.argv[1:]))
+        return _main(args, command=list(argv if argv is not None else sys.argv[1:]))
 
 
 def _main(args: argparse.Namespace, *, command: list[str]) -> int:
@@ -372,13 +514,16 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
     load_before = [round(x, 2) for x in os.getloadavg()]
     started = time.monotonic()
     config = settings.Settings()
+    # The no-op server needs no cluster: started here, in this thread, so a plain `with` always stops it.
     with tempfile.TemporaryDirectory(prefix="webhook-apiserver-") as tmp, \
-            localcluster.LocalCluster(bin_dir, progress=say) as cluster:
+            localcluster.LocalCluster(bin_dir, progress=say) as cluster, \
+            noop_webhook(pathlib.Path(tmp)) as (noop_url, noop_cert):
         cluster.add_nodes(localcluster.gpu_nodes(args.nodes, names=config.names), timeout_seconds=120)
         cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
                        *demo.priority_classes(config)])  # the tier classes the webhook assigns
         say(f"cluster with {args.nodes} ready; {args.pods} pods per arm in blocks of {args.block}")
-        measured = asyncio.run(measure(cluster, args, workdir=pathlib.Path(tmp)))
+        measured = asyncio.run(
+            measure(cluster, args, workdir=pathlib.Path(tmp), noop_url=noop_url, noop_cert=noop_cert))
     results: dict[str, Any] = {
         "command": " ".join(["python", "benchmarks/webhook_apiserver.py", *command]),
         "config": {"nodes": args.nodes, "pods_per_arm": args.pods, "block": args.block, "warmup": args.warmup,

@@ -37,9 +37,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout; the tests package is not installed
 
 import aiohttp  # noqa: E402
-from aiohttp import web  # noqa: E402
+from noop_webhook import serve_noop  # noqa: E402  # benchmarks/noop_webhook.py, beside this script
 
-from admission import mutation, tls  # noqa: E402
+from admission import mutation  # noqa: E402
 from common import settings, snapshot  # noqa: E402
 from gpu_steward import certs  # noqa: E402
 from tests import builders  # noqa: E402
@@ -140,25 +140,6 @@ def time_decide(state: dict[str, Any], bodies: Sequence[bytes], *, seconds: floa
 
 
 # --- servers --------------------------------------------------------------------------------------
-
-
-def serve_noop(*, port: int, cert_file: pathlib.Path, key_file: pathlib.Path) -> None:
-    """The baseline: decode JSON, echo the uid, allow. Same TLS context as the real server."""
-
-    async def mutate(request: web.Request) -> web.Response:
-        uid = json.loads(await request.read())["request"]["uid"]
-        return web.json_response(
-            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {"uid": uid, "allowed": True}}
-        )
-
-    async def healthz(request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    app = web.Application()
-    app.router.add_post("/mutate", mutate)
-    app.router.add_get("/readyz", healthz)
-    context = tls.ssl_context(settings.Webhook(cert_file=cert_file, key_file=key_file))
-    web.run_app(app, host="127.0.0.1", port=port, ssl_context=context, access_log=None, print=None)
 
 
 def _free_port() -> int:
