@@ -8,7 +8,6 @@ from collections.abc import Callable
 import prometheus_client
 
 NAMESPACE = "gpu_steward_admission"
-CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 NEVER = -1.0  # snapshot age before the first sync (as the feeder reports it)
 # Answers normally take about a millisecond; the top buckets show requests near the webhook timeout.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
@@ -80,9 +79,6 @@ class Metrics:
             counter.inc()
         if warnings:
             self.warnings.inc(warnings)
-
-    def exposition(self) -> bytes:
-        return prometheus_client.generate_latest(self.registry)
 
 
 def _or_never(value: float | None) -> float:

@@ -18,7 +18,7 @@ import prometheus_client
 from aiohttp import web
 
 from admission import metrics, mutation, review
-from common import settings, snapshot
+from common import httpserver, settings, snapshot
 from common import source as sources
 
 log = logging.getLogger(__name__)
@@ -181,12 +181,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    if not request.app[SOURCE].synced:
-        return web.Response(status=503, text="cluster snapshot not synced yet\n")
-    return web.Response(text="ok\n")
+    return httpserver.readiness(request.app[SOURCE])
 
 
 async def metrics_page(request: web.Request) -> web.Response:
-    response = web.Response(body=request.app[METRICS].exposition())
-    response.headers["Content-Type"] = metrics.CONTENT_TYPE
-    return response
+    return httpserver.exposition(request.app[METRICS].registry)

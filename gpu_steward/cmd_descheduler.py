@@ -8,6 +8,9 @@ server nothing can be evicted, so it always runs as a dry-run. `--once` runs one
 plan (`--output json`: `{"evictions": [...], "spared": [...]}`); otherwise, while this replica holds
 the leader Lease, the gang controller releases complete gangs (on every pod change and every
 `descheduler.gangs.resync_seconds`) and reclaim cycles run every `descheduler.reclaim.interval_seconds`.
+
+`--metrics-port` serves `/metrics`, `/healthz` and `/readyz` (plain HTTP) from the same asyncio loop
+as the work (`descheduler.health`), from before the initial sync until the process stops.
 """
 
 from __future__ import annotations
@@ -19,19 +22,25 @@ import json
 import logging
 import pathlib
 import signal
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import prometheus_client
 
-from common import settings, source
-from descheduler import evictor, reclaim_loop
+from common import httpserver, settings, source
+from descheduler import evictor, health, reclaim_loop
 from gpu_steward import cmdline
+
+if TYPE_CHECKING:
+    from common import feeder
 
 log = logging.getLogger("gpu_steward.descheduler")
 SYNC_TIMEOUT_SECONDS = 120
+# Time given to a scrape or probe in flight at SIGTERM; each answers at once.
+SHUTDOWN_SECONDS = 2.0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,7 +65,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--prometheus-timeout", type=float, metavar="SECONDS")
     parser.add_argument("--kubeconfig", type=pathlib.Path)
     parser.add_argument("--kube-timeout", type=float, metavar="SECONDS", help="per API request")
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve /metrics, /healthz and /readyz on this port (plain HTTP)")
     cmdline.add_output(parser)
     parser.set_defaults(func=run)
 
@@ -103,13 +113,22 @@ def run(args: argparse.Namespace) -> int:
             print(f"descheduler: {exc}", file=sys.stderr)
             return 2
     registry = prometheus_client.CollectorRegistry()
+    listener = None
     if args.metrics_port:
-        prometheus_client.start_http_server(args.metrics_port, registry=registry)
+        try:
+            listener = httpserver.listen(args.metrics_port)
+        except (OSError, OverflowError) as exc:
+            print(f"descheduler: cannot serve /metrics, /healthz and /readyz on --metrics-port {args.metrics_port}: "
+                  f"{exc}", file=sys.stderr)
+            return 2
     try:
-        cycle = asyncio.run(_main(config=config, static=static, once=args.once, registry=registry))
+        cycle = asyncio.run(_main(config=config, static=static, once=args.once, registry=registry, listener=listener))
     except Exception:
         log.exception("descheduler stopped on an error")
         return 1
+    finally:
+        if listener is not None:
+            listener.close()
     if cycle is not None:
         print(json.dumps(cycle.plan.as_json(), indent=2) if args.output == "json" else as_text(cycle))
     return 0
@@ -148,7 +167,7 @@ async def _clients(config: settings.Settings, *, live: bool) -> AsyncIterator[tu
 
 async def _main(
     *, config: settings.Settings, static: source.StaticSource | None, once: bool,
-    registry: prometheus_client.CollectorRegistry,
+    registry: prometheus_client.CollectorRegistry, listener: socket.socket | None = None,
 ) -> reclaim_loop.Cycle | None:
     loop = asyncio.get_running_loop()
     stop: asyncio.Future[None] = loop.create_future()
@@ -161,24 +180,53 @@ async def _main(
         loop.add_signal_handler(signum, on_signal)
     try:
         async with _clients(config, live=static is None) as (dcgm, api):
+            cluster = static if static is not None else _feeder(config=config, api=api, dcgm=dcgm, registry=registry)
             work = asyncio.ensure_future(
-                _work(config=config, static=static, once=once, dcgm=dcgm, api=api, registry=registry))
-            waited: list[asyncio.Future[Any]] = [work, stop]
-            await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
-            if not work.done():
-                log.info("descheduler stopping on a signal")
-                work.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await work
-                return None
-            return work.result()
+                _work(config=config, cluster=cluster, once=once, dcgm=dcgm, api=api, registry=registry))
+            try:
+                # `listener` has listened since `run`: a probe that came early is answered as soon as this
+                # loop serves, whatever the work is doing (the first sync takes a while on a big cluster).
+                async with _serving(listener, work=work, cluster=cluster, registry=registry):
+                    waited: list[asyncio.Future[Any]] = [work, stop]
+                    await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+                    if not work.done():
+                        log.info("descheduler stopping on a signal")
+            finally:
+                if not work.done():
+                    work.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await work
+            return None if work.cancelled() else work.result()
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
 
 
+def _feeder(
+    *, config: settings.Settings, api: Any, dcgm: Any, registry: prometheus_client.CollectorRegistry,
+) -> feeder.Feeder:
+    from common import feeder  # imported late: the Kubernetes client is slow to import and --cluster needs none
+
+    return feeder.Feeder(config=config, api=api, prometheus=dcgm, registry=registry)
+
+
+@contextlib.asynccontextmanager
+async def _serving(
+    listener: socket.socket | None, *, work: asyncio.Future[Any], cluster: source.SnapshotSource,
+    registry: prometheus_client.CollectorRegistry,
+) -> AsyncIterator[None]:
+    """The health and metrics endpoints on `listener`, in this loop, while the block runs (none without one)."""
+    if listener is None:
+        yield
+        return
+    app = health.create_app(work=work, source=cluster, registry=registry)
+    async with httpserver.serving(app, sock=listener, shutdown_seconds=SHUTDOWN_SECONDS) as (_, port):
+        log.info("descheduler serving /metrics, /healthz and /readyz on port %d", port)
+        yield
+
+
 async def _work(
-    *, config: settings.Settings, static: source.StaticSource | None, once: bool, dcgm: Any, api: Any,
+    *, config: settings.Settings, cluster: source.StaticSource | feeder.Feeder, once: bool, dcgm: Any, api: Any,
     registry: prometheus_client.CollectorRegistry,
 ) -> reclaim_loop.Cycle | None:
     dry_run = config.descheduler.reclaim.dry_run
@@ -186,18 +234,17 @@ async def _work(
         evictor.DryRunClient() if dry_run or api is None
         else evictor.ApiEvictionClient(api, timeout_seconds=config.kubernetes.request_timeout_seconds)
     )
-    if static is not None:
-        loop = reclaim_loop.ReclaimLoop(config=config, cluster=static, prometheus=dcgm, evictions=client, api=None,
+    if isinstance(cluster, source.StaticSource):
+        loop = reclaim_loop.ReclaimLoop(config=config, cluster=cluster, prometheus=dcgm, evictions=client, api=None,
                                         registry=registry)
         if once:
             return await loop.cycle()
         await loop.run()
         return None
 
-    from common import feeder
     from descheduler import gang_controller, leader
 
-    live = feeder.Feeder(config=config, api=api, prometheus=dcgm, registry=registry)
+    live = cluster
     async with asyncio.TaskGroup() as tg:
         feeding = tg.create_task(live.run(), name="feeder")
         try:

@@ -20,10 +20,9 @@ from collections.abc import Coroutine
 from typing import Any
 
 import prometheus_client
-from aiohttp import web
 
 from admission import server, tls
-from common import settings, source
+from common import httpserver, settings, source
 from gpu_steward import cmdline
 
 log = logging.getLogger(__name__)
@@ -152,13 +151,8 @@ async def _serve(
     registry: prometheus_client.CollectorRegistry | None = None,
 ) -> None:
     app = server.create_app(config=config, source=snapshots, registry=registry)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, config.webhook.host, config.webhook.port, ssl_context=context)
-        await site.start()
-        host, port = runner.addresses[0][:2]
+    async with httpserver.serving(
+        app, host=config.webhook.host, port=config.webhook.port, ssl_context=context, shutdown_seconds=SHUTDOWN_SECONDS
+    ) as (host, port):
         log.info("webhook serving on https://%s:%d/mutate", host, port)
         await asyncio.Event().wait()  # until cancelled
-    finally:
-        await runner.cleanup()

@@ -200,6 +200,12 @@ def check_defaults(objects: Objects) -> None:
 
     descheduler = _container(objects, "Deployment", f"{PREFIX}-descheduler")
     assert descheduler["args"] == ["descheduler", "--metrics-port=9090"]
+    assert descheduler["ports"] == [{"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]
+    # Liveness: a minute of failed probes, longer than the loop is ever busy parsing a big cluster's lists.
+    assert descheduler["livenessProbe"] == {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 10,
+                                            "timeoutSeconds": 5, "failureThreshold": 6}
+    assert descheduler["readinessProbe"] == {"httpGet": {"path": "/readyz", "port": "metrics"}, "periodSeconds": 10,
+                                             "timeoutSeconds": 5, "failureThreshold": 3}
     assert _env(descheduler) == {
         "GPU_STEWARD_CONFIG": "/etc/gpu-steward/config/config.yaml",
         "GPU_STEWARD_DESCHEDULER__LEADER_ELECTION__LEASE_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
@@ -332,6 +338,14 @@ def check_service_monitors(objects: Objects) -> None:
     assert _one(objects, "ServiceMonitor", f"{PREFIX}-webhook")["metadata"]["labels"]["release"] == "kube-prom"
 
 
+def check_no_descheduler_endpoint(objects: Objects) -> None:
+    descheduler = _container(objects, "Deployment", f"{PREFIX}-descheduler")
+    assert descheduler["args"] == ["descheduler"]
+    assert not {"ports", "livenessProbe", "readinessProbe"} & set(descheduler)
+    services = {(kind, name) for kind, name in _kinds(objects) if kind in ("Service", "ServiceMonitor")}
+    assert services == {("Service", f"{PREFIX}-webhook"), ("ServiceMonitor", f"{PREFIX}-webhook")}
+
+
 def check_local_webhook(objects: Objects) -> None:
     hook = _webhook(objects)
     assert hook["clientConfig"]["url"] == "https://127.0.0.1:18443/mutate"
@@ -362,6 +376,8 @@ SCENARIOS = [
     pytest.param({"settings": {"descheduler": {"reclaim": {"enabled": False}}}}, check_reclaim_off, id="reclaim-off"),
     pytest.param({"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prom"}}}, check_service_monitors,
                  id="service-monitors"),
+    pytest.param({"descheduler": {"metricsPort": 0}, "serviceMonitor": {"enabled": True}},
+                 check_no_descheduler_endpoint, id="descheduler-metrics-port-0"),
     pytest.param(helm.local_webhook_values(18443), check_local_webhook, id="local-webhook-for-e2e"),
     pytest.param({"webhook": {"enabled": False}, "descheduler": {"enabled": False}, "labeler": {"enabled": False},
                   "priorityClasses": {"create": False}}, check_everything_off, id="everything-off"),

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from admission import server, tls
-from common import settings, source
+from common import httpserver, settings, source
 from gpu_steward import certs
 
 FIXTURES = pathlib.Path(__file__).parent.parent / "fixtures" / "admission"
@@ -98,19 +98,13 @@ def start_webhook(
     @contextlib.asynccontextmanager
     async def start(*, ssl_context: ssl.SSLContext | None = None, **overrides: Any) -> AsyncIterator[Webhook]:
         app = server.create_app(**{"config": webhook_config, "source": cluster, **overrides})
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
-        await runner.setup()
-        try:
-            context = ssl_context or tls.ssl_context(webhook_config.webhook)
-            site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
-            await site.start()
-            port = runner.addresses[0][1]
+        context = ssl_context or tls.ssl_context(webhook_config.webhook)
+        served = httpserver.serving(app, host="127.0.0.1", port=0, ssl_context=context, shutdown_seconds=1)
+        async with served as (_, port):
             timeout = aiohttp.ClientTimeout(total=10)
             connector = aiohttp.TCPConnector(ssl=client_context(serving_cert))
             async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
                 yield Webhook(url=f"https://127.0.0.1:{port}", session=session, app=app)
-        finally:
-            await runner.cleanup()
 
     return start
 

@@ -23,6 +23,7 @@ import yaml
 from aiohttp import web
 
 from common import nvtopo, settings
+from tests.support import kube
 
 FIXTURES = pathlib.Path(__file__).parent.parent / "fixtures" / "nvidia-smi-topo"
 PAIRS = FIXTURES / "traverse-power9-4gpu-v100-nv3-pairs-4xmlx5.txt"
@@ -83,12 +84,7 @@ async def api_server(tmp_path: pathlib.Path) -> AsyncIterator[tuple[FakeApiServe
         await site.start()
         port = runner.addresses[0][1]
         kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-            "users": [{"name": "fake", "user": {"token": "test"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-        }))
+        kubeconfig.write_text(yaml.safe_dump(kube.kubeconfig(f"http://127.0.0.1:{port}")))
         yield fake, kubeconfig
     finally:
         await runner.cleanup()

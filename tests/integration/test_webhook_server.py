@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import copy
 import json
 import logging
 import os
 import pathlib
-import signal
-import socket
 import ssl
-import sys
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -31,10 +26,11 @@ from admission import mutation, review, tls
 from common import settings, snapshot, source
 from gpu_steward import certs
 from tests.integration import conftest
+from tests.support import processes
+from tests.support.prometheus import free_port
 
 DECISION = "gpu-steward.io/decision"
 GATE = "gpu-steward.io/gang"
-REPO = pathlib.Path(__file__).parent.parent.parent
 
 
 def metric(text: str, name: str, **labels: str) -> float:
@@ -410,66 +406,32 @@ async def test_new_connections_follow_certificate_rotation(
 # --- the process ----------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 async def _spawn_webhook(*flags: str) -> asyncio.subprocess.Process:
-    """`python -m gpu_steward webhook --cluster <fixture> FLAGS...`, its log on a pipe."""
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpu_steward", "webhook", "--cluster", str(conftest.CLUSTER_STATE), *flags,
-        cwd=REPO,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-
-
-@contextlib.contextmanager
-def _reaped(process: asyncio.subprocess.Process) -> Iterator[asyncio.subprocess.Process]:
-    try:
-        yield process
-    finally:
-        if process.returncode is None:
-            process.kill()
-
-
-async def _wait_ready(session: aiohttp.ClientSession, url: str, process: asyncio.subprocess.Process) -> None:
-    async with asyncio.timeout(60):
-        while process.returncode is None:
-            with contextlib.suppress(aiohttp.ClientError):
-                async with session.get(f"{url}/readyz", timeout=aiohttp.ClientTimeout(total=2)) as response:
-                    if response.status == 200:
-                        return
-            await asyncio.sleep(0.1)
-    raise AssertionError(f"webhook exited with {process.returncode} before it was ready")
+    """`python -m gpu_steward webhook --cluster <fixture> FLAGS...`."""
+    return await processes.spawn("webhook", "--cluster", str(conftest.CLUSTER_STATE), *flags)
 
 
 async def test_the_webhook_process_serves_and_stops_on_sigterm(serving_cert: certs.ServingCert) -> None:
-    port = _free_port()
+    port = free_port()
     process = await _spawn_webhook(
         "--cert-file", str(serving_cert.cert_file),
         "--key-file", str(serving_cert.key_file),
         "--host", "127.0.0.1",
         "--port", str(port),
     )  # fmt: skip
-    with _reaped(process):
+    with processes.reaped(process):
         url = f"https://127.0.0.1:{port}"
         connector = aiohttp.TCPConnector(ssl=conftest.client_context(serving_cert))
         async with aiohttp.ClientSession(connector=connector) as session:
-            await _wait_ready(session, url, process)
+            await processes.wait_until_ok(session, f"{url}/readyz", process)
             body = conftest.review_fixture("pod-create-gpu")
             async with session.post(f"{url}/mutate", json=body, timeout=aiohttp.ClientTimeout(total=10)) as response:
                 answer = await response.json()
-        process.send_signal(signal.SIGTERM)
-        _, stderr = await asyncio.wait_for(process.communicate(), timeout=15)
+        _, log = await processes.terminate(process)
 
     assert answer["response"]["uid"] == body["request"]["uid"]
     assert answer["response"]["allowed"] is True
     assert process.returncode == 0
-    log = stderr.decode()
     assert f"webhook serving on https://127.0.0.1:{port}/mutate" in log
     assert "webhook stopped on SIGTERM" in log
 
@@ -488,7 +450,7 @@ async def test_the_webhook_process_serves_and_stops_on_sigterm(serving_cert: cer
 )
 async def test_a_bad_setting_exits_2_naming_it(flags: list[str], message: str) -> None:
     process = await _spawn_webhook(*flags)
-    with _reaped(process):
+    with processes.reaped(process):
         _, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
 
     assert process.returncode == 2

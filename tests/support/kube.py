@@ -70,6 +70,16 @@ def pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
+def kubeconfig(server: str) -> dict[str, Any]:
+    """A kubeconfig whose one context reaches `server` with a token nobody checks."""
+    return {
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": server}}],
+        "users": [{"name": "test", "user": {"token": "test"}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+    }  # fmt: skip
+
+
 def priority_class(name: str, *, value: int, preemption_policy: str = "PreemptLowerPriority") -> dict[str, Any]:
     return {
         "apiVersion": "scheduling.k8s.io/v1",
