@@ -2,16 +2,16 @@
 
 The API server's objects carry fields we do not model (and new ones with every release), so the
 models here ignore what they do not know; they require only what the protocol requires of us.
-Responses are plain dicts from three tiny pure functions.
+Responses are plain dicts from three tiny pure functions; `encode` writes one to the wire.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+import orjson
 import pydantic
 
 API_VERSION = "admission.k8s.io/v1"
@@ -66,8 +66,8 @@ class AdmissionReview(_Wire):
 def decode(body: bytes) -> AdmissionReview:
     """Parse a request body; ReviewError says what is wrong, in words fit for an HTTP 400."""
     try:
-        document = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        document = orjson.loads(body)  # 2-3x the stdlib's speed: JSON is a third of a no-op webhook's work
+    except orjson.JSONDecodeError as exc:  # invalid UTF-8 included
         raise ReviewError(f"body is not JSON: {exc}") from None
     try:
         return AdmissionReview.model_validate(document)
@@ -77,6 +77,11 @@ def decode(body: bytes) -> AdmissionReview:
             for error in exc.errors()
         )
         raise ReviewError(f"not an {API_VERSION} {KIND}: {problems}") from None
+
+
+def encode(review: Mapping[str, Any]) -> bytes:
+    """A response as JSON bytes (orjson: compact, UTF-8)."""
+    return orjson.dumps(review)
 
 
 def _response(uid: str, fields: Mapping[str, Any], warnings: Sequence[str]) -> dict[str, Any]:
@@ -95,5 +100,5 @@ def patched(uid: str, patch: Sequence[Mapping[str, Any]], *, warnings: Sequence[
     """Admit the object with an RFC 6902 JSON patch applied (an empty patch admits it unchanged)."""
     if not patch:
         return allowed(uid, warnings=warnings)
-    encoded = base64.b64encode(json.dumps(list(patch), separators=(",", ":")).encode()).decode()
+    encoded = base64.b64encode(orjson.dumps(list(patch))).decode()
     return _response(uid, {"patchType": "JSONPatch", "patch": encoded}, warnings)

@@ -167,13 +167,47 @@ def _templates(
     return result
 
 
+# Distinct pod shapes whose ranking one snapshot keeps; past this, rankings are computed and not kept
+# (a snapshot of a quiet cluster may serve for hours, and pod specs are the users' to vary).
+MAX_MEMOISED_RANKINGS = 1024
+
+
+def _fit_key(pod_spec: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """What `fit.why_not` reads of the pod, hashable; None when it holds something unhashable."""
+    try:
+        tolerations = tuple(tuple(sorted(t.items())) for t in pod_spec.get("tolerations") or ())
+        selector = tuple(sorted((pod_spec.get("nodeSelector") or {}).items()))
+        hash((tolerations, selector))
+    except (AttributeError, TypeError):
+        return None
+    return tolerations, selector
+
+
 def rank(
     *, gpus: int, pod_spec: Mapping[str, Any], cluster: snapshot.Snapshot, cfg: settings.Scoring,
     limit: int | None = None,
 ) -> Ranking:
     """Nodes that can take the pod, best first (ties: fewest free GPUs, then name). Each GPU state is scored once; with
     `limit`, only that many nodes are looked at past the scoring (the webhook's hot path) and
-    `excluded` lists only the nodes passed over on the way."""
+    `excluded` lists only the nodes passed over on the way. Pods alike in GPUs, tolerations and
+    nodeSelector (a Job's or a gang's pods) rank alike: the result is kept for the snapshot's life."""
+    fit_key = _fit_key(pod_spec)
+    key = ("scoring.rank", gpus, cfg, limit, fit_key)
+    kept: Ranking | None = cluster.memo.get(key) if fit_key is not None else None
+    if kept is not None:
+        return kept
+    ranking = _rank(gpus=gpus, pod_spec=pod_spec, cluster=cluster, cfg=cfg, limit=limit)
+    if fit_key is not None:
+        counted = ("scoring.rankings",)
+        if cluster.memo.get(counted, 0) < MAX_MEMOISED_RANKINGS:
+            cluster.memo[counted] = cluster.memo.get(counted, 0) + 1
+            cluster.memo[key] = ranking
+    return ranking
+
+
+def _rank(
+    *, gpus: int, pod_spec: Mapping[str, Any], cluster: snapshot.Snapshot, cfg: settings.Scoring, limit: int | None,
+) -> Ranking:
     templates, full = _templates(gpus, cluster, cfg)
     excluded: dict[str, str] = {}
     if limit is None:

@@ -173,7 +173,7 @@ async def mutate(request: web.Request) -> web.Response:
             seconds * 1000,
             f" skipped={answer.skipped!r}" if answer.skipped else "",
         )
-    return web.json_response(answer.body)
+    return web.Response(body=review.encode(answer.body), content_type="application/json")
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -153,3 +153,54 @@ def test_equal_scores_go_to_the_fullest_node_first_to_keep_whole_nodes_free():
     )
     ranking = scoring.rank(gpus=1, pod_spec={}, cluster=snap, cfg=CFG)
     assert [(s.node, s.score) for s in ranking.scores] == [("b-one-used", 40), ("a-empty", 40)]
+
+
+TAINTED = [{"key": "dedicated", "value": "infer", "effect": "NoSchedule"}]
+TOLERATES = {"tolerations": [{"key": "dedicated", "operator": "Exists"}]}
+
+
+def _fit_cluster() -> snapshot.Snapshot:
+    return cluster(
+        builders.gpu_node("plain", gpus=2, labels={"pool": "a"}),
+        builders.gpu_node("tainted", gpus=2, labels={"pool": "b"}, mutate=lambda n: n["spec"].update(taints=TAINTED)),
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec_a", "spec_b", "nodes_b"),
+    [
+        pytest.param({}, {"containers": [{"name": "other"}]}, ["plain"], id="same-constraints-other-fields"),
+        pytest.param({}, TOLERATES, ["plain", "tainted"], id="tolerations-differ"),
+        pytest.param(TOLERATES, {**TOLERATES, "nodeSelector": {"pool": "b"}}, ["tainted"], id="node-selector-differs"),
+        pytest.param({"nodeSelector": {"pool": "a"}}, {"nodeSelector": {"pool": "b"}}, [], id="selector-value-differs"),
+    ],
+)
+def test_pods_alike_share_a_ranking_and_differing_ones_do_not(spec_a, spec_b, nodes_b):
+    """A snapshot keeps each pod shape's ranking: same GPUs, tolerations and nodeSelector reuse it; any
+    difference in what the fit check reads ranks again."""
+    snap = _fit_cluster()
+    first = scoring.rank(gpus=1, pod_spec=spec_a, cluster=snap, cfg=CFG, limit=3)
+    second = scoring.rank(gpus=1, pod_spec=spec_b, cluster=snap, cfg=CFG, limit=3)
+    assert [s.node for s in second.scores] == nodes_b
+    same_shape = scoring._fit_key(spec_a) == scoring._fit_key(spec_b)
+    assert (second is first) == same_shape
+    assert scoring.rank(gpus=1, pod_spec=spec_b, cluster=snap, cfg=CFG, limit=3) is second
+
+
+def test_a_spec_the_key_cannot_hold_is_ranked_every_time():
+    snap = _fit_cluster()
+    odd = {"nodeSelector": {"pool": ["a"]}}  # invalid for the API server; must not break or pollute the memo
+    first = scoring.rank(gpus=1, pod_spec=odd, cluster=snap, cfg=CFG)
+    assert scoring.rank(gpus=1, pod_spec=odd, cluster=snap, cfg=CFG) is not first
+    assert [s.node for s in first.scores] == []
+
+
+def test_kept_rankings_are_bounded_per_snapshot(monkeypatch):
+    monkeypatch.setattr(scoring, "MAX_MEMOISED_RANKINGS", 2)
+    snap = _fit_cluster()
+    specs = [{"nodeSelector": {"pool": "a", "n": str(i)}} for i in range(3)]
+    for spec in specs:
+        scoring.rank(gpus=1, pod_spec=spec, cluster=snap, cfg=CFG)
+    kept = [scoring.rank(gpus=1, pod_spec=spec, cluster=snap, cfg=CFG) for spec in specs]
+    again = [scoring.rank(gpus=1, pod_spec=spec, cluster=snap, cfg=CFG) for spec in specs]
+    assert [a is b for a, b in zip(kept, again, strict=True)] == [True, True, False]
