@@ -78,19 +78,27 @@ def decide(
         request = gpu.pod_request(pod)
     except gpu.QuantityError as exc:
         return _skip(f"unreadable GPU request: {exc}", f"gpu-steward: {exc}; pod unchanged")
-    if not request.any:
-        return _skip("requests no GPU")
+    gate = gating.decide(pod=pod, names=config.names)
+    if not request.any and not gate.add:
+        # Without GPUs only a gang member we gate changes: any other mutation here would reach every pod.
+        why = "requests no GPU" if gate.gang is None else f"requests no GPU; {gate.reason}"
+        warned = (f"gpu-steward: {gate.warning}",) if gate.warning else ()
+        return _skip(why, *warned)
 
     mutated = patches.working_copy(pod)
     changes: list[str] = []
     notes: list[str] = [f"{request.describe()}"]
     warnings: list[str] = []
 
-    tier_name = _apply_tier(mutated, ns=ns, cluster=cluster, config=config, notes=notes, warnings=warnings,
-                            changes=changes)
-    _apply_placement(mutated, request=request, cluster=cluster, config=config, now=now,
-                              notes=notes, warnings=warnings, changes=changes)
-    gate = gating.decide(pod=pod, names=config.names)
+    tier_name = None
+    if request.any:
+        tier_name = _apply_tier(mutated, ns=ns, cluster=cluster, config=config, notes=notes, warnings=warnings,
+                                changes=changes)
+        _apply_placement(mutated, request=request, cluster=cluster, config=config, now=now,
+                         notes=notes, warnings=warnings, changes=changes)
+    else:
+        # Tiers carry GPU reclaim policies and GPU preemption; the pod holds no GPU: it only starts with its gang.
+        notes.append("no tier, no NVLink affinity: a gang member without GPUs only waits for its gang")
     if gate.add:
         mutated["spec"]["schedulingGates"] = [*(pod["spec"].get("schedulingGates") or []), {"name": config.names.gate}]
         changes.append("gate")

@@ -35,7 +35,7 @@ import aiohttp
 import prometheus_client
 from kubernetes_asyncio import client
 
-from common import dcgm, gpu, kube, prometheus, settings, snapshot
+from common import dcgm, gangs, gpu, kube, prometheus, settings, snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -54,12 +54,13 @@ KINDS = (
 )
 
 
-def _kept(kind: str, obj: dict[str, Any]) -> bool:
-    """Only GPU pods and GPU nodes are stored: `snapshot.build` ignores the rest, and skipping them
-    keeps rebuilds proportional to the GPU part of the cluster."""
+def _kept(kind: str, obj: dict[str, Any], *, names: settings.Names) -> bool:
+    """Only GPU nodes, GPU pods and pods the gang controller needs (`gangs.involved`) are stored:
+    `snapshot.build` ignores the rest, and skipping them keeps rebuilds proportional to the GPU part
+    of the cluster."""
     try:
         if kind == "pods":
-            return gpu.pod_request(obj).any
+            return gpu.pod_request(obj).any or gangs.involved(obj, names=names)
         if kind == "nodes":
             return gpu.node_allocatable(obj).any
     except gpu.QuantityError:
@@ -216,7 +217,7 @@ class Feeder:
         while True:
             page = await kube.get(self._api, kind.path, timeout_seconds=cfg.request_timeout_seconds, query=query)
             for item in page.get("items") or []:
-                if _kept(kind.name, item):
+                if _kept(kind.name, item, names=self._config.names):
                     items[_key(item)] = item
             meta = page.get("metadata") or {}
             if not meta.get("continue"):
@@ -265,7 +266,7 @@ class Feeder:
     def _apply(self, kind: Kind, store: dict[str, dict[str, Any]], obj: dict[str, Any], *, deleted: bool) -> None:
         key = _key(obj)
         old = store.pop(key, None)
-        if not deleted and _kept(kind.name, obj):
+        if not deleted and _kept(kind.name, obj, names=self._config.names):
             store[key] = obj
             if old is not None and _view(kind.name, old) == _view(kind.name, obj):
                 return

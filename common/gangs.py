@@ -83,3 +83,10 @@ def identify(pod: Mapping[str, Any], *, names: settings.Names) -> Gang | None:
         return make(group, None, None, "kubernetes-podgroup",
                     enforced=elsewhere or "the native PodGroup's policy is enforced by kube-scheduler")
     return None
+
+
+def involved(pod: Mapping[str, Any], *, names: settings.Names) -> bool:
+    """Whether the gang controller must see this pod even if it requests no GPU: it declares a gang (a gang
+    counts every member, e.g. an MPI launcher), or it carries our gate (which only the controller lifts)."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return identify(pod, names=names) is not None or any(g.get("name") == names.gate for g in gates)

@@ -1,5 +1,7 @@
 """An immutable picture of the cluster that every decision reads: GPU nodes, GPU pods, PriorityClasses,
-namespaces, and which GPU indices each pod holds.
+namespaces, and which GPU indices each pod holds. Pods that request no GPU are left out unless the gang
+controller needs them (`gangs.involved`: e.g. an MPI launcher counted in its gang's size): a gang is
+complete, released and reclaimed with all of its members.
 
 `build()` is pure: the shell (`common.feeder`) gathers raw API objects and DCGM occupancy and calls it;
 `from_list()` replays the JSON of `kubectl get nodes,pods,priorityclasses,namespaces -A -o json`.
@@ -13,7 +15,7 @@ import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from common import gpu, placement, settings, topology
+from common import gangs, gpu, placement, settings, topology
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 DEFAULT_PREEMPTION_POLICY = "PreemptLowerPriority"
@@ -56,8 +58,13 @@ class Pod:
         return f"{self.namespace}/{self.name}"
 
     @property
-    def holds_gpus(self) -> bool:
+    def bound(self) -> bool:
+        """On a node and not finished (a terminal pod holds nothing)."""
         return self.node_name is not None and self.phase not in TERMINAL_PHASES
+
+    @property
+    def holds_gpus(self) -> bool:
+        return self.bound and self.request.any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +115,7 @@ Occupancy = Mapping[str, Mapping[int, str]]  # node name -> GPU index -> pod key
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
     nodes: Mapping[str, Node]
-    pods: Mapping[str, Pod]
+    pods: Mapping[str, Pod]  # GPU pods, and pods without GPUs that are in a gang or carry our gate
     priority_classes: Mapping[str, PriorityClass]
     namespaces: Mapping[str, Mapping[str, str]]  # name -> labels
     taken_at: float | None  # when the shell last synced it (unix seconds); None: never
@@ -117,8 +124,8 @@ class Snapshot:
     # Results derived from this snapshot alone, kept by their users for its lifetime (e.g. node
     # scores per pod size); never part of equality.
     memo: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
-    # Each GPU pod parsed from its raw object (before index assignment), so that the next build
-    # re-parses only objects that changed (the feeder replaces, never mutates, a changed object).
+    # Each pod kept (GPU pods, gang members) parsed from its raw object (before index assignment), so that
+    # the next build re-parses only objects that changed (the feeder replaces, never mutates, a changed object).
     parsed: Mapping[str, tuple[Mapping[str, Any], Pod]] = dataclasses.field(
         default_factory=dict, compare=False, repr=False
     )
@@ -204,7 +211,7 @@ def build(
 ) -> Snapshot:
     """`previous`: the last snapshot built from the same stores; unchanged objects are reused."""
     problems: list[str] = []
-    gpu_pods: dict[str, Pod] = {}
+    kept: dict[str, Pod] = {}
     parsed: dict[str, tuple[Mapping[str, Any], Pod]] = {}
     earlier = previous.parsed if previous is not None else {}
     for raw in pods:
@@ -219,12 +226,12 @@ def build(
             except (gpu.QuantityError, ValueError, TypeError) as exc:
                 problems.append(f"pod {key} skipped: {exc}")
                 continue
-        if pod.request.any:
-            gpu_pods[pod.key] = pod
+        if pod.request.any or gangs.involved(raw, names=names):
+            kept[pod.key] = pod
             parsed[pod.key] = (raw, pod)
 
     by_node: dict[str, list[Pod]] = {}
-    for pod in gpu_pods.values():
+    for pod in kept.values():
         if pod.holds_gpus and pod.node_name:
             by_node.setdefault(pod.node_name, []).append(pod)
 
@@ -244,9 +251,9 @@ def build(
             before = previous.pods.get(pod.key) if previous is not None else None
             if (before is not None and before.raw is pod.raw and before.gpu_indices == indices[pod.key]
                     and before.indices_observed == (pod.key in seen)):
-                gpu_pods[pod.key] = before
+                kept[pod.key] = before
             else:
-                gpu_pods[pod.key] = dataclasses.replace(
+                kept[pod.key] = dataclasses.replace(
                     pod, gpu_indices=indices[pod.key], indices_observed=pod.key in seen
                 )
         mig_used: dict[str, int] = {}
@@ -271,7 +278,7 @@ def build(
 
     built = Snapshot(
         nodes=built_nodes,
-        pods=gpu_pods,
+        pods=kept,
         priority_classes={pc.name: pc for pc in map(_priority_class, priority_classes)},
         namespaces={
             (ns.get("metadata") or {}).get("name", ""): (ns.get("metadata") or {}).get("labels") or {}

@@ -29,6 +29,10 @@ Pure: a `Snapshot`, the settings and `now` in, decisions with their reasons out.
 - Each member is pinned to the single node planned for it (`matchFields metadata.name In [node]`),
   not to the gang's node set: the scheduler may pack a set differently (e.g. 4+3 on one 8-GPU node,
   4+3 on the other) and leave the last member without room.
+- Members that request no GPU (an MPI launcher counted in the gang's size) count toward completeness
+  and are un-gated together with the rest, but are neither placed nor pinned: the plan finds room for
+  GPUs only, and pinning such a pod to a GPU node would take a place a GPU pod needs. A gang without
+  any GPU member is released as soon as it is complete (and no other controller's gate is left).
 """
 
 from __future__ import annotations
@@ -115,7 +119,7 @@ class Demand:
     gang: str
     priority: int
     created: str
-    members: tuple[snapshot.Pod, ...]  # the gated members to place
+    members: tuple[snapshot.Pod, ...]  # the members to place (those that request GPUs)
     nodes: tuple[str, ...]  # nodes some member may use
     missing_gpus: int  # full GPUs short on those nodes (0: enough in number, too fragmented)
 
@@ -248,7 +252,8 @@ def _rooms(cluster: snapshot.Snapshot) -> dict[str, _Room]:
     rooms = {name: _Room.of(node) for name, node in cluster.nodes.items() if node.schedulable}
     # Released but not yet bound: their GPUs are spoken for on the node they are pinned to.
     for pod in sorted(cluster.pods.values(), key=lambda p: (p.created, p.key)):
-        if pod.node_name or pod.deleting or pod.phase in snapshot.TERMINAL_PHASES or pod.scheduling_gates:
+        if (pod.node_name or pod.deleting or pod.phase in snapshot.TERMINAL_PHASES or pod.scheduling_gates
+                or not pod.request.any):
             continue
         node = pinned_node(pod.raw)
         room = rooms.get(node) if node else None
@@ -382,6 +387,16 @@ class _Gang:
     def created(self) -> str:
         return min(p.created for p in self.members)
 
+    @property
+    def placing(self) -> tuple[snapshot.Pod, ...]:
+        """The members a release places and pins: those that request GPUs."""
+        return tuple(p for p in self.members if p.request.any)
+
+    def unpinned(self) -> str:
+        """What a release says of its members without GPUs (un-gated with the rest, never pinned)."""
+        free = [p.key for p in self.members if not p.request.any]
+        return f"; un-gated with them, not pinned (no GPU): {', '.join(free)}" if free else ""
+
     def decide(
         self,
         action: Action,
@@ -492,28 +507,34 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float) -
     blockers: list[str] = []
     everywhere = frozenset(cluster.nodes)
     for gang in queue:
-        candidates = {p.key: _candidates(p, cluster) for p in gang.members}
+        placing = gang.placing
+        if not placing:  # nothing holds GPUs: no room to find, no reason to queue behind GPU gangs
+            message = f"no member requests a GPU: nothing to place, all {len(gang.members)} un-gated together"
+            decisions.append(gang.decide(Action.RELEASE, message, "Normal", RELEASED,
+                                         members=tuple(_member(p, gate=gate) for p in gang.members)))
+            continue
+        candidates = {p.key: _candidates(p, cluster) for p in placing}
         reachable: frozenset[str] = frozenset().union(*candidates.values())
-        placed = _place(gang.members, candidates, rooms, everywhere if cfg.backfill else everywhere - reserved)
+        placed = _place(placing, candidates, rooms, everywhere if cfg.backfill else everywhere - reserved)
         if placed is not None:
             chosen, trial = placed
             rooms.update(trial)
-            members = tuple(_member(p, gate=gate, node=chosen.nodes[p.key]) for p in gang.members)
-            decisions.append(gang.decide(Action.RELEASE, chosen.describe(), "Normal", RELEASED, members=members))
+            members = tuple(_member(p, gate=gate, node=chosen.nodes.get(p.key)) for p in gang.members)
+            decisions.append(gang.decide(Action.RELEASE, chosen.describe() + gang.unpinned(), "Normal", RELEASED,
+                                         members=members))
             continue
         members = tuple(_member(p, gate=gate) for p in gang.members)
         unmarked = tuple(p.key for p in gang.members if mark not in p.annotations)
-        if not cfg.backfill and reserved & reachable and _place(gang.members, candidates, rooms, everywhere):
+        if not cfg.backfill and reserved & reachable and _place(placing, candidates, rooms, everywhere):
             message = (f"complete; fits, but queued behind {', '.join(blockers)} (backfill off: "
                        "the nodes they could use are kept for them)")
             decisions.append(gang.decide(Action.WAIT, message, "Normal", WAITING, members=members,
                                          waiting=Waiting.QUEUED, mark=unmarked))
         else:
-            message, missing, never = _shortfall(gang.members, candidates, rooms)
+            message, missing, never = _shortfall(placing, candidates, rooms)
             decisions.append(gang.decide(Action.WAIT, message, "Warning" if never else "Normal", WAITING,
                                          members=members, waiting=Waiting.CAPACITY, mark=unmarked))
-            demand.append(Demand(gang.key, gang.priority, gang.created, gang.members,
-                                 tuple(sorted(reachable)), missing))
+            demand.append(Demand(gang.key, gang.priority, gang.created, placing, tuple(sorted(reachable)), missing))
         reserved |= reachable
         blockers.append(gang.key)
     return Plan(tuple(decisions) + tuple(idle), tuple(demand))

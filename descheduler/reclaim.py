@@ -10,7 +10,10 @@ Rules, in order:
    nodes reconfiguring MIG), a reclaimable class policy, scheduled for longer than both toleration and
    idle window, idle by its assessment (fail closed), no workload or node cooldown.
 2. Gangs are units: a gang member is a victim only with every running member of its gang, and only
-   if all of them passed screening.
+   if all of them passed screening. Running members that request no GPU (an MPI launcher) go with
+   their gang: screened by the protections only (their idleness and class policy say nothing about
+   GPUs, the GPU members' do), evicted after its GPU members, never a victim alone or for a gang of
+   no GPU members.
 3. on-demand: demands by priority (desc) then age; a demand takes nothing if it is cooling down, has
    preemptionPolicy Never, or already fits somewhere. Each member (largest first) goes to the node
    whose minimal victim set is cheapest; all members must be placed or the demand takes nothing.
@@ -118,9 +121,9 @@ class Eviction:
     unit: str  # pod key, or "gang:" + the gang key: members are evicted together or not at all
     preemptor: str | None  # None in mode "always"
     preemptor_priority: int | None
-    utilization: float
-    threshold: float
-    window_seconds: int
+    utilization: float | None  # None: a gang member without GPUs (evicted with its gang, not measured)
+    threshold: float | None
+    window_seconds: int | None
     workload: str | None  # cooldown key of the pod's controller
     reason: str
 
@@ -278,7 +281,8 @@ class _Candidate:
 @dataclasses.dataclass(frozen=True)
 class _Unit:
     key: str
-    candidates: tuple[_Candidate, ...]
+    candidates: tuple[_Candidate, ...]  # the pods holding GPUs: what the unit frees
+    companions: tuple[snapshot.Pod, ...] = ()  # gang members without GPUs, evicted with it
 
     # Read for every node and demand of a cycle: computed once (units are immutable).
     @functools.cached_property
@@ -287,7 +291,11 @@ class _Unit:
 
     @functools.cached_property
     def priority(self) -> int:
-        return max(c.pod.priority for c in self.candidates)
+        return max(p.priority for p in self.pods)
+
+    @functools.cached_property
+    def pods(self) -> tuple[snapshot.Pod, ...]:
+        return tuple(c.pod for c in self.candidates) + self.companions
 
     @functools.cached_property
     def _by_node(self) -> dict[str, tuple[snapshot.Pod, ...]]:
@@ -300,7 +308,8 @@ class _Unit:
         return self._by_node.get(node, ())
 
     def slots(self) -> list[tuple[str, str]]:
-        return [(c.pod.namespace, c.pod.node_name or "") for c in self.candidates]
+        """Every eviction the unit costs, companions included: limits count API evictions."""
+        return [(p.namespace, p.node_name or "") for p in self.pods]
 
 
 # --- Node arithmetic ------------------------------------------------------------------------------
@@ -374,7 +383,7 @@ class _Choice:
 
     def cost(self) -> tuple[int, int, int, str]:
         gpus = sum(_gpus(u, self.node) for u in self.units)
-        pods = sum(len(u.candidates) for u in self.units)
+        pods = sum(len(u.pods) for u in self.units)
         return (gpus, pods, max((u.priority for u in self.units), default=0), self.node)
 
 
@@ -479,27 +488,39 @@ def _units(
     *,
     names: settings.Names,
 ) -> list[_Unit]:
-    """Single pods, and gangs whose every running member is a candidate."""
+    """Single pods, and gangs whose every running GPU member is a candidate and none of whose running
+    members without GPUs is protected; those go with their gang (a gang holding no GPU is no unit)."""
     singles: list[_Unit] = []
     gang_members: dict[str, list[snapshot.Pod]] = collections.defaultdict(list)
-    for pod in cluster.pods.values():
-        gang = gangs.identify(pod.raw, names=names) if pod.holds_gpus else None
+    for pod in sorted(cluster.pods.values(), key=lambda p: p.key):
+        gang = gangs.identify(pod.raw, names=names) if pod.bound else None
         if gang is not None:
             gang_members[gang.key].append(pod)
         elif pod.key in candidates:
             singles.append(_Unit(pod.key, (candidates[pod.key],)))
     units = singles
     for gang_key, members in gang_members.items():
-        blockers = [p for p in members if p.key not in candidates]
+        blockers = [(p.key, why) for p in members
+                    if (why := _blocks(p, candidates, spared, cluster=cluster, names=names))]
         if blockers:
-            for pod in members:
-                if pod.key in candidates:
-                    blocker = blockers[0]
-                    spared[pod.key] = f"gang {gang_key} is reclaimed only as a whole: {blocker.key} " \
-                        f"is not reclaimable ({spared.get(blocker.key, 'not screened')})"
+            blocker, why = blockers[0]
+            whole = f"gang {gang_key} is reclaimed only as a whole: {blocker} is not reclaimable ({why})"
+            spared.update({p.key: whole for p in members if p.key in candidates})
             continue
-        units.append(_Unit(f"{GANG}{gang_key}", tuple(candidates[p.key] for p in sorted(members, key=lambda p: p.key))))
+        held = tuple(candidates[p.key] for p in members if p.request.any)
+        if held:
+            units.append(_Unit(f"{GANG}{gang_key}", held, tuple(p for p in members if not p.request.any)))
     return sorted(units, key=lambda u: u.key)
+
+
+def _blocks(
+    pod: snapshot.Pod, candidates: Mapping[str, _Candidate], spared: Mapping[str, str], *,
+    cluster: snapshot.Snapshot, names: settings.Names,
+) -> str | None:
+    """Why this running gang member keeps its whole gang from being reclaimed, or None."""
+    if pod.request.any:
+        return None if pod.key in candidates else spared.get(pod.key, "not screened")
+    return protections.why_protected(pod, node=cluster.nodes.get(pod.node_name or ""), names=names)
 
 
 def _spare(unit: _Unit, reason: str, spared: dict[str, str]) -> None:
@@ -508,25 +529,28 @@ def _spare(unit: _Unit, reason: str, spared: dict[str, str]) -> None:
 
 
 def _evict(unit: _Unit, demand: Demand | None, why: str, spared: dict[str, str]) -> list[Eviction]:
-    out = []
     gang = f"; with its gang {unit.key.removeprefix(GANG)}" if unit.key.startswith(GANG) else ""
-    for candidate in unit.candidates:
-        spared.pop(candidate.pod.key, None)
-        pod = candidate.pod
-        out.append(Eviction(
+
+    def eviction(pod: snapshot.Pod, measured: _Candidate | None) -> Eviction:
+        spared.pop(pod.key, None)
+        said = measured.assessment.reason if measured else "requests no GPU, goes with its gang's idle GPU members"
+        return Eviction(
             pod=pod.key,
             uid=pod.uid,
             node=pod.node_name or "",
             unit=unit.key,
             preemptor=demand.key if demand else None,
             preemptor_priority=demand.priority if demand else None,
-            utilization=round(candidate.assessment.utilisation or 0.0, 3),
-            threshold=candidate.policy.threshold_percent,
-            window_seconds=candidate.policy.idle_seconds or 0,
+            utilization=round(measured.assessment.utilisation or 0.0, 3) if measured else None,
+            threshold=measured.policy.threshold_percent if measured else None,
+            window_seconds=(measured.policy.idle_seconds or 0) if measured else None,
             workload=cooldowns.workload_key(pod),
-            reason=f"{candidate.assessment.reason}; {why}{gang}",
-        ))
-    return out
+            reason=f"{said}; {why}{gang}",
+        )
+
+    # GPU members first: the evictor stops a unit at its first member not evicted (a PodDisruptionBudget),
+    # and evicting a pod that frees no GPU after that would only add damage.
+    return [eviction(c.pod, c) for c in unit.candidates] + [eviction(p, None) for p in unit.companions]
 
 
 def _on_demand(

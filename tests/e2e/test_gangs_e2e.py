@@ -1,6 +1,6 @@
-"""Gangs end to end: our webhook gates every member at creation, the real descheduler process
-releases a gang only when all of it is present and can be placed at once, and the real scheduler
-binds the members where the release pinned them — all of them, or none.
+"""Gangs end to end: our webhook gates every member at creation (members without GPUs too), the real
+descheduler process releases a gang only when all of it is present and can be placed at once, and the
+real scheduler binds the members where the release pinned them — all of them, or none.
 """
 
 from __future__ import annotations
@@ -107,28 +107,35 @@ def test_gang_stays_gated_until_complete_then_is_released_and_bound_together(
     descheduler_factory(GANG_ONLY)
 
     gang_name = f"{namespace}/train"
+    # An MPI job: 4 GPU workers and a launcher without GPUs, all counted in the gang size.
+    launcher = "train-launcher"
 
-    create_members(cluster, namespace, "train", size=4, gpus=2, members=range(3))
+    create_members(cluster, namespace, "train", size=5, gpus=2, members=range(4))
     # Each member is told how many were present when the controller first saw it waiting (told once).
-    incomplete = re.compile(f"gang {re.escape(gang_name)}: [123] of 4 members present")
-    waiting_told(cluster, namespace, "train", count=3, says=incomplete)
-    hold_gated(cluster, namespace, "train", count=3)
-    create_members(cluster, namespace, "train", size=4, gpus=2, members=range(3, 4))
-    nodes = bound_together(cluster, namespace, "train", size=4)
+    incomplete = re.compile(f"gang {re.escape(gang_name)}: [1234] of 5 members present")
+    waiting_told(cluster, namespace, "train", count=4, says=incomplete)
+    hold_gated(cluster, namespace, "train", count=4)  # every GPU worker is there; the launcher is not
+    labels = {NAMES.gang_name: "train", NAMES.gang_size: "5"}
+    cluster.kubectl("create", "-f", "-", input=json.dumps(kube.pod(launcher, namespace=namespace, labels=labels)))
+    nodes = bound_together(cluster, namespace, "train", size=5)
 
-    members = gang(cluster, namespace, "train")
-    # Each member was pinned to the node the release planned for it, and the scheduler bound it there.
-    assert {p["metadata"]["name"]: pinned_node(p) for p in members} == {m: [n] for m, n in nodes.items()}
+    members = {p["metadata"]["name"]: p for p in gang(cluster, namespace, "train")}
+    workers = {m: n for m, n in nodes.items() if m != launcher}
+    # Each worker was pinned to the node the release planned for it, and the scheduler bound it there; the
+    # launcher was gated by the webhook like them but got no tier, no affinity and no pin.
+    assert {m: pinned_node(p) for m, p in members.items() if m != launcher} == {m: [n] for m, n in workers.items()}
+    assert "affinity" not in members[launcher]["spec"]
+    record = members[launcher]["metadata"]["annotations"][NAMES.decision]
+    assert record.startswith("no GPU; no tier, no NVLink affinity") and f"gang {gang_name} of 5" in record, record
     released = {
-        p["metadata"]["name"]: [e["message"] for e in kube.events_about(cluster, namespace, p["metadata"]["name"],
-                                                                         reason="GangReleased")]
-        for p in members
+        m: [e["message"] for e in kube.events_about(cluster, namespace, m, reason="GangReleased")] for m in members
     }
-    used = sorted(set(nodes.values()))
+    used = sorted(set(workers.values()))
     expected = f"gang {gang_name}: 4 members on {len(used)} node(s) ({', '.join(used)}): "
+    unpinned = f"each member within one NVLink domain; un-gated with them, not pinned (no GPU): {namespace}/{launcher}"
     assert all(len(m) == 1 and m[0].startswith(expected) for m in released.values()), (released, nodes)
-    assert all(m[0].endswith("; each member within one NVLink domain") for m in released.values()), released
-    assert domains_spanned(cluster, namespace) == dict.fromkeys(nodes, 1)
+    assert all(m[0].endswith(unpinned) for m in released.values()), released
+    assert domains_spanned(cluster, namespace) == {**dict.fromkeys(workers, 1), launcher: 0}
 
 
 def test_gang_that_cannot_fit_stays_fully_gated_until_it_can_then_all_of_it_binds(

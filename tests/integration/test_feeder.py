@@ -269,6 +269,15 @@ async def test_initial_list_then_watch_events(fake_api: FakeApi, running: Runnin
 
     fake_api.delete("pods", builders.pod("train-0", namespace="team-a"))
     await running.until(lambda: "team-a/train-0" not in running.feeder.snapshot.pods, "DELETED")
+
+    # A gang counts its members without GPUs (an MPI launcher): kept, unlike other pods without GPUs.
+    fake_api.put("pods", builders.pod("api", namespace="team-a", node="gpu-2", phase="Running"))
+    gang = {"kueue.x-k8s.io/pod-group-name": "mpi"}
+    fake_api.put("pods", builders.pod("mpi-launcher", namespace="team-a", labels=gang))
+    await running.until(lambda: "team-a/mpi-launcher" in running.feeder.snapshot.pods, "gang member ADDED")
+    assert "team-a/api" not in running.feeder.snapshot.pods
+    fake_api.put("pods", builders.pod("mpi-launcher", namespace="team-a"))  # labels gone: no longer a member
+    await running.until(lambda: "team-a/mpi-launcher" not in running.feeder.snapshot.pods, "gang labels removed")
     fake_api.put("namespaces", builders.namespace("team-b"))
     await running.until(lambda: "team-b" in running.feeder.snapshot.namespaces, "namespace ADDED")
 

@@ -59,10 +59,11 @@ async def create_gang(
     namespace: str = NAMESPACE,
     gated: bool = True,
     request_timeout: float = TIMEOUT,
+    members: int | None = None,
 ) -> list[Json]:
-    """Create all `size` members of gang `name`; returns them as the API server stored them."""
+    """Create `members` (default: all `size`) members of gang `name`; returns them as the API server stored them."""
     created = []
-    for i in range(size):
+    for i in range(size if members is None else members):
         body = gang_member(f"{name}-{i}", gang=name, size=size, gpus=gpus, namespace=namespace, gated=gated)
         created.append(
             await kube.request(
@@ -436,3 +437,31 @@ async def test_fake_server_enforces_the_gated_pod_rules(
     except kube.ApiError as exc:
         answered = exc.status
     assert answered == status
+
+
+async def test_gang_with_a_launcher_without_gpus_waits_for_it_then_is_released_together(
+    fake: tuple[FakeApiServer, client.ApiClient],
+) -> None:
+    """An MPI job: 4 GPU workers and a launcher without GPUs, all counted in the gang size (5)."""
+    server, api = fake
+    await create_gang(api, name="mpi", size=5, gpus=2, members=4)
+    ctl = controller(server, api, config())
+    plan = await ctl.reconcile(now=time.time())
+    assert plan is not None and [(d.action, d.message) for d in plan.decisions] == [
+        (gang_release.Action.WAIT, "4 of 5 members present")]
+    assert [k for _, k in server.patches] == [], "the workers are held for their launcher"
+
+    launcher = gang_member("mpi-launcher", gang="mpi", size=5, gpus=0, namespace=NAMESPACE, gated=True)
+    await kube.request(api, "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=launcher, timeout_seconds=TIMEOUT)
+    await ctl.reconcile(now=time.time())
+
+    pods = {p["metadata"]["name"]: p for p in await gang_pods(api, name="mpi")}
+    assert [gates_of(p) for p in pods.values()] == [[]] * 5
+    assert [gang_release.pinned_node(p) for p in pods.values()] == ["gpu-0"] * 4 + [None]
+    assert "affinity" not in pods["mpi-launcher"]["spec"], "a pod without GPUs is never pinned to a GPU node"
+    kinds = [(key.split("/")[1], kind) for key, kind in server.patches if kind != "mark"]
+    assert kinds == [(f"mpi-{i}", "pin") for i in range(4)] + [
+        (name, "ungate") for name in ("mpi-0", "mpi-1", "mpi-2", "mpi-3", "mpi-launcher")]
+    [released] = {e["message"] for e in server.events if e["reason"] == gang_release.RELEASED}
+    assert released.endswith("; un-gated with them, not pinned (no GPU): team/mpi-launcher")
+    assert server.reasons("mpi-launcher") == [gang_release.RELEASED]

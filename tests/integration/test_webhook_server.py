@@ -90,6 +90,7 @@ class Timer:
         pytest.param("pod-create-generate-name", "mutated", None, id="generate-name-pod"),
         pytest.param("pod-create-mig", "mutated", None, id="mig-pod"),
         pytest.param("pod-create-gang-member", "mutated", None, id="gang-member"),
+        pytest.param("pod-create-gang-launcher", "mutated", None, id="gang-member-without-gpus"),
         pytest.param("pod-create-cpu", "skipped", "GPU", id="non-gpu-pod"),
         pytest.param("pod-update", "skipped", "UPDATE", id="update"),
         pytest.param("pod-delete", "skipped", "no pod object (DELETE)", id="delete-object-null"),
@@ -148,6 +149,7 @@ async def test_the_log_line_names_the_pod(
         pytest.param("pod-create-gpu", False, id="gpu-pod"),
         pytest.param("pod-create-generate-name", False, id="generate-name-pod"),
         pytest.param("pod-create-gang-member", True, id="gang-member"),
+        pytest.param("pod-create-gang-launcher", True, id="gang-member-without-gpus"),
     ],
 )
 async def test_the_patch_applies_to_the_request_object_and_is_idempotent(

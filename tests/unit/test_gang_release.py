@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from common import settings, snapshot
-from descheduler import gang_patch, gang_release
+from descheduler import gang_patch, gang_release, reclaim_loop
 from tests import builders
 
 NAMES = settings.Names()
@@ -109,6 +109,7 @@ def check(decision: gang_release.Decision, want: Want) -> None:
 
 
 EIGHT = builders.gpu_node("big", gpus=8, domains=SPLIT_8)
+LAUNCHER = member("j-launcher", gang="j", size=5, gpus=0, priority=0)  # an MPI launcher: no GPU, no tier
 # An older 2x4-GPU gang that does not fit "big" while 2 of its GPUs are busy.
 LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=LONG_AGO), running("busy", node="big", gpus=2)]
 
@@ -210,6 +211,11 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=LONG_AGO), running("b
             id="gate-without-gang-labels-released-with-warning",
         ),
         pytest.param(
+            [EIGHT], [member("nameless", labels={}, gpus=0)], config(),
+            {"team/nameless": Want(A.RELEASE_ALONE, gang_release.INVALID, "names no gang", ungate=["nameless"])},
+            id="gate-without-gang-labels-or-gpus-released-with-warning",
+        ),
+        pytest.param(
             [EIGHT], [member("p-0", gang="p", size=2), member("p-1", gang="p", size=3)], config(),
             {"team/p-0": Want(A.RELEASE_ALONE, gang_release.INVALID, "members disagree on the gang size (2, 3)"),
              "team/p-1": Want(A.RELEASE_ALONE, gang_release.INVALID, "members disagree on the gang size (2, 3)")},
@@ -281,6 +287,47 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=LONG_AGO), running("b
             {"team/s": Want(A.NONE, None, "no member gated by us")},
             id="running-gang-needs-nothing",
         ),
+        # Members without GPUs (an MPI launcher counted in the gang size) count, are un-gated, never placed.
+        pytest.param(
+            [EIGHT], gang("j", 4, size=5, gpus=2), config(),
+            {"team/j": Want(A.WAIT, gang_release.WAITING, "4 of 5 members present", waiting=W.INCOMPLETE, ungate=[])},
+            id="gpu-workers-wait-for-their-launcher",
+        ),
+        pytest.param(
+            [EIGHT], [*gang("j", 4, size=5, gpus=2), LAUNCHER], config(),
+            {"team/j": Want(A.RELEASE, gang_release.RELEASED, "4 members on 1 node(s) (big): one node; each member "
+                            "within one NVLink domain; un-gated with them, not pinned (no GPU): team/j-launcher",
+                            pins={f"j-{i}": "big" for i in range(4)},
+                            ungate=["j-launcher", *(f"j-{i}" for i in range(4))])},
+            id="launcher-completes-the-gang-released-together-unpinned",
+        ),
+        pytest.param(
+            [EIGHT], [*gang("j", 4, size=5, gpus=2), member("j-launcher", gang="j", size=5, gpus=0,
+                                                            selector={"pool": "cpu"})], config(),
+            {"team/j": Want(A.RELEASE, gang_release.RELEASED, "not pinned (no GPU): team/j-launcher",
+                            pins={f"j-{i}": "big" for i in range(4)})},
+            id="launcher-for-cpu-nodes-needs-no-gpu-node",
+        ),
+        pytest.param(
+            [EIGHT], [*gang("j", 2, size=5, gpus=4), running("busy", node="big", gpus=4),
+                      member("j-2", gang="j", size=5, gpus=0), member("j-3", gang="j", size=5, gpus=0), LAUNCHER],
+            config(),
+            {"team/j": Want(A.WAIT, gang_release.WAITING, "waiting for 4 more free GPUs (8 needed, 4 free",
+                            waiting=W.CAPACITY, ungate=[])},
+            id="members-without-gpus-need-no-room",
+        ),
+        pytest.param(
+            [EIGHT], gang("cpu", 2, size=3, gpus=0), config(),
+            {"team/cpu": Want(A.WAIT, gang_release.WAITING, "2 of 3 members present", waiting=W.INCOMPLETE)},
+            id="gang-without-gpus-waits-until-complete",
+        ),
+        pytest.param(
+            [EIGHT], [*LARGE_BLOCKED, *gang("cpu", 2, size=2, gpus=0)], config(backfill=False),
+            {"team/large": Want(A.WAIT, gang_release.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
+             "team/cpu": Want(A.RELEASE, gang_release.RELEASED, "no member requests a GPU: nothing to place, all 2 "
+                              "un-gated together", pins={}, ungate=["cpu-0", "cpu-1"])},
+            id="gang-without-gpus-released-when-complete-never-queued-behind-gpu-gangs",
+        ),
     ],
 )
 def test_plan(
@@ -327,6 +374,17 @@ def test_one_nvlink_domain_per_member(extra_nodes: list[dict[str, Any]], size: i
     occupancy = {"big": {0: "other/a", 1: "other/a", 4: "other/b", 5: "other/b"}}
     decisions = outcome(gang_release.plan(cluster([EIGHT, *extra_nodes], pods, occupancy), config=config(), now=NOW))
     check(decisions["team/train"], want)
+
+
+def test_demand_for_reclaim_holds_only_the_members_that_need_gpus() -> None:
+    """The launcher (priority 0, no tier) is not placed: it must not make the gang's demand yield to anything."""
+    pods = [*gang("j", 4, size=5, gpus=2), LAUNCHER, running("busy", node="big", gpus=4)]
+    snap = cluster([EIGHT], pods)
+    [waiting] = gang_release.plan(snap, config=config(), now=NOW).demand
+    assert (waiting.gang, sorted(p.name for p in waiting.members), waiting.missing_gpus) == (
+        "team/j", [f"j-{i}" for i in range(4)], 4)
+    [demand] = reclaim_loop.gang_demands(snap, config=config(), now=NOW)
+    assert (demand.key, demand.priority, len(demand.members)) == ("gang:team/j", 10_000, 4)
 
 
 def test_waiting_gangs_ask_for_the_complete_mark_once() -> None:

@@ -100,3 +100,22 @@ def test_custom_prefix_and_key() -> None:
     gang = gangs.identify(pod, names=names)
     assert gang is not None
     assert (gang.key, gang.size, gang.convention) == ("ml/g", 2, "gpu-steward")
+
+
+@pytest.mark.parametrize(
+    ("pod", "involved"),
+    [
+        pytest.param(builders.pod("web"), False, id="plain-pod"),
+        pytest.param(builders.pod("launcher", labels={NAME: "j", SIZE: "5"}), True, id="declares-a-gang"),
+        pytest.param(builders.pod("launcher", labels={NAME: "j", SIZE: "five"}), True, id="declares-a-bad-gang"),
+        pytest.param(builders.pod("p", mutate=_spec(schedulingGroup={"podGroupName": "native"})), True,
+                     id="native-group"),
+        pytest.param(builders.pod("p", mutate=_spec(schedulingGates=[{"name": NAMES.gate}])), True,
+                     id="our-gate-without-gang-labels"),
+        pytest.param(builders.pod("p", mutate=_spec(schedulingGates=[{"name": "kueue.x-k8s.io/admission"}])), False,
+                     id="another-controllers-gate"),
+    ],
+)
+def test_involved(pod: dict[str, Any], involved: bool) -> None:
+    """What the gang controller must see of pods without GPUs (the feeder and the snapshot keep these)."""
+    assert gangs.involved(pod, names=NAMES) is involved

@@ -285,3 +285,57 @@ def test_patch_adds_one_annotation_key_with_escaped_pointer_and_keeps_the_map():
     assert ops == [{"op": "add", "path": "/metadata/annotations/gpu-steward.io~1decision", "value": outcome.record}]
     assert result["metadata"]["annotations"]["a/b~c"] == "x"
     assert result["metadata"]["generateName"] == "train-"
+
+
+GANG_OF_5 = {"gpu-steward.io/gang-name": "j", "gpu-steward.io/gang-size": "5"}
+LAUNCHER_NOTE = "no tier, no NVLink affinity: a gang member without GPUs only waits for its gang"
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotations", "spec", "gated", "reason", "warning"),
+    [
+        pytest.param({}, {}, {}, False, "requests no GPU", None, id="plain-cpu-pod-untouched"),
+        pytest.param({"app": "web", "gpu-steward.io/tier": "critical"}, {}, {}, False, "requests no GPU", None,
+                     id="tier-label-alone-changes-nothing"),
+        pytest.param(GANG_OF_5, {}, {}, True, f"no GPU; {LAUNCHER_NOTE}; gate gpu-steward.io/gang added: "
+                     "gang default/j of 5 (gpu-steward)", None, id="launcher-of-our-gang-gated"),
+        pytest.param({"kueue.x-k8s.io/pod-group-name": "j"}, {"kueue.x-k8s.io/pod-group-total-count": "5"}, {},
+                     True, "gate gpu-steward.io/gang added: gang default/j of 5 (kueue)", None,
+                     id="launcher-of-a-kueue-pod-group-gated"),
+        pytest.param({**GANG_OF_5, "gpu-steward.io/tier": "critical"}, {}, {"priorityClassName": "team-a-high"},
+                     True, f"no GPU; {LAUNCHER_NOTE}", None, id="launcher-gets-no-tier-and-keeps-its-class"),
+        pytest.param({"gpu-steward.io/gang-name": "j", "gpu-steward.io/gang-size": "1"}, {}, {}, False,
+                     "requests no GPU; gang default/j of 1 needs no gate", None, id="gang-of-one-untouched"),
+        pytest.param({"gpu-steward.io/gang-name": "j", "gpu-steward.io/gang-size": "five"}, {}, {}, False,
+                     "requests no GPU; gang default/j not gated",
+                     "gpu-steward: gang default/j: gpu-steward.io/gang-size='five' is not a positive integer",
+                     id="bad-size-untouched-with-a-warning"),
+        pytest.param(GANG_OF_5, {}, {"schedulerName": "volcano"}, False,
+                     "requests no GPU; gang default/j: scheduler volcano places the gang", None,
+                     id="gang-another-scheduler-holds-untouched"),
+        pytest.param(GANG_OF_5, {}, {"schedulingGates": [{"name": "gpu-steward.io/gang"}]}, False,
+                     "requests no GPU; gate gpu-steward.io/gang already present", None,
+                     id="already-gated-untouched"),
+    ],
+)
+def test_pod_without_gpus_changes_only_when_we_gate_it_for_its_gang(labels, annotations, spec, gated, reason, warning):
+    """Without GPUs: no tier, no affinity; a gang member gets our gate and the record, nothing else."""
+    pod = builders.pod("launcher", labels=labels, annotations=annotations, mutate=lambda p: p["spec"].update(spec))
+    outcome, result = admit(pod)
+
+    expected = copy.deepcopy(pod)
+    if gated:
+        expected["spec"]["schedulingGates"] = [{"name": "gpu-steward.io/gang"}]
+        expected["metadata"]["annotations"] = {**annotations, DECISION: outcome.record}
+    assert result == expected
+    assert (outcome.gated, outcome.tier, outcome.skipped is None) == (gated, None, gated)
+    assert outcome.changes == (("gate", "decision") if gated else ())
+    assert reason in outcome.record
+    assert outcome.warnings == ((warning,) if warning else ())
+
+
+def test_admitting_a_gated_launcher_again_changes_nothing():
+    _, once = admit(builders.pod("launcher", labels=GANG_OF_5))
+    outcome, twice = admit(once)
+    assert outcome.patch == [] and twice == once
+    assert outcome.skipped == "already mutated (decision record present)"

@@ -288,6 +288,17 @@ def test_matching(
     assert [o.reason for o in result.demands if outcome in o.reason], [o.reason for o in result.demands]
 
 
+IDLE_GANG = [running("g-0", node="n1", labels=gang("g")), running("g-1", node="n2", labels=gang("g"))]
+
+
+def launcher(*, gang_name: str = "g", phase: str = "Running", annotations: dict[str, str] | None = None) -> Raw:
+    """A gang member without GPUs on a CPU node (not in the snapshot's GPU nodes), with no tier."""
+    pod = running(f"{gang_name}-launcher", node="cpu-1", gpus=0, cls="", priority=0, labels=gang(gang_name),
+                  annotations=annotations)
+    pod["status"]["phase"] = phase
+    return pod
+
+
 def gang_demand(*pending_names: str) -> Callable[[snapshot.Snapshot], list[reclaim.Demand]]:
     def make(cluster: snapshot.Snapshot) -> list[reclaim.Demand]:
         return [reclaim.gang_demand("team-b/g", [cluster.pods[f"team-b/{n}"] for n in pending_names])]
@@ -322,6 +333,24 @@ def gang_demand(*pending_names: str) -> Callable[[snapshot.Snapshot], list[recla
             [running("a", node="n1"), running("b", node="n2"), pending("w-0"), pending("w-1")],
             {**idle("team-a/a"), **busy("team-a/b")}, gang_demand("w-0", "w-1"), set(), "team-a/a",
             "no pending pod can use its GPUs", id="gang-demand-partly-placeable-takes-nothing",
+        ),
+        # A member without GPUs (an MPI launcher, no tier, on a CPU node) goes with its gang's idle GPU members.
+        pytest.param(
+            [*IDLE_GANG, launcher(), pending("want")], idle("team-a/g-0", "team-a/g-1"), None,
+            {("team-a/g-0", "team-b/want"), ("team-a/g-1", "team-b/want"), ("team-a/g-launcher", "team-b/want")},
+            "team-a/g-launcher", "requests no GPU, goes with its gang's idle GPU members; reclaimed for team-b/want "
+            "(priority 10000); with its gang team-a/g", id="idle-gang-evicted-whole-with-its-launcher",
+        ),
+        pytest.param(
+            [*IDLE_GANG, launcher(annotations={"descheduler.alpha.kubernetes.io/prefer-no-eviction": "true"}),
+             pending("want")], idle("team-a/g-0", "team-a/g-1"), None, set(), "team-a/g-0",
+            "gang team-a/g is reclaimed only as a whole: team-a/g-launcher is not reclaimable (opted out by "
+            "descheduler.alpha.kubernetes.io/prefer-no-eviction='true')", id="protected-launcher-spares-its-gang",
+        ),
+        pytest.param(
+            [*IDLE_GANG, launcher(phase="Pending"), pending("want")], idle("team-a/g-0", "team-a/g-1"), None, set(),
+            "team-a/g-1", "team-a/g-launcher is not reclaimable (not running (phase Pending))",
+            id="launcher-still-starting-spares-its-gang",
         ),
     ],
 )
@@ -437,6 +466,46 @@ def test_mode_always_needs_no_preemptor_and_honours_limits() -> None:
     assert reason_of(result, "team-a/a").endswith("mode always, no preemptor needed")
     assert reason_of(result, "team-a/b") == "idle but spared: per-cycle eviction limit 1 reached"
     assert reason_of(result, "team-a/c") == "PriorityClass sticky sets no idle window"
+
+
+ALWAYS = {"descheduler": {"reclaim": {"mode": "always"}}}
+
+
+@pytest.mark.parametrize(
+    ("pods", "assessments", "overrides", "expected", "about", "reason"),
+    [
+        pytest.param(
+            [running("idle-1", node="n1"), builders.pod("g-0", namespace="team-a", gpus=1, labels=gang("g")),
+             launcher()], idle("team-a/idle-1"), ALWAYS, {"team-a/idle-1"}, "team-a/idle-1",
+            "mode always, no preemptor needed", id="launcher-of-a-gang-holding-no-gpu-is-never-a-victim",
+        ),
+        pytest.param(
+            [*IDLE_GANG, launcher()], idle("team-a/g-0", "team-a/g-1"),
+            {"descheduler": {"reclaim": {"mode": "always", "limits": {"per_cycle": 2}}}}, set(), "team-a/g-0",
+            "idle but spared: per-cycle eviction limit 2 reached", id="launcher-eviction-counts-against-limits",
+        ),
+    ],
+)
+def test_members_without_gpus_go_only_with_their_gang(
+    pods: list[Raw], assessments: dict[str, utilisation.Assessment], overrides: dict[str, Any],
+    expected: set[str], about: str, reason: str,
+) -> None:
+    result = run(TWO, pods, assessments, overrides=overrides)
+    assert {e.pod for e in result.evictions} == expected
+    assert reason in reason_of(result, about)
+    assert result.candidates == len(assessments), "a pod without GPUs is never measured nor a candidate"
+
+
+def test_a_launcher_goes_after_its_gpu_members_and_reports_no_utilisation() -> None:
+    """GPU members first: the evictor stops a unit at its first member not evicted."""
+    result = run(TWO, [*IDLE_GANG, launcher()], idle("team-a/g-0", "team-a/g-1"), overrides=ALWAYS)
+    assert [(e.pod, e.unit, e.utilization, e.window_seconds) for e in result.evictions] == [
+        ("team-a/g-0", "gang:team-a/g", 2.1, 3600), ("team-a/g-1", "gang:team-a/g", 2.1, 3600),
+        ("team-a/g-launcher", "gang:team-a/g", None, None)]
+    assert reason_of(result, "team-a/g-launcher") == (
+        "requests no GPU, goes with its gang's idle GPU members; mode always, no preemptor needed; "
+        "with its gang team-a/g")
+    assert result.as_json()["evictions"][-1]["utilization"] is None
 
 
 def test_plan_json_shape() -> None:

@@ -48,6 +48,27 @@ def test_only_gpu_pods_and_gpu_nodes() -> None:
 
 
 @pytest.mark.parametrize(
+    "labels",
+    [
+        pytest.param({NAMES.gang_name: "j", NAMES.gang_size: "5"}, id="ours"),
+        pytest.param({"kueue.x-k8s.io/pod-group-name": "j"}, id="kueue"),
+        pytest.param({"scheduling.x-k8s.io/pod-group": "j"}, id="coscheduling"),
+    ],
+)
+def test_gang_members_without_gpus_are_kept_but_hold_nothing(labels: dict[str, str]) -> None:
+    """A gang counts every member (an MPI launcher), but a pod without GPUs takes no GPU anywhere."""
+    snap = _build(
+        [builders.gpu_node("gpu", gpus=2)],
+        [builders.pod("launcher", node="gpu", phase="Running", labels=labels),
+         builders.pod("web", node="gpu", phase="Running", labels={"app": "web"})],
+    )
+    launcher = snap.pods["default/launcher"]
+    assert sorted(snap.pods) == ["default/launcher"]
+    assert (launcher.bound, launcher.holds_gpus, launcher.gpu_indices) == (True, False, ())
+    assert (snap.nodes["gpu"].pods, snap.nodes["gpu"].requested_full, snap.pods_on("gpu")) == ((), 0, [])
+
+
+@pytest.mark.parametrize(
     ("phase", "holds"),
     [
         pytest.param("Pending", True, id="pending-bound"),

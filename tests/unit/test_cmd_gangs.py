@@ -1,0 +1,49 @@
+"""`gpu-steward gangs --cluster STATE.json`: the gang controller's view, GPU-less members included."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+import pytest
+
+from common import settings
+from gpu_steward import cli
+from tests import builders
+
+NAMES = settings.Names()
+GATED = {"schedulingGates": [{"name": NAMES.gate}]}
+
+
+def state(tmp_path: pathlib.Path) -> pathlib.Path:
+    """An MPI job: a launcher without GPUs and 2 GPU workers, all counted in a gang of 3, all gated."""
+    labels = {NAMES.gang_name: "j", NAMES.gang_size: "3"}
+    pods = [builders.pod(name, namespace="team", gpus=gpus, labels=labels, mutate=lambda p: p["spec"].update(GATED))
+            for name, gpus in (("j-launcher", 0), ("j-worker-0", 4), ("j-worker-1", 4))]
+    pods.append(builders.pod("web", namespace="team"))  # no GPU, no gang: not part of the picture
+    document = {"kind": "List", "items": [builders.gpu_node("big", gpus=8, domains=[range(4), range(4, 8)]), *pods]}
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_text_lists_the_member_without_gpus(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["gangs", "--cluster", str(state(tmp_path))]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "team/j  members 3/3  priority 0  release",
+        "  why: 2 members on 1 node(s) (big): one node; each member within one NVLink domain; "
+        "un-gated with them, not pinned (no GPU): team/j-launcher",
+        "  - team/j-launcher  no GPU  gated",
+        "  - team/j-worker-0  4 GPU  gated  node big",
+        "  - team/j-worker-1  4 GPU  gated  node big",
+    ]
+
+
+def test_json_lists_the_member_without_gpus(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["gangs", "--cluster", str(state(tmp_path)), "--output", "json"]) == 0
+    [gang] = json.loads(capsys.readouterr().out)["gangs"]
+    members: list[dict[str, Any]] = gang["members"]
+    assert (gang["gang"], gang["state"], gang["size"]) == ("team/j", "release", 3)
+    assert members[0] == {"pod": "team/j-launcher", "gpus": "no GPU", "gated": True, "node": None}
+    assert [m["node"] for m in members[1:]] == ["big", "big"]
