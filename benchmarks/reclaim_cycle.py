@@ -146,23 +146,26 @@ def synthetic_cluster(*, nodes: int, pods: int, pending: int) -> dict[str, list[
 
 class FakePrometheus:
     """Answers like Prometheus would the reclaim query: 5 statistics per pod and kind of device, for every
-    pod with DCGM series (the query cannot filter by pod); sample counts follow the queried window."""
+    pod with DCGM series (the query cannot filter by pod), or `util` alone for a pod at or above the
+    query's `below_percent` when it has one; sample counts follow the queried window."""
 
     def __init__(self, pods: Sequence[dict[str, Any]], *, interval_seconds: float) -> None:
         self.queries = 0
         self._interval = interval_seconds
         self._pods = [p for p in pods if p["spec"].get("nodeName")]
-        self._bodies: dict[int, str] = {}  # window -> the HTTP body of the answer
+        self._bodies: dict[tuple[int, float | None], str] = {}  # (window, below) -> the HTTP body of the answer
 
     async def query(self, promql: str, *, time: float | None = None) -> list[dict[str, Any]]:
         self.queries += 1
         window = int(re.search(r"\[(\d+)s\]", promql).group(1))  # type: ignore[union-attr]
-        if window not in self._bodies:  # built once: the stand-in's own work is not ours to measure
-            self._bodies[window] = self._body(window)
+        below = re.search(r"\) < ([0-9.]+)\)", promql)
+        key = (window, float(below.group(1)) if below else None)
+        if key not in self._bodies:  # built once: the stand-in's own work is not ours to measure
+            self._bodies[key] = self._body(*key)
         # Decoded per query, as the HTTP client does (that cost and memory are the cycle's).
-        return list(json.loads(self._bodies[window])["data"]["result"])
+        return list(json.loads(self._bodies[key])["data"]["result"])
 
-    def _body(self, window: int) -> str:
+    def _body(self, window: int, below: float | None) -> str:
         rows = []
         for i, pod in enumerate(self._pods):
             meta, limits = pod["metadata"], pod["spec"]["containers"][0]["resources"]["limits"]
@@ -171,6 +174,8 @@ class FakePrometheus:
             util = 1.0 + i % 4 if i % 3 == 0 else 20.0 + i % 70  # a third idle
             samples = window / self._interval * (0.5 if i % 37 == 0 else 1.0)  # a few with gaps
             stats = {"util": util, "samples": samples, "series": devices, "valid": devices, "last": NOW - 20}
+            if below is not None and util >= below:
+                stats = {"util": util}
             for stat, value in stats.items():
                 rows.append({"metric": {"gs_namespace": meta["namespace"], "gs_pod": meta["name"],
                                         "gs_host": pod["spec"]["nodeName"], "gs_stat": f"{kind}_{stat}"},

@@ -68,6 +68,11 @@ def gang_demands(cluster: snapshot.Snapshot, *, config: settings.Settings, now: 
     return [reclaim.gang_demand(d.gang, d.members) for d in waiting]
 
 
+def _threshold(pod: snapshot.Pod, policies: Mapping[str, policy.ReclaimPolicy]) -> float:
+    found = policy.for_pod(pod, policies)
+    return found.threshold_percent if isinstance(found, policy.ReclaimPolicy) else 0.0
+
+
 def _rows_of(rows: Sequence[Mapping[str, Any]], pods: Sequence[str]) -> list[Mapping[str, Any]]:
     """The rows about `pods`: an answer covers every pod with DCGM series, and parsing them is the cost."""
     wanted = {tuple(key.split("/", 1)) for key in pods}
@@ -186,11 +191,13 @@ class ReclaimLoop:
                 reason = "prometheus.url is not set: no utilisation data"
                 assessments.update({key: utilisation.failed(reason) for key in pods})
                 continue
+            thresholds = {key: _threshold(cluster.pods[key], policies) for key in pods}
             queries += 1
             self._metrics.queries.inc()
             try:
                 promql = utilisation.query(window, config=self._config.prometheus,
-                                           statistic=self._config.descheduler.reclaim.idle_statistic)
+                                           statistic=self._config.descheduler.reclaim.idle_statistic,
+                                           below_percent=max(thresholds.values(), default=0.0))
                 rows = await self._prometheus.query(promql, time=now)
             except prometheus.PrometheusError as exc:
                 self._metrics.prometheus_errors.inc()
@@ -199,11 +206,8 @@ class ReclaimLoop:
                 continue
             readings = utilisation.parse(_rows_of(rows, pods))
             for key in pods:
-                pod = cluster.pods[key]
-                found = policy.for_pod(pod, policies)
-                threshold = found.threshold_percent if isinstance(found, policy.ReclaimPolicy) else 0.0
-                assessments[key] = utilisation.assess(pod, readings=readings, window_seconds=window,
-                                                      threshold_percent=threshold, config=self._config, now=now)
+                assessments[key] = utilisation.assess(cluster.pods[key], readings=readings, window_seconds=window,
+                                                      threshold_percent=thresholds[key], config=self._config, now=now)
         return assessments, queries, errors
 
     async def _act(self, plan: reclaim.Plan, outcomes: list[evictor.Outcome], *, now: float) -> None:

@@ -51,9 +51,12 @@ def _normalise(expr: str, labels: settings.PrometheusLabels) -> str:
 STATISTIC = {"peak": "max_over_time", "average": "avg_over_time"}
 
 
-def query(window_seconds: int, *, config: settings.Prometheus, statistic: str) -> str:
+def query(window_seconds: int, *, config: settings.Prometheus, statistic: str, below_percent: float | None = None
+          ) -> str:
     """The one instant query for every pod whose idle window is `window_seconds`; `statistic` is
-    `peak` or `average` (settings.Reclaim.idle_statistic)."""
+    `peak` or `average` (settings.Reclaim.idle_statistic). With `below_percent` (the highest idle
+    threshold among the pods asked about), a pod whose `util` reaches it gets that row alone: the
+    other four only serve to trust an idle reading, and on a busy cluster they were most of the answer."""
     over_time = STATISTIC[statistic]
     mig = config.labels.mig_profile
     selectors = {
@@ -64,13 +67,16 @@ def query(window_seconds: int, *, config: settings.Prometheus, statistic: str) -
     parts = []
     for kind, (selector, scale) in selectors.items():
         ranged = f"{selector}[{window_seconds}s]"
+        util = f"max {by} ({_normalise(f'{over_time}({ranged}){scale}', config.labels)})"
+        # `x and on(...) (util < t)` keeps x only where util is below t (NaN < t is false too).
+        keep = "" if below_percent is None else f" and on ({NAMESPACE}, {POD}, {HOST}) ({util} < {below_percent:g})"
         stats = {
-            "util": f"max {by} ({_normalise(f'{over_time}({ranged}){scale}', config.labels)})",
-            "samples": f"min {by} ({_normalise(f'count_over_time({ranged})', config.labels)})",
-            "series": f"count {by} ({_normalise(f'count_over_time({ranged})', config.labels)})",
+            "util": util,
+            "samples": f"min {by} ({_normalise(f'count_over_time({ranged})', config.labels)}){keep}",
+            "series": f"count {by} ({_normalise(f'count_over_time({ranged})', config.labels)}){keep}",
             # NaN >= 0 is false: a device averaging NaN drops out of `valid` but not `series`.
-            "valid": f"count {by} ({_normalise(f'avg_over_time({ranged}) >= 0', config.labels)})",
-            "last": f"min {by} ({_normalise(f'timestamp({selector})', config.labels)})",
+            "valid": f"count {by} ({_normalise(f'avg_over_time({ranged}) >= 0', config.labels)}){keep}",
+            "last": f"min {by} ({_normalise(f'timestamp({selector})', config.labels)}){keep}",
         }
         parts += [f'label_replace({expr}, "{STAT}", "{kind}_{stat}", "", "")' for stat, expr in stats.items()]
     return " or ".join(parts)
@@ -145,6 +151,14 @@ def assess(
             stats = _merge(stats, kinds.get(kind, {}))
         if not stats:
             return failed(f"no {metric[kind]} series for the pod over {window_seconds}s")
+        util = stats.get("util", math.nan)
+        if util >= threshold_percent:
+            # Busy needs no coverage or freshness check (not idle is the safe answer), and a query
+            # with `below_percent` sends nothing else for a busy pod.
+            utilisations.append(util)
+            continue
+        if math.isnan(util) and len(stats) == 1:  # `below_percent` dropped the rest: NaN < t is false
+            return failed(f"{metric[kind]}: a device averages NaN over {window_seconds}s")
         if "last" not in stats:
             return failed(f"{metric[kind]}: no sample within Prometheus' lookback (stale)")
         series, valid = stats.get("series", 0.0), stats.get("valid", 0.0)

@@ -121,13 +121,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServe
         pytest.param("missing", False, "no DCGM series for the pod over 3600s", id="no-series"),
     ],
 )
+@pytest.mark.parametrize("below_percent", [None, 10.0], ids=["every-row", "busy-pods-util-only"])
 async def test_assess_against_real_prometheus(
-    server: PrometheusServer, config: settings.Settings, pod: str, idle: bool, reason: str
+    server: PrometheusServer, config: settings.Settings, pod: str, idle: bool, reason: str,
+    below_percent: float | None,
 ) -> None:
+    """Same verdict and reason whether or not the query leaves out the rows a busy pod does not need."""
     client = prometheus.Client(settings.Prometheus(url=server.url))
     try:
         rows = await client.query(utilisation.query(
-            HOUR, config=config.prometheus, statistic=config.descheduler.reclaim.idle_statistic), time=server.now)
+            HOUR, config=config.prometheus, statistic=config.descheduler.reclaim.idle_statistic,
+            below_percent=below_percent), time=server.now)
     finally:
         client.close()
     cluster = build(config, server.now)

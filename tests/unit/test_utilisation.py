@@ -46,6 +46,19 @@ def test_query_is_one_expression_for_all_pods_with_every_label_spelling() -> Non
     assert "team-a" not in promql and "max by (gs_namespace, gs_pod, gs_host)" in promql
 
 
+def test_with_a_threshold_only_util_comes_back_for_busy_pods() -> None:
+    promql = utilisation.query(3600, config=CONFIG.prometheus, statistic="peak", below_percent=7.5)
+    keep = "and on (gs_namespace, gs_pod, gs_host) (max by (gs_namespace, gs_pod, gs_host) ("
+    assert promql.count(keep) == 8  # samples, series, valid, last for each of the two metrics; util itself not
+    assert promql.count(") < 7.5)") == 8
+    assert "and on" not in utilisation.query(3600, config=CONFIG.prometheus, statistic="peak")
+
+
+def util_only(value: float) -> list[dict[str, Any]]:
+    """What a query with `below_percent` returns for a pod whose util is not below it."""
+    return [row for row in rows(util=value) if row["metric"]["gs_stat"] == "gpu_util"]
+
+
 @pytest.mark.parametrize(
     ("target", "result", "idle", "reason"),
     [
@@ -67,6 +80,12 @@ def test_query_is_one_expression_for_all_pods_with_every_label_spelling() -> Non
         pytest.param(pod(full=0, mig={"1g.10gb": 1}), rows("mig", util=3.0), True, "3.0% < 10%", id="mig"),
         pytest.param(pod(full=1, mig={"1g.10gb": 1}), rows() + rows("mig", util=30.0), False, "30.0% >= 10%",
                      id="both-kinds-busiest-wins"),
+        pytest.param(pod(), util_only(55.0), False, "peak GPU utilisation 55.0% >= 10% over 3600s",
+                     id="busy-util-alone-is-enough"),
+        pytest.param(pod(), rows(util=55.0, samples=3), False, "55.0% >= 10%", id="busy-needs-no-coverage"),
+        pytest.param(pod(), util_only(math.nan), False, "a device averages NaN over 3600s", id="nan-util-alone"),
+        pytest.param(pod(), util_only(2.0), False, "no sample within Prometheus' lookback",
+                     id="idle-util-alone-is-not-trusted"),
     ],
 )
 def test_assess(target: snapshot.Pod, result: list[dict[str, Any]], idle: bool, reason: str) -> None:
