@@ -385,7 +385,7 @@ def main() -> None:
     if not args.quiet:
         print(table(result["run"]), flush=True)
     if args.scale:
-        result["scale"] = scale(QUICK_SCALE if args.quick else SCALE, pending=args.pending, cycles=3,
+        result["scale"] = scale(QUICK_SCALE if args.quick else SCALE, pending=args.pending, cycles=args.cycles,
                                 freeze=args.gc_freeze)
         print(scale_table(result["scale"]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
