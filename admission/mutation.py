@@ -201,6 +201,8 @@ def _apply_placement(
         if need.expression is not None and affinity.add_required(mutated, need.expression):
             changes.append("affinity-required")
         parts.append(f"required {need.reason}" if need.expression else f"no required term ({need.reason})")
+    # Ranked against the spec as the scheduler will see it: the user's required terms with our NVLink
+    # expression ANDed in (strict), so no preferred term goes to a node either of them rules out.
     ranking = scoring.rank(gpus=request.full, pod_spec=mutated["spec"], cluster=cluster, cfg=config.scoring,
                            limit=config.admission.preferred_terms)
     terms = affinity.preferred_terms(ranking.scores, config.admission.preferred_terms)
@@ -209,5 +211,9 @@ def _apply_placement(
         best = ", ".join(f"{s.node}={s.score:g}->{s.normalized}" for s in ranking.scores[: len(terms)])
         parts.append(f"preferred {best}")
     else:
-        parts.append(f"no node can take {request.full} GPUs now")
+        why = f"no node can take {request.full} GPUs now"
+        if ranking.excluded:  # nodes with room the pod may not use (taints, nodeSelector, required affinity)
+            name, reason = next(iter(ranking.excluded.items()))
+            why += f" ({len(ranking.excluded)} with room ruled out, e.g. {name}: {reason})"
+        parts.append(why)
     notes.append("; ".join(parts))

@@ -1,17 +1,30 @@
 """Could this pod run on this node at all? The scheduler's filters that matter for GPU choice:
-node readiness, taints and tolerations, nodeSelector, and free GPUs. (The user's own node affinity
-is not evaluated here; the scheduler still enforces it, we only avoid wasting terms on nodes
-that can never take the pod.)
+node readiness, taints and tolerations, nodeSelector, the pod's required node affinity, and free
+GPUs. Callers use it to avoid spending preferred terms (or plans) on nodes that can never take the pod.
+
+Required node affinity follows kube-scheduler's NodeAffinity filter (read in Kubernetes 1.36.3:
+`k8s.io/component-helpers/scheduling/corev1/nodeaffinity/nodeaffinity.go`,
+`k8s.io/apimachinery/pkg/labels/selector.go` `Requirement.Matches`, and the API server's
+`ValidateNodeSelector` in `pkg/apis/core/validation/validation.go`):
+- nodeSelectorTerms are ORed; the matchExpressions and matchFields of one term are ANDed;
+- a term with neither matches no node, and a required affinity without terms matches no node;
+- In: the label exists with one of the values; NotIn: the label is absent or has none of them;
+  Exists / DoesNotExist: the label is present / absent; Gt / Lt: the label exists and, read as a
+  64-bit decimal integer, is greater / less than the single value (a label that is not such an
+  integer does not match);
+- matchFields: only `metadata.name`, with In or NotIn and exactly one value.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from common import snapshot
 
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+NAME_FIELD = "metadata.name"  # the one node field matchFields may name
 
 
 def tolerates(tolerations: Sequence[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
@@ -33,6 +46,141 @@ def tolerates(tolerations: Sequence[Mapping[str, Any]], taint: Mapping[str, Any]
     return False
 
 
+# --- required node affinity ----------------------------------------------------------------------
+
+# Go's strconv.ParseInt(s, 10, 64): an optional sign and ASCII digits only (no spaces, no underscores).
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
+_INT64 = range(-(2**63), 2**63)
+
+
+def _int64(text: str) -> int | None:
+    if not _DECIMAL.fullmatch(text):
+        return None
+    value = int(text)
+    return value if value in _INT64 else None
+
+
+# A requirement's outcome: True (met), False (not met) or None: malformed in a way the API server
+# rejects (unknown operator, wrong number of values, a field other than metadata.name). Such a pod is
+# never created (the webhook runs before validation), so what we answer cannot matter to the scheduler;
+# we exclude no node for it rather than guess (an operator unknown to us may be known to a newer
+# Kubernetes). Not so a Gt/Lt value that is no integer: validation only counts the values, so the pod
+# is created, and the scheduler's parser then fails the whole term, which matches no node: so do we.
+_Met = bool | None
+
+
+def _values(requirement: Mapping[str, Any]) -> list[str] | None:
+    values = requirement.get("values") or []
+    if type(values) is not list or not all(type(v) is str for v in values):
+        return None
+    return values
+
+
+def _label_requirement(requirement: Mapping[str, Any], labels: Mapping[str, str]) -> _Met:
+    key, operator, values = requirement.get("key"), requirement.get("operator"), _values(requirement)
+    if type(key) is not str or values is None:
+        return None
+    label = labels.get(key)
+    if operator == "In":
+        return label in values if values else None
+    if operator == "NotIn":
+        return label not in values if values else None
+    if operator == "Exists":
+        return label is not None if not values else None
+    if operator == "DoesNotExist":
+        return label is None if not values else None
+    if operator in ("Gt", "Lt"):
+        if len(values) != 1:
+            return None
+        bound = _int64(values[0])
+        have = None if label is None else _int64(label)
+        if bound is None or have is None:
+            return False
+        return have > bound if operator == "Gt" else have < bound
+    return None
+
+
+def _field_requirement(requirement: Mapping[str, Any], node_name: str) -> _Met:
+    operator, values = requirement.get("operator"), _values(requirement)
+    if requirement.get("key") != NAME_FIELD or values is None or len(values) != 1:
+        return None
+    if operator == "In":
+        return node_name == values[0]
+    if operator == "NotIn":
+        return node_name != values[0]
+    return None
+
+
+def _describe(requirement: Mapping[str, Any]) -> str:
+    values = requirement.get("values")
+    shown = f" [{', '.join(map(str, values))}]" if isinstance(values, list) and values else ""
+    note = ""
+    if requirement.get("operator") in ("Gt", "Lt") and isinstance(values, list) and values:
+        note = "" if _int64(str(values[0])) is not None else " (not an integer)"
+    return f"{requirement.get('key')} {requirement.get('operator')}{shown}{note}"
+
+
+def _term(term: Any, node: snapshot.Node) -> Literal[True] | str | None:
+    """True if the term matches the node, None if it is malformed, else its first unmet requirement."""
+    if not isinstance(term, Mapping):
+        return None
+    expressions, fields = term.get("matchExpressions") or [], term.get("matchFields") or []
+    if type(expressions) is not list or type(fields) is not list:
+        return None
+    if not expressions and not fields:
+        return "no requirements"  # an empty term selects no node
+    # Every requirement is looked at (no early exit on the first unmet one), so that whether a term is
+    # malformed does not depend on the order of its requirements.
+    unmet: str | None = None
+    for requirement in expressions:
+        met = _label_requirement(requirement, node.labels) if isinstance(requirement, Mapping) else None
+        if met is None:
+            return None
+        if not met and unmet is None:
+            unmet = _describe(requirement)
+    for requirement in fields:
+        met = _field_requirement(requirement, node.name) if isinstance(requirement, Mapping) else None
+        if met is None:
+            return None
+        if not met and unmet is None:
+            unmet = _describe(requirement)
+    return True if unmet is None else unmet
+
+
+def _affinity_why_not(pod_spec: Mapping[str, Any], node: snapshot.Node) -> str | None:
+    """None when the pod's required node affinity admits the node (or has none, or is malformed), else why not."""
+    affinity = pod_spec.get("affinity")
+    if not affinity:
+        return None
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+    if not node_affinity:
+        return None
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(
+        node_affinity, Mapping) else None
+    if required is None:
+        return None
+    if not isinstance(required, Mapping):
+        return None  # malformed: see _Met
+    terms = required.get("nodeSelectorTerms") or []
+    if type(terms) is not list:
+        return None
+    if not terms:
+        return "required node affinity has no nodeSelectorTerms"  # the scheduler's rule; validation rejects it too
+    unmet: list[str] = []
+    malformed = False
+    for index, term in enumerate(terms, 1):
+        met = _term(term, node)
+        if met is True:
+            return None
+        if met is None:
+            malformed = True
+        else:
+            unmet.append(f"term {index}: {met}")
+    if malformed:
+        return None
+    return f"required node affinity does not match ({'; '.join(unmet)})"
+
+
 def why_not(pod_spec: Mapping[str, Any], node: snapshot.Node) -> str | None:
     """None when the pod may go to the node (ignoring GPU counts), else the reason it may not."""
     if not node.schedulable:
@@ -44,4 +192,4 @@ def why_not(pod_spec: Mapping[str, Any], node: snapshot.Node) -> str | None:
     for key, value in (pod_spec.get("nodeSelector") or {}).items():
         if node.labels.get(key) != value:
             return f"nodeSelector {key}={value} does not match"
-    return None
+    return _affinity_why_not(pod_spec, node)

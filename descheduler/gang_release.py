@@ -153,7 +153,7 @@ class Placement:
         return f"{where}: {why}{domains}"
 
 
-# --- node affinity (the scheduler enforces it; we must not plan against it) ---------------------
+# --- node pins (the scheduler enforces required node affinity; `fit.why_not` evaluates it) -------
 
 
 def _required_terms(raw: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
@@ -161,40 +161,6 @@ def _required_terms(raw: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
     required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
     terms = required.get("nodeSelectorTerms")
     return list(terms) if terms else None
-
-
-def _requirement_matches(requirement: Mapping[str, Any], value: str | None) -> bool:
-    operator, values = requirement.get("operator"), list(requirement.get("values") or [])
-    if operator == "In":
-        return value is not None and value in values
-    if operator == "NotIn":
-        return value is None or value not in values
-    if operator == "Exists":
-        return value is not None
-    if operator == "DoesNotExist":
-        return value is None
-    if operator in ("Gt", "Lt") and value is not None and len(values) == 1:
-        try:
-            have, bound = int(value), int(values[0])
-        except ValueError:
-            return False
-        return have > bound if operator == "Gt" else have < bound
-    return False
-
-
-def _term_matches(term: Mapping[str, Any], node: snapshot.Node) -> bool:
-    expressions = list(term.get("matchExpressions") or [])
-    fields = list(term.get("matchFields") or [])
-    if not expressions and not fields:
-        return False  # an empty term matches no node
-    return all(_requirement_matches(r, node.labels.get(str(r.get("key")))) for r in expressions) and all(
-        _requirement_matches(r, node.name if r.get("key") == "metadata.name" else None) for r in fields
-    )
-
-
-def affinity_allows(raw: Mapping[str, Any], node: snapshot.Node) -> bool:
-    terms = _required_terms(raw)
-    return terms is None or any(_term_matches(t, node) for t in terms)
 
 
 def pinned_node(raw: Mapping[str, Any]) -> str | None:
@@ -276,7 +242,7 @@ def _candidates(pod: snapshot.Pod, cluster: snapshot.Snapshot) -> frozenset[str]
             continue
         if any(not offers.mig.get(profile) for profile in pod.request.mig):
             continue
-        if fit.why_not(spec, node) is None and affinity_allows(pod.raw, node):
+        if fit.why_not(spec, node) is None:  # readiness, taints, nodeSelector, required node affinity
             out.add(name)
     return frozenset(out)
 

@@ -57,7 +57,7 @@ GANG = "gang:"  # prefix of gang keys, so that a gang never collides with a pod 
 class Member:
     pod: str  # namespace/name
     request: gpu.GpuRequest
-    spec: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # for taints/nodeSelector
+    spec: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # what fit.why_not reads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -716,8 +716,8 @@ def _screen(
 
 class _Index:
     """Per-plan precomputation: idle units by node and each unit's nodes, where idle units free each
-    kind of device, the nodes a member's tolerations/nodeSelector allow, and the options of untouched
-    nodes for each kind of member."""
+    kind of device, the nodes a member's tolerations, nodeSelector and required node affinity allow,
+    and the options of untouched nodes for each kind of member."""
 
     def __init__(self, cluster: snapshot.Snapshot, by_node: Mapping[str, Sequence[_Unit]]) -> None:
         self.cluster = cluster
@@ -735,10 +735,13 @@ class _Index:
 
     @staticmethod
     def _fit_key(spec: Mapping[str, Any]) -> str:
-        return json.dumps([spec.get("tolerations"), spec.get("nodeSelector")], sort_keys=True, default=str)
+        node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+        required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+        return json.dumps([spec.get("tolerations"), spec.get("nodeSelector"), required], sort_keys=True, default=str)
 
     def nodes_for(self, spec: Mapping[str, Any]) -> list[str]:
-        """Nodes passing `fit.why_not` (it reads only tolerations and nodeSelector), cached per pair."""
+        """Nodes passing `fit.why_not` (it reads tolerations, nodeSelector and required node affinity),
+        cached per combination."""
         key = self._fit_key(spec)
         if key not in self._fits:
             self._fits[key] = sorted(n for n, node in self.cluster.nodes.items() if not fit.why_not(spec, node))

@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+import jsonpatch
 import yaml
 
 from admission import mutation, scoring
@@ -49,7 +50,9 @@ def run(args: argparse.Namespace) -> int:
         gpus = gpu.pod_request(pod).full
     except gpu.QuantityError:
         gpus = 0
-    ranking = scoring.rank(gpus=gpus, pod_spec=pod.get("spec") or {}, cluster=cluster, cfg=config.scoring)
+    # Ranked against the pod as admitted (our required NVLink expression ANDed in), as the webhook ranks it.
+    admitted = jsonpatch.apply_patch(pod, outcome.patch) if outcome.patch else pod
+    ranking = scoring.rank(gpus=gpus, pod_spec=admitted.get("spec") or {}, cluster=cluster, cfg=config.scoring)
     if args.output == "json":
         print(json.dumps(as_json(outcome, ranking if gpus else None), indent=2))
     else:

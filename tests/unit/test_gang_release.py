@@ -407,31 +407,28 @@ def test_place_for_reclaim_without_and_with_the_victims() -> None:
 
 
 @pytest.mark.parametrize(
-    ("terms", "allowed"),
+    ("terms", "placed_on"),
     [
-        pytest.param(None, True, id="no-required-affinity"),
-        pytest.param([{}], False, id="empty-term-matches-nothing"),
-        pytest.param([{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]}], True, id="in"),
-        pytest.param([{"matchExpressions": [{"key": "pool", "operator": "NotIn", "values": ["a"]}]}], False,
-                     id="not-in"),
-        pytest.param([{"matchExpressions": [{"key": f"{NAMES.prefix}nvlink-domain-size", "operator": "Gt",
-                                             "values": ["3"]}]}], True, id="gt"),
-        pytest.param([{"matchExpressions": [{"key": f"{NAMES.prefix}nvlink-domain-size", "operator": "Lt",
-                                             "values": ["4"]}]}], False, id="lt"),
-        pytest.param([{"matchExpressions": [{"key": "gone", "operator": "DoesNotExist"}]},
-                      {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["other"]}]}], True,
+        pytest.param(None, "big-a", id="no-required-affinity"),
+        pytest.param([{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["b"]}]}], "big-b",
+                     id="label-in"),
+        pytest.param([{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["c"]}]},
+                      {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["big-b"]}]}], "big-b",
                      id="terms-are-ored"),
-        pytest.param([{"matchExpressions": [{"key": "pool", "operator": "Exists"}],
-                       "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["other"]}]}], False,
-                     id="requirements-in-a-term-are-anded"),
+        pytest.param([{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["c"]}]}], None,
+                     id="no-node-matches"),
+        pytest.param([{}], None, id="empty-term-matches-nothing"),
     ],
 )
-def test_affinity_allows(terms: list[dict[str, Any]] | None, allowed: bool) -> None:
-    node = snapshot.build(
-        nodes=[builders.gpu_node("n", gpus=8, domains=SPLIT_8, labels={"pool": "a"})], pods=[], names=NAMES, taken_at=0
-    ).nodes["n"]
-    pod: dict[str, Any] = {"spec": {}}
+def test_placement_honours_required_node_affinity(terms: list[dict[str, Any]] | None, placed_on: str | None) -> None:
+    """The plan only uses nodes the scheduler could bind to (fit.why_not, whose table is in test_fit)."""
+    pods = gang("train", 2, size=2, gpus=4)
     if terms is not None:
-        pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": terms}}}
-    assert gang_release.affinity_allows(pod, node) is allowed
+        for pod in pods:
+            pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": terms}}}
+    nodes = [builders.gpu_node(name, gpus=8, domains=SPLIT_8, labels={"pool": pool})
+             for name, pool in (("big-a", "a"), ("big-b", "b"))]
+    snap = cluster(nodes, pods)
+    placed = gang_release.place([snap.pods["team/train-0"], snap.pods["team/train-1"]], cluster=snap)
+    assert (None if placed is None else set(placed.nodes.values())) == (None if placed_on is None else {placed_on})

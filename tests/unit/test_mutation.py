@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import jsonpatch
@@ -202,6 +203,67 @@ def test_pod_larger_than_every_domain_requires_the_largest_domains():
     terms = result["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert terms["nodeSelectorTerms"] == [{"matchExpressions": [domain_size_term("3")]}]
     assert "no domain holds 8 GPUs, the largest domains span the fewest" in outcome.record
+
+
+PRODUCT = "nvidia.com/gpu.product"
+NEEDS_H100 = {"key": PRODUCT, "operator": "In", "values": ["H100"]}
+
+
+def product_cluster() -> snapshot.Snapshot:
+    """A100 nodes half used (the best score for a 1-GPU pod), empty H100 nodes, and an H100 node without
+    our NVLink labels."""
+    nodes = [builders.gpu_node(name, gpus=2, labels={PRODUCT: product})
+             for name, product in (("a100-1", "A100"), ("a100-2", "A100"), ("h100-1", "H100"), ("h100-2", "H100"))]
+    nodes.append(builders.gpu_node("h100-unlabelled", gpus=2, labels={PRODUCT: "H100"}, topology="none"))
+    return snapshot.build(
+        nodes=nodes,
+        pods=[builders.pod(f"busy-{n}", gpus=1, node=n, phase="Running") for n in ("a100-1", "a100-2")],
+        priority_classes=builders.tier_classes(), namespaces=[builders.namespace("default")],
+        names=CONFIG.names, taken_at=NOW,
+    )
+
+
+def requiring(*expressions: dict) -> Callable[[dict], None]:
+    def mutate(pod: dict) -> None:
+        pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": list(expressions)}]}}}
+    return mutate
+
+
+@pytest.mark.parametrize(
+    ("placement", "required_terms", "preferred"),
+    [
+        # strict: the user's term with our NVLink expression ANDed in is what the scheduler filters by, so the
+        # node without our labels gets no preferred term either
+        pytest.param("strict", [{"matchExpressions": [NEEDS_H100, domain_size_term("0")]}],
+                     [prefer("h100-1", 77), prefer("h100-2", 77)], id="strict"),
+        pytest.param("prefer", [{"matchExpressions": [NEEDS_H100]}],
+                     [prefer("h100-1", 77), prefer("h100-2", 77), prefer("h100-unlabelled", 64)], id="prefer"),
+    ],
+)
+def test_preferred_terms_go_only_to_nodes_the_required_affinity_admits(placement, required_terms, preferred):
+    cluster = product_cluster()
+    mode = {"gpu-steward.io/placement": placement}
+    _, anywhere = admit(builders.pod("anywhere", gpus=1, labels=mode), cluster=cluster)
+    assert anywhere["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][:2] == [
+        prefer("a100-1", 95), prefer("a100-2", 95)]
+
+    outcome, result = admit(builders.pod("h100", gpus=1, labels=mode, mutate=requiring(NEEDS_H100)), cluster=cluster)
+    node_affinity = result["spec"]["affinity"]["nodeAffinity"]
+    assert node_affinity == {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": required_terms},
+        "preferredDuringSchedulingIgnoredDuringExecution": preferred,
+    }
+    assert "preferred h100-1=180->77, h100-2=180->77" in outcome.record
+
+
+def test_a_required_affinity_no_node_meets_gets_no_preferred_terms():
+    outcome, result = admit(builders.pod("p", gpus=1, mutate=requiring({**NEEDS_H100, "values": ["B200"]})),
+                            cluster=product_cluster())
+    assert "preferredDuringSchedulingIgnoredDuringExecution" not in result["spec"]["affinity"]["nodeAffinity"]
+    assert "affinity-preferred" not in outcome.changes
+    assert ("no node can take 1 GPUs now (5 with room ruled out, e.g. a100-1: required node affinity does not "
+            "match (term 1: nvidia.com/gpu.product In [B200]))") in outcome.record
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from admission import scoring
@@ -159,6 +161,13 @@ TAINTED = [{"key": "dedicated", "value": "infer", "effect": "NoSchedule"}]
 TOLERATES = {"tolerations": [{"key": "dedicated", "operator": "Exists"}]}
 
 
+def requires(key: str, *values: str) -> dict:
+    """A pod spec fragment: required node affinity `key In values`."""
+    term = {"matchExpressions": [{"key": key, "operator": "In", "values": list(values)}]}
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [term]}}}}
+
+
 def _fit_cluster() -> snapshot.Snapshot:
     return cluster(
         builders.gpu_node("plain", gpus=2, labels={"pool": "a"}),
@@ -173,11 +182,20 @@ def _fit_cluster() -> snapshot.Snapshot:
         pytest.param({}, TOLERATES, ["plain", "tainted"], id="tolerations-differ"),
         pytest.param(TOLERATES, {**TOLERATES, "nodeSelector": {"pool": "b"}}, ["tainted"], id="node-selector-differs"),
         pytest.param({"nodeSelector": {"pool": "a"}}, {"nodeSelector": {"pool": "b"}}, [], id="selector-value-differs"),
+        pytest.param({**TOLERATES, **requires("pool", "a")}, {**TOLERATES, **requires("pool", "b")}, ["tainted"],
+                     id="required-affinity-differs"),
+        pytest.param(TOLERATES, {**TOLERATES, **requires("pool", "b")}, ["tainted"], id="required-affinity-added"),
+        pytest.param({**TOLERATES, **requires("pool", "a", "b")}, {**TOLERATES, **requires("pool", "b", "a")},
+                     ["plain", "tainted"], id="required-affinity-value-order-differs"),
+        pytest.param({**TOLERATES, **requires("pool", "b")},
+                     {**TOLERATES, **requires("pool", "b"), "affinity": {**requires("pool", "b")["affinity"],
+                                                                        "podAffinity": {}}},
+                     ["tainted"], id="same-required-affinity-other-affinity-fields"),
     ],
 )
 def test_pods_alike_share_a_ranking_and_differing_ones_do_not(spec_a, spec_b, nodes_b):
-    """A snapshot keeps each pod shape's ranking: same GPUs, tolerations and nodeSelector reuse it; any
-    difference in what the fit check reads ranks again."""
+    """A snapshot keeps each pod shape's ranking: same GPUs, tolerations, nodeSelector and required node
+    affinity reuse it; any difference in what the fit check reads ranks again."""
     snap = _fit_cluster()
     first = scoring.rank(gpus=1, pod_spec=spec_a, cluster=snap, cfg=CFG, limit=3)
     second = scoring.rank(gpus=1, pod_spec=spec_b, cluster=snap, cfg=CFG, limit=3)
@@ -185,6 +203,52 @@ def test_pods_alike_share_a_ranking_and_differing_ones_do_not(spec_a, spec_b, no
     same_shape = scoring._fit_key(spec_a) == scoring._fit_key(spec_b)
     assert (second is first) == same_shape
     assert scoring.rank(gpus=1, pod_spec=spec_b, cluster=snap, cfg=CFG, limit=3) is second
+
+
+def test_pods_differing_only_in_required_affinity_get_their_own_ranking():
+    snap = _fit_cluster()
+    on_a = scoring.rank(gpus=1, pod_spec={**TOLERATES, **requires("pool", "a")}, cluster=snap, cfg=CFG, limit=3)
+    on_b = scoring.rank(gpus=1, pod_spec={**TOLERATES, **requires("pool", "b")}, cluster=snap, cfg=CFG, limit=3)
+    assert [s.node for s in on_a.scores] == ["plain"]
+    assert on_a.excluded == {"tainted": "required node affinity does not match (term 1: pool In [a])"}
+    assert [s.node for s in on_b.scores] == ["tainted"]
+    assert on_b.excluded == {"plain": "required node affinity does not match (term 1: pool In [b])"}
+
+
+def _required(*terms: Any) -> dict:
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": list(terms)}}}}
+
+
+@pytest.mark.parametrize(
+    ("spec_a", "spec_b", "same"),
+    [
+        pytest.param({}, {"affinity": {"nodeAffinity": {}}}, True, id="none-required"),
+        pytest.param(_required({"matchExpressions": [{"key": "pool", "operator": "Exists"}]}),
+                     _required({"matchExpressions": [{"key": "pool", "operator": "Exists", "values": []}]}), True,
+                     id="missing-values-read-as-empty"),
+        pytest.param(_required({"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a", "b"]}]}),
+                     _required({"matchExpressions": [{"key": "pool", "operator": "In", "values": "ab"}]}), False,
+                     id="values-list-vs-string"),
+        pytest.param(_required({"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]}),
+                     _required({"matchExpressions": [["pool", "In", ["a"]]]}), False, id="requirement-dict-vs-list"),
+        pytest.param(_required({"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]}),
+                     _required({"matchFields": [{"key": "pool", "operator": "In", "values": ["a"]}]}), False,
+                     id="expressions-vs-fields"),
+        pytest.param(_required({"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]}),
+                     _required({}, {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]}), False,
+                     id="extra-empty-term"),
+        pytest.param(_required(), {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": {"matchExpressions": []}}}}}, False, id="terms-list-vs-dict"),
+        pytest.param({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": None}}},
+                     {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}}, False,
+                     id="null-vs-empty-required"),
+    ],
+)
+def test_fit_key_tells_apart_what_fit_may_tell_apart(spec_a: dict, spec_b: dict, same: bool) -> None:
+    key_a, key_b = scoring._fit_key(spec_a), scoring._fit_key(spec_b)
+    assert key_a is not None and key_b is not None
+    assert (key_a == key_b) is same
 
 
 def test_a_spec_the_key_cannot_hold_is_ranked_every_time():
