@@ -55,8 +55,11 @@ def add_required(pod: dict[str, Any], expression: dict[str, Any]) -> bool:
     node_affinity = _node_affinity(pod)
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
     terms = required.get("nodeSelectorTerms") or [{}]
+    ours = "nodeSelectorTerms" not in required or not required["nodeSelectorTerms"]
     changed = False
     for term in terms:
+        if not ours and not (term.get("matchExpressions") or term.get("matchFields")):
+            continue  # a user's empty term matches no node; with our expression in it, it would match some
         expressions = term.get("matchExpressions") or []
         if expression not in expressions:
             term["matchExpressions"] = [*expressions, expression]

@@ -198,6 +198,21 @@ def test_required_expression_is_anded_into_every_user_term_and_user_preferences_
     assert preferred[0] == user_pref and preferred[1] == prefer("dgx-1", 64)
 
 
+def test_a_user_term_that_matches_nothing_is_not_widened():
+    """An empty nodeSelectorTerm matches no node (kube-scheduler); ANDing our expression into it would
+    make it match every node with big enough domains."""
+    user_terms = [{}, {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]
+
+    def with_affinity(p: dict) -> None:
+        p["spec"]["affinity"] = {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": copy.deepcopy(user_terms)}}}
+
+    _, result = admit(builders.pod("p", gpus=4, mutate=with_affinity))
+    terms = result["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [{}, {"matchExpressions": [*user_terms[1]["matchExpressions"],
+                                                                    domain_size_term("3")]}]
+
+
 def test_pod_larger_than_every_domain_requires_the_largest_domains():
     outcome, result = admit(builders.pod("p", gpus=8))
     terms = result["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
