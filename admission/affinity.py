@@ -53,9 +53,11 @@ def _node_affinity(pod: dict[str, Any]) -> dict[str, Any]:
 def add_required(pod: dict[str, Any], expression: dict[str, Any]) -> bool:
     """AND `expression` into every required term (creating one if none). True if the pod changed."""
     node_affinity = _node_affinity(pod)
+    ours = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") is None
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
-    terms = required.get("nodeSelectorTerms") or [{}]
-    ours = "nodeSelectorTerms" not in required or not required["nodeSelectorTerms"]
+    # A user's required affinity without terms matches no node (the API server refuses it): adding a term
+    # of ours would widen it, so only a pod without any required affinity gets a term of its own.
+    terms = [{}] if ours else list(required.get("nodeSelectorTerms") or [])
     changed = False
     for term in terms:
         if not ours and not (term.get("matchExpressions") or term.get("matchFields")):
@@ -64,8 +66,9 @@ def add_required(pod: dict[str, Any], expression: dict[str, Any]) -> bool:
         if expression not in expressions:
             term["matchExpressions"] = [*expressions, expression]
             changed = True
-    required["nodeSelectorTerms"] = terms
-    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    if changed:
+        required["nodeSelectorTerms"] = terms
+        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
     return changed
 
 

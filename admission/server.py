@@ -121,6 +121,9 @@ def _answer(app: web.Application, request: review.Request) -> _Answer:
         return _Answer(metrics.Result.SKIPPED, review.allowed(request.uid), skipped=skipped)
     try:
         outcome = _run_engine(app, request, request.object)
+        # Built here so that a patch the encoder refuses also ends in "admitted unchanged", never a 500.
+        body = review.patched(request.uid, outcome.patch, warnings=outcome.warnings)
+        review.encode(body)
     except Exception as exc:
         problem = f"{type(exc).__name__}: {exc}"
         log.error(
@@ -132,7 +135,6 @@ def _answer(app: web.Application, request: review.Request) -> _Answer:
         )
         warning = f"gpu-steward: pod admitted unchanged ({problem})"
         return _Answer(metrics.Result.ERROR, review.allowed(request.uid, warnings=[warning]), warnings=(warning,))
-    body = review.patched(request.uid, outcome.patch, warnings=outcome.warnings)
     if outcome.skipped is not None:
         result = metrics.Result.SKIPPED
     elif outcome.patch:

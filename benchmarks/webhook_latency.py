@@ -6,7 +6,8 @@ Builds a synthetic cluster state (mixed 8-GPU/2-domain, 4-GPU/2-domain and 2-GPU
 on them), then serves it twice, one server at a time, each pinned to the same single core when the
 OS allows (`os.sched_setaffinity`) while this client runs on the others:
   * `gpu-steward webhook --cluster STATE.json` — the real process, TLS, logging and metrics included;
-  * a no-op aiohttp webhook over the same TLS context that answers `allowed` without looking.
+  * a no-op aiohttp webhook over the same TLS context that answers `allowed` without looking, twice:
+    with the standard library's json, and with orjson as gpu-steward uses (`noop-orjson`).
 Each is driven open-loop at a fixed rate (latency counted from the scheduled send time, so a slow
 server cannot hide queueing) and closed-loop at the maximum rate. Also times `mutation.decide` in
 process per pod. Prints a table and writes JSON results to --out. Times are printed, never asserted;
@@ -299,7 +300,7 @@ def table(results: dict[str, Any]) -> str:
     for name, phases in servers.items():
         for phase, row in phases.items():
             load = f"{row['target_rps']:g} rps" if row["target_rps"] else "max"
-            if noop is None or name == "noop":
+            if noop is None or name.startswith("noop"):
                 ratio = ""
             elif phase == "max":
                 ratio = f"{row['achieved_rps'] / noop['max']['achieved_rps']:.2f}x rps"
@@ -309,6 +310,10 @@ def table(results: dict[str, Any]) -> str:
                 f"{name:<12} {load:<10} {row['achieved_rps']:>12.1f} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} "
                 f"{row['errors']:>6} {ratio:>9}"
             )
+    fast, ours = servers.get("noop-orjson"), servers.get("gpu-steward")
+    if fast is not None and ours is not None:
+        ratio = ours["max"]["achieved_rps"] / fast["max"]["achieved_rps"]
+        lines.append(f"gpu-steward at max rate vs the no-op with orjson (same JSON library as ours): {ratio:.2f}x rps")
     decide = results["decide_in_process"]
     if "error" in decide:
         lines.append(f"decide() in process: {decide['error']}")
@@ -335,10 +340,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--skip-server",
         action="append",
         default=[],
-        choices=("gpu-steward", "noop"),
+        choices=("gpu-steward", "noop", "noop-orjson"),
         help="do not run this server (e.g. while the engine is not implemented)",
     )
     parser.add_argument("--serve-noop", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--fast-json", action="store_true", help=argparse.SUPPRESS)  # the no-op with orjson
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--cert-file", type=pathlib.Path, help=argparse.SUPPRESS)
     parser.add_argument("--key-file", type=pathlib.Path, help=argparse.SUPPRESS)
@@ -374,6 +380,7 @@ def prepare(args: argparse.Namespace, workdir: pathlib.Path) -> tuple[dict[str, 
     webhook = ["-m", "gpu_steward", "webhook", "--cluster", str(state_file), "--host", "127.0.0.1"]
     commands = {
         "noop": [sys.executable, str(SCRIPT), "--serve-noop", *tls_flags],
+        "noop-orjson": [sys.executable, str(SCRIPT), "--serve-noop", "--fast-json", *tls_flags],
         "gpu-steward": [sys.executable, *webhook, *tls_flags],
     }
     return results, {name: argv for name, argv in commands.items() if name not in args.skip_server}
@@ -397,7 +404,7 @@ async def benchmark(
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.serve_noop:
-        serve_noop(port=args.port, cert_file=args.cert_file, key_file=args.key_file)
+        serve_noop(port=args.port, cert_file=args.cert_file, key_file=args.key_file, fast_json=args.fast_json)
         return 0
     with tempfile.TemporaryDirectory(prefix="webhook-bench-") as tmp:
         workdir = pathlib.Path(tmp)

@@ -112,6 +112,8 @@ def _merge(a: Stats, b: Stats) -> Stats:
             merged[stat] = value
         elif stat in ("series", "valid"):
             merged[stat] += value
+        elif math.isnan(merged[stat]) or math.isnan(value):
+            merged[stat] = math.nan  # max()/min() would keep or drop a NaN by argument order; it must stay
         else:  # util: the busier; samples, last: the scarcer
             merged[stat] = max(merged[stat], value) if stat == "util" else min(merged[stat], value)
     return merged

@@ -181,8 +181,9 @@ async def _main(
     try:
         async with _clients(config, live=static is None) as (dcgm, api):
             cluster = static if static is not None else _feeder(config=config, api=api, dcgm=dcgm, registry=registry)
-            work = asyncio.ensure_future(
-                _work(config=config, cluster=cluster, once=once, dcgm=dcgm, api=api, registry=registry))
+            work = asyncio.create_task(
+                _work(config=config, cluster=cluster, once=once, dcgm=dcgm, api=api, registry=registry),
+                name="descheduler-work")
             try:
                 # `listener` has listened since `run`: a probe that came early is answered as soon as this
                 # loop serves, whatever the work is doing (the first sync takes a while on a big cluster).

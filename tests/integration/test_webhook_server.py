@@ -275,8 +275,17 @@ def _over_budget() -> tuple[Engine, Timer, str]:
     return engine, timer, "over the"
 
 
+def _unencodable() -> tuple[Engine, Timer, str]:
+    # JSON has no integers past 64 bits for orjson; whatever the engine hands back, the answer must encode.
+    outcome = mutation.Outcome(patch=[{"op": "add", "path": "/x", "value": 2**70}], changes=("tier",), record="r",
+                               warnings=(), skipped=None)
+    return Engine(outcome), Timer(), "Integer exceeds 64-bit range"
+
+
 @pytest.mark.parametrize(
-    "make", [pytest.param(_raising, id="engine-raises"), pytest.param(_over_budget, id="over-budget")]
+    "make",
+    [pytest.param(_raising, id="engine-raises"), pytest.param(_over_budget, id="over-budget"),
+     pytest.param(_unencodable, id="patch-cannot-be-encoded")],
 )
 async def test_an_engine_failure_admits_the_pod_unchanged_with_a_warning(
     start_webhook: conftest.StartWebhook, caplog: pytest.LogCaptureFixture, make: Any

@@ -213,6 +213,17 @@ def test_a_user_term_that_matches_nothing_is_not_widened():
                                                                     domain_size_term("3")]}]
 
 
+@pytest.mark.parametrize("required", [{}, {"nodeSelectorTerms": []}, {"nodeSelectorTerms": [{}]}])
+def test_a_required_affinity_without_terms_stays_as_the_user_wrote_it(required):
+    """It matches no node (the API server refuses most of these); a term of ours would make it match some."""
+    def with_affinity(p: dict) -> None:
+        p["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+
+    outcome, result = admit(builders.pod("p", gpus=4, mutate=with_affinity))
+    assert result["spec"]["affinity"] == {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+    assert "affinity-required" not in outcome.changes
+
+
 def test_pod_larger_than_every_domain_requires_the_largest_domains():
     outcome, result = admit(builders.pod("p", gpus=8))
     terms = result["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]

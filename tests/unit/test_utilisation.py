@@ -102,3 +102,16 @@ def test_parse_ignores_foreign_rows_and_merges_host_spellings() -> None:
     found = utilisation.assess(pod(), readings=readings, window_seconds=3600, threshold_percent=10,
                                config=CONFIG, now=NOW)
     assert found.reason == "peak GPU utilisation 7.0% < 10% over 3600s"  # the busier spelling wins
+
+
+@pytest.mark.parametrize("nan_first", [True, False], ids=["nan-spelling-first", "nan-spelling-last"])
+def test_a_nan_under_one_host_spelling_is_never_merged_away(nan_first: bool) -> None:
+    """With `below_percent`, a spelling whose util is NaN sends that row alone; merged with a clean idle
+    spelling, the NaN must survive whichever comes first (max() and min() keep it only as first argument)."""
+    clean = rows(host="n1")
+    nan_only = [r for r in rows(host="", util=math.nan) if r["metric"]["gs_stat"] == "gpu_util"]
+    readings = utilisation.parse(nan_only + clean if nan_first else clean + nan_only)
+    found = utilisation.assess(pod(), readings=readings, window_seconds=3600, threshold_percent=10,
+                               config=CONFIG, now=NOW)
+    assert not found.idle
+    assert "NaN" in found.reason
