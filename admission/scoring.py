@@ -172,73 +172,6 @@ def _templates(
 MAX_MEMOISED_RANKINGS = 1024
 
 
-def _frozen(value: Any) -> Any:
-    """JSON data as a hashable value of the same shape (a dict never equals a list of pairs)."""
-    kind = type(value)
-    if kind is dict:
-        return frozenset([(k, v if type(v) is str else _frozen(v)) for k, v in value.items()])
-    if kind is list:
-        return tuple([v if type(v) is str else _frozen(v) for v in value])
-    return value
-
-
-_ODD_SHAPE = object()  # tags keys of affinities not in the API server's shape (never equal to a usual key)
-
-
-def _requirements_key(requirements: Any) -> tuple[Any, ...] | None:
-    """(key, operator, values) of each requirement, as `fit` reads them; None when not in the usual shape."""
-    if requirements is None:
-        return ()
-    if type(requirements) is not list:
-        return None
-    out = []
-    for requirement in requirements:
-        if type(requirement) is not dict:
-            return None
-        values = requirement.get("values")
-        if type(values) is list:
-            values = tuple(values)
-        elif values is None:
-            values = ()  # fit reads a missing list as an empty one
-        else:
-            return None
-        out.append((requirement.get("key"), requirement.get("operator"), values))
-    return tuple(out)
-
-
-def _required_affinity_key(required: Any) -> Any:
-    """What `fit.why_not` reads of the required node affinity, hashable. Every GPU pod in strict placement
-    carries one (our NVLink expression), so the usual shape takes a fast path; any other is frozen whole."""
-    if required is None:
-        return None
-    if type(required) is dict and type(terms := required.get("nodeSelectorTerms")) is list:
-        key = []
-        for term in terms:
-            if type(term) is not dict:
-                break
-            expressions = _requirements_key(term.get("matchExpressions"))
-            fields = _requirements_key(term.get("matchFields"))
-            if expressions is None or fields is None:
-                break
-            key.append((expressions, fields))
-        else:
-            return tuple(key)
-    return _ODD_SHAPE, _frozen(required)
-
-
-def _fit_key(pod_spec: Mapping[str, Any]) -> tuple[Any, ...] | None:
-    """What `fit.why_not` reads of the pod, hashable; None when it holds something unhashable."""
-    try:
-        tolerations = tuple(tuple(sorted(t.items())) for t in pod_spec.get("tolerations") or ())
-        selector = tuple(sorted((pod_spec.get("nodeSelector") or {}).items()))
-        node_affinity = (pod_spec.get("affinity") or {}).get("nodeAffinity") or {}
-        required = _required_affinity_key(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
-        hash((tolerations, selector, required))
-    except (AttributeError, TypeError):
-        return None
-    return tolerations, selector, required
-
-
 def rank(
     *, gpus: int, pod_spec: Mapping[str, Any], cluster: snapshot.Snapshot, cfg: settings.Scoring,
     limit: int | None = None,
@@ -248,7 +181,7 @@ def rank(
     `excluded` lists only the nodes passed over on the way. Pods alike in GPUs, tolerations,
     nodeSelector and required node affinity (a Job's or a gang's pods) rank alike: the result is kept
     for the snapshot's life."""
-    fit_key = _fit_key(pod_spec)
+    fit_key = fit.key(pod_spec)
     key = ("scoring.rank", gpus, cfg, limit, fit_key)
     kept: Ranking | None = cluster.memo.get(key) if fit_key is not None else None
     if kept is not None:

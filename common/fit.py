@@ -193,3 +193,74 @@ def why_not(pod_spec: Mapping[str, Any], node: snapshot.Node) -> str | None:
         if node.labels.get(key) != value:
             return f"nodeSelector {key}={value} does not match"
     return _affinity_why_not(pod_spec, node)
+
+
+# --- cache keys ------------------------------------------------------------------------------------
+
+
+def _frozen(value: Any) -> Any:
+    """JSON data as a hashable value of the same shape (a dict never equals a list of pairs)."""
+    kind = type(value)
+    if kind is dict:
+        return frozenset([(k, v if type(v) is str else _frozen(v)) for k, v in value.items()])
+    if kind is list:
+        return tuple([v if type(v) is str else _frozen(v) for v in value])
+    return value
+
+
+_ODD_SHAPE = object()  # tags keys of affinities not in the API server's shape (never equal to a usual key)
+
+
+def _requirements_key(requirements: Any) -> tuple[Any, ...] | None:
+    """(key, operator, values) of each requirement, as `why_not` reads them; None when not in the usual shape."""
+    if requirements is None:
+        return ()
+    if type(requirements) is not list:
+        return None
+    out = []
+    for requirement in requirements:
+        if type(requirement) is not dict:
+            return None
+        values = requirement.get("values")
+        if type(values) is list:
+            values = tuple(values)
+        elif values is None:
+            values = ()  # `why_not` reads a missing list as an empty one
+        else:
+            return None
+        out.append((requirement.get("key"), requirement.get("operator"), values))
+    return tuple(out)
+
+
+def _required_affinity_key(required: Any) -> Any:
+    """What `why_not` reads of the required node affinity, hashable. Every GPU pod in strict placement
+    carries one (our NVLink expression), so the usual shape takes a fast path; any other is frozen whole."""
+    if required is None:
+        return None
+    if type(required) is dict and type(terms := required.get("nodeSelectorTerms")) is list:
+        key = []
+        for term in terms:
+            if type(term) is not dict:
+                break
+            expressions = _requirements_key(term.get("matchExpressions"))
+            fields = _requirements_key(term.get("matchFields"))
+            if expressions is None or fields is None:
+                break
+            key.append((expressions, fields))
+        else:
+            return tuple(key)
+    return _ODD_SHAPE, _frozen(required)
+
+
+def key(pod_spec: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """What `why_not` reads of the pod, hashable, for caches of its answers: pods with equal keys fit the same
+    nodes. None when the spec holds something unhashable (then do not cache). Keep it in step with `why_not`."""
+    try:
+        tolerations = tuple(tuple(sorted(t.items())) for t in pod_spec.get("tolerations") or ())
+        selector = tuple(sorted((pod_spec.get("nodeSelector") or {}).items()))
+        node_affinity = (pod_spec.get("affinity") or {}).get("nodeAffinity") or {}
+        required = _required_affinity_key(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
+        hash((tolerations, selector, required))
+    except (AttributeError, TypeError):
+        return None
+    return tolerations, selector, required

@@ -38,7 +38,6 @@ import dataclasses
 import functools
 import heapq
 import itertools
-import json
 from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Any
 
@@ -730,22 +729,18 @@ class _Index:
                     self._freeing[kind].add(name)
         # Priorities between two of these floors let the same units go: they share screenings.
         self._floors = sorted({u.minimum_preemptable for units in by_node.values() for u in units})
-        self._fits: dict[str, list[str]] = {}
+        self._fits: dict[tuple[Any, ...], list[str]] = {}
         self._untouched: dict[tuple[Any, ...], list[_Option]] = {}
 
-    @staticmethod
-    def _fit_key(spec: Mapping[str, Any]) -> str:
-        node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
-        required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
-        return json.dumps([spec.get("tolerations"), spec.get("nodeSelector"), required], sort_keys=True, default=str)
-
     def nodes_for(self, spec: Mapping[str, Any]) -> list[str]:
-        """Nodes passing `fit.why_not` (it reads tolerations, nodeSelector and required node affinity),
-        cached per combination."""
-        key = self._fit_key(spec)
-        if key not in self._fits:
-            self._fits[key] = sorted(n for n, node in self.cluster.nodes.items() if not fit.why_not(spec, node))
-        return self._fits[key]
+        """Nodes passing `fit.why_not`, cached per `fit.key` (uncached for a spec without one)."""
+        key = fit.key(spec)
+        found = self._fits.get(key) if key is not None else None
+        if found is None:
+            found = sorted(n for n, node in self.cluster.nodes.items() if not fit.why_not(spec, node))
+            if key is not None:
+                self._fits[key] = found
+        return found
 
     def _may_hold(self, request: gpu.GpuRequest, *, evicting: bool) -> set[str]:
         """Untouched nodes where each kind of device the request needs is free enough already or (when
@@ -766,17 +761,21 @@ class _Index:
         node no demand has touched, so computed once per (allowed nodes, request, idle units the
         priority may take). Not `evicting` (the budget is spent): only nodes that hold it as they are."""
         request = member.request
-        key = (self._fit_key(member.spec), request.full, tuple(sorted(request.mig.items())),
+        fit_key = fit.key(member.spec)
+        key = (fit_key, request.full, tuple(sorted(request.mig.items())),
                bisect.bisect_right(self._floors, priority), evicting)
-        if key not in self._untouched:
+        kept = self._untouched.get(key) if fit_key is not None else None
+        if kept is None:
             maybe = self._may_hold(request, evicting=evicting)
             options = []
             for name in self.nodes_for(member.spec):
                 found = _screen(self, name, request, priority) if name in maybe else None
                 if isinstance(found, _Option):
                     options.append(found)
-            self._untouched[key] = sorted(options)
-        return self._untouched[key]
+            kept = sorted(options)
+            if fit_key is not None:
+                self._untouched[key] = kept
+        return kept
 
 
 def _best_node(

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from admission import scoring
-from common import settings, snapshot
+from common import fit, settings, snapshot
 from tests import builders
 
 CFG = settings.Scoring()
@@ -200,7 +200,7 @@ def test_pods_alike_share_a_ranking_and_differing_ones_do_not(spec_a, spec_b, no
     first = scoring.rank(gpus=1, pod_spec=spec_a, cluster=snap, cfg=CFG, limit=3)
     second = scoring.rank(gpus=1, pod_spec=spec_b, cluster=snap, cfg=CFG, limit=3)
     assert [s.node for s in second.scores] == nodes_b
-    same_shape = scoring._fit_key(spec_a) == scoring._fit_key(spec_b)
+    same_shape = fit.key(spec_a) == fit.key(spec_b)
     assert (second is first) == same_shape
     assert scoring.rank(gpus=1, pod_spec=spec_b, cluster=snap, cfg=CFG, limit=3) is second
 
@@ -246,7 +246,7 @@ def _required(*terms: Any) -> dict:
     ],
 )
 def test_fit_key_tells_apart_what_fit_may_tell_apart(spec_a: dict, spec_b: dict, same: bool) -> None:
-    key_a, key_b = scoring._fit_key(spec_a), scoring._fit_key(spec_b)
+    key_a, key_b = fit.key(spec_a), fit.key(spec_b)
     assert key_a is not None and key_b is not None
     assert (key_a == key_b) is same
 
