@@ -132,14 +132,11 @@ def _term(term: Any, node: snapshot.Node) -> Literal[True] | str | None:
     # Every requirement is looked at (no early exit on the first unmet one), so that whether a term is
     # malformed does not depend on the order of its requirements.
     unmet: str | None = None
-    for requirement in expressions:
-        met = _label_requirement(requirement, node.labels) if isinstance(requirement, Mapping) else None
-        if met is None:
+    for requirement, on_field in [*((r, False) for r in expressions), *((r, True) for r in fields)]:
+        if not isinstance(requirement, Mapping):
             return None
-        if not met and unmet is None:
-            unmet = _describe(requirement)
-    for requirement in fields:
-        met = _field_requirement(requirement, node.name) if isinstance(requirement, Mapping) else None
+        met = (_field_requirement(requirement, node.name) if on_field
+               else _label_requirement(requirement, node.labels))
         if met is None:
             return None
         if not met and unmet is None:
