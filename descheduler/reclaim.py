@@ -500,7 +500,7 @@ def _units(
     units = singles
     for gang_key, members in gang_members.items():
         blockers = [(p.key, why) for p in members
-                    if (why := _blocks(p, candidates, spared, cluster=cluster, names=names))]
+                    if (why := _blocks(p, candidates=candidates, spared=spared, cluster=cluster, names=names))]
         if blockers:
             blocker, why = blockers[0]
             whole = f"gang {gang_key} is reclaimed only as a whole: {blocker} is not reclaimable ({why})"
@@ -513,7 +513,7 @@ def _units(
 
 
 def _blocks(
-    pod: snapshot.Pod, candidates: Mapping[str, _Candidate], spared: Mapping[str, str], *,
+    pod: snapshot.Pod, *, candidates: Mapping[str, _Candidate], spared: Mapping[str, str],
     cluster: snapshot.Snapshot, names: settings.Names,
 ) -> str | None:
     """Why this running gang member keeps its whole gang from being reclaimed, or None."""

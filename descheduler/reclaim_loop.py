@@ -68,7 +68,7 @@ def gang_demands(cluster: snapshot.Snapshot, *, config: settings.Settings, now: 
     return [reclaim.gang_demand(d.gang, d.members) for d in waiting]
 
 
-def _threshold(pod: snapshot.Pod, policies: Mapping[str, policy.ReclaimPolicy]) -> float:
+def _threshold(pod: snapshot.Pod, *, policies: Mapping[str, policy.ReclaimPolicy]) -> float:
     found = policy.for_pod(pod, policies)
     return found.threshold_percent if isinstance(found, policy.ReclaimPolicy) else 0.0
 
@@ -191,7 +191,7 @@ class ReclaimLoop:
                 reason = "prometheus.url is not set: no utilisation data"
                 assessments.update({key: utilisation.failed(reason) for key in pods})
                 continue
-            thresholds = {key: _threshold(cluster.pods[key], policies) for key in pods}
+            thresholds = {key: _threshold(cluster.pods[key], policies=policies) for key in pods}
             queries += 1
             self._metrics.queries.inc()
             try:
