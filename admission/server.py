@@ -79,7 +79,7 @@ def create_app(
 @dataclasses.dataclass(frozen=True)
 class _Answer:
     result: metrics.Result
-    body: dict[str, Any]
+    body: bytes  # the AdmissionReview answer, encoded once
     warnings: tuple[str, ...] = ()
     changes: tuple[str, ...] = ()
     skipped: str | None = None
@@ -115,15 +115,14 @@ def _answer(app: web.Application, request: review.Request) -> _Answer:
     if not request.is_pod:
         sub = f"/{request.sub_resource}" if request.sub_resource else ""
         skipped = f"not a pod ({request.kind.kind or '?'}{sub})"
-        return _Answer(metrics.Result.SKIPPED, review.allowed(request.uid), skipped=skipped)
+        return _Answer(metrics.Result.SKIPPED, review.encode(review.allowed(request.uid)), skipped=skipped)
     if request.object is None:
         skipped = f"no pod object ({request.operation})"
-        return _Answer(metrics.Result.SKIPPED, review.allowed(request.uid), skipped=skipped)
+        return _Answer(metrics.Result.SKIPPED, review.encode(review.allowed(request.uid)), skipped=skipped)
     try:
         outcome = _run_engine(app, request, request.object)
-        # Built here so that a patch the encoder refuses also ends in "admitted unchanged", never a 500.
-        body = review.patched(request.uid, outcome.patch, warnings=outcome.warnings)
-        review.encode(body)
+        # Encoded here so that a patch the encoder refuses also ends in "admitted unchanged", never a 500.
+        body = review.encode(review.patched(request.uid, outcome.patch, warnings=outcome.warnings))
     except Exception as exc:
         problem = f"{type(exc).__name__}: {exc}"
         log.error(
@@ -134,7 +133,8 @@ def _answer(app: web.Application, request: review.Request) -> _Answer:
             exc_info=not isinstance(exc, OverBudget),
         )
         warning = f"gpu-steward: pod admitted unchanged ({problem})"
-        return _Answer(metrics.Result.ERROR, review.allowed(request.uid, warnings=[warning]), warnings=(warning,))
+        answer = review.encode(review.allowed(request.uid, warnings=[warning]))
+        return _Answer(metrics.Result.ERROR, answer, warnings=(warning,))
     if outcome.skipped is not None:
         result = metrics.Result.SKIPPED
     elif outcome.patch:
@@ -175,7 +175,7 @@ async def mutate(request: web.Request) -> web.Response:
             seconds * 1000,
             f" skipped={answer.skipped!r}" if answer.skipped else "",
         )
-    return web.Response(body=review.encode(answer.body), content_type="application/json")
+    return web.Response(body=answer.body, content_type="application/json")
 
 
 async def healthz(request: web.Request) -> web.Response:
