@@ -13,7 +13,7 @@
 # it; hack/controlplane/build.sh is a thin wrapper for a checkout.
 set -euo pipefail
 
-K8S_VERSION="${K8S_VERSION:-1.36.3}"
+K8S_VERSION="${K8S_VERSION:-1.37.2}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.5}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"

@@ -35,7 +35,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "gpu-steward"
 # Where hack/controlplane/build.sh puts helm (built from Go modules: it reports Kubernetes v1.20 as its
 # default, so every render passes --kube-version).
-BUILT_HELM = pathlib.Path.home() / ".cache" / "gpu-steward" / "k8s-1.36.3" / "bin" / "helm"
+BUILT_HELM = pathlib.Path.home() / ".cache" / "gpu-steward" / "k8s-1.37.2" / "bin" / "helm"
 KUBE_VERSION = "1.30.0"
 TIMEOUT_SECONDS = 120
 
