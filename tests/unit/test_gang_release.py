@@ -282,7 +282,8 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
         pytest.param(
             [EIGHT], gang("train", 2, size=2, gpus=16), config(),
             {"team/train": Want(A.WAIT, gang_release.WAITING, "can run on no node as the cluster stands (requests "
-                                "more than the node has: nvidia.com/gpu 16 > 8); reserves no node", waiting=W.CAPACITY)},
+                                "more than the node has: nvidia.com/gpu 16 > 8); reserves no node",
+                                waiting=W.CAPACITY)},
             id="gang-larger-than-its-nodes-says-it-can-never-fit",
         ),
         pytest.param(
