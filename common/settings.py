@@ -421,6 +421,10 @@ class Gangs(Model):
     max_snapshot_age_seconds: Seconds = pydantic.Field(
         default=120, description="No release is planned on a cluster snapshot older than this (seconds)."
     )
+    max_concurrent_patches: int = pydantic.Field(
+        default=16, ge=1, le=256,
+        description="Release patches (one per pod: pin + remove our gate) in flight at once.",
+    )
     max_wait_seconds: Seconds = pydantic.Field(
         default=300,
         description="A single pod gated for placement at release that cannot be placed within this long (from "
