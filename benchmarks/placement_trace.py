@@ -508,7 +508,7 @@ def goals(arms: Mapping[str, Mapping[str, Any]], *, arm: str = "gpu-steward") ->
         return []
     out = []
     share = ours["placement"]["one_domain_share"]
-    out.append({"goal": f">= {GOALS['one_domain_share']:.0%} of domain-fittable multi-GPU pods in one domain",
+    out.append({"goal": f">= {GOALS['one_domain_share']:.1%} of domain-fittable multi-GPU pods in one domain",
                 "met": share is not None and share >= GOALS["one_domain_share"],
                 "value": share})
     baselines = {k: v["pending"]["never_scheduled"] for k, v in arms.items() if k not in OURS}

@@ -139,6 +139,11 @@ def test_one_patch_pins_and_ungates_and_the_pod_binds_there(
     done = cluster.kubectl("patch", "pod", "solo", "-n", plain_namespace, "--type=json", "-p", json.dumps(ops),
                            check=False)
     assert done.returncode == 0, done.stderr
+    # A second replica planning on the same (now stale) pod can never pin it elsewhere: the resourceVersion test fails.
+    stale = gang_patch.release(stored, gate=NAMES.gate, node="kwok-8g2d-3")
+    again = cluster.kubectl("patch", "pod", "solo", "-n", plain_namespace, "--type=json", "-p", json.dumps(stale),
+                            check=False)
+    assert again.returncode != 0 and "test" in again.stderr.lower(), again.stderr
     bound = kube.poll("bound", lambda: cluster.kubectl_json("get", "pod", "solo", "-n", plain_namespace)["spec"]
                       .get("nodeName"))
     assert bound == target
