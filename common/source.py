@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import pathlib
+import sys
 from collections.abc import Callable
 from typing import Protocol
 
@@ -51,32 +52,38 @@ class StaticSource:
 SAVE_STATE = "kubectl get nodes,pods,priorityclasses,namespaces -A -o json > STATE.json"
 
 
-class StateError(ValueError):
-    """A cluster state file that cannot be used; the message names the file, the line when known, and
-    what was expected."""
+class InputError(ValueError):
+    """An input file that cannot be used; the message names the file, the line when known, and what was
+    expected."""
+
+
+def read_text(name: str, *, expected: str) -> str:
+    """The text of file `name` (`-`: stdin); InputError naming it and what was `expected` when unreadable."""
+    where = "<stdin>" if name == "-" else name
+    try:
+        return sys.stdin.read() if name == "-" else pathlib.Path(name).read_text()
+    except FileNotFoundError:
+        raise InputError(f"{where}: no such file; expected {expected}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{where}: cannot read it: {exc}") from exc
 
 
 def from_file(path: pathlib.Path, *, names: settings.Names, clock: Callable[[], float]) -> StaticSource:
     """Load `kubectl get nodes,pods,priorityclasses,namespaces -A -o json` output, always current."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise StateError(f"{path}: no such file; expected the output of {SAVE_STATE}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise StateError(f"{path}: cannot read it: {exc}") from exc
+    text = read_text(str(path), expected=f"the output of {SAVE_STATE}")
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise StateError(f"{path}: line {exc.lineno} column {exc.colno}: {_not_json(text, exc)}") from None
+        raise InputError(f"{path}: line {exc.lineno} column {exc.colno}: {_not_json(text, exc)}") from None
     if not isinstance(document, dict):
         start = len(text) - len(text.lstrip())
         line = text.count("\n", 0, start) + 1
         found = "a JSON array" if isinstance(document, list) else f"a JSON {type(document).__name__}"
-        raise StateError(f"{path}: line {line}: {found}; expected an object of kind List ({SAVE_STATE})")
+        raise InputError(f"{path}: line {line}: {found}; expected an object of kind List ({SAVE_STATE})")
     try:
         fixed = snapshot.from_list(document, names=names, taken_at=clock())
     except ValueError as exc:
-        raise StateError(f"{path}: {exc} ({SAVE_STATE})") from exc
+        raise InputError(f"{path}: {exc} ({SAVE_STATE})") from exc
     return StaticSource(fixed, clock=clock)
 
 

@@ -58,28 +58,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def read_pod(name: str) -> dict[str, Any]:
-    """The one Pod manifest in file `name` (`-`: stdin); ValueError saying where and what was expected."""
+    """The one Pod manifest in file `name` (`-`: stdin); InputError saying where and what was expected."""
     where = "<stdin>" if name == "-" else name
-    try:
-        text = sys.stdin.read() if name == "-" else pathlib.Path(name).read_text()
-    except FileNotFoundError:
-        raise ValueError(f"{where}: no such file; expected a Pod manifest (YAML or JSON)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{where}: cannot read it: {exc}") from exc
+    text = source.read_text(name, expected="a Pod manifest (YAML or JSON)")
     try:
         pod = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         at = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
         problem = ", ".join(part for part in (exc.context, exc.problem) if part)
-        raise ValueError(f"{where}: {at}{problem}; expected one Pod manifest (YAML or JSON)") from None
+        raise source.InputError(f"{where}: {at}{problem}; expected one Pod manifest (YAML or JSON)") from None
     except yaml.YAMLError as exc:
-        raise ValueError(f"{where}: {exc}; expected one Pod manifest (YAML or JSON)") from None
+        raise source.InputError(f"{where}: {exc}; expected one Pod manifest (YAML or JSON)") from None
     if not isinstance(pod, dict):
         found = "empty" if pod is None else f"a {type(pod).__name__}, not a mapping"
-        raise ValueError(f"{where}: {found}; expected a Pod manifest (apiVersion: v1, kind: Pod)")
+        raise source.InputError(f"{where}: {found}; expected a Pod manifest (apiVersion: v1, kind: Pod)")
     if pod.get("kind", "Pod") != "Pod":
-        raise ValueError(f"{where}: kind is {pod.get('kind')!r}; expected a single Pod (kind: Pod)")
+        raise source.InputError(f"{where}: kind is {pod.get('kind')!r}; expected a single Pod (kind: Pod)")
     return pod
 
 

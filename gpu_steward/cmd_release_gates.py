@@ -112,7 +112,7 @@ async def release(config: settings.Settings, *, namespace: str | None, dry_run: 
                 result.released.append(key)
                 continue
             try:
-                outcome = await _ungate(api, pod, gate=gate, timeout_seconds=timeout)
+                outcome = await release_pod(api, pod, gate=gate, timeout_seconds=timeout)
             except (kube.ApiError, aiohttp.ClientError, TimeoutError, OSError) as exc:
                 result.failed[key] = str(exc) or type(exc).__name__
                 continue
@@ -138,7 +138,7 @@ async def _pods(api: Any, *, namespace: str | None, timeout_seconds: float) -> A
             return
 
 
-async def _ungate(api: Any, pod: dict[str, Any], *, gate: str, timeout_seconds: float) -> bool:
+async def release_pod(api: Any, pod: dict[str, Any], *, gate: str, timeout_seconds: float) -> bool:
     """Remove our gate from `pod`: True when removed, False when the pod is gone or no longer carries it."""
     from common import kube
 
