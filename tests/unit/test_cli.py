@@ -202,3 +202,17 @@ def test_a_bad_log_format_variable_is_a_usage_error(
         cli.main(["gangs"])
     assert exit_.value.code == 2
     assert "$GPU_STEWARD_LOG_FORMAT='yaml': expected one of text, json" in capsys.readouterr().err
+
+
+def test_release_gates_says_when_the_api_server_cannot_be_reached(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],  # nothing listens on port 1
+        "users": [{"name": "u", "user": {"token": "t"}}],
+    }))  # fmt: skip
+    assert cli.main(["release-gates", "--kubeconfig", str(kubeconfig)]) == 1
+    assert one_error_line(capsys).startswith("release-gates: cannot list pods: Cannot connect to host 127.0.0.1:1")
