@@ -65,6 +65,7 @@ STATE_COMMANDS = [
     pytest.param(["gangs", "--cluster"], id="gangs"),
     pytest.param(["descheduler", "--once", "--cluster"], id="descheduler"),
     pytest.param(["explain", "POD", "--cluster"], id="explain"),
+    pytest.param(["webhook", "--cert-file", "TLS/tls.crt", "--key-file", "TLS/tls.key", "--cluster"], id="webhook"),
 ]
 
 
@@ -79,7 +80,9 @@ def test_a_state_file_that_cannot_be_used_is_one_clear_line(
         path.write_text(content)
     pod = tmp_path / "pod.yaml"
     pod.write_text(POD_YAML)
-    argv = [str(pod) if arg == "POD" else arg for arg in command]
+    if command[0] == "webhook":
+        certs.generate(tmp_path / "tls")
+    argv = [str(pod) if arg == "POD" else arg.replace("TLS/", f"{tmp_path}/tls/") for arg in command]
     assert cli.main([*argv, str(path)]) == 2
     line = one_error_line(capsys)
     assert f"{path}: " in line
