@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 import prometheus_client
 
+from common import buildinfo
+
 NAMESPACE = "gpu_steward_admission"
 NEVER = -1.0  # snapshot age before the first sync (as the feeder reports it)
 # Answers normally take about a millisecond; the top buckets show requests near the webhook timeout.
@@ -30,6 +32,7 @@ class Metrics:
     ) -> None:
         # The process may share one registry between the server and the feeder: one /metrics page.
         self.registry = registry if registry is not None else prometheus_client.CollectorRegistry()
+        buildinfo.register(self.registry)
         self.requests = prometheus_client.Counter(
             "requests",
             "Admission requests answered, by result.",

@@ -20,7 +20,7 @@ and the same pod sequence:
 
 Nodes: `openb_node_list_gpu_node.csv` (1,213 nodes), or a stratified sample: every (GPU model,
 GPU count) class gets its share of N by largest remainder, its first nodes in file order. NVLink
-domains follow the traces README: T4/A10 none (one domain per GPU), 1 GPU one domain, 2 GPUs one
+domains follow benchmarks/data/README.md: T4/A10 none (one domain per GPU), 1 GPU one domain, 2 GPUs one
 domain of 2, 4 GPUs two of 2, 8 GPUs two of 4. The model goes to `nvidia.com/gpu.product`.
 
 Pods: GPU pods that ask for whole GPUs (num_gpu >= 1, gpu_milli 1000), with the trace's cpu and
@@ -85,7 +85,7 @@ from PIL import Image, ImageDraw  # noqa: E402
 from common import feeder, gpu, kube, placement, settings, snapshot  # noqa: E402
 from gpu_steward import demo, devicesim, localcluster, localprometheus, localsteward  # noqa: E402
 
-TRACES = ROOT.parent / "shared" / "traces" / "alibaba-openb"  # the public traces sit beside the checkout
+TRACES = ROOT / "benchmarks" / "data" / "alibaba-openb"  # the public traces (benchmarks/data/README.md)
 NODE_FILE = "openb_node_list_gpu_node.csv"
 POD_FILES = {"default": "openb_pod_list_default.csv", "multigpu50": "openb_pod_list_multigpu50.csv"}
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "placement_trace.json"
@@ -138,7 +138,7 @@ BINPACK_SCHEDULER = {
 
 
 def nvlink_domains(*, gpus: int, model: str) -> int:
-    """How many NVLink domains a trace node has (the traces README's mapping); domains are equal-sized."""
+    """How many NVLink domains a trace node has (benchmarks/data/README.md); domains are equal-sized."""
     if gpus < 1:
         raise ValueError(f"a GPU node needs at least one GPU, got {gpus}")
     if model in NO_NVLINK_MODELS:

@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Replay the admission decision for POD.yaml against a saved cluster state "
         "(kubectl get nodes,pods,priorityclasses,namespaces -A -o json > STATE.json).",
     )
-    parser.add_argument("pod", type=pathlib.Path, help="pod manifest (YAML or JSON)")
+    parser.add_argument("pod", help="pod manifest (YAML or JSON); - reads it from stdin")
     parser.add_argument("--cluster", type=pathlib.Path, required=True, help="cluster state: a Kubernetes List")
     cmdline.add_config(parser)
     cmdline.add_output(parser)
@@ -34,13 +34,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     config = cmdline.load_settings(args)
     try:
-        pod = yaml.safe_load(args.pod.read_text())
+        pod = read_pod(args.pod)
         cluster = source.from_file(args.cluster, names=config.names, clock=time.time).snapshot
-    except (OSError, ValueError, yaml.YAMLError) as exc:
+    except ValueError as exc:
         print(f"explain: {exc}", file=sys.stderr)
-        return 2
-    if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
-        print(f"explain: {args.pod} is not a Pod manifest", file=sys.stderr)
         return 2
     namespace = (pod.get("metadata") or {}).get("namespace") or "default"
     outcome = mutation.decide(operation="CREATE", namespace=namespace, pod=pod, cluster=cluster,
@@ -58,6 +55,27 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(as_text(outcome, ranking if gpus else None))
     return 0
+
+
+def read_pod(name: str) -> dict[str, Any]:
+    """The one Pod manifest in file `name` (`-`: stdin); InputError saying where and what was expected."""
+    where = "<stdin>" if name == "-" else name
+    text = source.read_text(name, expected="a Pod manifest (YAML or JSON)")
+    try:
+        pod = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        at = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
+        problem = ", ".join(part for part in (exc.context, exc.problem) if part)
+        raise source.InputError(f"{where}: {at}{problem}; expected one Pod manifest (YAML or JSON)") from None
+    except yaml.YAMLError as exc:
+        raise source.InputError(f"{where}: {exc}; expected one Pod manifest (YAML or JSON)") from None
+    if not isinstance(pod, dict):
+        found = "empty" if pod is None else f"a {type(pod).__name__}, not a mapping"
+        raise source.InputError(f"{where}: {found}; expected a Pod manifest (apiVersion: v1, kind: Pod)")
+    if pod.get("kind", "Pod") != "Pod":
+        raise source.InputError(f"{where}: kind is {pod.get('kind')!r}; expected a single Pod (kind: Pod)")
+    return pod
 
 
 def as_json(outcome: mutation.Outcome, ranking: scoring.Ranking | None) -> dict[str, Any]:

@@ -71,10 +71,12 @@ def run(args: argparse.Namespace) -> int:
             # A fixed state counts as taken at start: it ages, and max_snapshot_age_seconds applies.
             static = source.from_file(args.cluster, names=config.names, clock=time.time)
         except (OSError, ValueError) as exc:
-            print(f"webhook: cannot load --cluster {args.cluster}: {exc}", file=sys.stderr)
+            print(f"webhook: {exc}", file=sys.stderr)
             return 2
     try:
         asyncio.run(_main(config=config, context=context, static=static))
+    except settings.SettingsError:
+        raise  # bad configuration found on the way (no usable kubeconfig): one line, exit 2 (cli.main)
     except Exception:
         log.exception("webhook stopped on an error")
         return 1

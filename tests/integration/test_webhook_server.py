@@ -23,7 +23,7 @@ import pytest
 from prometheus_client import parser
 
 from admission import mutation, review, tls
-from common import settings, snapshot, source
+from common import buildinfo, settings, snapshot, source
 from gpu_steward import certs
 from tests.integration import conftest
 from tests.support import processes
@@ -335,6 +335,12 @@ async def test_readyz_waits_for_the_first_sync(start_webhook: conftest.StartWebh
     assert alive == (200, "ok\n")
     assert age_before == -1
     assert ready == (200, "ok\n")
+
+
+async def test_metrics_say_which_build_runs(webhook: conftest.Webhook) -> None:
+    page = (await webhook.get("/metrics"))[1]
+    assert metric(page, "gpu_steward_build_info", version=buildinfo.VERSION, python=buildinfo.PYTHON) == 1
+    assert buildinfo.VERSION != "unknown"
 
 
 async def test_metrics_count_requests_mutations_and_latency(
