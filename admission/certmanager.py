@@ -95,9 +95,12 @@ def decide(material: Material | None, *, cfg: settings.ManagedTls, now: datetime
         return Decision(Action.NEW_CA, "no usable Secret (missing, or a key is absent or not base64)")
     try:
         cas = x509.load_pem_x509_certificates(material.ca_bundle)
+    except ValueError as exc:
+        return Decision(Action.NEW_CA, f"unreadable CA: {exc}")
+    try:
         cert = x509.load_pem_x509_certificate(material.cert)
     except ValueError as exc:
-        return Decision(Action.NEW_CA, f"unreadable certificate: {exc}")
+        return Decision(Action.NEW_CERT, f"unreadable serving certificate: {exc}")
     renew_at = now + datetime.timedelta(days=cfg.renew_before_days)
     ca = cas[0]
     if ca.not_valid_after_utc <= renew_at:
