@@ -189,13 +189,10 @@ async def _ensure_secret(
         body: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Secret",
-            "type": "Opaque",
+            # kubernetes.io/tls: the type cert-manager and kubectl use (tls.crt + tls.key); type is immutable.
+            "type": (secret or {}).get("type", "kubernetes.io/tls"),
             "data": fresh.to_secret_data(),
-            "metadata": {
-                **(secret or {}).get("metadata", {}),
-                "name": cfg.secret_name,
-                "namespace": cfg.secret_namespace,
-            },
+            "metadata": _kept_metadata(secret, name=cfg.secret_name, namespace=cfg.secret_namespace),
         }
         try:
             if secret is None:
@@ -217,6 +214,13 @@ async def _ensure_secret(
         )
         return fresh
     raise kube.ApiError(409, f"Secret {cfg.secret_namespace}/{cfg.secret_name} kept changing under us")
+
+
+def _kept_metadata(current: dict[str, Any] | None, *, name: str, namespace: str) -> dict[str, Any]:
+    """What an update carries over: identity, resourceVersion (optimistic concurrency), labels and owners."""
+    meta = (current or {}).get("metadata") or {}
+    kept = {key: meta[key] for key in ("resourceVersion", "labels", "annotations", "ownerReferences") if key in meta}
+    return {**kept, "name": name, "namespace": namespace}
 
 
 def _write_atomically(path: pathlib.Path, data: bytes, *, mode: int) -> bool:
@@ -256,6 +260,7 @@ async def _inject(
             return
         for hook in hooks:
             hook.setdefault("clientConfig", {})["caBundle"] = encoded
+        configuration.get("metadata", {}).pop("managedFields", None)
         try:
             await kube.request(
                 api, "PUT", _configuration_path(cfg), body=configuration, timeout_seconds=request_timeout_seconds

@@ -81,6 +81,11 @@ def as_service_account(cluster: localcluster.LocalCluster, component: str, workd
                                            dest=workdir / f"{component}.kubeconfig")
 
 
+def values(port: int, *, log_level: str = "INFO") -> dict[str, Any]:
+    # A short TLS re-check, so that a repair is seen within the test.
+    return helm.local_values(port, settings={"log_level": log_level, "webhook": {"managed_tls": {"check_seconds": 1}}})
+
+
 @pytest.fixture(scope="module")
 def own_cluster() -> Iterator[localcluster.LocalCluster]:
     cluster = localcluster.LocalCluster(localcluster.ensure_binaries()).start()
@@ -100,8 +105,7 @@ def _python(command: str, *, env: dict[str, str], log: pathlib.Path, args: tuple
 @pytest.fixture(scope="module")
 def release(own_cluster: localcluster.LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
     port = localcluster.free_port()
-    helm.install(kubeconfig=own_cluster.kubeconfig, release=RELEASE, namespace=NAMESPACE,
-                 values=helm.local_values(port))
+    helm.install(kubeconfig=own_cluster.kubeconfig, release=RELEASE, namespace=NAMESPACE, values=values(port))
     workdir = tmp_path_factory.mktemp("chart")
     files = helm.release_files(kubeconfig=own_cluster.kubeconfig, release=RELEASE, namespace=NAMESPACE,
                                dest=workdir / "release")
@@ -138,6 +142,15 @@ def test_webhook_keeps_its_own_tls_under_the_chart_rbac(release: Release) -> Non
     assert release.ca_bundle() == secret["ca.crt"]  # written by the webhook through its ClusterRole
     served = (release.files.tls_dir / "tls.crt").read_bytes()
     assert served == base64.b64decode(secret["tls.crt"])
+
+
+def test_a_dropped_ca_bundle_is_written_back(release: Release) -> None:
+    """E.g. a tool that re-applied the configuration with its own (empty) caBundle."""
+    expected = release.secret()["ca.crt"]
+    release.cluster.kubectl("patch", "mutatingwebhookconfiguration", PREFIX, "--type=json",
+                            "-p", '[{"op": "remove", "path": "/webhooks/0/clientConfig/caBundle"}]')
+    assert release.ca_bundle() is None
+    kube.poll("caBundle written back", lambda: release.ca_bundle() == expected, timeout_seconds=30)
 
 
 def test_installed_webhook_mutates_gpu_pods_and_honours_the_opt_out_label(release: Release) -> None:
@@ -188,7 +201,7 @@ def test_upgrade_keeps_the_tls_secret_and_the_injected_ca_bundle(release: Releas
     cluster = release.cluster
     before = release.secret()
     helm.install(kubeconfig=cluster.kubeconfig, release=RELEASE, namespace=NAMESPACE,
-                 values=helm.local_values(release.port, settings={"log_level": "DEBUG"}))
+                 values=values(release.port, log_level="DEBUG"))
     # Helm's three-way merge leaves a field the chart never renders: the API server still trusts the webhook.
     assert release.ca_bundle() == before["ca.crt"]
     assert release.secret() == before
