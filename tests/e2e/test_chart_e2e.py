@@ -130,9 +130,8 @@ def release(own_cluster: localcluster.LocalCluster, tmp_path_factory: pytest.Tem
 
 
 def create(cluster: localcluster.LocalCluster, pod: dict[str, Any]) -> dict[str, Any]:
-    cluster.kubectl("create", "-f", "-", input=json.dumps(pod))
-    meta = pod["metadata"]
-    got: dict[str, Any] = cluster.kubectl_json("get", "pod", meta["name"], "-n", meta["namespace"])
+    """The pod as admitted (the create's answer: a controller may change it right after)."""
+    got: dict[str, Any] = json.loads(cluster.kubectl("create", "-o", "json", "-f", "-", input=json.dumps(pod)).stdout)
     return got
 
 
@@ -254,6 +253,8 @@ def test_descheduler_releases_a_gang_reclaims_an_idle_pod_and_aggregates_events_
     release: Release, request: pytest.FixtureRequest
 ) -> None:
     cluster = release.cluster
+    cluster.kubectl("delete", "pods", "--all", "-n", TEAM, "--grace-period=0", "--force")  # earlier tests' pods
+    kube.wait_gpus_free(cluster)
     reclaimable = kube.priority_class("chart-e2e-reclaimable", value=1000)
     reclaimable["metadata"]["annotations"] = {
         policy.MIN_PRIORITY: "1000", policy.TOLERATION: "0", policy.IDLE_SECONDS[0]: "10", policy.THRESHOLD[0]: "5"}
@@ -262,8 +263,8 @@ def test_descheduler_releases_a_gang_reclaims_an_idle_pod_and_aggregates_events_
                    if n["status"]["capacity"].get(gpu.FULL_GPU) == "2")
 
     def pinned(name: str, node: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
-        return kube.pod(name, namespace=TEAM, gpus=2, labels={**(labels or {}), NAMES.skip: "true"},
-                        priority_class="chart-e2e-reclaimable", node_selector={"kubernetes.io/hostname": node})
+        return kube.pod(name, namespace=TEAM, gpus=2, labels=labels, priority_class="chart-e2e-reclaimable",
+                        node_selector={"kubernetes.io/hostname": node})
 
     for obj in (pinned("idle-free", small[0]), pinned("idle-guarded", small[1], {"app": "guarded"}),
                 kube.pod_disruption_budget("guard", namespace=TEAM, match_labels={"app": "guarded"}, min_available=1)):
