@@ -188,6 +188,7 @@ def check_defaults(objects: Objects) -> None:
     assert container["args"] == ["webhook"]
     assert container["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
+    assert container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"] == 90
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
     service = f"{PREFIX}-webhook"
     assert _env(container) == {
@@ -249,6 +250,17 @@ def check_defaults(objects: Objects) -> None:
         (("scheduling.k8s.io",), ("priorityclasses", "podgroups"), READ), (("",), ("pods/eviction",), ("create",)),
         (("",), ("events",), ("create", "get", "patch"))]
     assert _rules(objects, "ClusterRole", f"{PREFIX}-release-gates") == [(("",), ("pods",), ("list", "patch"))]
+    # Uninstall: a pre-delete hook with objects of its own, deleted when it succeeded.
+    job = _one(objects, "Job", f"{PREFIX}-release-gates")
+    hook = {"helm.sh/hook": "pre-delete", "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded"}
+    assert job["metadata"]["annotations"] == {**hook, "helm.sh/hook-weight": "0"}
+    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+        assert _one(objects, kind, f"{PREFIX}-release-gates")["metadata"]["annotations"] == {
+            **hook, "helm.sh/hook-weight": "-10"}, kind  # created before the Job
+    pod = job["spec"]["template"]["spec"]
+    assert (pod["serviceAccountName"], pod["restartPolicy"]) == (f"{PREFIX}-release-gates", "Never")
+    assert pod["containers"][0]["args"] == ["release-gates"]
+    assert _env(pod["containers"][0]) == {"GPU_STEWARD_NAMES__PREFIX": "gpu-steward.io/"}
     assert _rules(objects, "Role", f"{PREFIX}-descheduler") == [
         (("coordination.k8s.io",), ("leases",), ("get", "create", "update"))]
     assert _rules(objects, "ClusterRole", f"{PREFIX}-labeler") == [(("",), ("nodes",), ("get", "patch"))]
