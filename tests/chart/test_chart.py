@@ -249,7 +249,7 @@ def check_defaults(objects: Objects) -> None:
         (("",), ("nodes", "namespaces"), READ), (("",), ("pods",), (*READ, "patch")),
         (("scheduling.k8s.io",), ("priorityclasses", "podgroups"), READ), (("",), ("pods/eviction",), ("create",)),
         (("",), ("events",), ("create", "get", "patch"))]
-    assert _rules(objects, "ClusterRole", f"{PREFIX}-release-gates") == [(("",), ("pods",), ("list", "patch"))]
+    assert _rules(objects, "ClusterRole", f"{PREFIX}-release-gates") == [(("",), ("pods",), ("get", "list", "patch"))]
     # Uninstall: a pre-delete hook with objects of its own, deleted when it succeeded.
     job = _one(objects, "Job", f"{PREFIX}-release-gates")
     hook = {"helm.sh/hook": "pre-delete", "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded"}

@@ -210,6 +210,36 @@ def test_upgrade_keeps_the_tls_secret_and_the_injected_ca_bundle(release: Releas
     assert mutated["spec"]["priorityClassName"] == "gpu-steward-normal"
 
 
+def test_the_uninstall_hook_may_lift_our_gate_and_nothing_more(release: Release) -> None:
+    """The pre-delete hook's ServiceAccount and RBAC (applied here as rendered, without the Job, which kwok
+    cannot run) allow what `gpu-steward release-gates` does: list pods cluster-wide, JSON-patch a gate out."""
+    cluster = release.cluster
+    rendered = helm.template(helm.local_values(release.port, releaseGates={"enabled": True}), release=RELEASE,
+                             namespace=NAMESPACE, extra=["--show-only", "templates/release-gates.yaml"])
+    cluster.apply([o for o in rendered if o["kind"] != "Job"])
+    try:
+        gated = create(cluster, kube.pod("held", namespace=TEAM, gates=[NAMES.gate, "example.com/other"]))
+        assert kube.gates(gated) == [NAMES.gate, "example.com/other"]
+        hook = as_service_account(cluster, "release-gates", release.workdir)
+
+        def as_hook(*args: str) -> str:
+            return helm._kubectl(hook, *args)
+
+        listed = json.loads(as_hook("get", "pods", "-A", "-o", "json"))["items"]
+        assert f"{TEAM}/held" in {f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in listed}
+        patch = [{"op": "test", "path": "/spec/schedulingGates/0/name", "value": NAMES.gate},
+                 {"op": "remove", "path": "/spec/schedulingGates/0"}]
+        as_hook("-n", TEAM, "patch", "pod", "held", "--type=json", "-p", json.dumps(patch))
+        after = cluster.kubectl_json("get", "pod", "held", "-n", TEAM)
+        assert kube.gates(after) == ["example.com/other"]
+        with pytest.raises(helm.HelmError, match="forbidden"):  # and nothing beyond pods
+            as_hook("-n", TEAM, "delete", "pod", "held")
+    finally:
+        cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=json.dumps(
+            {"apiVersion": "v1", "kind": "List", "items": [o for o in rendered if o["kind"] != "Job"]}), check=False)
+        cluster.kubectl("delete", "pod", "held", "-n", TEAM, "--ignore-not-found", check=False)
+
+
 @pytest.fixture
 def descheduler(release: Release, prometheus_factory: prometheus.StartPrometheus) -> Iterator[
         tuple[localcluster.ManagedProcess, prometheus.PrometheusServer]]:
