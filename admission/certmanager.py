@@ -34,6 +34,7 @@ from typing import Any
 from cryptography import exceptions, x509
 from cryptography.hazmat.primitives import serialization
 from kubernetes_asyncio import client
+from kubernetes_asyncio import config as k8s_config
 
 from common import kube, pki, settings
 
@@ -278,6 +279,12 @@ async def _inject(
     raise kube.ApiError(409, f"MutatingWebhookConfiguration {cfg.webhook_configuration} kept changing under us")
 
 
+def _pair_files(webhook: settings.Webhook) -> tuple[pathlib.Path, pathlib.Path]:
+    if webhook.cert_file is None or webhook.key_file is None:
+        raise ValueError("webhook.managed_tls needs webhook.cert_file and webhook.key_file: where to write the pair")
+    return webhook.cert_file, webhook.key_file
+
+
 async def reconcile(
     api: client.ApiClient,
     webhook: settings.Webhook,
@@ -287,10 +294,9 @@ async def reconcile(
 ) -> Material:
     """One pass: Secret, files, caBundle. Raises kube.ApiError (or OSError for the files)."""
     cfg = webhook.managed_tls
-    if webhook.cert_file is None or webhook.key_file is None:
-        raise ValueError("webhook.managed_tls needs webhook.cert_file and webhook.key_file: where to write the pair")
+    cert_file, key_file = _pair_files(webhook)
     material = await _ensure_secret(api, cfg, now=now(), request_timeout_seconds=request_timeout_seconds)
-    _write_pair(material, cert_file=webhook.cert_file, key_file=webhook.key_file)
+    _write_pair(material, cert_file=cert_file, key_file=key_file)
     await _inject(api, cfg, ca_bundle=material.ca_bundle, request_timeout_seconds=request_timeout_seconds)
     return material
 
@@ -298,7 +304,11 @@ async def reconcile(
 async def bootstrap(config: settings.Settings, *, attempts: int = 12) -> None:
     """Before serving: the pair on disk and the CA registered, retried for a while (the configuration
     may appear a moment after our pod in an install). Raises the last error if it never succeeds."""
-    api = await kube.api_client(config.kubernetes)
+    _pair_files(config.webhook)  # fail before any API call
+    try:
+        api = await kube.api_client(config.kubernetes)
+    except k8s_config.ConfigException as exc:
+        raise ValueError(f"no Kubernetes client configuration: {exc}") from exc
     try:
         for attempt in range(attempts):
             try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import pathlib
 from collections.abc import Callable
 
 import pytest
@@ -11,6 +12,7 @@ from cryptography import x509
 
 from admission import certmanager
 from common import pki, settings
+from gpu_steward import cli
 
 NOW = datetime.datetime(2026, 6, 1, tzinfo=datetime.UTC)
 DAY = datetime.timedelta(days=1)
@@ -105,3 +107,24 @@ def test_serving_certificate_never_outlives_its_ca() -> None:
     leaf = pki.issue_serving(ca=ca, common_name="wh", dns_names=["a"], ip_addresses=[], not_before=NOW,
                              not_after=NOW + 100 * DAY)
     assert x509.load_pem_x509_certificate(leaf.cert).not_valid_after_utc == NOW + 10 * DAY
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        pytest.param({}, "needs webhook.cert_file and webhook.key_file", id="nowhere-to-write-the-pair"),
+        pytest.param({"GPU_STEWARD_WEBHOOK__CERT_FILE": "{tmp}/tls.crt",
+                      "GPU_STEWARD_WEBHOOK__KEY_FILE": "{tmp}/tls.key",
+                      "GPU_STEWARD_KUBERNETES__KUBECONFIG": "{tmp}/missing-kubeconfig"},
+                     "no Kubernetes client configuration", id="no-kubeconfig"),
+    ],
+)
+def test_the_webhook_refuses_to_start_with_a_clear_message(
+    env: dict[str, str], message: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("GPU_STEWARD_WEBHOOK__MANAGED_TLS__ENABLED", "true")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value.format(tmp=tmp_path))
+    assert cli.main(["webhook"]) == 2
+    assert message in capsys.readouterr().err
