@@ -115,6 +115,7 @@ def test_the_checker_catches_a_misspelt_metric_and_a_wrong_label_value() -> None
     assert "pdb" not in KNOWN_VALUES[("gpu_steward_reclaim_evictions_total", "result")]
 
 
+@pytest.mark.prometheus
 def test_alert_rules_pass_promtool(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "rules.yaml"
     path.write_text(yaml.safe_dump(rule_group()))

@@ -35,7 +35,7 @@ from tests.chart import helm
 from tests.e2e import test_reclaim_e2e
 from tests.support import kube, prometheus
 
-pytestmark = [pytest.mark.e2e, pytest.mark.prometheus]
+pytestmark = pytest.mark.e2e
 
 RELEASE, NAMESPACE, TEAM = "gs", "gpu-steward", "team"
 PREFIX = f"{RELEASE}-gpu-steward"
@@ -279,6 +279,7 @@ def descheduler(release: Release, prometheus_factory: prometheus.StartPrometheus
         process.stop()
 
 
+@pytest.mark.prometheus
 def test_descheduler_releases_a_gang_reclaims_an_idle_pod_and_aggregates_events_under_the_chart_rbac(
     release: Release, request: pytest.FixtureRequest
 ) -> None:
