@@ -233,6 +233,51 @@ class Admission(Model):
     )
 
 
+class ManagedTls(Model):
+    """The webhook keeps its own CA and serving certificate in a Secret and writes the CA into its
+    MutatingWebhookConfiguration (admission/certmanager.py); cert_file/key_file are where it writes the pair."""
+
+    enabled: bool = pydantic.Field(
+        default=False,
+        description="Manage the serving certificate (off: cert_file/key_file come from elsewhere, e.g. cert-manager).",
+    )
+    secret_name: str = pydantic.Field(
+        default="gpu-steward-webhook-tls", min_length=1, description="Secret holding the CA and the serving pair."
+    )
+    secret_namespace: str = pydantic.Field(
+        default="gpu-steward",
+        min_length=1,
+        description="Namespace of that Secret (the chart sets the release namespace).",
+    )
+    webhook_configuration: str = pydantic.Field(
+        default="gpu-steward",
+        min_length=1,
+        description="MutatingWebhookConfiguration whose webhooks get the CA as caBundle.",
+    )
+    dns_names: list[str] = pydantic.Field(
+        default_factory=list, description="DNS names of the serving certificate (the chart sets the Service's names)."
+    )
+    ip_addresses: list[str] = pydantic.Field(
+        default_factory=list,
+        description="IP addresses of the serving certificate (a webhook registered by URL, e.g. 127.0.0.1).",
+    )
+    ca_validity_days: int = pydantic.Field(default=3650, ge=2, description="Validity of a new CA (days).")
+    cert_validity_days: int = pydantic.Field(
+        default=365, ge=2, description="Validity of a new serving certificate (days)."
+    )
+    renew_before_days: int = pydantic.Field(
+        default=30,
+        ge=1,
+        description="Renew the CA or the serving certificate this many days before it expires; a replaced CA "
+        "stays in the caBundle until it expires.",
+    )
+    check_seconds: Seconds = pydantic.Field(
+        default=60,
+        description="How often the Secret and the caBundle are re-checked (and repaired, e.g. after a re-apply "
+        "dropped the caBundle).",
+    )
+
+
 class Webhook(Model):
     host: str = pydantic.Field(default="0.0.0.0", description="Listen address of the webhook server.")
     port: int = pydantic.Field(
@@ -246,6 +291,7 @@ class Webhook(Model):
     request_timeout_seconds: Seconds = pydantic.Field(
         default=2.0, description="Budget of one /mutate answer; keep below the webhook timeoutSeconds."
     )
+    managed_tls: ManagedTls = ManagedTls()
 
 
 class Kubernetes(Model):

@@ -60,6 +60,15 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     config = cmdline.load_settings(args, overrides=_overrides)
+    if config.webhook.managed_tls.enabled and args.cluster is None:
+        from admission import certmanager  # the Kubernetes client: slow to import, `--cluster` never needs it
+        from common import kube
+
+        try:
+            asyncio.run(certmanager.bootstrap(config))
+        except (kube.ApiError, OSError, ValueError) as exc:
+            print(f"webhook: cannot set up its own TLS (webhook.managed_tls): {exc}", file=sys.stderr)
+            return 2
     try:
         context = tls.ssl_context(config.webhook)
     except (ValueError, OSError, ssl.SSLError) as exc:
@@ -113,11 +122,17 @@ async def _live(*, config: settings.Settings, context: ssl.SSLContext, stop: asy
     api = await kube.api_client(config.kubernetes)
     try:
         live = feeder.Feeder(config=config, api=api, prometheus=dcgm, registry=registry)
-        await _run_until(
-            stop,
-            feeder=live.run(),
-            server=_serve(config=config, snapshots=live, context=context, registry=registry),
-        )
+        tasks = {
+            "feeder": live.run(),
+            "server": _serve(config=config, snapshots=live, context=context, registry=registry),
+        }
+        if config.webhook.managed_tls.enabled:
+            from admission import certmanager
+
+            tasks["tls"] = certmanager.keep(
+                api, config.webhook, request_timeout_seconds=config.kubernetes.request_timeout_seconds
+            )
+        await _run_until(stop, **tasks)
     finally:
         await api.close()
         if dcgm is not None:
