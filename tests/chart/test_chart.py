@@ -160,6 +160,7 @@ def check_defaults(objects: Objects) -> None:
         ("PodDisruptionBudget", f"{PREFIX}-webhook"),
         ("Deployment", f"{PREFIX}-descheduler"), ("Service", f"{PREFIX}-descheduler-metrics"),
         ("Role", f"{PREFIX}-descheduler"), ("RoleBinding", f"{PREFIX}-descheduler"),
+        ("Role", f"{PREFIX}-webhook"), ("RoleBinding", f"{PREFIX}-webhook"),
         ("DaemonSet", f"{PREFIX}-labeler"),
     }
     # The settings file is values.settings, key for key, and loads as the default settings.
@@ -195,6 +196,8 @@ def check_defaults(objects: Objects) -> None:
         "GPU_STEWARD_WEBHOOK__CERT_FILE": "/etc/gpu-steward/tls/tls.crt",
         "GPU_STEWARD_WEBHOOK__KEY_FILE": "/etc/gpu-steward/tls/tls.key",
         "GPU_STEWARD_ADMISSION__EXCLUDED_NAMESPACES": '["kube-system","gpu-steward"]',
+        # the descheduler's leader Lease, watched to gate for release only while the controller lives
+        "GPU_STEWARD_DESCHEDULER__LEADER_ELECTION__LEASE_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
     }
     assert _one(objects, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
 
@@ -223,6 +226,8 @@ def check_defaults(objects: Objects) -> None:
     # Least privilege, per component.
     assert _rules(objects, "ClusterRole", f"{PREFIX}-webhook") == [
         (("",), ("nodes", "pods", "namespaces"), READ), (("scheduling.k8s.io",), ("priorityclasses",), READ)]
+    assert _rules(objects, "Role", f"{PREFIX}-webhook") == [(("coordination.k8s.io",), ("leases",), READ)]
+    assert _one(objects, "RoleBinding", f"{PREFIX}-webhook")["roleRef"]["name"] == f"{PREFIX}-webhook"
     assert _rules(objects, "ClusterRole", f"{PREFIX}-descheduler") == [
         (("",), ("nodes", "namespaces"), READ), (("",), ("pods",), (*READ, "patch")),
         (("scheduling.k8s.io",), ("priorityclasses",), READ), (("",), ("pods/eviction",), ("create",)),
