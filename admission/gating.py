@@ -1,7 +1,9 @@
 """Whether a new pod gets our scheduling gate, and why: for its gang, or to be placed at release.
 
 Two kinds of pods get `<prefix>gang` at creation (gates can be set then and never added later):
-- members of a gang of two or more, held until the whole gang can start (the gang controller);
+- members of a gang of two or more, held until the whole gang can start (the gang controller); they are
+  gated even while the controller is not seen alive (with a warning): ungated, a gang's members would
+  start one by one and hold GPUs while they wait for each other;
 - governed pods: placement `strict`, at least `admission.release_min_gpus` whole GPUs, scheduled by the
   default scheduler and held by no other controller's gate. The release controller places each as a gang
   of one on fresh state, pins it and removes the gate. They are gated only while that controller is
@@ -78,7 +80,13 @@ def decide(
     if names.gate in existing:
         return GateDecision(False, f"gate {names.gate} already present", gang)
     if gang is not None and gang.size != 1:
-        return _for_gang(gang)
+        held = _for_gang(gang)
+        alive, why = controller.alive(now=now, stale_after=config.admission.controller_stale_seconds)
+        if held.add and not alive:
+            # Still gated: released one by one, a gang would hold GPUs while it waits for its other members.
+            return dataclasses.replace(held, warning=f"gang {gang.key} gated, but the descheduler that releases it "
+                                                     f"is not seen running ({why})")
+        return held
     single = _for_release(spec=spec, existing=existing, request=request, placement=placement,
                           controller=controller, config=config, now=now)
     if gang is None:

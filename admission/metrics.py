@@ -60,13 +60,11 @@ class Metrics:
             namespace=NAMESPACE,
             registry=self.registry,
         )
-        age = prometheus_client.Gauge(
-            "snapshot_age_seconds",
-            "Age of the cluster snapshot decisions read, in seconds (-1: never synced).",
-            namespace=NAMESPACE,
-            registry=self.registry,
-        )
-        age.set_function(lambda: _or_never(snapshot_age()))
+        self._age_gauge("snapshot_age_seconds",
+                        "Age of the cluster snapshot decisions read, in seconds (-1: never synced).", snapshot_age)
+        self._age_gauge("controller_lease_age_seconds",
+                        "Seconds since the descheduler's leader Lease was last seen renewed (-1: not seen, released "
+                        "or deleted).", controller_age)
         self.release = prometheus_client.Counter(
             "release_decisions",
             "Governed pods (placement at release) admitted, by decision: gated, or controller-down (not gated "
@@ -75,18 +73,15 @@ class Metrics:
             namespace=NAMESPACE,
             registry=self.registry,
         )
-        controller = prometheus_client.Gauge(
-            "controller_lease_age_seconds",
-            "Seconds since the descheduler's leader Lease was last seen renewed (-1: not seen, released or deleted).",
-            namespace=NAMESPACE,
-            registry=self.registry,
-        )
-        controller.set_function(lambda: _or_never(controller_age()))
         # Every series exists from the start, so rate() sees the first request; the children are kept
         # because a labels() lookup per request costs more than the increment.
         self._requests_by_result = {result: self.requests.labels(result=result.value) for result in Result}
         self._mutations_by_kind: dict[str, prometheus_client.Counter] = {}
         self._release_by_decision = {d: self.release.labels(decision=d.value) for d in gating.Release}
+
+    def _age_gauge(self, name: str, documentation: str, age: Callable[[], float | None]) -> None:
+        gauge = prometheus_client.Gauge(name, documentation, namespace=NAMESPACE, registry=self.registry)
+        gauge.set_function(lambda: _or_never(age()))
 
     def record(
         self, *, result: Result, seconds: float, changes: tuple[str, ...], warnings: int,

@@ -146,8 +146,8 @@ async def test_the_log_line_names_the_pod(
 @pytest.mark.parametrize(
     ("fixture", "gated"),
     [
-        pytest.param("pod-create-gpu", False, id="gpu-pod"),
-        pytest.param("pod-create-generate-name", False, id="generate-name-pod"),
+        pytest.param("pod-create-gpu", True, id="gpu-pod"),  # placed at release (the descheduler is alive)
+        pytest.param("pod-create-generate-name", True, id="generate-name-pod"),
         pytest.param("pod-create-gang-member", True, id="gang-member"),
         pytest.param("pod-create-gang-launcher", True, id="gang-member-without-gpus"),
     ],

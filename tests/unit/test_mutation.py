@@ -331,13 +331,13 @@ def test_mig_only_pod_gets_no_nvlink_affinity():
         pytest.param({"scheduling.x-k8s.io/pod-group": "pg"}, {}, {}, False,
                      "gang default/pg: size unknown (scheduler-plugins); not gated",
                      "gpu-steward: gang default/pg: no size known at admission, not gated", id="size-unknown"),
-        pytest.param({}, {}, {}, False, "not placed at release: controller down", None, id="no-gang"),
+        pytest.param({}, {}, {}, True, "placed at release", None, id="no-gang-gated-for-release"),
     ],
 )
 def test_gang_gate(labels, annotations, spec, gated, reason, warning):
     pod = builders.pod("w-0", gpus=1, labels=labels, annotations=annotations,
                        mutate=lambda p: p["spec"].update(spec))
-    outcome, result = admit(pod)
+    outcome, result = admit(pod, controller=ALIVE)
     gates = [g["name"] for g in result["spec"].get("schedulingGates", [])]
     assert (outcome.gated, gates) == (gated, ["gpu-steward.io/gang"] if gated else [])
     assert reason in outcome.record
@@ -425,6 +425,16 @@ def test_governed_pods_are_gated_for_release_only_while_the_controller_lives(
         "requiredDuringSchedulingIgnoredDuringExecution") == required
 
 
+def test_a_gang_is_gated_even_while_the_controller_is_down_with_a_warning():
+    """Ungated, its members would start one by one and hold GPUs while they wait for each other."""
+    outcome, result = admit(builders.pod("w-0", gpus=1, labels=GANG_OF_4), controller=NOW - 100)
+    assert result["spec"]["schedulingGates"] == [{"name": GATE}]
+    assert outcome.warnings == (
+        "gpu-steward: gang default/g gated, but the descheduler that releases it is not seen running (Lease "
+        "gpu-steward/gpu-steward-descheduler last seen renewed 100s ago (over 30s))",)
+    assert outcome.release is None
+
+
 def test_a_pod_with_node_name_gets_no_affinity_and_no_gate():
     pod = builders.pod("p", gpus=2, labels=GANG_OF_4, mutate=with_spec(nodeName="pair-1"))
     outcome, result = admit(pod, controller=ALIVE)
@@ -494,7 +504,7 @@ LAUNCHER_NOTE = "no tier, no NVLink affinity: a gang member without GPUs only wa
 def test_pod_without_gpus_changes_only_when_we_gate_it_for_its_gang(labels, annotations, spec, gated, reason, warning):
     """Without GPUs: no tier, no affinity; a gang member gets our gate and the record, nothing else."""
     pod = builders.pod("launcher", labels=labels, annotations=annotations, mutate=lambda p: p["spec"].update(spec))
-    outcome, result = admit(pod)
+    outcome, result = admit(pod, controller=ALIVE)
 
     expected = copy.deepcopy(pod)
     if gated:
