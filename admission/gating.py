@@ -122,6 +122,8 @@ def _for_release(
         return GateDecision(False, f"placement {placement.value}: never gated", None)
     if not cfg.release_enabled:
         return GateDecision(False, "placement at release is off (admission.release_enabled)", None)
+    if not config.descheduler.gangs.enabled:  # the controller may hold its Lease without running the release loop
+        return GateDecision(False, "placement at release is off (descheduler.gangs.enabled)", None)
     if request.full < cfg.release_min_gpus:
         return GateDecision(False, f"{request.full} GPUs, under admission.release_min_gpus={cfg.release_min_gpus}: "
                                    "not placed at release", None)

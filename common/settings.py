@@ -213,7 +213,9 @@ class Tiers(Model):
 class Admission(Model):
     default_placement: Placement = pydantic.Field(
         default=Placement.STRICT,
-        description="strict | prefer | off: NVLink affinity of pods without the placement label.",
+        description="strict | prefer | off: NVLink placement of pods without the placement label. strict: gated and "
+        "placed at release while the descheduler is seen alive, else preferred terms; prefer: preferred terms only, "
+        "never a gate; off: none.",
     )
     preferred_terms: int = pydantic.Field(
         default=10,
@@ -229,7 +231,7 @@ class Admission(Model):
     )
     max_snapshot_age_seconds: Seconds = pydantic.Field(
         default=120,
-        description="Older snapshot => no affinity changes (tiers and gates are still safe to add).",
+        description="Older snapshot => no preferred terms (tiers and gates are still safe to add).",
     )
     release_enabled: bool = pydantic.Field(
         default=True,

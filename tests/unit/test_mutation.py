@@ -381,6 +381,10 @@ def with_spec(**fields: Any) -> Callable[[dict], None]:
         pytest.param(builders.pod("p", gpus=8), settings.Settings(admission=settings.Admission(release_enabled=False)),
                      ALIVE, False, None, "placement at release is off (admission.release_enabled)",
                      id="release-off"),
+        pytest.param(builders.pod("p", gpus=8), settings.Settings(descheduler=settings.Descheduler(
+                         gangs=settings.Gangs(enabled=False))),
+                     ALIVE, False, None, "placement at release is off (descheduler.gangs.enabled)",
+                     id="release-loop-off"),
         pytest.param(builders.pod("p", gpus=1, mutate=with_spec(schedulerName="volcano")), CONFIG, ALIVE, False,
                      None, "scheduler volcano places it: not placed at release", id="another-scheduler"),
         pytest.param(builders.pod("p", gpus=1, mutate=with_spec(schedulingGates=[{"name": KUEUE_GATE}])),
