@@ -165,7 +165,8 @@ def nodes(draw: st.DrawFn) -> list[dict[str, Any]]:
         gpus = draw(st.sampled_from((1, 2, 4, 8)))
         width = draw(st.sampled_from([w for w in (1, 2, 4, 8) if gpus % w == 0]))
         domains = [range(i, i + width) for i in range(0, gpus, width)]
-        labels = draw(st.dictionaries(st.sampled_from((PRODUCT, "zone")), st.sampled_from(LABEL_VALUES), max_size=2))
+        # our topology labels too, with odd values (a node without topology="labels" keeps them as drawn)
+        labels = draw(st.dictionaries(st.sampled_from(LABEL_KEYS), st.sampled_from(LABEL_VALUES), max_size=3))
         taints = draw(st.lists(st.sampled_from(TAINTS), max_size=2, unique_by=lambda t: t["key"]))
         unschedulable = draw(st.booleans())
 
