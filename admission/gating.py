@@ -5,10 +5,10 @@ Two kinds of pods get `<prefix>gang` at creation (gates can be set then and neve
   gated even while the controller is not seen alive (with a warning): ungated, a gang's members would
   start one by one and hold GPUs while they wait for each other;
 - governed pods: placement `strict`, at least `admission.release_min_gpus` whole GPUs, scheduled by the
-  default scheduler and held by no other controller's gate. The release controller places each as a gang
-  of one on fresh state, pins it and removes the gate. They are gated only while that controller is
-  seen alive (its leader Lease renewed recently, timed on our clock); otherwise nothing would ever lift
-  the gate, so they get preferred terms instead.
+  default scheduler, not a DaemonSet's and held by no other controller's gate. The release controller
+  places each as a gang of one on fresh state, pins it and removes the gate. They are gated only while
+  that controller is seen alive (its leader Lease renewed recently, timed on our clock); otherwise
+  nothing would ever lift the gate, so they get preferred terms instead.
 
 Never gated: a pod created with `spec.nodeName` (the API server rejects gates on it; it is not scheduled).
 """
@@ -87,7 +87,7 @@ def decide(
             return dataclasses.replace(held, warning=f"gang {gang.key} gated, but the descheduler that releases it "
                                                      f"is not seen running ({why})")
         return held
-    single = _for_release(spec=spec, existing=existing, request=request, placement=placement,
+    single = _for_release(pod=pod, existing=existing, request=request, placement=placement,
                           controller=controller, config=config, now=now)
     if gang is None:
         return single
@@ -107,7 +107,7 @@ def _for_gang(gang: gangs.Gang) -> GateDecision:
 
 def _for_release(
     *,
-    spec: Mapping[str, Any],
+    pod: Mapping[str, Any],
     existing: set[Any],
     request: gpu.GpuRequest,
     placement: settings.Placement,
@@ -127,9 +127,13 @@ def _for_release(
     if request.full < cfg.release_min_gpus:
         return GateDecision(False, f"{request.full} GPUs, under admission.release_min_gpus={cfg.release_min_gpus}: "
                                    "not placed at release", None)
+    spec = pod.get("spec") or {}
     scheduler = spec.get("schedulerName") or gangs.DEFAULT_SCHEDULER
     if scheduler != gangs.DEFAULT_SCHEDULER:
         return GateDecision(False, f"scheduler {scheduler} places it: not placed at release", None)
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+    if any(o.get("kind") == "DaemonSet" for o in owners):  # its controller pins it to its node already
+        return GateDecision(False, "a DaemonSet pod, bound to its node by its controller: not placed at release", None)
     others = sorted(str(g) for g in existing)
     if others:
         return GateDecision(False, f"held by {', '.join(others)}: another controller decides when it starts; "

@@ -387,6 +387,10 @@ def with_spec(**fields: Any) -> Callable[[dict], None]:
                      id="release-loop-off"),
         pytest.param(builders.pod("p", gpus=1, mutate=with_spec(schedulerName="volcano")), CONFIG, ALIVE, False,
                      None, "scheduler volcano places it: not placed at release", id="another-scheduler"),
+        pytest.param(builders.pod("p", gpus=1, mutate=lambda p: p["metadata"].update(
+                         ownerReferences=[{"kind": "DaemonSet", "name": "ds", "controller": True}])),
+                     CONFIG, ALIVE, False, None, "a DaemonSet pod, bound to its node by its controller",
+                     id="daemonset"),
         pytest.param(builders.pod("p", gpus=1, mutate=with_spec(schedulingGates=[{"name": KUEUE_GATE}])),
                      CONFIG, ALIVE, False, None, "held by kueue.x-k8s.io/admission: another controller decides when "
                      "it starts; not placed at release", id="another-controllers-gate"),
