@@ -101,3 +101,23 @@ def test_upgrade_keeps_the_generated_ca_and_serving_certificate(
     assert after.ca.read_bytes() == before.ca.read_bytes()
     assert after.cert.read_bytes() == before.cert.read_bytes()
     assert "log_level: DEBUG" in after.config.read_text()
+
+
+@pytest.mark.parametrize(
+    ("verb", "namespace", "allowed"),
+    [
+        pytest.param("list", NAMESPACE, "yes", id="list-in-the-release-namespace"),
+        pytest.param("watch", NAMESPACE, "yes", id="watch-in-the-release-namespace"),
+        pytest.param("update", NAMESPACE, "no", id="never-writes-it"),
+        pytest.param("list", "team", "no", id="nowhere-else"),
+    ],
+)
+def test_installed_webhook_may_watch_the_descheduler_lease_and_nothing_more(
+    own_cluster: localcluster.LocalCluster, installed: tuple[int, helm.WebhookFiles, pathlib.Path],
+    verb: str, namespace: str, allowed: str,
+) -> None:
+    """It gates pods for placement at release only while it sees the descheduler's leader Lease renewed."""
+    account = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-gpu-steward-webhook"
+    done = own_cluster.kubectl("auth", "can-i", verb, "leases.coordination.k8s.io", "-n", namespace,
+                               "--as", account, check=False)
+    assert done.stdout.strip() == allowed, done.stderr
