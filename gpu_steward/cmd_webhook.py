@@ -43,7 +43,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--cluster",
         type=pathlib.Path,
         help="serve from a fixed cluster state (kubectl get nodes,pods,priorityclasses,namespaces -A -o json) "
-        "instead of watching the API server",
+        "instead of watching the API server; no descheduler Lease is watched then, so no pod is gated for "
+        "placement at release (gangs still are)",
     )
     parser.add_argument("--host", help="listen address (webhook.host)")
     parser.add_argument("--port", type=int, help="listen port (webhook.port)")

@@ -273,6 +273,27 @@ def test_gpu_pod_is_gated_for_release_only_while_the_controller_lease_is_renewed
             "and renewed)") in record, record
 
 
+def test_a_controller_that_stops_renewing_its_lease_stops_the_gating(
+    gpu_cluster: conftest.GpuCluster,
+    webhook: conftest.WebhookServer,
+    namespace: str,
+    controller_lease: WriteLease,
+) -> None:
+    """A descheduler killed outright never releases its Lease: the webhook stops gating once it has not seen
+    a renewal for admission.controller_stale_seconds (30 s by default), whatever the Lease's own times say."""
+    cluster = gpu_cluster.cluster
+    controller_seen_alive(cluster, namespace, controller_lease)
+    stale = webhook.settings.admission.controller_stale_seconds
+
+    kube.poll("the webhook stops gating without renewals", lambda: not gated_for_release(cluster, namespace),
+              timeout_seconds=stale + 30, interval_seconds=1)
+
+    stored = create_and_read(cluster, kube.pod("after-the-controller", namespace=namespace, gpus=1))
+    assert kube.gates(stored) == []
+    record = decision(stored) or ""
+    assert "not placed at release: controller down" in record and f"ago (over {stale:g}s))" in record, record
+
+
 @pytest.mark.parametrize(
     "labels",
     [
