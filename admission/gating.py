@@ -79,16 +79,15 @@ def decide(
     existing = {g.get("name") for g in spec.get("schedulingGates") or []}
     if names.gate in existing:
         return GateDecision(False, f"gate {names.gate} already present", gang)
+    alive, why = controller.alive(now=now, stale_after=config.admission.controller_stale_seconds)
     if gang is not None and gang.size != 1:
         held = _for_gang(gang)
-        alive, why = controller.alive(now=now, stale_after=config.admission.controller_stale_seconds)
         if held.add and not alive:
             # Still gated: released one by one, a gang would hold GPUs while it waits for its other members.
             return dataclasses.replace(held, warning=f"gang {gang.key} gated, but the descheduler that releases it "
                                                      f"is not seen running ({why})")
         return held
-    single = _for_release(pod=pod, existing=existing, request=request, placement=placement,
-                          controller=controller, config=config, now=now)
+    single = _for_release(pod, existing, request, placement, config=config, controller=(alive, why))
     if gang is None:
         return single
     return dataclasses.replace(single, reason=f"gang {gang.key} of 1: {single.reason}", gang=gang)
@@ -106,15 +105,10 @@ def _for_gang(gang: gangs.Gang) -> GateDecision:
 
 
 def _for_release(
-    *,
-    pod: Mapping[str, Any],
-    existing: set[Any],
-    request: gpu.GpuRequest,
-    placement: settings.Placement,
-    controller: Controller,
-    config: settings.Settings,
-    now: float,
+    pod: Mapping[str, Any], existing: set[Any], request: gpu.GpuRequest, placement: settings.Placement, *,
+    config: settings.Settings, controller: tuple[bool, str],
 ) -> GateDecision:
+    """`controller`: whether it is seen alive, and why."""
     cfg = config.admission
     if request.full == 0:
         return GateDecision(False, "no whole GPUs: not placed at release", None)
@@ -138,7 +132,7 @@ def _for_release(
     if others:
         return GateDecision(False, f"held by {', '.join(others)}: another controller decides when it starts; "
                                    "not placed at release", None)
-    alive, why = controller.alive(now=now, stale_after=cfg.controller_stale_seconds)
+    alive, why = controller
     if not alive:
         return GateDecision(False, f"not placed at release: controller down ({why})", None,
                             release=Release.CONTROLLER_DOWN)
