@@ -35,8 +35,8 @@ class Tier(enum.StrEnum):
 
 
 class Placement(enum.StrEnum):
-    STRICT = "strict"  # required NVLink-domain-size term + preferred node terms
-    PREFER = "prefer"  # preferred node terms only
+    STRICT = "strict"  # gated and placed at release while the controller lives, else preferred node terms
+    PREFER = "prefer"  # preferred node terms only, never a gate
     OFF = "off"  # no affinity changes
 
 
@@ -213,7 +213,9 @@ class Tiers(Model):
 class Admission(Model):
     default_placement: Placement = pydantic.Field(
         default=Placement.STRICT,
-        description="strict | prefer | off: NVLink affinity of pods without the placement label.",
+        description="strict | prefer | off: NVLink placement of pods without the placement label. strict: gated and "
+        "placed at release while the descheduler is seen alive, else preferred terms; prefer: preferred terms only, "
+        "never a gate; off: none.",
     )
     preferred_terms: int = pydantic.Field(
         default=10,
@@ -229,7 +231,26 @@ class Admission(Model):
     )
     max_snapshot_age_seconds: Seconds = pydantic.Field(
         default=120,
-        description="Older snapshot => no affinity changes (tiers and gates are still safe to add).",
+        description="Older snapshot => no preferred terms (tiers and gates are still safe to add).",
+    )
+    release_enabled: bool = pydantic.Field(
+        default=True,
+        description="Gate governed pods (strict placement, at least release_min_gpus whole GPUs) at creation so "
+        "that the descheduler places them at release. Off: they get preferred terms only, as without a live "
+        "controller. Gang members are gated for their gang either way.",
+    )
+    release_min_gpus: int = pydantic.Field(
+        default=1,
+        ge=1,
+        description="Fewest whole GPUs (nvidia.com/gpu) a pod requests for its placement to be governed at "
+        "release; smaller pods and MIG-only pods get preferred terms only.",
+    )
+    controller_stale_seconds: Seconds = pydantic.Field(
+        default=30,
+        description="Seconds since this webhook last saw the descheduler's leader Lease renewed (its renewTime or "
+        "holder change, timed on the webhook's own clock) after which the controller counts as down and no pod is "
+        "gated for release. Default: the Lease duration (15 s) plus 15 s for watch delay. Must exceed "
+        "descheduler.leader_election.retry_period_seconds, the renewal interval.",
     )
 
 
@@ -513,6 +534,16 @@ class Settings(pydantic_settings.BaseSettings):
         default="INFO", description="DEBUG | INFO | WARNING | ERROR."
     )
     read_environment: ClassVar[bool] = True
+
+    @pydantic.model_validator(mode="after")
+    def _check_controller_staleness(self) -> Settings:
+        renewal = self.descheduler.leader_election.retry_period_seconds
+        if self.admission.controller_stale_seconds <= renewal:
+            raise ValueError(
+                f"admission.controller_stale_seconds ({self.admission.controller_stale_seconds:g}) must exceed "
+                f"descheduler.leader_election.retry_period_seconds ({renewal:g}): a live leader renews only that often"
+            )
+        return self
 
     @classmethod
     def settings_customise_sources(

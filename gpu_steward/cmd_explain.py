@@ -26,6 +26,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument("pod", help="pod manifest (YAML or JSON); - reads it from stdin")
     parser.add_argument("--cluster", type=pathlib.Path, required=True, help="cluster state: a Kubernetes List")
+    parser.add_argument("--controller", choices=("alive", "down"), default="alive",
+                        help="the descheduler as the webhook would see it: alive (its Lease just renewed: governed "
+                        "pods are gated for placement at release) or down (never gated; preferred terms only)")
     cmdline.add_config(parser)
     cmdline.add_output(parser)
     parser.set_defaults(func=run)
@@ -40,14 +43,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"explain: {exc}", file=sys.stderr)
         return 2
     namespace = (pod.get("metadata") or {}).get("namespace") or "default"
+    now = time.time()
     outcome = mutation.decide(operation="CREATE", namespace=namespace, pod=pod, cluster=cluster,
-                              config=config, now=time.time())
+                              config=config, now=now, controller_seen_at=now if args.controller == "alive" else None)
     # The webhook scores only as far as its preferred terms need; explain shows every node.
     try:
         gpus = gpu.pod_request(pod).full
     except gpu.QuantityError:
         gpus = 0
-    # Ranked against the pod as admitted (our required NVLink expression ANDed in), as the webhook ranks it.
+    # Ranked against the pod as admitted, as the webhook ranks it.
     admitted = jsonpatch.apply_patch(pod, outcome.patch) if outcome.patch else pod
     ranking = scoring.rank(gpus=gpus, pod_spec=admitted.get("spec") or {}, cluster=cluster, cfg=config.scoring)
     if args.output == "json":
@@ -86,6 +90,7 @@ def as_json(outcome: mutation.Outcome, ranking: scoring.Ranking | None) -> dict[
                     "terms": {t.name: t.points for t in s.terms}} for s in (ranking.scores if ranking else ())],
         "excluded": dict(ranking.excluded) if ranking else {},
         "gated": outcome.gated,
+        "release": outcome.release.value if outcome.release else None,
         "record": outcome.record,
         "warnings": list(outcome.warnings),
         "skipped": outcome.skipped,
@@ -94,6 +99,8 @@ def as_json(outcome: mutation.Outcome, ranking: scoring.Ranking | None) -> dict[
 
 def as_text(outcome: mutation.Outcome, ranking: scoring.Ranking | None, *, top: int = 10) -> str:
     lines = [f"decision: {outcome.record}"]
+    if outcome.release is not None:
+        lines.append(f"release:  {'gated, placed at release' if outcome.gated else 'not gated, controller down'}")
     lines += [f"warning:  {w}" for w in outcome.warnings]
     if ranking and ranking.scores:
         lines.append("")

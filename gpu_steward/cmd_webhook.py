@@ -16,7 +16,7 @@ import signal
 import ssl
 import sys
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import prometheus_client
@@ -43,7 +43,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--cluster",
         type=pathlib.Path,
         help="serve from a fixed cluster state (kubectl get nodes,pods,priorityclasses,namespaces -A -o json) "
-        "instead of watching the API server",
+        "instead of watching the API server; no descheduler Lease is watched then, so no pod is gated for "
+        "placement at release (gangs still are)",
     )
     parser.add_argument("--host", help="listen address (webhook.host)")
     parser.add_argument("--port", type=int, help="listen port (webhook.port)")
@@ -121,10 +122,11 @@ async def _live(*, config: settings.Settings, context: ssl.SSLContext, stop: asy
     dcgm = prometheus.Client(config.prometheus) if config.prometheus.url else None
     api = await kube.api_client(config.kubernetes)
     try:
-        live = feeder.Feeder(config=config, api=api, prometheus=dcgm, registry=registry)
+        live = feeder.Feeder(config=config, api=api, prometheus=dcgm, registry=registry, watch_controller=True)
         tasks = {
             "feeder": live.run(),
-            "server": _serve(config=config, snapshots=live, context=context, registry=registry),
+            "server": _serve(config=config, snapshots=live, context=context, registry=registry,
+                             controller=lambda: live.controller_seen_at),
         }
         if config.webhook.managed_tls.enabled:
             from admission import certmanager
@@ -166,8 +168,11 @@ async def _serve(
     snapshots: source.SnapshotSource,
     context: ssl.SSLContext,
     registry: prometheus_client.CollectorRegistry | None = None,
+    controller: Callable[[], float | None] = lambda: None,
 ) -> None:
-    app = server.create_app(config=config, source=snapshots, registry=registry)
+    """`controller`: when the descheduler's Lease was last seen renewed (a fixed --cluster state sees no Lease:
+    nothing is gated for release)."""
+    app = server.create_app(config=config, source=snapshots, registry=registry, controller=controller)
     async with httpserver.serving(
         app, host=config.webhook.host, port=config.webhook.port, ssl_context=context, shutdown_seconds=SHUTDOWN_SECONDS
     ) as (host, port):

@@ -158,6 +158,7 @@ def check_defaults(objects: Objects) -> None:
         ("PodDisruptionBudget", f"{PREFIX}-webhook"),
         ("Deployment", f"{PREFIX}-descheduler"), ("Service", f"{PREFIX}-descheduler-metrics"),
         ("Role", f"{PREFIX}-descheduler"), ("RoleBinding", f"{PREFIX}-descheduler"),
+        ("Role", f"{PREFIX}-webhook"), ("RoleBinding", f"{PREFIX}-webhook"),
         ("DaemonSet", f"{PREFIX}-labeler"),
     }
     # The settings file is values.settings, key for key, and loads as the default settings.
@@ -196,6 +197,8 @@ def check_defaults(objects: Objects) -> None:
         "GPU_STEWARD_WEBHOOK__CERT_FILE": "/etc/gpu-steward/tls/tls.crt",
         "GPU_STEWARD_WEBHOOK__KEY_FILE": "/etc/gpu-steward/tls/tls.key",
         "GPU_STEWARD_ADMISSION__EXCLUDED_NAMESPACES": '["kube-system","gpu-steward"]',
+        # the descheduler's leader Lease, watched to gate for release only while the controller lives
+        "GPU_STEWARD_DESCHEDULER__LEADER_ELECTION__LEASE_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
         "GPU_STEWARD_WEBHOOK__MANAGED_TLS__ENABLED": "true",
         "GPU_STEWARD_WEBHOOK__MANAGED_TLS__SECRET_NAME": f"{PREFIX}-webhook-tls",
         "GPU_STEWARD_WEBHOOK__MANAGED_TLS__SECRET_NAMESPACE": NAMESPACE,
@@ -240,10 +243,13 @@ def check_defaults(objects: Objects) -> None:
         (("scheduling.k8s.io",), ("priorityclasses", "podgroups"), READ),
         (("admissionregistration.k8s.io",), ("mutatingwebhookconfigurations",), ("get", "update"))]
     assert _one(objects, "ClusterRole", f"{PREFIX}-webhook")["rules"][2]["resourceNames"] == [PREFIX]
-    secrets = _one(objects, "Role", f"{PREFIX}-webhook")["rules"]
-    assert secrets == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
-                       {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [f"{PREFIX}-webhook-tls"],
-                        "verbs": ["get", "update"]}]
+    # The leader Lease, watched to gate for release only while the controller lives; the TLS Secret.
+    role = _one(objects, "Role", f"{PREFIX}-webhook")["rules"]
+    assert role == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list", "watch"]},
+                    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+                    {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [f"{PREFIX}-webhook-tls"],
+                     "verbs": ["get", "update"]}]
+    assert _one(objects, "RoleBinding", f"{PREFIX}-webhook")["roleRef"]["name"] == f"{PREFIX}-webhook"
     # events get + patch: a repeated Event is aggregated (common/events.py), as client-go's recorder does.
     assert _rules(objects, "ClusterRole", f"{PREFIX}-descheduler") == [
         (("",), ("nodes", "namespaces"), READ), (("",), ("pods",), (*READ, "patch")),

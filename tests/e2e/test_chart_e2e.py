@@ -210,6 +210,25 @@ def test_upgrade_keeps_the_tls_secret_and_the_injected_ca_bundle(release: Releas
     assert mutated["spec"]["priorityClassName"] == "gpu-steward-normal"
 
 
+@pytest.mark.parametrize(
+    ("verb", "namespace", "allowed"),
+    [
+        pytest.param("list", NAMESPACE, "yes", id="list-in-the-release-namespace"),
+        pytest.param("watch", NAMESPACE, "yes", id="watch-in-the-release-namespace"),
+        pytest.param("update", NAMESPACE, "no", id="never-writes-it"),
+        pytest.param("list", TEAM, "no", id="nowhere-else"),
+    ],
+)
+def test_installed_webhook_may_watch_the_descheduler_lease_and_nothing_more(
+    release: Release, verb: str, namespace: str, allowed: str,
+) -> None:
+    """It gates pods for placement at release only while it sees the descheduler's leader Lease renewed."""
+    account = f"system:serviceaccount:{NAMESPACE}:{PREFIX}-webhook"
+    done = release.cluster.kubectl("auth", "can-i", verb, "leases.coordination.k8s.io", "-n", namespace,
+                                   "--as", account, check=False)
+    assert done.stdout.strip() == allowed, done.stderr
+
+
 def test_the_uninstall_hook_may_lift_our_gate_and_nothing_more(release: Release) -> None:
     """The pre-delete hook's ServiceAccount and RBAC (applied here as rendered, without the Job, which kwok
     cannot run) allow what `gpu-steward release-gates` does: list pods cluster-wide, JSON-patch a gate out."""
