@@ -713,10 +713,8 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
                               "prometheus": {"url": prom.url, "occupancy_refresh_seconds": SCRAPE_SECONDS},
                               "descheduler": {"leader_election": {"lease_namespace": LEASE_NAMESPACE},
                                               "reclaim": {"enabled": False}}}
-                    config_file = await asyncio.to_thread(
-                        stack.enter_context, localsteward.webhook(cluster, workdir, config=config))
-                    releaser = localsteward.process("descheduler", config_file, workdir=workdir).start()
-                    stack.callback(releaser.stop)
+                    await asyncio.to_thread(
+                        stack.enter_context, localsteward.webhook(cluster, workdir, config=config, descheduler=True))
                 await _wait_until(lambda: live.synced and len(live.snapshot.nodes) == len(setup.nodes), within=60)
                 say(f"   replaying {len(setup.pods)} pods ({len(setup.plan)} actions)")
                 replay = await _replay(api, setup, tracker, start)
@@ -850,6 +848,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {','.join(ARMS)}")
     parser.add_argument("--quick", action="store_true", help="small CI run: 40 nodes, 250 pods")
     parser.add_argument("--out", type=pathlib.Path, help=f"JSON results (default {DEFAULT_OUT.name})")
+    parser.add_argument("--logs", type=pathlib.Path, help="keep each arm's process logs here (default: discarded)")
     parser.add_argument("--picture", type=pathlib.Path, help=f"PNG chart (default {DEFAULT_PICTURE.name})")
     args = parser.parse_args(argv)
     if args.quick:
@@ -885,8 +884,8 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
     arms: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="placement-trace-") as tmp:
         for arm in args.arms:
-            workdir = pathlib.Path(tmp) / arm
-            workdir.mkdir()
+            workdir = (args.logs or pathlib.Path(tmp)) / arm
+            workdir.mkdir(parents=True, exist_ok=True)
             arms[arm] = run_arm(setup, arm=arm, workdir=workdir)
     lines = table(arms)
     say("\n" + "\n".join(lines))

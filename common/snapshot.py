@@ -41,7 +41,8 @@ def pinned_node(raw: Mapping[str, Any]) -> str | None:
 
 def _held_on(raw: Mapping[str, Any]) -> str | None:
     """The node whose resources this pod holds: bound and not finished; else nominated by the scheduler;
-    else pinned by us and no longer gated (released, not yet bound). None: it holds nothing."""
+    else pinned by us and no longer gated (released, not yet bound) unless the scheduler found that node full.
+    None: it holds nothing."""
     spec, status = raw.get("spec") or {}, raw.get("status") or {}
     if status.get("phase") in TERMINAL_PHASES:
         return None
@@ -51,9 +52,16 @@ def _held_on(raw: Mapping[str, Any]) -> str | None:
         return None
     if status.get("nominatedNodeName"):
         return str(status["nominatedNodeName"])
-    if not spec.get("schedulingGates"):
+    if not spec.get("schedulingGates") and not _unschedulable(status):
+        # Pinned and released: it holds its node until the scheduler says the node cannot take it (another pod
+        # bound there first); from then on it holds nothing, and counting it would hide room that is free.
         return pinned_node(raw)
     return None
+
+
+def _unschedulable(status: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+               for c in status.get("conditions") or () if isinstance(c, Mapping))
 
 
 @dataclasses.dataclass(frozen=True)
