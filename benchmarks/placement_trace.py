@@ -498,6 +498,7 @@ def pending_summary(
         "wait_p99_seconds": _quantile(waits, 0.99),
         "wait_max_seconds": max(waits, default=None),
         "pending_pod_seconds": pending_seconds,
+        "never_scheduled_pods": sorted(never),
     }
 
 
@@ -688,7 +689,7 @@ async def _burst(api: client.ApiClient, setup: Setup, tracker: Tracker, start: f
 
 
 async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str,
-                   workdir: pathlib.Path) -> dict[str, Any]:
+                   workdir: pathlib.Path, logs: bool = False) -> dict[str, Any]:
     config = _settings(cluster.kubeconfig)
     rooms = {n.name: NodeRoom(tuple(tuple(d) for d in localcluster.NodeGroup(1, n.gpus, n.domains, n.model).topology()),
                               n.cpu_milli, n.memory_mib) for n in setup.nodes}
@@ -709,7 +710,7 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
                     scrape_targets=[f"127.0.0.1:{port}"], scrape_interval=f"{SCRAPE_SECONDS}s")
                 stack.callback(prom.stop)
                 if arm in OURS:
-                    config = {"kubernetes": {"watch_timeout_seconds": 60},
+                    config = {"kubernetes": {"watch_timeout_seconds": 60}, "log_level": "DEBUG" if logs else "INFO",
                               "prometheus": {"url": prom.url, "occupancy_refresh_seconds": SCRAPE_SECONDS},
                               "descheduler": {"leader_election": {"lease_namespace": LEASE_NAMESPACE},
                                               "reclaim": {"enabled": False}}}
@@ -729,7 +730,7 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
             "fragmentation": fragmentation_summary(tracker.samples), "burst": burst}
 
 
-def run_arm(setup: Setup, *, arm: str, workdir: pathlib.Path) -> dict[str, Any]:
+def run_arm(setup: Setup, *, arm: str, workdir: pathlib.Path, logs: bool = False) -> dict[str, Any]:
     say(f"\n=== {arm} ===")
     names = settings.Names()
     scheduler = BINPACK_SCHEDULER if arm in BINPACKING else None
@@ -741,7 +742,7 @@ def run_arm(setup: Setup, *, arm: str, workdir: pathlib.Path) -> dict[str, Any]:
                       for n in (NAMESPACE, BURST_NAMESPACE, LEASE_NAMESPACE)]
         cluster.apply([*namespaces, *demo.priority_classes(settings.Settings())])  # tier classes, same in every arm
         say(f"   control plane + {len(setup.nodes)} kwok nodes ready in {time.monotonic() - started:.0f} s")
-        result = asyncio.run(_measure(cluster, setup, arm=arm, workdir=workdir))
+        result = asyncio.run(_measure(cluster, setup, arm=arm, workdir=workdir, logs=logs))
     return result
 
 
@@ -886,7 +887,7 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
         for arm in args.arms:
             workdir = (args.logs or pathlib.Path(tmp)) / arm
             workdir.mkdir(parents=True, exist_ok=True)
-            arms[arm] = run_arm(setup, arm=arm, workdir=workdir)
+            arms[arm] = run_arm(setup, arm=arm, workdir=workdir, logs=args.logs is not None)
     lines = table(arms)
     say("\n" + "\n".join(lines))
     verdicts = [{**verdict, "arm": arm} for arm in OURS if arm in arms for verdict in goals(arms, arm=arm)]

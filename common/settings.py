@@ -84,6 +84,11 @@ class Names(Model):
         return f"{self.prefix}decision"
 
     @property
+    def release(self) -> str:
+        """Annotation the release controller writes in the patch that places a single pod: where and why."""
+        return f"{self.prefix}release"
+
+    @property
     def nvlink_domains(self) -> str:
         return f"{self.prefix}nvlink-domains"
 
