@@ -17,9 +17,11 @@ class GateDecision:
     warning: str | None = None
 
 
-def decide(*, pod: Mapping[str, Any], names: settings.Names) -> GateDecision:
+def decide(
+    *, pod: Mapping[str, Any], names: settings.Names, pod_groups: Mapping[str, gangs.PodGroup]
+) -> GateDecision:
     """Only called on CREATE: gates can be set at creation and never added later."""
-    gang = gangs.identify(pod, names=names)
+    gang = gangs.identify(pod, names=names, pod_groups=pod_groups)
     if gang is None:
         return GateDecision(False, "not a gang member", None)
     existing = {g.get("name") for g in (pod.get("spec") or {}).get("schedulingGates") or []}

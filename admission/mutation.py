@@ -14,10 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from admission import affinity, gating, patches, scoring, tiers
-from common import gpu, settings, snapshot
+from common import gpu, label_values, settings, snapshot
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
-FALSE_VALUES = frozenset({"false", "0", "no", ""})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,13 +34,6 @@ def _skip(reason: str, *warnings: str) -> Outcome:
     return Outcome(patch=[], changes=(), record=reason, warnings=tuple(warnings), skipped=reason)
 
 
-def _flag(meta: Mapping[str, Any], key: str) -> bool:
-    for source in (meta.get("labels") or {}, meta.get("annotations") or {}):
-        if key in source and str(source[key]).strip().lower() not in FALSE_VALUES:
-            return True
-    return False
-
-
 def _why_skip(
     *, operation: str, namespace: str, pod: Mapping[str, Any], config: settings.Settings
 ) -> str | None:
@@ -52,8 +44,9 @@ def _why_skip(
         return "mirror pod"
     if namespace in config.admission.excluded_namespaces:
         return f"namespace {namespace} is excluded"
-    if _flag(meta, config.names.skip):
-        return f"opted out with {config.names.skip}"
+    skip = label_values.flag(label_values.value(meta, config.names.skip), key=config.names.skip)
+    if skip.value:
+        return f"opted out with {config.names.skip}" + (f" ({skip.problem})" if skip.problem else "")
     if config.names.decision in (meta.get("annotations") or {}):
         return "already mutated (decision record present)"
     return None
@@ -78,7 +71,7 @@ def decide(
         request = gpu.pod_request(pod)
     except gpu.QuantityError as exc:
         return _skip(f"unreadable GPU request: {exc}", f"gpu-steward: {exc}; pod unchanged")
-    gate = gating.decide(pod=pod, names=config.names)
+    gate = gating.decide(pod=pod, names=config.names, pod_groups=cluster.pod_groups)
     if not request.any and not gate.add:
         # Without GPUs only a gang member we gate changes: any other mutation here would reach every pod.
         why = "requests no GPU" if gate.gang is None else f"requests no GPU; {gate.reason}"
@@ -132,9 +125,8 @@ def _apply_tier(
     changes: list[str],
 ) -> str | None:
     choice = tiers.decide(pod=mutated, namespace=ns, namespace_labels=cluster.namespaces.get(ns, {}),
-                          tiers=config.tiers, names=config.names)
-    if choice.warning:
-        warnings.append(choice.warning)
+                          priority_classes=cluster.priority_classes, tiers=config.tiers, names=config.names)
+    warnings.extend(choice.warnings)
     tier = choice.tier.value if choice.tier else None
     if choice.keep_user_class or choice.tier is None:
         notes.append(f"tier {tier or 'none'}: {choice.reason}")
@@ -159,15 +151,11 @@ def _apply_tier(
 
 def _placement_mode(meta: Mapping[str, Any], config: settings.Settings, warnings: list[str]) -> settings.Placement:
     key = config.names.placement
-    raw = (meta.get("labels") or {}).get(key) or (meta.get("annotations") or {}).get(key)
-    if raw is None:
-        return config.admission.default_placement
-    try:
-        return settings.Placement(raw)
-    except ValueError:
-        allowed = ", ".join(p.value for p in settings.Placement)
-        warnings.append(f"{key}={raw!r} is not one of {allowed}; using {config.admission.default_placement.value}")
-        return config.admission.default_placement
+    mode = label_values.choice(label_values.value(meta, key), settings.Placement, key=key,
+                              default=config.admission.default_placement)
+    if mode.problem:
+        warnings.append(mode.problem)
+    return mode.value
 
 
 def _apply_placement(

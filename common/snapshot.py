@@ -120,6 +120,7 @@ class Snapshot:
     namespaces: Mapping[str, Mapping[str, str]]  # name -> labels
     taken_at: float | None  # when the shell last synced it (unix seconds); None: never
     occupancy_observed: bool = False
+    pod_groups: Mapping[str, gangs.PodGroup] = dataclasses.field(default_factory=dict)  # native, by ns/name
     problems: tuple[str, ...] = ()  # objects skipped while building, with why
     # Results derived from this snapshot alone, kept by their users for its lifetime (e.g. node
     # scores per pod size); never part of equality.
@@ -208,6 +209,7 @@ def build(
     names: settings.Names,
     taken_at: float | None,
     previous: Snapshot | None = None,
+    pod_groups: Iterable[Mapping[str, Any]] = (),
 ) -> Snapshot:
     """`previous`: the last snapshot built from the same stores; unchanged objects are reused."""
     problems: list[str] = []
@@ -286,6 +288,7 @@ def build(
         },
         taken_at=taken_at,
         occupancy_observed=occupancy is not None,
+        pod_groups={group.key: group for group in map(gangs.pod_group, pod_groups)},
         problems=tuple(problems),
         parsed=parsed,
     )
@@ -322,7 +325,8 @@ def from_list(document: Mapping[str, Any], *, names: settings.Names, taken_at: f
     """Build from a Kubernetes `List` (kubectl get ... -o json) of nodes, pods, priorityclasses, namespaces."""
     if document.get("kind") not in ("List", "NodeList", "PodList", "PriorityClassList", "NamespaceList"):
         raise ValueError(f"expected a Kubernetes List, got kind={document.get('kind')!r}")
-    buckets: dict[str, list[Mapping[str, Any]]] = {"Node": [], "Pod": [], "PriorityClass": [], "Namespace": []}
+    buckets: dict[str, list[Mapping[str, Any]]] = {
+        "Node": [], "Pod": [], "PriorityClass": [], "Namespace": [], "PodGroup": []}
     list_kind = str(document.get("kind"))
     for item in document.get("items") or []:
         kind = item.get("kind") or list_kind.removesuffix("List")
@@ -333,6 +337,7 @@ def from_list(document: Mapping[str, Any], *, names: settings.Names, taken_at: f
         pods=buckets["Pod"],
         priority_classes=buckets["PriorityClass"],
         namespaces=buckets["Namespace"],
+        pod_groups=buckets["PodGroup"],
         names=names,
         taken_at=taken_at,
     )
