@@ -61,8 +61,10 @@ def decide(
     config: settings.Settings,
     now: float,
 ) -> Outcome:
-    if not isinstance(pod, Mapping) or not isinstance(pod.get("spec"), Mapping):
-        return _skip("request object is not a pod with a spec", "gpu-steward: could not read the pod; unchanged")
+    # kube-apiserver sends decoded Pods; anything else is left alone (a patch into it might not apply).
+    if not isinstance(pod, Mapping) or not all(isinstance(pod.get(k), Mapping) for k in ("metadata", "spec")):
+        return _skip("request object is not a pod with metadata and a spec",
+                     "gpu-steward: could not read the pod; unchanged")
     ns = namespace or (pod.get("metadata") or {}).get("namespace") or "default"
     skip = _why_skip(operation=operation, namespace=ns, pod=pod, config=config)
     if skip:

@@ -122,9 +122,10 @@ def test_unreadable_gpu_quantity_is_left_alone_with_a_warning():
 
 
 def test_object_that_is_not_a_pod_is_left_alone():
-    outcome = mutation.decide(operation="CREATE", namespace="x", pod={"metadata": {}}, cluster=CLUSTER,
-                              config=CONFIG, now=NOW)
-    assert outcome.patch == [] and outcome.skipped == "request object is not a pod with a spec"
+    for pod in ({"metadata": {}}, {"spec": {}}, {"metadata": [], "spec": {}}, {"metadata": "x", "spec": {}}):
+        outcome = mutation.decide(operation="CREATE", namespace="x", pod=pod, cluster=CLUSTER, config=CONFIG,
+                                  now=NOW)
+        assert outcome.patch == [] and outcome.skipped == "request object is not a pod with metadata and a spec"
 
 
 @pytest.mark.parametrize(
