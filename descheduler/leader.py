@@ -81,15 +81,17 @@ class Elector:
         config: settings.Settings,
         registry: prometheus_client.CollectorRegistry | None = None,
         clock: Callable[[], float] | None = None,
+        wall: Callable[[], float] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        """`clock` only ever measures intervals on this replica (monotonic by default); `sleep` waits."""
+        """`clock` measures intervals on this replica (monotonic by default); `wall` gives the times written
+        into the Lease (UTC unix seconds, for people and other tools to read); `sleep` waits."""
         self._api = api
         self._cfg = config.descheduler.leader_election
         self._timeout = min(config.kubernetes.request_timeout_seconds, self._cfg.renew_deadline_seconds)
         self.identity = self._cfg.identity or f"{socket.gethostname()}-{secrets.token_hex(4)}"
         self._clock = clock or asyncio.get_running_loop().time
-        self._wall: Callable[[], float] = clock or (lambda: datetime.datetime.now(datetime.UTC).timestamp())
+        self._wall: Callable[[], float] = wall or (lambda: datetime.datetime.now(datetime.UTC).timestamp())
         self._sleep = sleep
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{self._cfg.lease_namespace}/leases"
         self._observed: Observed | None = None
@@ -151,6 +153,11 @@ class Elector:
             finally:
                 self.leading.set(0)
                 await asyncio.shield(self.release())
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # A cancel (shutdown) that came while the TaskGroup handled LostLeadership is swallowed by it
+                # (Python 3.11): honour it here, or the process would go on electing after SIGTERM.
+                raise asyncio.CancelledError()
 
     async def _renew(self) -> None:
         last = self._clock()
