@@ -222,10 +222,11 @@ def check_defaults(objects: Objects) -> None:
 
     # Least privilege, per component.
     assert _rules(objects, "ClusterRole", f"{PREFIX}-webhook") == [
-        (("",), ("nodes", "pods", "namespaces"), READ), (("scheduling.k8s.io",), ("priorityclasses",), READ)]
+        (("",), ("nodes", "pods", "namespaces"), READ),
+        (("scheduling.k8s.io",), ("priorityclasses", "podgroups"), READ)]
     assert _rules(objects, "ClusterRole", f"{PREFIX}-descheduler") == [
         (("",), ("nodes", "namespaces"), READ), (("",), ("pods",), (*READ, "patch")),
-        (("scheduling.k8s.io",), ("priorityclasses",), READ), (("",), ("pods/eviction",), ("create",)),
+        (("scheduling.k8s.io",), ("priorityclasses", "podgroups"), READ), (("",), ("pods/eviction",), ("create",)),
         (("",), ("events",), ("create",))]
     assert _rules(objects, "Role", f"{PREFIX}-descheduler") == [
         (("coordination.k8s.io",), ("leases",), ("get", "create", "update"))]
