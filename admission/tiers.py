@@ -11,6 +11,9 @@ operator's tier (first matching rule in settings, else the default tier), which 
   denial: the pod gets the operator's tier.
 - A pod that arrives with `preemptionPolicy: Never` keeps it: when the chosen tier's class would
   preempt, the tier is not applied (the pod keeps its class), and the record says so.
+- A pod of a native PodGroup (`spec.schedulingGroup`) keeps its class: kube-scheduler refuses to schedule
+  a PodGroup whose pods' priority differs from the PodGroup's own (seen on 1.37.2: "all pods in a single pod
+  group should have the same priority as the pod group's priority"); the PodGroup's class sets it.
 """
 
 from __future__ import annotations
@@ -87,12 +90,16 @@ def decide(
 ) -> TierDecision:
     spec = pod.get("spec") or {}
     user_class = spec.get("priorityClassName")
+    kept = tiers.tier_of_class(user_class) if isinstance(user_class, str) else None
+    group = (spec.get("schedulingGroup") or {}).get("podGroupName")
+    if group:
+        return TierDecision(kept, True, f"not applied: a pod of PodGroup {group} must keep the PodGroup's priority")
     notes: list[str] = []
     known = priority_classes.get(user_class) if isinstance(user_class, str) else None
     if known is not None and known.global_default:
         notes.append(f"class {user_class} is the cluster's globalDefault: no class chosen")
     elif user_class and not tiers.override_explicit_class:
-        return TierDecision(tiers.tier_of_class(user_class), True, f"kept the pod's priorityClassName {user_class}")
+        return TierDecision(kept, True, f"kept the pod's priorityClassName {user_class}")
 
     tier, why = _operator_tier(pod=pod, namespace=namespace, namespace_labels=namespace_labels, tiers=tiers)
     warnings: list[str] = []
@@ -113,6 +120,5 @@ def decide(
     if spec.get("preemptionPolicy") == NEVER and wanted.preemption_policy != NEVER:
         notes.append(f"tier {tier.value} not applied: the pod's preemptionPolicy {NEVER} is kept "
                      f"(class {wanted.name} preempts)")
-        kept = tiers.tier_of_class(user_class) if isinstance(user_class, str) else None
         return TierDecision(kept, True, "; ".join(notes), tuple(warnings))
     return TierDecision(tier, False, "; ".join(notes), tuple(warnings))

@@ -55,6 +55,21 @@ def create(cluster: localcluster.LocalCluster, pod: dict[str, Any]) -> None:
     cluster.kubectl("create", "-f", "-", input=json.dumps(pod))
 
 
+def why_pending(cluster: localcluster.LocalCluster, namespace: str) -> str:
+    """Each pod's gates, node and conditions, and the namespace's events: what a failed wait shows."""
+    pods = {n: (kube.gates(p), p["spec"].get("nodeName"), (p.get("status") or {}).get("conditions"))
+            for n, p in kube.pods(cluster, namespace).items()}
+    events = [(e["involvedObject"]["name"], e["reason"], e["message"]) for e in kube.events(cluster, namespace)]
+    return json.dumps({"pods": pods, "events": events}, indent=1)
+
+
+def poll_explained(cluster: localcluster.LocalCluster, namespace: str, what: str, check: Any) -> None:
+    try:
+        kube.poll(what, check)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{why_pending(cluster, namespace)}") from None
+
+
 def test_the_api_serves_pod_groups(control_plane: localcluster.LocalCluster) -> None:
     served = control_plane.kubectl("api-resources", "--api-group=scheduling.k8s.io", "-o", "name").stdout.split()
     assert "podgroups.scheduling.k8s.io" in served, served
@@ -84,7 +99,7 @@ def test_a_native_gang_gets_no_gate_of_ours_and_is_scheduled_by_kube_scheduler(
         nodes = {n: pods[n]["spec"].get("nodeName") for n in ("native-0", "native-1") if n in pods}
         return {k: str(v) for k, v in nodes.items()} if len(nodes) == 2 and all(nodes.values()) else None
 
-    kube.poll("both members of the native gang bound", both_bound)
+    poll_explained(cluster, namespace, "both members of the native gang bound", both_bound)
     for pod in kube.pods(cluster, namespace).values():
         assert NAMES.gate not in kube.gates(pod)
         record = pod["metadata"]["annotations"][NAMES.decision]
@@ -117,5 +132,5 @@ def test_a_pod_group_without_gang_policy_is_handled_as_today(
         return all(n in pods and not kube.gates(pods[n]) and pods[n]["spec"].get("nodeName")
                    for n in ("ours-0", "ours-1"))
 
-    kube.poll("our gang released by the descheduler and bound", released_and_bound)
+    poll_explained(cluster, namespace, "our gang released by the descheduler and bound", released_and_bound)
     assert len(kube.events(cluster, namespace, reason="GangReleased")) == 2

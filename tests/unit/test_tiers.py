@@ -91,6 +91,10 @@ AS_DEFAULTED_NEVER = {**AS_DEFAULTED, "preemptionPolicy": "Never"}
                      ("gpu-steward-normal", 10_000, "PreemptLowerPriority"), "tier normal: default tier",
                      (f"gpu-steward: label {TIER}=critical refused: namespace shop may not claim it "
                       "(tiers.label_claims); tier normal (default tier)",), id="normal-claim-not-critical"),
+        pytest.param(pod(schedulingGroup={"podGroupName": "pg"}, labels={TIER: "scavenger"}), cluster(),
+                     settings.Tiers(override_explicit_class=True), (None, None, None),
+                     "tier none: not applied: a pod of PodGroup pg must keep the PodGroup's priority", (),
+                     id="native-pod-group-member-keeps-its-priority"),
         pytest.param(pod("serving", labels={TIER: "scavenger"}), cluster(), settings.Tiers(),
                      ("gpu-steward-scavenger", 100, "Never"),
                      f"tier scavenger: label {TIER}=scavenger (not above the operator's tier)", (),
