@@ -449,3 +449,10 @@ def test_bad_values_fail_the_render(values: dict[str, Any], message: str) -> Non
     with pytest.raises(helm.HelmError) as caught:
         helm.template(values)
     assert message in str(caught.value)
+
+
+def test_kubernetes_below_the_floor_is_refused() -> None:
+    """Chart.yaml's kubeVersion (>= 1.30: matchConditions GA) stops a render for an older cluster."""
+    with pytest.raises(helm.HelmError) as caught:
+        helm.template({}, release=RELEASE, namespace=NAMESPACE, kube_version="1.29.9")
+    assert "kubeVersion" in str(caught.value) or "incompatible" in str(caught.value), caught.value
