@@ -10,6 +10,8 @@ to both. Pure: no I/O.
 - `count`: a positive integer in plain ASCII decimal, no sign, no leading zero, no blanks, no `_`, at
   most 2^31-1 (Kubernetes counts are int32). Python's `int()` would take `" 4"`, `"+4"`, `"1_000"`
   and non-ASCII digits; a gang size read more generously than the user wrote it gates pods forever.
+- `integer`: the same spelling with an optional `-` (e.g. a PriorityClass's `toleration-seconds`), within
+  int64.
 - `choice`: one of an enum's values, exactly.
 """
 
@@ -24,7 +26,9 @@ from typing import Any, Generic, TypeVar
 ON = frozenset({"", "true", "yes", "on", "1"})
 OFF = frozenset({"false", "no", "off", "0"})
 MAX_COUNT = 2**31 - 1
+INT64 = range(-(2**63), 2**63)
 _DECIMAL = re.compile(r"[1-9][0-9]*")
+_SIGNED = re.compile(r"-?(0|[1-9][0-9]*)")
 
 T = TypeVar("T")
 E = TypeVar("E", bound=enum.Enum)
@@ -60,6 +64,14 @@ def count(raw: str | None, *, key: str) -> Parsed[int | None]:
         return Parsed(None, f"{key} is missing")
     if not _DECIMAL.fullmatch(raw) or len(raw) > len(str(MAX_COUNT)) or int(raw) > MAX_COUNT:
         return Parsed(None, f"{key}={raw!r} is not a positive integer")
+    return Parsed(int(raw))
+
+
+def integer(raw: str | None, *, key: str) -> Parsed[int | None]:
+    if raw is None:
+        return Parsed(None)
+    if not _SIGNED.fullmatch(raw) or len(raw) > 20 or int(raw) not in INT64:
+        return Parsed(None, f"{key}={raw!r} is not an integer")
     return Parsed(int(raw))
 
 

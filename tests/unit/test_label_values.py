@@ -53,6 +53,21 @@ def test_count(raw: str | None, value: int | None, problem: str | None) -> None:
 
 
 @pytest.mark.parametrize(
+    ("raw", "value"),
+    [
+        pytest.param(None, None, id="absent"),
+        *(pytest.param(raw, value, id=raw) for raw, value in (("0", 0), ("-1", -1), ("3600", 3600),
+                                                              ("-9223372036854775808", -(2**63)))),
+        *(pytest.param(raw, f"{KEY}={raw!r} is not an integer", id=f"bad-{raw}") for raw in (
+            "+1", " 1", "1_000", "1.0", "-0x1", "--1", "01", "", "9223372036854775808", "\u0661")),
+    ],
+)
+def test_integer(raw: str | None, value: int | str | None) -> None:
+    expected = label_values.Parsed(None, value) if isinstance(value, str) else label_values.Parsed(value)
+    assert label_values.integer(raw, key=KEY) == expected
+
+
+@pytest.mark.parametrize(
     ("raw", "expected"),
     [
         pytest.param(None, label_values.Parsed(settings.Placement.STRICT), id="absent-default"),
