@@ -1,6 +1,6 @@
 """An immutable picture of the cluster that every decision reads: GPU nodes, GPU pods, PriorityClasses,
-namespaces, and which GPU indices each pod holds. Pods that request no GPU are left out unless the gang
-controller needs them (`gangs.involved`: e.g. an MPI launcher counted in its gang's size): a gang is
+namespaces, native PodGroups, and which GPU indices each pod holds. Pods that request no GPU are left out
+unless the gang controller needs them (`gangs.involved`: e.g. an MPI launcher counted in its gang's size): a gang is
 complete, released and reclaimed with all of its members.
 
 `build()` is pure: the shell (`common.feeder`) gathers raw API objects and DCGM occupancy and calls it;
@@ -322,7 +322,8 @@ def _assign_indices(
 
 
 def from_list(document: Mapping[str, Any], *, names: settings.Names, taken_at: float | None) -> Snapshot:
-    """Build from a Kubernetes `List` (kubectl get ... -o json) of nodes, pods, priorityclasses, namespaces."""
+    """Build from a Kubernetes `List` (kubectl get ... -o json) of nodes, pods, priorityclasses, namespaces
+    (and podgroups, if listed)."""
     if document.get("kind") not in ("List", "NodeList", "PodList", "PriorityClassList", "NamespaceList"):
         raise ValueError(f"expected a Kubernetes List, got kind={document.get('kind')!r}")
     buckets: dict[str, list[Mapping[str, Any]]] = {

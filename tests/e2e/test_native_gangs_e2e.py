@@ -106,6 +106,25 @@ def test_a_native_gang_gets_no_gate_of_ours_and_is_scheduled_by_kube_scheduler(
         assert f"gate {NAMES.gate} not added: gang {namespace}/native: PodGroup native has a gang policy" in record
 
 
+def test_kube_scheduler_refuses_a_pod_group_whose_pods_have_another_priority(
+    gpu_cluster: conftest.GpuCluster, webhook: conftest.WebhookServer, namespace: str
+) -> None:
+    """Why the webhook gives no tier to a pod of a PodGroup: kube-scheduler 1.37 will not schedule it when its
+    priority differs from the PodGroup's (here the pod names the normal tier's class itself; the PodGroup none)."""
+    cluster = gpu_cluster.cluster
+    cluster.apply([pod_group("mixed", namespace, {"basic": {}})])
+    pod = member("mixed-0", namespace, "mixed")
+    pod["spec"]["priorityClassName"] = webhook.settings.tiers.normal.name
+    create(cluster, pod)
+
+    def refused() -> bool:
+        return any("should have the same priority as the pod group's priority" in e["message"]
+                   for e in kube.events_about(cluster, namespace, "mixed-0", reason="FailedScheduling"))
+
+    poll_explained(cluster, namespace, "FailedScheduling for a priority unlike the PodGroup's", refused)
+    assert not kube.pods(cluster, namespace)["mixed-0"]["spec"].get("nodeName")
+
+
 def test_a_pod_group_without_gang_policy_is_handled_as_today(
     gpu_cluster: conftest.GpuCluster,
     webhook: conftest.WebhookServer,

@@ -85,6 +85,17 @@ def test_a_non_preempting_pod_keeps_its_policy(
     assert triple(stored) == (DEFAULT_CLASS, 1000, "Never")
 
 
+def test_the_priority_plugin_refuses_never_on_a_pod_whose_class_preempts(
+    control_plane: localcluster.LocalCluster, plain_namespace: str
+) -> None:
+    """Why a pod reaching our webhook with `preemptionPolicy: Never` got it from its class (or the globalDefault):
+    without our webhook, a pod asking for Never under no class is refused by the API server itself."""
+    pod = kube.pod("never", namespace=plain_namespace, preemption_policy="Never")
+    done = control_plane.kubectl("create", "-f", "-", input=json.dumps(pod), check=False)
+    assert done.returncode != 0
+    assert "the string value of PreemptionPolicy (Never) must not be provided in pod spec" in done.stderr, done.stderr
+
+
 def test_critical_by_label_only_where_the_operator_allows_it(
     gpu_cluster: conftest.GpuCluster, webhook: conftest.WebhookServer, namespace: str
 ) -> None:
