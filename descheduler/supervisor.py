@@ -5,8 +5,8 @@ reclaim, nor the other way round.
     await supervisor.keep_running("gangs", lambda: gang_controller.run(...), failures=failures, cfg=cfg)
 
 Each failure is logged with its traceback, counted in `gpu_steward_descheduler_loop_failures_total{loop}`,
-and the loop is started again after a doubling, jittered wait (`descheduler.loop_restart_*`). A wait is
-reset once a run lasted longer than the longest wait. Cancellation (leadership lost, shutdown) ends it.
+and the loop is started again after a doubling, jittered wait (`descheduler.loop_restart_*`). The wait
+starts over once a run lasted longer than the longest wait. Cancellation (leadership lost, shutdown) ends it.
 A loop that returns (e.g. disabled in settings) is not restarted.
 """
 
@@ -53,8 +53,8 @@ async def keep_running(
             return
         except Exception as exc:  # anything but cancellation: this loop's bug must not end the other loop
             failures.counter.labels(name).inc()
-            streak = 0 if clock() - started > cfg.loop_restart_max_seconds else streak + 1
-            ceiling = min(cfg.loop_restart_max_seconds, cfg.loop_restart_initial_seconds * 2 ** min(streak, 30))
+            streak = 1 if clock() - started > cfg.loop_restart_max_seconds else streak + 1
+            ceiling = min(cfg.loop_restart_max_seconds, cfg.loop_restart_initial_seconds * 2 ** min(streak - 1, 30))
             delay = random.uniform(ceiling / 2, ceiling)
             logger.error("descheduler loop %s failed (%s: %s); restarting in %.1fs", name, type(exc).__name__, exc,
                          delay, exc_info=exc)
