@@ -7,7 +7,9 @@
 server nothing can be evicted, so it always runs as a dry-run. `--once` runs one cycle and prints its
 plan (`--output json`: `{"evictions": [...], "spared": [...]}`); otherwise, while this replica holds
 the leader Lease, the gang controller releases complete gangs (on every pod change and every
-`descheduler.gangs.resync_seconds`) and reclaim cycles run every `descheduler.reclaim.interval_seconds`.
+`descheduler.gangs.resync_seconds`) and reclaim cycles run every `descheduler.reclaim.interval_seconds`;
+an unexpected error in one of the two loops is logged and counted, and that loop alone is restarted after a
+backoff (`descheduler.loop_restart_*`).
 
 `--metrics-port` serves `/metrics`, `/healthz` and `/readyz` (plain HTTP) from the same asyncio loop
 as the work (`descheduler.health`), from before the initial sync until the process stops.
