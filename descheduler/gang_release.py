@@ -237,7 +237,7 @@ def _group(
     for pod in sorted(cluster.pods.values(), key=lambda p: p.key):
         if not _present(pod):
             continue
-        gang = gangs.identify(pod.raw, names=names)
+        gang = gangs.identify(pod.raw, names=names, pod_groups=cluster.pod_groups)
         gated = gate in pod.scheduling_gates
         if gang is None:
             if gated and pod.request.any:

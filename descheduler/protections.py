@@ -9,12 +9,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from common import settings, snapshot, topology
+from common import label_values, settings, snapshot, topology
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 PREFER_NO_EVICTION = "descheduler.alpha.kubernetes.io/prefer-no-eviction"
 SYSTEM_CRITICAL = re.compile(r"^system-.*-critical$")
-FALSE_VALUES = frozenset({"false", "0", "no", "off"})
 
 Protection = Callable[[snapshot.Pod, "snapshot.Node | None", settings.Names], "str | None"]
 
@@ -42,8 +41,8 @@ def system_critical(pod: snapshot.Pod, node: snapshot.Node | None, names: settin
 
 def opted_out(pod: snapshot.Pod, node: snapshot.Node | None, names: settings.Names) -> str | None:
     for key in (names.skip, PREFER_NO_EVICTION):
-        value = pod.annotations.get(key, pod.labels.get(key))
-        if value is not None and value.strip().lower() not in FALSE_VALUES:
+        value = label_values.value({"labels": pod.labels, "annotations": pod.annotations}, key)
+        if label_values.flag(value, key=key).value:
             return f"opted out by {key}={value!r}"
     return None
 

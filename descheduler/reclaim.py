@@ -492,7 +492,7 @@ def _units(
     singles: list[_Unit] = []
     gang_members: dict[str, list[snapshot.Pod]] = collections.defaultdict(list)
     for pod in sorted(cluster.pods.values(), key=lambda p: p.key):
-        gang = gangs.identify(pod.raw, names=names) if pod.bound else None
+        gang = gangs.identify(pod.raw, names=names, pod_groups=cluster.pod_groups) if pod.bound else None
         if gang is not None:
             gang_members[gang.key].append(pod)
         elif pod.key in candidates:
