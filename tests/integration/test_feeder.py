@@ -441,7 +441,7 @@ async def test_controller_lease_is_seen_renewed_when_a_change_is_observed_on_our
 
 async def test_the_lease_is_not_watched_unless_asked(fake_api: FakeApi, running: Running) -> None:
     seed(fake_api)
-    await running.until(lambda: fake_api.open_watches() == 4, "watching the four kinds")
+    await running.until(lambda: fake_api.open_watches() == len(feeder.KINDS), "watching every kind")
     assert fake_api.lists("leases") == 0 and running.feeder.controller_seen_at is None
 
 
