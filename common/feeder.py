@@ -278,6 +278,7 @@ class Feeder:
             self._stores[kind.name] = {}
             self._listed.add(kind.name)
             self._dirty = True
+        self._contact[kind.name] = self._clock()  # in contact now, not only after the wait: it blinds no snapshot
         self._streaming.add(kind.name)
         try:
             await asyncio.sleep(self._config.kubernetes.backoff_max_seconds)
