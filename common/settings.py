@@ -264,10 +264,12 @@ class Admission(Model):
         "controller. Gang members are gated for their gang either way.",
     )
     release_min_gpus: int = pydantic.Field(
-        default=1,
+        default=2,
         ge=1,
         description="Fewest whole GPUs (nvidia.com/gpu) a pod requests for its placement to be governed at "
-        "release; smaller pods and MIG-only pods get preferred terms only.",
+        "release; smaller pods and MIG-only pods get preferred terms only. 2 by default: a 1-GPU pod always fits "
+        "one NVLink domain, and on the openb trace placing it at release cost more pods never scheduled (their "
+        "create-to-bound wait grows) than its packing gained (benchmarks/RESULTS.md).",
     )
     controller_stale_seconds: Seconds = pydantic.Field(
         default=30,

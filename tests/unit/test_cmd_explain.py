@@ -53,15 +53,16 @@ def test_explain_shows_where_release_would_place_the_pod_now(
         builders.gpu_node("small", gpus=2), builders.gpu_node("big", gpus=8, domains=[range(4), range(4, 8)]),
         builders.gpu_node("theirs", gpus=8, mutate=lambda n: n["spec"].update(taints=taint)),
         builders.pod("one", gpus=1, node="small", phase="Running"), *builders.tier_classes()]}
-    state, pod = tmp_path / "state.json", tmp_path / "pod.json"
+    state, pod, config = tmp_path / "state.json", tmp_path / "pod.json", tmp_path / "config.yaml"
     state.write_text(json.dumps(document))
     pod.write_text(json.dumps(builders.pod("new", gpus=1)))
+    config.write_text("admission:\n  release_min_gpus: 1\n")  # 1-GPU pods are not governed by default
 
-    assert cli.main(["explain", str(pod), "--cluster", str(state), "--output", "json"]) == 0
+    assert cli.main(["explain", str(pod), "--cluster", str(state), "--config", str(config), "--output", "json"]) == 0
     where = json.loads(capsys.readouterr().out)["release_placement"]
     assert [(w["node"], w["fits"]) for w in where] == [("small", True), ("big", True), ("theirs", False)]
     assert where[0]["why"].startswith("NVLink score 250 ")
     assert where[1]["why"].startswith("NVLink score 40 ")
     assert where[2]["why"] == "taint team=a:NoSchedule not tolerated"
-    assert cli.main(["explain", str(pod), "--cluster", str(state)]) == 0
+    assert cli.main(["explain", str(pod), "--cluster", str(state), "--config", str(config)]) == 0
     assert "at release now: small (NVLink score 250 " in capsys.readouterr().out

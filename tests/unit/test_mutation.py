@@ -14,6 +14,7 @@ from common import settings, snapshot
 from tests import builders
 
 CONFIG = settings.Settings()
+ONE_GPU_GOVERNED = settings.Settings(admission=settings.Admission(release_min_gpus=1))  # default 2
 NOW = 1_000.0
 DECISION = "gpu-steward.io/decision"
 
@@ -57,7 +58,7 @@ def prefer(node: str, weight: int) -> dict:
 
 def test_gpu_pod_is_gated_for_release_while_the_controller_lives_as_a_whole():
     pod = builders.pod("train", namespace="default", gpus=1)
-    outcome, result = admit(pod, controller=ALIVE)
+    outcome, result = admit(pod, controller=ALIVE, config=ONE_GPU_GOVERNED)
 
     expected = copy.deepcopy(pod)
     expected["spec"].update(priorityClassName="gpu-steward-normal", priority=10_000,
@@ -75,7 +76,7 @@ def test_gpu_pod_is_gated_for_release_while_the_controller_lives_as_a_whole():
 
 def test_gpu_pod_gets_preferred_terms_only_when_the_controller_is_down_as_a_whole():
     pod = builders.pod("train", namespace="default", gpus=1)
-    outcome, result = admit(pod)
+    outcome, result = admit(pod, config=ONE_GPU_GOVERNED)
 
     expected = copy.deepcopy(pod)
     expected["spec"].update(
@@ -337,7 +338,7 @@ def test_mig_only_pod_gets_no_nvlink_affinity():
     ],
 )
 def test_gang_gate(labels, annotations, spec, gated, reason, warning):
-    pod = builders.pod("w-0", gpus=1, labels=labels, annotations=annotations,
+    pod = builders.pod("w-0", gpus=2, labels=labels, annotations=annotations,
                        mutate=lambda p: p["spec"].update(spec))
     outcome, result = admit(pod, controller=ALIVE)
     gates = [g["name"] for g in result["spec"].get("schedulingGates", [])]
@@ -366,18 +367,20 @@ def with_spec(**fields: Any) -> Callable[[dict], None]:
         pytest.param(builders.pod("p", gpus=2), CONFIG, ALIVE, True, gating.Release.GATED,
                      "placed at release (Lease gpu-steward/gpu-steward-descheduler renewed 1s ago)",
                      id="strict-2-gpus"),
-        pytest.param(builders.pod("p", gpus=1, labels={PLACE: "prefer"}), CONFIG, ALIVE, False, None,
+        pytest.param(builders.pod("p", gpus=2, labels={PLACE: "prefer"}), CONFIG, ALIVE, False, None,
                      "placement prefer: never gated", id="prefer-never-gated"),
-        pytest.param(builders.pod("p", gpus=1, annotations={PLACE: "off"}), CONFIG, ALIVE, False, None,
+        pytest.param(builders.pod("p", gpus=2, annotations={PLACE: "off"}), CONFIG, ALIVE, False, None,
                      "placement off: never gated", id="off-never-gated"),
-        pytest.param(builders.pod("p", gpus=1),
+        pytest.param(builders.pod("p", gpus=2),
                      settings.Settings(admission=settings.Admission(default_placement=settings.Placement.PREFER)),
                      ALIVE, False, None, "placement prefer: never gated", id="default-placement-prefer"),
         pytest.param(builders.pod("p", mig={"3g.40gb": 1}), CONFIG, ALIVE, False, None,
                      "no whole GPUs: not placed at release", id="mig-only-not-governed"),
-        pytest.param(builders.pod("p", gpus=1), settings.Settings(admission=settings.Admission(release_min_gpus=2)),
-                     ALIVE, False, None, "1 GPUs, under admission.release_min_gpus=2: not placed at release",
-                     id="under-release-min-gpus"),
+        pytest.param(builders.pod("p", gpus=1), CONFIG, ALIVE, False, None,
+                     "1 GPUs, under admission.release_min_gpus=2: not placed at release",
+                     id="one-gpu-under-the-default-release-min-gpus"),
+        pytest.param(builders.pod("p", gpus=1), settings.Settings(admission=settings.Admission(release_min_gpus=1)),
+                     ALIVE, True, gating.Release.GATED, "placed at release", id="one-gpu-governed-when-set"),
         pytest.param(builders.pod("p", gpus=2), settings.Settings(admission=settings.Admission(release_min_gpus=2)),
                      ALIVE, True, gating.Release.GATED, "placed at release", id="at-release-min-gpus"),
         pytest.param(builders.pod("p", gpus=8), settings.Settings(admission=settings.Admission(release_enabled=False)),
@@ -387,37 +390,37 @@ def with_spec(**fields: Any) -> Callable[[dict], None]:
                          gangs=settings.Gangs(enabled=False))),
                      ALIVE, False, None, "placement at release is off (descheduler.gangs.enabled)",
                      id="release-loop-off"),
-        pytest.param(builders.pod("p", gpus=1, mutate=with_spec(schedulerName="volcano")), CONFIG, ALIVE, False,
+        pytest.param(builders.pod("p", gpus=2, mutate=with_spec(schedulerName="volcano")), CONFIG, ALIVE, False,
                      None, "scheduler volcano places it: not placed at release", id="another-scheduler"),
-        pytest.param(builders.pod("p", gpus=1, mutate=lambda p: p["metadata"].update(
+        pytest.param(builders.pod("p", gpus=2, mutate=lambda p: p["metadata"].update(
                          ownerReferences=[{"kind": "DaemonSet", "name": "ds", "controller": True}])),
                      CONFIG, ALIVE, False, None, "a DaemonSet pod, bound to its node by its controller",
                      id="daemonset"),
-        pytest.param(builders.pod("p", gpus=1, mutate=with_spec(schedulingGates=[{"name": KUEUE_GATE}])),
+        pytest.param(builders.pod("p", gpus=2, mutate=with_spec(schedulingGates=[{"name": KUEUE_GATE}])),
                      CONFIG, ALIVE, False, None, "held by kueue.x-k8s.io/admission: another controller decides when "
                      "it starts; not placed at release", id="another-controllers-gate"),
-        pytest.param(builders.pod("p", gpus=1, labels={"gpu-steward.io/gang-name": "solo",
+        pytest.param(builders.pod("p", gpus=2, labels={"gpu-steward.io/gang-name": "solo",
                                                        "gpu-steward.io/gang-size": "1"}),
                      CONFIG, ALIVE, True, gating.Release.GATED, "gang default/solo of 1: placed at release",
                      id="gang-of-one-is-a-single-pod"),
-        pytest.param(builders.pod("p", gpus=1, labels=GANG_OF_4), CONFIG, None, True, None,
+        pytest.param(builders.pod("p", gpus=2, labels=GANG_OF_4), CONFIG, None, True, None,
                      "gang default/g of 4 (gpu-steward)", id="gang-member-keeps-its-gang-gate"),
         # spec.nodeName: the API server refuses gates on it, and it is never scheduled
-        pytest.param(builders.pod("p", gpus=1, mutate=with_spec(nodeName="dgx-1")), CONFIG, ALIVE, False, None,
+        pytest.param(builders.pod("p", gpus=2, mutate=with_spec(nodeName="dgx-1")), CONFIG, ALIVE, False, None,
                      "spec.nodeName dgx-1: bound at creation, never gated", id="node-name"),
-        pytest.param(builders.pod("p", gpus=1, labels=GANG_OF_4, mutate=with_spec(nodeName="dgx-1")), CONFIG, ALIVE,
+        pytest.param(builders.pod("p", gpus=2, labels=GANG_OF_4, mutate=with_spec(nodeName="dgx-1")), CONFIG, ALIVE,
                      False, None, "spec.nodeName dgx-1: bound at creation, never gated", id="gang-member-node-name"),
         # controller liveness: seen renewed within admission.controller_stale_seconds, on our clock
-        pytest.param(builders.pod("p", gpus=1), CONFIG, None, False, gating.Release.CONTROLLER_DOWN,
+        pytest.param(builders.pod("p", gpus=2), CONFIG, None, False, gating.Release.CONTROLLER_DOWN,
                      "controller down (Lease gpu-steward/gpu-steward-descheduler not seen held and renewed)",
                      id="controller-never-seen"),
-        pytest.param(builders.pod("p", gpus=1), CONFIG, NOW - 30, True, gating.Release.GATED,
+        pytest.param(builders.pod("p", gpus=2), CONFIG, NOW - 30, True, gating.Release.GATED,
                      "placed at release (Lease gpu-steward/gpu-steward-descheduler renewed 30s ago)",
                      id="controller-seen-at-the-limit"),
-        pytest.param(builders.pod("p", gpus=1), CONFIG, NOW - 30.5, False, gating.Release.CONTROLLER_DOWN,
+        pytest.param(builders.pod("p", gpus=2), CONFIG, NOW - 30.5, False, gating.Release.CONTROLLER_DOWN,
                      "controller down (Lease gpu-steward/gpu-steward-descheduler last seen renewed 30s ago "
                      "(over 30s))", id="controller-stale"),
-        pytest.param(builders.pod("p", gpus=1), stale_after(120), NOW - 100, True, gating.Release.GATED,
+        pytest.param(builders.pod("p", gpus=2), stale_after(120), NOW - 100, True, gating.Release.GATED,
                      "renewed 100s ago", id="stale-after-is-a-setting"),
     ],
 )
