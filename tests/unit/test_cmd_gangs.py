@@ -47,3 +47,23 @@ def test_json_lists_the_member_without_gpus(tmp_path: pathlib.Path, capsys: pyte
     assert (gang["gang"], gang["state"], gang["size"]) == ("team/j", "release", 3)
     assert members[0] == {"pod": "team/j-launcher", "gpus": "no GPU", "gated": True, "node": None}
     assert [m["node"] for m in members[1:]] == ["big", "big"]
+
+
+def test_a_gated_single_pod_is_shown_as_a_gang_of_one(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pod the webhook gated for placement at release (no gang labels) waits in the same queue."""
+    document = {"kind": "List", "items": [
+        builders.gpu_node("big", gpus=8, domains=[range(4), range(4, 8)]),
+        builders.pod("solo", namespace="team", gpus=4, mutate=lambda p: p["spec"].update(GATED)),
+        builders.pod("huge", namespace="team", gpus=16, mutate=lambda p: p["spec"].update(GATED))]}
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(document))
+    assert cli.main(["gangs", "--cluster", str(path), "--output", "json"]) == 0
+    shown = {g["gang"]: g for g in json.loads(capsys.readouterr().out)["gangs"]}
+    assert (shown["team/solo"]["kind"], shown["team/solo"]["state"]) == ("pod", "release")
+    assert shown["team/solo"]["why"].startswith("placed on big: NVLink score ")
+    assert (shown["team/huge"]["kind"], shown["team/huge"]["state"], shown["team/huge"]["waiting_for"]) == (
+        "pod", "wait", "capacity")
+    assert cli.main(["gangs", "--cluster", str(path)]) == 0
+    assert "pod (placed at release) team/solo  members 1/1" in capsys.readouterr().out
