@@ -63,7 +63,9 @@ def test_a_gated_single_pod_is_shown_as_a_gang_of_one(
     shown = {g["gang"]: g for g in json.loads(capsys.readouterr().out)["gangs"]}
     assert (shown["team/solo"]["kind"], shown["team/solo"]["state"]) == ("pod", "release")
     assert shown["team/solo"]["why"].startswith("placed on big: NVLink score ")
-    assert (shown["team/huge"]["kind"], shown["team/huge"]["state"], shown["team/huge"]["waiting_for"]) == (
-        "pod", "wait", "capacity")
+    # Created long before now and no node can ever hold it: past its max wait it goes unpinned, with a warning.
+    assert (shown["team/huge"]["kind"], shown["team/huge"]["state"], shown["team/huge"]["event"]) == (
+        "pod", "release-alone", {"type": "Warning", "reason": "ReleasedUnplaced"})
+    assert shown["team/huge"]["why"].startswith("not placed within 300s (complete; team/huge can run on no node")
     assert cli.main(["gangs", "--cluster", str(path)]) == 0
     assert "pod (placed at release) team/solo  members 1/1" in capsys.readouterr().out
