@@ -165,3 +165,29 @@ def test_gang_that_cannot_fit_stays_fully_gated_until_it_can_then_all_of_it_bind
     assert domains_spanned(cluster, namespace) == dict.fromkeys(nodes, 1)
     listed = [e["involvedObject"]["name"] for e in kube.events(cluster, namespace, reason="GangReleased")]
     assert sorted(listed) == sorted(nodes)
+
+
+def test_pods_gated_while_no_controller_runs_are_placed_when_one_starts(
+    gpu_cluster: conftest.GpuCluster,
+    plain_namespace: str,
+    descheduler_factory: conftest.StartDescheduler,
+) -> None:
+    """Nothing the release needs lives in a process: a single pod and a gang gated while no descheduler runs
+    (a crash, a restart) wait, and are placed and bound as soon as one leads."""
+    cluster, ns = gpu_cluster.cluster, plain_namespace
+    kube.wait_gpus_free(cluster)
+    solo = kube.pod("solo", namespace=ns, gpus=2, gates=[NAMES.gate])
+    cluster.kubectl("create", "-f", "-", input=json.dumps(solo))
+    labels = {NAMES.gang_name: "pair", NAMES.gang_size: "2"}
+    for i in range(2):
+        cluster.kubectl("create", "-f", "-", input=json.dumps(
+            kube.pod(f"pair-{i}", namespace=ns, gpus=4, labels=labels, gates=[NAMES.gate])))
+    hold_gated(cluster, ns, "pair", count=2)
+    assert NAMES.gate in kube.gates(kube.pods(cluster, ns)["solo"])
+
+    descheduler_factory(GANG_ONLY)
+
+    bound_together(cluster, ns, "pair", size=2)
+    placed = kube.poll("solo bound", lambda: (p := kube.pods(cluster, ns)["solo"])["spec"].get("nodeName") and p)
+    assert pinned_node(placed) == [placed["spec"]["nodeName"]], "bound where the release pinned it"
+    assert placed["metadata"]["annotations"][NAMES.release].startswith(f"placed on {placed['spec']['nodeName']}: ")
