@@ -42,11 +42,13 @@ from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Any
 
 from common import fit, gangs, gpu, placement, settings, snapshot, timestamps
-from descheduler import cooldowns, policy, protections, utilisation
+from descheduler import cooldowns, limits, policy, protections, unschedulable, utilisation
 
 NEVER = "Never"
 MAX_REASONS = 3  # why a demand cannot be served: the first few nodes' reasons
 GANG = "gang:"  # prefix of gang keys, so that a gang never collides with a pod of the same name
+NATIVE_GANG = "kubernetes-podgroup"  # `gangs.identify`'s convention for `spec.schedulingGroup.podGroupName`
+SINGLE, ALL = "single", "all"  # a native PodGroup's `spec.disruptionMode` (scheduling.k8s.io/v1beta1)
 
 
 # --- Demand: what pending work needs --------------------------------------------------------------
@@ -69,27 +71,42 @@ class Demand:
     preemption_policy: str
     created: str  # RFC 3339: older first among equal priorities
     gang: str | None = None
+    ignored: str | None = None  # why it is no reclaim demand after all (recorded, never served)
 
 
-def _unschedulable(pod: snapshot.Pod) -> bool:
+def _unschedulable(pod: snapshot.Pod) -> Mapping[str, Any] | None:
+    """The pod's PodScheduled=False condition if its reason is Unschedulable."""
     for condition in (pod.raw.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
-            return bool(condition.get("reason") == "Unschedulable")
-    return False
+            return condition if condition.get("reason") == "Unschedulable" else None
+    return None
+
+
+def _ignored(pod: snapshot.Pod, condition: Mapping[str, Any]) -> str | None:
+    nominated = (pod.raw.get("status") or {}).get("nominatedNodeName")
+    if nominated:
+        return f"kube-scheduler already preempted for it on {nominated} (status.nominatedNodeName)"
+    if pod.scheduler_name != gangs.DEFAULT_SCHEDULER:
+        return None  # another scheduler's message says nothing we can read
+    return unschedulable.why_not_a_demand(condition.get("message"))
 
 
 def demands_from_snapshot(cluster: snapshot.Snapshot) -> list[Demand]:
     """Pending GPU pods the scheduler found no room for (PodScheduled=False, Unschedulable), each alone.
+    Those it already preempted for (`status.nominatedNodeName`), or whose kube-scheduler message names
+    more than a GPU shortage (`descheduler.unschedulable`), come with the reason they are `ignored`.
 
     Gated gangs are not here: the gang controller knows when one is complete and waits only for GPUs
     and feeds it through `gang_demand()`.
     """
-    return [
-        _demand(pod.key, [pod], gang=None)
-        for pod in cluster.pods.values()
-        if not pod.node_name and not pod.deleting and pod.phase == "Pending" and pod.request.any
-        and not pod.scheduling_gates and _unschedulable(pod)
-    ]
+    out = []
+    for pod in cluster.pods.values():
+        if pod.node_name or pod.deleting or pod.phase != "Pending" or not pod.request.any or pod.scheduling_gates:
+            continue
+        condition = _unschedulable(pod)
+        if condition is not None:
+            out.append(_demand(pod.key, [pod], gang=None, ignored=_ignored(pod, condition)))
+    return out
 
 
 def gang_demand(gang: str, members: Sequence[snapshot.Pod]) -> Demand:
@@ -98,7 +115,7 @@ def gang_demand(gang: str, members: Sequence[snapshot.Pod]) -> Demand:
     return _demand(f"{GANG}{gang}", members, gang=gang)
 
 
-def _demand(key: str, pods: Sequence[snapshot.Pod], *, gang: str | None) -> Demand:
+def _demand(key: str, pods: Sequence[snapshot.Pod], *, gang: str | None, ignored: str | None = None) -> Demand:
     return Demand(
         key=key,
         members=tuple(Member(p.key, p.request, p.raw.get("spec") or {}) for p in pods),
@@ -106,6 +123,7 @@ def _demand(key: str, pods: Sequence[snapshot.Pod], *, gang: str | None) -> Dema
         preemption_policy=NEVER if any(p.preemption_policy == NEVER for p in pods) else "PreemptLowerPriority",
         created=min(p.created for p in pods),
         gang=gang,
+        ignored=ignored,
     )
 
 
@@ -166,43 +184,6 @@ class Plan:
         }
 
 
-# --- Limits ---------------------------------------------------------------------------------------
-
-
-class Budget:
-    """Eviction limits of one cycle; shared by the planner and the evictor (which re-checks before
-    each API call)."""
-
-    def __init__(self, limits: settings.EvictionLimits) -> None:
-        self._limits = limits
-        self._total = 0
-        self._node: collections.Counter[str] = collections.Counter()
-        self._namespace: collections.Counter[str] = collections.Counter()
-
-    def refuse(self, pods: Iterable[tuple[str, str]]) -> str | None:
-        """Why evicting these (namespace, node) pods would cross a limit, or None."""
-        batch = list(pods)
-        if self._total + len(batch) > self._limits.per_cycle:
-            return f"per-cycle eviction limit {self._limits.per_cycle} reached"
-        for node, count in collections.Counter(n for _, n in batch).items():
-            if self._node[node] + count > self._limits.per_node:
-                return f"per-node eviction limit {self._limits.per_node} reached on {node}"
-        for namespace, count in collections.Counter(ns for ns, _ in batch).items():
-            if self._namespace[namespace] + count > self._limits.per_namespace:
-                return f"per-namespace eviction limit {self._limits.per_namespace} reached in {namespace}"
-        return None
-
-    def spent(self) -> str | None:
-        """Why no eviction at all fits in this cycle any more, or None."""
-        return self.refuse([("", "")]) if self._total >= self._limits.per_cycle else None
-
-    def charge(self, pods: Iterable[tuple[str, str]]) -> None:
-        for namespace, node in pods:
-            self._total += 1
-            self._node[node] += 1
-            self._namespace[namespace] += 1
-
-
 # --- Screening ------------------------------------------------------------------------------------
 
 
@@ -220,12 +201,13 @@ def screen(
     cluster: snapshot.Snapshot,
     policies: Mapping[str, policy.ReclaimPolicy],
     state: cooldowns.State,
-    names: settings.Names,
+    config: settings.Settings,
     now: float,
 ) -> policy.ReclaimPolicy | str:
     """Everything but utilisation: the pod's policy if it may be reclaimed once idle, else why not."""
     node = cluster.nodes.get(pod.node_name or "")
-    reason = protections.why_protected(pod, node=node, names=names)
+    reason = protections.why_protected(pod, node=node, names=config.names,
+                                       conventions=config.descheduler.reclaim.conventions)
     if reason:
         return reason
     found = policy.for_pod(pod, policies)
@@ -253,11 +235,11 @@ def screen_all(
     *,
     policies: Mapping[str, policy.ReclaimPolicy],
     state: cooldowns.State,
-    names: settings.Names,
+    config: settings.Settings,
     now: float,
 ) -> dict[str, policy.ReclaimPolicy | str]:
     """`screen()` of every pod holding GPUs: once per cycle, for `windows_needed()` and `plan()`."""
-    return {pod.key: screen(pod, cluster=cluster, policies=policies, state=state, names=names, now=now)
+    return {pod.key: screen(pod, cluster=cluster, policies=policies, state=state, config=config, now=now)
             for pod in cluster.pods.values() if pod.holds_gpus}
 
 
@@ -306,9 +288,9 @@ class _Unit:
     def on(self, node: str) -> tuple[snapshot.Pod, ...]:
         return self._by_node.get(node, ())
 
-    def slots(self) -> list[tuple[str, str]]:
-        """Every eviction the unit costs, companions included: limits count API evictions."""
-        return [(p.namespace, p.node_name or "") for p in self.pods]
+    def slots(self) -> list[limits.Slot]:
+        """Every eviction the unit makes, companions included; limits count the unit once where it is."""
+        return [(self.key, p.namespace, p.node_name or "") for p in self.pods]
 
 
 # --- Node arithmetic ------------------------------------------------------------------------------
@@ -428,16 +410,24 @@ def plan(
     config: settings.Settings,
     now: float,
     screened: Screened | None = None,
+    leaving: Mapping[str, str] | None = None,
+    pod_groups: Mapping[str, str] | None = None,
 ) -> Plan:
-    """`screened`: `screen_all()` of these same inputs, when the caller has it already."""
-    names = config.names
+    """`screened`: `screen_all()` of these same inputs, when the caller has it already.
+    `leaving`: pods the loop evicted in its last cycles (pod key -> what for), whether or not the snapshot
+    shows them terminating yet; with the terminating pods they count as freeing their GPUs, never as
+    holding them nor as victims again. `pod_groups`: native PodGroups' `spec.disruptionMode` by
+    "namespace/name" (`single` or `all`); a PodGroup not in it is reclaimed as a whole."""
     reclaim = config.descheduler.reclaim
+    leaving = leaving or {}
     if screened is None:
-        screened = screen_all(cluster, policies=policies, state=state, names=names, now=now)
+        screened = screen_all(cluster, policies=policies, state=state, config=config, now=now)
     spared: dict[str, str] = {}
     candidates: dict[str, _Candidate] = {}
     for key in sorted(screened):
         pod, found = cluster.pods[key], screened[key]
+        if key in leaving:
+            found = f"already leaving: {leaving[key]}"
         if isinstance(found, str):
             spared[pod.key] = found
             continue
@@ -447,12 +437,12 @@ def plan(
             continue
         candidates[pod.key] = _Candidate(pod, found, assessment)
 
-    units = _units(cluster, candidates, spared, names=names)
+    units = _units(cluster, candidates, spared, config=config, pod_groups=pod_groups or {})
     for unit in units:
         for candidate in unit.candidates:
             spared[candidate.pod.key] = f"idle ({candidate.assessment.reason}) but no pending pod can use its GPUs"
 
-    budget = Budget(reclaim.limits)
+    budget = limits.Budget(reclaim.limits)
     evictions: list[Eviction] = []
     outcomes: list[DemandOutcome] = []
     if reclaim.mode == "always":
@@ -464,9 +454,8 @@ def plan(
             budget.charge(unit.slots())
             evictions += _evict(unit, None, "mode always, no preemptor needed", spared)
     else:
-        evictions, outcomes = _on_demand(
-            cluster=cluster, units=units, demands=demands, state=state, budget=budget, spared=spared, now=now
-        )
+        evictions, outcomes = _on_demand(cluster=cluster, units=units, demands=demands, state=state, budget=budget,
+                                         spared=spared, leaving=_leaving(cluster, leaving), now=now)
     return Plan(
         evictions=tuple(evictions),
         spared=tuple(Spared(k, v) for k, v in sorted(spared.items())),
@@ -474,6 +463,15 @@ def plan(
         candidates=len(candidates),
         idle_gpus=sum(c.pod.request.full + sum(c.pod.request.mig.values()) for c in candidates.values()),
     )
+
+
+def _leaving(cluster: snapshot.Snapshot, evicted: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """Node -> pod -> why it is leaving: terminating (its victims' grace period), or evicted by us lately."""
+    out: dict[str, dict[str, str]] = collections.defaultdict(dict)
+    for pod in cluster.pods.values():
+        if pod.holds_gpus and (pod.deleting or pod.key in evicted):
+            out[pod.node_name or ""][pod.key] = evicted.get(pod.key) or "terminating"
+    return dict(out)
 
 
 def _nodes(unit: _Unit) -> set[str]:
@@ -485,22 +483,23 @@ def _units(
     candidates: Mapping[str, _Candidate],
     spared: dict[str, str],
     *,
-    names: settings.Names,
+    config: settings.Settings,
+    pod_groups: Mapping[str, str],
 ) -> list[_Unit]:
     """Single pods, and gangs whose every running GPU member is a candidate and none of whose running
     members without GPUs is protected; those go with their gang (a gang holding no GPU is no unit)."""
     singles: list[_Unit] = []
     gang_members: dict[str, list[snapshot.Pod]] = collections.defaultdict(list)
     for pod in sorted(cluster.pods.values(), key=lambda p: p.key):
-        gang = gangs.identify(pod.raw, names=names) if pod.bound else None
-        if gang is not None:
+        gang = gangs.identify(pod.raw, names=config.names) if pod.bound else None
+        if gang is not None and not _disrupted_singly(gang, pod_groups):
             gang_members[gang.key].append(pod)
         elif pod.key in candidates:
             singles.append(_Unit(pod.key, (candidates[pod.key],)))
     units = singles
     for gang_key, members in gang_members.items():
         blockers = [(p.key, why) for p in members
-                    if (why := _blocks(p, candidates=candidates, spared=spared, cluster=cluster, names=names))]
+                    if (why := _blocks(p, candidates=candidates, spared=spared, cluster=cluster, config=config))]
         if blockers:
             blocker, why = blockers[0]
             whole = f"gang {gang_key} is reclaimed only as a whole: {blocker} is not reclaimable ({why})"
@@ -514,17 +513,25 @@ def _units(
 
 def _blocks(
     pod: snapshot.Pod, *, candidates: Mapping[str, _Candidate], spared: Mapping[str, str],
-    cluster: snapshot.Snapshot, names: settings.Names,
+    cluster: snapshot.Snapshot, config: settings.Settings,
 ) -> str | None:
     """Why this running gang member keeps its whole gang from being reclaimed, or None."""
     if pod.request.any:
         return None if pod.key in candidates else spared.get(pod.key, "not screened")
-    return protections.why_protected(pod, node=cluster.nodes.get(pod.node_name or ""), names=names)
+    return protections.why_protected(pod, node=cluster.nodes.get(pod.node_name or ""), names=config.names,
+                                     conventions=config.descheduler.reclaim.conventions)
+
+
+def _disrupted_singly(gang: gangs.Gang, pod_groups: Mapping[str, str]) -> bool:
+    """A native PodGroup whose `disruptionMode` is `single`: its pods are evicted one by one. `all`, or a
+    PodGroup the snapshot does not know: as a whole (a gang is never split on a guess)."""
+    return gang.convention == NATIVE_GANG and pod_groups.get(gang.key) == SINGLE
 
 
 def _spare(unit: _Unit, reason: str, spared: dict[str, str]) -> None:
+    whole = f"; spares the whole gang {unit.key.removeprefix(GANG)}" if unit.key.startswith(GANG) else ""
     for candidate in unit.candidates:
-        spared[candidate.pod.key] = f"idle but spared: {reason}"
+        spared[candidate.pod.key] = f"idle but spared: {reason}{whole}"
 
 
 def _evict(unit: _Unit, demand: Demand | None, why: str, spared: dict[str, str]) -> list[Eviction]:
@@ -558,8 +565,9 @@ def _on_demand(
     units: Sequence[_Unit],
     demands: Sequence[Demand],
     state: cooldowns.State,
-    budget: Budget,
+    budget: limits.Budget,
     spared: dict[str, str],
+    leaving: Mapping[str, Mapping[str, str]],
     now: float,
 ) -> tuple[list[Eviction], list[DemandOutcome]]:
     by_node: dict[str, list[_Unit]] = collections.defaultdict(list)
@@ -568,7 +576,10 @@ def _on_demand(
             by_node[node].append(unit)
     index = _Index(cluster, by_node)
     taken: set[str] = set()
+    # Pods already leaving free their GPUs for the first demand that fits there: one eviction, one demand.
     nodes: dict[str, _NodeState] = collections.defaultdict(_NodeState)
+    for name, pods in leaving.items():
+        nodes[name].freed |= set(pods)
     evictions: list[Eviction] = []
     outcomes: list[DemandOutcome] = []
     for demand in sorted(demands, key=lambda d: (-d.priority, d.created, d.key)):
@@ -581,6 +592,9 @@ def _on_demand(
         until = state.active(cooldowns.preemptor_key(demand.key), now=now)
         if until is not None:
             outcomes.append(outcome(False, f"preemptor cooldown for {until - now:.0f}s more"))
+            continue
+        if demand.ignored:
+            outcomes.append(outcome(False, demand.ignored))
             continue
         if demand.preemption_policy == NEVER:
             outcomes.append(outcome(False, "preemptionPolicy Never: takes no GPUs from others"))
@@ -608,7 +622,10 @@ def _on_demand(
         victims = [u for _, c in chosen for u in c.units]
         where = ", ".join(sorted({c.node for _, c in chosen}))
         if not victims:
-            outcomes.append(outcome(False, f"fits without evictions on {where}; left to the scheduler"))
+            going = sorted({f"{k} ({why})" for _, c in chosen for k, why in leaving.get(c.node, {}).items()})
+            said = (f"fits on {where} once the pods already leaving there are gone: {', '.join(going)}; "
+                    "no new eviction") if going else f"fits without evictions on {where}; left to the scheduler"
+            outcomes.append(outcome(False, said))
             nodes.update(trial)
             continue
         refused = budget.refuse(s for u in victims for s in u.slots())
@@ -784,7 +801,7 @@ def _best_node(
     demand: Demand,
     trial: dict[str, _NodeState],
     taken: set[str],
-    budget: Budget,
+    budget: limits.Budget,
 ) -> _Choice | str:
     """The node with the cheapest minimal victim set for the member, searched exactly but not node by
     node: nodes that cannot hold it even with every eligible idle pod evicted are screened out by
