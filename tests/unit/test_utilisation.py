@@ -46,7 +46,7 @@ def test_query_is_one_expression_for_all_pods_with_every_label_spelling() -> Non
     promql = query(3600, statistic="average")
     # util, samples, devices, valid, and in each of the two coverage terms the samples per interval
     assert promql.count("[3600s])") == 2 * 6
-    assert promql.count("[3600s:10s]") == 2 * 5  # first sample, staleness, visible steps (x2 for each)
+    assert promql.count("[3600s:10s]") == 2 * 6  # first sample, staleness, and twice all and visible steps
     assert 'DCGM_FI_DEV_GPU_UTIL{GPU_I_PROFILE=""}' in promql
     assert 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!=""}[3600s]) * 100' in promql
     for label in ("pod", "exported_pod", "namespace", "exported_namespace", "Hostname", "hostname"):
