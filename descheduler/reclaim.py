@@ -410,13 +410,15 @@ def plan(
     config: settings.Settings,
     now: float,
     screened: Screened | None = None,
-    leaving: Mapping[str, str] | None = None,
+    leaving: Mapping[str, str | None] | None = None,
     pod_groups: Mapping[str, str] | None = None,
 ) -> Plan:
     """`screened`: `screen_all()` of these same inputs, when the caller has it already.
-    `leaving`: pods the loop evicted in its last cycles (pod key -> what for), whether or not the snapshot
-    shows them terminating yet; with the terminating pods they count as freeing their GPUs, never as
-    holding them nor as victims again. `pod_groups`: native PodGroups' `spec.disruptionMode` by
+    `leaving`: pods the loop evicted in its last cycles -> the demand they were evicted for (None: mode
+    always), whether or not the snapshot shows them terminating yet. They are never victims again, and
+    their GPUs are that demand's while it is pending (as kube-scheduler nominates a preemptor): it fits
+    there and takes nothing more. Terminating pods, and those evicted for no pending demand, free their
+    GPUs for the first demand that fits. `pod_groups`: native PodGroups' `spec.disruptionMode` by
     "namespace/name" (`single` or `all`); a PodGroup not in it is reclaimed as a whole."""
     reclaim = config.descheduler.reclaim
     leaving = leaving or {}
@@ -427,7 +429,7 @@ def plan(
     for key in sorted(screened):
         pod, found = cluster.pods[key], screened[key]
         if key in leaving:
-            found = f"already leaving: {leaving[key]}"
+            found = f"already leaving: {_evicted_for(leaving[key])}"
         if isinstance(found, str):
             spared[pod.key] = found
             continue
@@ -455,7 +457,7 @@ def plan(
             evictions += _evict(unit, None, "mode always, no preemptor needed", spared)
     else:
         evictions, outcomes = _on_demand(cluster=cluster, units=units, demands=demands, state=state, budget=budget,
-                                         spared=spared, leaving=_leaving(cluster, leaving), now=now)
+                                         spared=spared, leaving=_leaving(cluster, leaving, demands), now=now)
     return Plan(
         evictions=tuple(evictions),
         spared=tuple(Spared(k, v) for k, v in sorted(spared.items())),
@@ -465,13 +467,24 @@ def plan(
     )
 
 
-def _leaving(cluster: snapshot.Snapshot, evicted: Mapping[str, str]) -> dict[str, dict[str, str]]:
-    """Node -> pod -> why it is leaving: terminating (its victims' grace period), or evicted by us lately."""
-    out: dict[str, dict[str, str]] = collections.defaultdict(dict)
+def _evicted_for(demand: str | None) -> str:
+    return f"evicted for {demand}" if demand else "evicted (mode always)"
+
+
+Leaving = Mapping[str | None, Mapping[str, Mapping[str, str]]]  # demand (None: anyone) -> node -> pod -> why
+
+
+def _leaving(cluster: snapshot.Snapshot, evicted: Mapping[str, str | None], demands: Sequence[Demand]) -> Leaving:
+    """Whose GPUs pods already leaving free: the pending demand they were evicted for, else anyone's."""
+    pending = {d.key for d in demands}
+    out: dict[str | None, dict[str, dict[str, str]]] = collections.defaultdict(lambda: collections.defaultdict(dict))
     for pod in cluster.pods.values():
-        if pod.holds_gpus and (pod.deleting or pod.key in evicted):
-            out[pod.node_name or ""][pod.key] = evicted.get(pod.key) or "terminating"
-    return dict(out)
+        if not pod.holds_gpus or not (pod.deleting or pod.key in evicted):
+            continue
+        demand = evicted.get(pod.key)
+        why = _evicted_for(demand) if pod.key in evicted else "terminating"
+        out[demand if demand in pending else None][pod.node_name or ""][pod.key] = why
+    return out
 
 
 def _nodes(unit: _Unit) -> set[str]:
@@ -567,7 +580,7 @@ def _on_demand(
     state: cooldowns.State,
     budget: limits.Budget,
     spared: dict[str, str],
-    leaving: Mapping[str, Mapping[str, str]],
+    leaving: Leaving,
     now: float,
 ) -> tuple[list[Eviction], list[DemandOutcome]]:
     by_node: dict[str, list[_Unit]] = collections.defaultdict(list)
@@ -576,9 +589,9 @@ def _on_demand(
             by_node[node].append(unit)
     index = _Index(cluster, by_node)
     taken: set[str] = set()
-    # Pods already leaving free their GPUs for the first demand that fits there: one eviction, one demand.
+    # Pods already leaving free their GPUs for their demand, else the first that fits: one eviction, one demand.
     nodes: dict[str, _NodeState] = collections.defaultdict(_NodeState)
-    for name, pods in leaving.items():
+    for name, pods in leaving.get(None, {}).items():
         nodes[name].freed |= set(pods)
     evictions: list[Eviction] = []
     outcomes: list[DemandOutcome] = []
@@ -600,6 +613,9 @@ def _on_demand(
             outcomes.append(outcome(False, "preemptionPolicy Never: takes no GPUs from others"))
             continue
         trial = {name: s.copy() for name, s in nodes.items()}
+        reserved = leaving.get(demand.key, {})
+        for name, pods in reserved.items():
+            trial.setdefault(name, _NodeState()).freed |= set(pods)
         chosen: list[tuple[Member, _Choice]] = []
         trial_taken = set(taken)
         failure = None
@@ -622,7 +638,8 @@ def _on_demand(
         victims = [u for _, c in chosen for u in c.units]
         where = ", ".join(sorted({c.node for _, c in chosen}))
         if not victims:
-            going = sorted({f"{k} ({why})" for _, c in chosen for k, why in leaving.get(c.node, {}).items()})
+            here = [{**leaving.get(None, {}).get(c.node, {}), **reserved.get(c.node, {})} for _, c in chosen]
+            going = sorted({f"{k} ({why})" for pods in here for k, why in pods.items()})
             said = (f"fits on {where} once the pods already leaving there are gone: {', '.join(going)}; "
                     "no new eviction") if going else f"fits without evictions on {where}; left to the scheduler"
             outcomes.append(outcome(False, said))

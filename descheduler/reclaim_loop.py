@@ -106,10 +106,10 @@ class ReclaimLoop:
         self._metrics = Metrics(registry if registry is not None else prometheus_client.CollectorRegistry())
         self._memory = cooldowns.State()  # dry-run / offline cooldowns
         self._reported: set[tuple[str, str]] = set()  # (class, problem) already reported
-        # Pods evicted (or, in dry-run, that would have been) -> (what for, until when it is remembered: the
-        # preemptor cooldown). Until the snapshot shows them gone they free their GPUs for one demand only
-        # and are never victims again; a new leader starts empty but sees the terminating pods themselves.
-        self._leaving: dict[str, tuple[str, float]] = {}
+        # Pods evicted (or, in dry-run, that would have been) -> (the demand they were evicted for, until when
+        # it is remembered: the preemptor cooldown). Until the snapshot shows them gone their GPUs are that
+        # demand's and they are never victims again; a new leader starts empty but sees terminating pods.
+        self._leaving: dict[str, tuple[str | None, float]] = {}
 
     @property
     def _persist(self) -> bool:
@@ -160,7 +160,7 @@ class ReclaimLoop:
         self._leaving = {k: v for k, v in self._leaving.items() if v[1] > now}
         plan = reclaim.plan(cluster=cluster, policies=policies, assessments=assessments, demands=demands,
                             state=state, config=self._config, now=now, screened=screened,
-                            leaving={k: why for k, (why, _) in self._leaving.items()})
+                            leaving={k: demand for k, (demand, _) in self._leaving.items()})
         lap("plan")
         self._metrics.candidates.set(plan.candidates)
         self._metrics.idle_gpus.set(plan.idle_gpus)
@@ -276,9 +276,7 @@ class ReclaimLoop:
         if not done:
             return
         remember = now + self._config.descheduler.reclaim.cooldowns.preemptor_seconds
-        for eviction in done:
-            what = f"evicted for {eviction.preemptor}" if eviction.preemptor else "evicted (mode always)"
-            self._leaving[eviction.pod] = (f"{what}{' (dry-run)' if self._evictor.dry_run else ''}", remember)
+        self._leaving.update({e.pod: (e.preemptor, remember) for e in done})
         fresh = cooldowns.record(
             cooldowns.State(),
             preemptors=sorted({e.preemptor for e in done if e.preemptor}),

@@ -181,11 +181,11 @@ def _uncovered(stats: Stats, *, window_seconds: int, bound: float) -> str | None
         return f"{samples:g} samples over {window_seconds}s, need {MIN_SAMPLES} to see a scrape interval"
     interval = window_seconds / samples
     if stats["lag"] > bound:
-        return (f"first sample ~{stats['lag'] * interval:.0f}s after the window's start "
-                f"({stats['lag']:.1f} scrape intervals of ~{interval:.0f}s, at most {bound:g})")
+        return (f"first sample ~{stats['lag'] * interval:.0f}s after the window's start: "
+                f"{stats['lag']:.1f}x the mean sample spacing (~{interval:.0f}s), at most {bound:g}x")
     if stats["gap"] > bound:
-        return (f"~{stats['gap'] * interval:.0f}s without a sample within the {window_seconds}s window "
-                f"({stats['gap']:.1f} scrape intervals of ~{interval:.0f}s, at most {bound:g})")
+        return (f"~{stats['gap'] * interval:.0f}s without a sample within the {window_seconds}s window: "
+                f"{stats['gap']:.1f}x the mean sample spacing (~{interval:.0f}s), at most {bound:g}x")
     return None
 
 
