@@ -541,10 +541,13 @@ def _disrupted_singly(gang: gangs.Gang, pod_groups: Mapping[str, str]) -> bool:
     return gang.convention == NATIVE_GANG and pod_groups.get(gang.key) == SINGLE
 
 
+def _whole(unit: str) -> str:
+    return f"; spares the whole gang {unit.removeprefix(GANG)}" if unit.startswith(GANG) else ""
+
+
 def _spare(unit: _Unit, reason: str, spared: dict[str, str]) -> None:
-    whole = f"; spares the whole gang {unit.key.removeprefix(GANG)}" if unit.key.startswith(GANG) else ""
     for candidate in unit.candidates:
-        spared[candidate.pod.key] = f"idle but spared: {reason}{whole}"
+        spared[candidate.pod.key] = f"idle but spared: {reason}{_whole(unit.key)}"
 
 
 def _evict(unit: _Unit, demand: Demand | None, why: str, spared: dict[str, str]) -> list[Eviction]:
@@ -621,7 +624,7 @@ def _on_demand(
         failure = None
         ordered = sorted(demand.members, key=lambda m: (-m.request.full, -sum(m.request.mig.values()), m.pod))
         for member in ordered:
-            best = _best_node(index, member, demand, trial, trial_taken, budget)
+            best = _best_node(index, member, demand, trial, trial_taken, budget, spared)
             if isinstance(best, str):
                 failure = f"{member.pod}: {best}"
                 break
@@ -819,6 +822,7 @@ def _best_node(
     trial: dict[str, _NodeState],
     taken: set[str],
     budget: limits.Budget,
+    spared: dict[str, str],
 ) -> _Choice | str:
     """The node with the cheapest minimal victim set for the member, searched exactly but not node by
     node: nodes that cannot hold it even with every eligible idle pod evicted are screened out by
@@ -847,9 +851,12 @@ def _best_node(
         limited = {u.key: budget.refuse(u.slots()) for u in option.units}
         eligible = [u for u in option.units if limited[u.key] is None]
         if len(eligible) < len(option.units):  # limits take some units away: screen again without them
-            why = "".join(sorted({f" ({w})" for w in limited.values() if w}))
+            why = "".join(sorted({f" ({w}{_whole(k)})" for k, w in limited.items() if w}))
             found = _option(node, request, eligible, option.free, cluster, state)
             if not isinstance(found, _Option):
+                for unit in option.units:
+                    if limited[unit.key]:
+                        _spare(unit, limited[unit.key] or "", spared)
                 failures.append((found or _short(node.name, request, option.units, option.units, option.units)) + why)
                 continue
             if best is not None and found.bound > best.cost():

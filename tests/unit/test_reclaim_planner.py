@@ -117,13 +117,15 @@ def run(
     overrides: dict[str, Any] | None = None,
     state: cooldowns.State = NO_COOLDOWNS,
     demands: Callable[[snapshot.Snapshot], list[reclaim.Demand]] | None = None,
+    leaving: Mapping[str, str | None] | None = None,
+    pod_groups: Mapping[str, str] | None = None,
 ) -> reclaim.Plan:
     config = settings.load(overrides=overrides or {})
     cluster = snapshot.build(nodes=nodes, pods=pods, priority_classes=CLASSES, names=config.names, taken_at=NOW)
     policies = policy.parse_all(cluster.priority_classes, default_threshold_percent=5.0)
     wanted = demands(cluster) if demands else reclaim.demands_from_snapshot(cluster)
     return reclaim.plan(cluster=cluster, policies=policies, assessments=assessments, demands=wanted,
-                        state=state, config=config, now=NOW)
+                        state=state, config=config, now=NOW, leaving=leaving, pod_groups=pod_groups)
 
 
 def reason_of(result: reclaim.Plan, pod: str) -> str:
@@ -545,7 +547,7 @@ def test_gated_pods_are_not_single_demands() -> None:
 
 def reference_best_node(
     index: Any, member: reclaim.Member, demand: reclaim.Demand, trial: dict[str, Any], taken: set[str],
-    budget: limits.Budget,
+    budget: limits.Budget, spared: dict[str, str],
 ) -> Any:
     """The rule as written: every allowed node gets the full minimal-victim-set search; cheapest wins."""
     cluster, request = index.cluster, member.request
@@ -633,7 +635,10 @@ def test_fast_search_decides_as_the_plain_one(seed: int, most_nodes: int, monkey
                      state=state, demands=demands)
         # A demand nobody can serve lists a few nodes' reasons; which few is the search's business.
         outcomes = [(o.demand, o.served, o.victims, o.reason if o.served else None) for o in result.demands]
-        return result.evictions, result.spared, outcomes
+        # So does whether an idle pod left alone is told a limit kept it from a node the search looked at.
+        spared = [(s.pod, "idle, left" if s.reason.startswith(("idle (", "idle but spared: per-")) else s.reason)
+                  for s in result.spared]
+        return result.evictions, spared, outcomes
 
     fast = decide()
     monkeypatch.setattr(reclaim, "_best_node", reference_best_node)
