@@ -8,14 +8,15 @@ series (labels pod, namespace, Hostname, gpu) into a real Prometheus (promtool b
 is replayed cycle by cycle, each cycle querying Prometheus at that cycle's trace time (`time=`).
 
 Replay model (the trace records neither placement nor owners, so this is chosen and stated):
-- each trace pod holds one GPU on its own 1-GPU node, is a bare pod (no workload cooldown), lives
-  from its first to its last sample and is scheduled at its first sample;
+- each trace pod holds one GPU on its own 1-GPU node, is owned by a Deployment of its own (no shared
+  workload cooldown; a bare pod would never be evicted), lives from its first to its last sample and is
+  scheduled at its first sample;
 - demand is always present: a standing queue of (per-cycle limit + 1) pending 1-GPU pods at priority
   100,000 (on-demand mode), so every GPU a policy frees is taken; an evicted pod is gone for the rest
   of the replay and its node holds the preemptor from then on;
 - gpu-steward rows run the real `ReclaimLoop.cycle()` (screening, one PromQL query per window, the
   fail-closed assessment, the planner, limits and cooldowns, the dry-run evictor) with the default
-  settings except `sample_interval_seconds` = the trace's cadence; baselines read the same Prometheus:
+  settings (coverage is judged by time, on the cadence the data shows); baselines read the same Prometheus:
   * ReclaimIdleResource plugin semantics: `scalar(avg_over_time(util[window]))` per pod, NaN (no
     samples) read as 0, so missing data is idle; exempt while scheduled < max(toleration, window) ago;
     evicted when the average is <= the threshold;
@@ -39,7 +40,7 @@ Scoring (pure functions below; one yardstick for every policy, whatever its own 
   and screening allows it. The share is reclaimed-within-reclaimable / reclaimable: <= 100 %.
   Idle time reclaimed outside it (early, on an average that hid a burst) counts in the absolute hours;
 - decided on missing data: at the eviction, the policy's window held fewer samples than
-  `min_coverage` of what the cadence puts in it, or its newest sample was older than
+  `MIN_COVERAGE` (90 %) of what the cadence puts in it, or its newest sample was older than
   `max_sample_age_seconds` (instant decisions: only the latter).
 Goals for the chart's default tiers: >= 80 % of reclaimable idle GPU-hours, <= 5 % of evictions
 regretted, no eviction on missing data. Printed, never asserted.
@@ -397,6 +398,7 @@ def _running(name: str, *, node: str, since: float, priority: int, class_name: s
             body["spec"]["priorityClassName"] = class_name
         body["status"] = {"phase": "Running", "startTime": _iso(since), "conditions": [
             {"type": "PodScheduled", "status": "True", "lastTransitionTime": _iso(since)}]}
+        body["metadata"]["ownerReferences"] = [{"kind": "Deployment", "name": name, "controller": True}]
 
     return builders.pod(name, namespace=NAMESPACE, gpus=1, node=node, phase="Running", created=_iso(since),
                         mutate=status)
@@ -593,10 +595,12 @@ class Runner:
 # --- the run --------------------------------------------------------------------------------------
 
 
+MIN_COVERAGE = 0.9  # the yardstick's "enough data": this share of the samples the cadence puts in a window
+
+
 def yardstick(trace: Trace, config: settings.Settings) -> Yardstick:
-    """"Enough data" as the settings define it for our loop, measured on the trace's cadence."""
-    reclaim = config.descheduler.reclaim
-    return Yardstick(trace.step, reclaim.max_sample_age_seconds, reclaim.min_coverage)
+    """"Enough data", one bar for every policy, measured on the trace's cadence."""
+    return Yardstick(trace.step, config.descheduler.reclaim.max_sample_age_seconds, MIN_COVERAGE)
 
 
 def load_trace(path: pathlib.Path, *, pods: int | None, hours: float | None) -> Trace:
@@ -643,8 +647,7 @@ def run(trace: Trace, rules: Sequence[Policy], *, interval_seconds: float) -> di
             backfill_seconds = _perf() - started
             config = settings.load(overrides={
                 "prometheus": {"url": server.url, "timeout_seconds": 30},
-                "descheduler": {"reclaim": {"mode": "on-demand", "dry_run": True,
-                                            "sample_interval_seconds": trace.step}},
+                "descheduler": {"reclaim": {"mode": "on-demand", "dry_run": True}},
             })
             runners, queries, cycles = asyncio.run(
                 replay(trace, rules, interval_slots=interval_slots, config=config, wall=wall))

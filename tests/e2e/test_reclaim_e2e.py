@@ -110,8 +110,8 @@ def test_idle_pod_is_evicted_for_a_pending_pod_and_a_disruption_budget_blocks_an
     dcgm = prometheus_factory(dcgm_history(cluster, namespace), now=time.time() + AHEAD_SECONDS)
     descheduler = descheduler_factory({
         "prometheus": {"url": dcgm.url, "occupancy_refresh_seconds": 1},
-        "descheduler": {"reclaim": {"sample_interval_seconds": 1,
-                                    "cooldowns": {"node_seconds": 0, "workload_seconds": 0}}},
+        "descheduler": {"reclaim": {"cooldowns": {"node_seconds": 0, "workload_seconds": 0},
+                                    "conventions": {"evict_bare_pods": True}}},  # the test's pods are bare
     })
     # A pending pod of the same priority for each node: the scheduler cannot preempt for them.
     for name, node in (("want-free", free_node), ("want-guarded", guarded_node)):
