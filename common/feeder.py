@@ -35,7 +35,7 @@ import aiohttp
 import prometheus_client
 from kubernetes_asyncio import client
 
-from common import dcgm, gangs, gpu, kube, prometheus, settings, snapshot
+from common import dcgm, gangs, gpu, kube, prometheus, resources, settings, snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -54,18 +54,24 @@ KINDS = (
 )
 
 
-def _kept(kind: str, obj: dict[str, Any], *, names: settings.Names) -> bool:
-    """Only GPU nodes, GPU pods and pods the gang controller needs (`gangs.involved`) are stored:
-    `snapshot.build` ignores the rest, and skipping them keeps rebuilds proportional to the GPU part
-    of the cluster."""
+def _stored(kind: str, obj: dict[str, Any], *, names: settings.Names) -> dict[str, Any] | None:
+    """What the store keeps of an object (None: nothing). GPU nodes, GPU pods and pods the gang controller
+    needs (`gangs.involved`) whole; any other pod that holds a node's resources (bound, or nominated by the
+    scheduler) only as the capacity model reads it (`resources.slim_pod`): CPU, memory and pod slots on GPU
+    nodes are theirs too. Everything else is dropped, so rebuilds stay proportional to what decisions read."""
     try:
         if kind == "pods":
-            return gpu.pod_request(obj).any or gangs.involved(obj, names=names)
+            if gpu.pod_request(obj).any or gangs.involved(obj, names=names):
+                return obj
+            spec, status = obj.get("spec") or {}, obj.get("status") or {}
+            if spec.get("nodeName") or status.get("nominatedNodeName"):
+                return resources.slim_pod(obj)
+            return None
         if kind == "nodes":
-            return gpu.node_allocatable(obj).any
+            return obj if gpu.node_allocatable(obj).any else None
     except gpu.QuantityError:
-        return True  # build() reports it as a problem
-    return True
+        return obj  # build() reports it as a problem
+    return obj
 
 
 def _view(kind: str, obj: dict[str, Any]) -> Any:
@@ -217,8 +223,9 @@ class Feeder:
         while True:
             page = await kube.get(self._api, kind.path, timeout_seconds=cfg.request_timeout_seconds, query=query)
             for item in page.get("items") or []:
-                if _kept(kind.name, item, names=self._config.names):
-                    items[_key(item)] = item
+                kept = _stored(kind.name, item, names=self._config.names)
+                if kept is not None:
+                    items[_key(item)] = kept
             meta = page.get("metadata") or {}
             if not meta.get("continue"):
                 break
@@ -266,9 +273,10 @@ class Feeder:
     def _apply(self, kind: Kind, store: dict[str, dict[str, Any]], obj: dict[str, Any], *, deleted: bool) -> None:
         key = _key(obj)
         old = store.pop(key, None)
-        if not deleted and _kept(kind.name, obj, names=self._config.names):
-            store[key] = obj
-            if old is not None and _view(kind.name, old) == _view(kind.name, obj):
+        kept = None if deleted else _stored(kind.name, obj, names=self._config.names)
+        if kept is not None:
+            store[key] = kept
+            if old is not None and _view(kind.name, old) == _view(kind.name, kept):
                 return
         elif old is None:
             return

@@ -472,6 +472,23 @@ class Gangs(Model):
     max_snapshot_age_seconds: Seconds = pydantic.Field(
         default=120, description="No release is planned on a cluster snapshot older than this (seconds)."
     )
+    max_wait_seconds: Seconds = pydantic.Field(
+        default=300,
+        description="A single pod gated for placement at release that cannot be placed within this long (from "
+        "its creation) is released unpinned with a ReleasedUnplaced warning: kube-scheduler's preemption and "
+        "cluster autoscalers ignore gated pods, so no pod may wait on us longer (seconds).",
+    )
+    gang_max_wait_seconds: Seconds = pydantic.Field(
+        default=1800,
+        description="The same bound for a complete gang of several pods, from when it was first seen complete: "
+        "waiting for GPUs that reclaim frees is its normal path, so it is longer (seconds).",
+    )
+    reservation_seconds: Seconds = pydantic.Field(
+        default=120,
+        description="With backfill off, a waiting gang keeps the nodes it could use from the gangs behind it for "
+        "at most this long (from when it was ready), so a gang that fits nowhere soon does not stall the "
+        "queue; a gang that can never fit as the cluster stands reserves nothing (seconds).",
+    )
 
 
 class Descheduler(Model):

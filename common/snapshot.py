@@ -6,6 +6,11 @@ complete, released and reclaimed with all of its members.
 `build()` is pure: the shell (`common.feeder`) gathers raw API objects and DCGM occupancy and calls it;
 `from_list()` replays the JSON of `kubectl get nodes,pods,priorityclasses,namespaces -A -o json`.
 Where DCGM has not told us a pod's GPU indices, they are estimated with `common.placement`'s policy.
+
+What a node holds (`Node.requested`, its GPUs in use) counts every pod that will be there until it is gone:
+pods bound to it that are not finished (terminating ones included: they hold their resources through
+their grace period), pods the scheduler nominated to it (its preemption reservation) and pods we pinned
+to it and released that are not bound yet. `common.capacity` answers from that what a pod could get.
 """
 
 from __future__ import annotations
@@ -15,10 +20,40 @@ import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from common import gangs, gpu, placement, settings, topology
+from common import gangs, gpu, placement, resources, settings, topology
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 DEFAULT_PREEMPTION_POLICY = "PreemptLowerPriority"
+NAME_FIELD = "metadata.name"  # the one node field a required term may name: how we pin a pod to one node
+
+
+def pinned_node(raw: Mapping[str, Any]) -> str | None:
+    """The one node a pod's required terms name (`matchFields metadata.name In [node]`), if they name one."""
+    affinity = ((raw.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    pinned: set[str] = set()
+    for term in required.get("nodeSelectorTerms") or []:
+        for requirement in term.get("matchFields") or []:
+            if requirement.get("key") == NAME_FIELD and requirement.get("operator") == "In":
+                pinned |= set(requirement.get("values") or [])
+    return next(iter(pinned)) if len(pinned) == 1 else None
+
+
+def _held_on(raw: Mapping[str, Any]) -> str | None:
+    """The node whose resources this pod holds: bound and not finished; else nominated by the scheduler;
+    else pinned by us and no longer gated (released, not yet bound). None: it holds nothing."""
+    spec, status = raw.get("spec") or {}, raw.get("status") or {}
+    if status.get("phase") in TERMINAL_PHASES:
+        return None
+    if spec.get("nodeName"):
+        return str(spec["nodeName"])
+    if (raw.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    if status.get("nominatedNodeName"):
+        return str(status["nominatedNodeName"])
+    if not spec.get("schedulingGates"):
+        return pinned_node(raw)
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +85,8 @@ class Pod:
     deleting: bool
     scheduler_name: str
     raw: Mapping[str, Any]
+    requests: Mapping[str, int] = dataclasses.field(default_factory=dict)  # `resources.pod_requests`
+    held_on: str | None = None  # the node whose resources it holds (bound, nominated, or pinned and released)
     gpu_indices: tuple[int, ...] = ()
     indices_observed: bool = False  # True: from DCGM; False: estimated (or not bound)
 
@@ -66,6 +103,11 @@ class Pod:
     def holds_gpus(self) -> bool:
         return self.bound and self.request.any
 
+    @property
+    def reserved(self) -> bool:
+        """Holds a node's resources without being bound yet (nominated, or pinned and released)."""
+        return self.held_on is not None and self.node_name is None
+
 
 @dataclasses.dataclass(frozen=True)
 class Node:
@@ -81,6 +123,9 @@ class Node:
     mig_used: Mapping[str, int]
     pods: tuple[str, ...]  # keys of GPU pods bound here
     labelled_domain_size: int | None = None  # the `<prefix>nvlink-domain-size` label, if a positive int
+    resources: Mapping[str, int] = dataclasses.field(default_factory=dict)  # allocatable, every resource
+    requested: Mapping[str, int] = dataclasses.field(default_factory=dict)  # held by pods, `pods` = their count
+    reserved: tuple[str, ...] = ()  # keys of GPU pods holding GPUs here but not bound yet
 
     @property
     def gpu_count(self) -> int:
@@ -124,9 +169,10 @@ class Snapshot:
     # Results derived from this snapshot alone, kept by their users for its lifetime (e.g. node
     # scores per pod size); never part of equality.
     memo: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
-    # Each pod kept (GPU pods, gang members) parsed from its raw object (before index assignment), so that
-    # the next build re-parses only objects that changed (the feeder replaces, never mutates, a changed object).
-    parsed: Mapping[str, tuple[Mapping[str, Any], Pod]] = dataclasses.field(
+    # Each pod parsed from its raw object (GPU pods and gang members before index assignment; other pods as
+    # what they hold), so that the next build re-parses only objects that changed (the feeder replaces, never
+    # mutates, a changed object).
+    parsed: Mapping[str, tuple[Mapping[str, Any], Pod | _Held]] = dataclasses.field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -154,6 +200,20 @@ class Snapshot:
 EMPTY = Snapshot(nodes={}, pods={}, priority_classes={}, namespaces={}, taken_at=None)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Held:
+    """A pod that is neither a GPU pod nor a gang member: only what it holds matters."""
+
+    held_on: str | None
+    requests: Mapping[str, int]
+
+
+def _parse(raw: Mapping[str, Any], *, names: settings.Names) -> Pod | _Held:
+    if gpu.pod_request(raw).any or gangs.involved(raw, names=names):
+        return _pod(raw)
+    return _Held(_held_on(raw), resources.pod_requests(raw))
+
+
 def _pod(raw: Mapping[str, Any]) -> Pod:
     meta = raw.get("metadata") or {}
     spec = raw.get("spec") or {}
@@ -177,6 +237,8 @@ def _pod(raw: Mapping[str, Any]) -> Pod:
         deleting=bool(meta.get("deletionTimestamp")),
         scheduler_name=spec.get("schedulerName") or "default-scheduler",
         raw=raw,
+        requests=resources.pod_requests(raw),
+        held_on=_held_on(raw),
     )
 
 
@@ -212,28 +274,31 @@ def build(
     """`previous`: the last snapshot built from the same stores; unchanged objects are reused."""
     problems: list[str] = []
     kept: dict[str, Pod] = {}
-    parsed: dict[str, tuple[Mapping[str, Any], Pod]] = {}
+    parsed: dict[str, tuple[Mapping[str, Any], Pod | _Held]] = {}
     earlier = previous.parsed if previous is not None else {}
+    held: dict[str, list[Mapping[str, int]]] = {}  # node -> request vectors of every pod holding it
     for raw in pods:
         meta = raw.get("metadata") or {}
         key = f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
         hit = earlier.get(key)
         if hit is not None and hit[0] is raw:
-            pod = hit[1]
+            entry = hit[1]
         else:
             try:
-                pod = _pod(raw)
+                entry = _parse(raw, names=names)
             except (gpu.QuantityError, ValueError, TypeError) as exc:
                 problems.append(f"pod {key} skipped: {exc}")
                 continue
-        if pod.request.any or gangs.involved(raw, names=names):
-            kept[pod.key] = pod
-            parsed[pod.key] = (raw, pod)
+        parsed[key] = (raw, entry)
+        if isinstance(entry, Pod):
+            kept[entry.key] = entry
+        if entry.held_on:
+            held.setdefault(entry.held_on, []).append(entry.requests)
 
     by_node: dict[str, list[Pod]] = {}
     for pod in kept.values():
-        if pod.holds_gpus and pod.node_name:
-            by_node.setdefault(pod.node_name, []).append(pod)
+        if pod.request.any and pod.held_on:
+            by_node.setdefault(pod.held_on, []).append(pod)
 
     built_nodes: dict[str, Node] = {}
     for raw in nodes:
@@ -244,7 +309,8 @@ def build(
             continue
         topo = topology.from_node(raw, names=names)
         problems += [f"node {name}: {p}" for p in topo.problems]
-        resident = sorted(by_node.get(name, []), key=lambda p: (p.created, p.key))
+        # Bound pods first (oldest first), then the ones not bound yet: estimated indices go to the former.
+        resident = sorted(by_node.get(name, []), key=lambda p: (p.reserved, p.created, p.key))
         observed = (occupancy or {}).get(name, {})
         indices, used, seen = _assign_indices(topo.domains, resident, observed)
         for pod in resident:
@@ -260,6 +326,7 @@ def build(
         for pod in resident:
             for profile, count in pod.request.mig.items():
                 mig_used[profile] = mig_used.get(profile, 0) + count
+        holders = held.get(name, [])
         spec = raw.get("spec") or {}
         built_nodes[name] = Node(
             name=name,
@@ -272,8 +339,11 @@ def build(
             used=frozenset(used),
             requested_full=sum(p.request.full for p in resident),
             mig_used=mig_used,
-            pods=tuple(p.key for p in resident),
+            pods=tuple(p.key for p in resident if not p.reserved),
             labelled_domain_size=topology.positive_int((meta.get("labels") or {}).get(names.nvlink_domain_size)),
+            resources=resources.node_allocatable(raw),
+            requested={**resources.add(*holders), resources.PODS: len(holders)},
+            reserved=tuple(p.key for p in resident if p.reserved),
         )
 
     built = Snapshot(

@@ -3,9 +3,12 @@
 Pure: a `Snapshot`, the settings and `now` in, decisions with their reasons out. The shell
 (`descheduler.gang_controller`) applies them. Rules, in the order they are checked:
 
-- A gated pod (our gate) whose gang labels are unusable — none, a bad size, no size we can know, a
-  gang another scheduler enforces, members disagreeing on the size — is released alone with a
-  Warning `GangInvalid`: a gate nobody can ever lift correctly must not strand it.
+- A gated pod (our gate) that names no gang is a gang of one: the webhook gated it so that it is placed
+  exactly at release (`admission.release`), and it goes through every rule below like any gang.
+- A gated pod (our gate) whose gang labels are unusable — a bad size, no size we can know, a gang
+  another scheduler enforces, members disagreeing on the size — or that names no gang and requests no
+  GPU, is released alone with a Warning `GangInvalid`: a gate nobody can ever lift correctly must not
+  strand it.
 - A gang that has already started (some present member carries no gate of ours) releases its gated
   rest at once if it is complete or its gated members already carry our node pin (a release was
   interrupted: controller restart, API error). Holding them back would only keep the started part
@@ -19,20 +22,28 @@ Pure: a `Snapshot`, the settings and `now` in, decisions with their reasons out.
 - A complete gang whose members still carry another controller's gate (e.g. Kueue's admission)
   waits for it: planning now could pin it to capacity that is gone when the other gate lifts.
 - Complete gangs are queued by priority (highest member priority), then creation (oldest member),
-  and each is placed on what the gangs before it left: every member at once, each within one
-  NVLink domain where the node's topology is known (a member larger than the node's domains spans
-  the fewest), preferring one node or one multi-node NVLink clique, else the fewest nodes. Pods
-  released but not yet bound count against the node they are pinned to.
+  and each is placed on what the gangs before it left (`descheduler.release_place`, on the one
+  capacity model `common.capacity`: GPUs per NVLink domain, CPU, memory, pod slots and every other
+  requested resource; bound, terminating, nominated and released-but-unbound pods all hold theirs).
+  Pods this controller released that the snapshot does not show yet (`assumed`) hold their node too.
 - Backfill off (default): a gang that cannot be placed reserves every node it could use; gangs
   behind it may start only on other nodes. Backfill on: they may use any free GPUs — better
-  utilisation, but a large gang can starve behind a stream of small ones.
+  utilisation, but a large gang can starve behind a stream of small ones. A reservation is bounded:
+  a gang that can never fit as the cluster stands reserves nothing, and none reserves for longer than
+  `descheduler.gangs.reservation_seconds`.
+- No pod waits on us forever: a complete gang that cannot be placed within
+  `descheduler.gangs.max_wait_seconds` (a gang of one; several members: `gang_max_wait_seconds`) is
+  released unpinned with a Warning `ReleasedUnplaced`, so that kube-scheduler's preemption and cluster
+  autoscalers, which ignore gated pods, can act on it.
 - Each member is pinned to the single node planned for it (`matchFields metadata.name In [node]`),
   not to the gang's node set: the scheduler may pack a set differently (e.g. 4+3 on one 8-GPU node,
   4+3 on the other) and leave the last member without room.
 - Members that request no GPU (an MPI launcher counted in the gang's size) count toward completeness
-  and are un-gated together with the rest, but are neither placed nor pinned: the plan finds room for
-  GPUs only, and pinning such a pod to a GPU node would take a place a GPU pod needs. A gang without
-  any GPU member is released as soon as it is complete (and no other controller's gate is left).
+  and are un-gated together with the rest, but are neither placed nor pinned: pinning such a pod to a
+  GPU node would take a place a GPU pod needs. So are members whose constraints the capacity model does
+  not evaluate (`capacity.ungoverned`: inter-pod affinity, hard topology spread, resource claims): a pin
+  could strand them. A gang without any member to place is released as soon as it is complete (and no
+  other controller's gate is left).
 """
 
 from __future__ import annotations
@@ -40,9 +51,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal
 
-from common import fit, gangs, gpu, placement, settings, snapshot, timestamps
+from common import capacity, gangs, gpu, settings, snapshot, timestamps
+from descheduler import release_place
 
 EventType = Literal["Normal", "Warning"]
 
@@ -51,6 +63,7 @@ WAITING = "GangWaiting"
 INCOMPLETE = "GangIncomplete"
 INVALID = "GangInvalid"
 ORPHANED = "GangOrphaned"
+UNPLACED = "ReleasedUnplaced"
 
 
 def complete_mark(names: settings.Names) -> str:
@@ -61,7 +74,7 @@ def complete_mark(names: settings.Names) -> str:
 class Action(enum.StrEnum):
     RELEASE = "release"  # placed: pin each member to its node, then remove our gate from all
     RESUME = "resume"  # already started: remove our gate from the rest now
-    RELEASE_ALONE = "release-alone"  # invalid or orphaned: remove our gate, with a warning
+    RELEASE_ALONE = "release-alone"  # invalid, orphaned or past its max wait: remove our gate, no pin, a warning
     WAIT = "wait"
     TIMED_OUT = "timed-out"  # incomplete past the timeout: still waits, with a warning
     NONE = "none"  # no member carries our gate
@@ -130,197 +143,15 @@ class Plan:
     demand: tuple[Demand, ...]
 
 
-@dataclasses.dataclass(frozen=True)
-class Placement:
-    nodes: Mapping[str, str]  # pod key -> node
-    clique: str | None  # the multi-node NVLink domain holding the whole gang, if one does
-    spanning: tuple[str, ...]  # members that span several NVLink domains (larger than any)
-
-    def describe(self) -> str:
-        used = sorted(set(self.nodes.values()))
-        where = f"{len(self.nodes)} members on {len(used)} node(s) ({', '.join(used)})"
-        if len(used) == 1:
-            why = "one node"
-        elif self.clique:
-            why = f"one multi-node NVLink domain {self.clique}"
-        else:
-            why = "no single node or NVLink clique could hold the gang: fewest nodes"
-        domains = (
-            f"; {', '.join(self.spanning)} span several NVLink domains (larger than one)"
-            if self.spanning
-            else "; each member within one NVLink domain"
-        )
-        return f"{where}: {why}{domains}"
+Placement = release_place.Placement
 
 
-# --- node pins (the scheduler enforces required node affinity; `fit.why_not` evaluates it) -------
-
-
-def _required_terms(raw: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
-    affinity = ((raw.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}
-    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
-    terms = required.get("nodeSelectorTerms")
-    return list(terms) if terms else None
-
-
-def pinned_node(raw: Mapping[str, Any]) -> str | None:
-    """The one node a pod's required terms name (`matchFields metadata.name In [node]`), if they name one."""
-    pinned: set[str] = set()
-    for term in _required_terms(raw) or []:
-        for requirement in term.get("matchFields") or []:
-            if requirement.get("key") == "metadata.name" and requirement.get("operator") == "In":
-                pinned |= set(requirement.get("values") or [])
-    return next(iter(pinned)) if len(pinned) == 1 else None
-
-
-# --- capacity while planning ---------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class _Room:
-    """What a node has left while a plan is being made (mutable working copy)."""
-
-    node: snapshot.Node
-    free: int
-    domains: list[list[int]]
-    mig: dict[str, int]
-
-    @classmethod
-    def of(cls, node: snapshot.Node) -> _Room:
-        mig = {profile: node.free_mig(profile) for profile in node.allocatable.mig}
-        return cls(node, node.free_gpus, [list(d) for d in node.free_by_domain()], mig)
-
-    def copy(self) -> _Room:
-        return _Room(self.node, self.free, [list(d) for d in self.domains], dict(self.mig))
-
-    def allocate(self, request: gpu.GpuRequest) -> placement.Allocation | None:
-        """Where the request would land here; None if it does not fit (or would needlessly span domains)."""
-        if any(self.mig.get(profile, 0) < count for profile, count in request.mig.items()):
-            return None
-        if request.full > self.free:
-            return None
-        choice = placement.allocate(self.domains, request.full)
-        if choice is None:
-            return None
-        if self.node.topology.known and choice.spanned > 1 and request.full <= self.node.topology.domain_size:
-            return None  # it could fit one domain of this node, just not now
-        return choice
-
-    def take(self, request: gpu.GpuRequest, choice: placement.Allocation) -> None:
-        self.free -= request.full
-        taken = set(choice.indices)
-        self.domains = [[i for i in d if i not in taken] for d in self.domains]
-        for profile, count in request.mig.items():
-            self.mig[profile] = self.mig.get(profile, 0) - count
-
-
-def _rooms(cluster: snapshot.Snapshot) -> dict[str, _Room]:
-    rooms = {name: _Room.of(node) for name, node in cluster.nodes.items() if node.schedulable}
-    # Released but not yet bound: their GPUs are spoken for on the node they are pinned to.
-    for pod in sorted(cluster.pods.values(), key=lambda p: (p.created, p.key)):
-        if (pod.node_name or pod.deleting or pod.phase in snapshot.TERMINAL_PHASES or pod.scheduling_gates
-                or not pod.request.any):
-            continue
-        node = pinned_node(pod.raw)
-        room = rooms.get(node) if node else None
-        if room is None:
-            continue
-        choice = room.allocate(pod.request)
-        if choice is not None:
-            room.take(pod.request, choice)
-        else:  # over-committed by our own view: still keep its count off the node
-            room.free = max(0, room.free - pod.request.full)
-    return rooms
-
-
-def _candidates(pod: snapshot.Pod, cluster: snapshot.Snapshot) -> frozenset[str]:
-    spec = pod.raw.get("spec") or {}
-    out = set()
-    for name, node in cluster.nodes.items():
-        offers = node.allocatable
-        if pod.request.full and not offers.full:
-            continue
-        if any(not offers.mig.get(profile) for profile in pod.request.mig):
-            continue
-        if fit.why_not(spec, node) is None:  # readiness, taints, nodeSelector, required node affinity
-            out.add(name)
-    return frozenset(out)
-
-
-def _greedy(
-    members: Sequence[snapshot.Pod],
-    candidates: Mapping[str, frozenset[str]],
-    rooms: Mapping[str, _Room],
-    allowed: frozenset[str],
-) -> tuple[dict[str, str], dict[str, _Room], list[str]] | None:
-    """Largest member first: onto a node the gang already uses (tightest fit), else the emptiest new
-    node (so fewer nodes are needed)."""
-    trial: dict[str, _Room] = {}
-    nodes: dict[str, str] = {}
-    spanning: list[str] = []
-    order = sorted(members, key=lambda p: (-p.request.full, -sum(p.request.mig.values()), p.key))
-    for pod in order:
-        best: tuple[tuple[bool, int, int, str], str, placement.Allocation] | None = None
-        for name in sorted(candidates[pod.key] & allowed):
-            if name not in rooms:
-                continue
-            room = trial.get(name) or rooms[name]
-            choice = room.allocate(pod.request)
-            if choice is None:
-                continue
-            fresh = name not in trial
-            rank = (fresh, choice.spanned, -room.free if fresh else room.free - pod.request.full, name)
-            if best is None or rank < best[0]:
-                best = (rank, name, choice)
-        if best is None:
-            return None
-        _, name, choice = best
-        if name not in trial:
-            trial[name] = rooms[name].copy()
-        trial[name].take(pod.request, choice)
-        nodes[pod.key] = name
-        if choice.spanned > 1:
-            spanning.append(pod.key)
-    return nodes, trial, sorted(spanning)
-
-
-def _place(
-    members: Sequence[snapshot.Pod],
-    candidates: Mapping[str, frozenset[str]],
-    rooms: Mapping[str, _Room],
-    allowed: frozenset[str],
-) -> tuple[Placement, dict[str, _Room]] | None:
-    """The best simultaneous placement: one node (the tightest), else one NVLink clique, else the
-    fewest nodes. Each option is a greedy fill of a node subset; the best-ranked result wins."""
-    usable = frozenset(n for n in allowed if n in rooms)
-    everyone = frozenset.intersection(*(candidates[p.key] for p in members)) & usable if members else usable
-    cliques: dict[str, set[str]] = {}
-    for name in usable:
-        clique = rooms[name].node.topology.clique
-        if clique:
-            cliques.setdefault(clique, set()).add(name)
-    options = [frozenset([n]) for n in sorted(everyone)] + [frozenset(n) for _, n in sorted(cliques.items())]
-    best: tuple[tuple[int, int, int, str], Placement, dict[str, _Room]] | None = None
-    for nodes in [*options, usable]:
-        result = _greedy(members, candidates, rooms, nodes)
-        if result is None:
-            continue
-        assigned, trial, spanning = result
-        used = sorted(set(assigned.values()))
-        held = {rooms[n].node.topology.clique for n in used}
-        clique = next(iter(held)) if len(held) == 1 else None
-        together = len(used) == 1 or clique is not None
-        leftover = sum(trial[n].free for n in used)
-        rank = (0 if together else 1, len(used), leftover, ",".join(used))
-        if best is None or rank < best[0]:
-            best = (rank, Placement(assigned, clique, tuple(spanning)), trial)
-    return None if best is None else (best[1], best[2])
-
-
-def place(members: Sequence[snapshot.Pod], *, cluster: snapshot.Snapshot) -> Placement | None:
+def place(members: Sequence[snapshot.Pod], *, cluster: snapshot.Snapshot,
+          scoring: settings.Scoring | None = None) -> Placement | None:
     """Whether these pods fit the cluster all at once (e.g. for reclaim: after evicting some pods)."""
-    candidates = {p.key: _candidates(p, cluster) for p in members}
-    result = _place(members, candidates, _rooms(cluster), frozenset(cluster.nodes))
+    candidates = {p.key: release_place.candidates(p, cluster) for p in members}
+    result = release_place.place(members, candidates, release_place.rooms(cluster), frozenset(cluster.nodes),
+                                 scoring=scoring or settings.Scoring())
     return None if result is None else result[0]
 
 
@@ -344,6 +175,7 @@ class _Gang:
     key: str
     size: int
     members: tuple[snapshot.Pod, ...]  # present members, by key
+    single: bool = False  # a pod we gated for placement that names no gang: a gang of one
 
     @property
     def priority(self) -> int:
@@ -355,13 +187,26 @@ class _Gang:
 
     @property
     def placing(self) -> tuple[snapshot.Pod, ...]:
-        """The members a release places and pins: those that request GPUs."""
-        return tuple(p for p in self.members if p.request.any)
+        """The members a release places and pins: those that request GPUs and whose constraints the
+        capacity model evaluates."""
+        return tuple(p for p in self.members if p.request.any and not _ungoverned(p))
 
     def unpinned(self) -> str:
-        """What a release says of its members without GPUs (un-gated with the rest, never pinned)."""
+        """What a release says of its members it does not pin (un-gated with the rest)."""
         free = [p.key for p in self.members if not p.request.any]
-        return f"; un-gated with them, not pinned (no GPU): {', '.join(free)}" if free else ""
+        odd = [f"{p.key} ({why})" for p in self.members if p.request.any and (why := _ungoverned(p))]
+        return "".join([f"; un-gated with them, not pinned (no GPU): {', '.join(free)}" if free else "",
+                        f"; un-gated with them, not pinned: {', '.join(odd)}" if odd else ""])
+
+    def waited(self, *, mark: str, now: float) -> float:
+        """How long it has been ready to place: a gang of one since its creation; a gang since it was first
+        seen complete (our mark), else since its newest member's creation."""
+        if self.single:
+            since = timestamps.epoch(self.created)
+        else:
+            marks = [t for p in self.members if (t := timestamps.epoch(p.annotations.get(mark)))]
+            since = min(marks) if marks else timestamps.epoch(max(p.created for p in self.members))
+        return max(0.0, now - (since if since is not None else now))
 
     def decide(
         self,
@@ -381,18 +226,23 @@ class _Gang:
 def _group(
     cluster: snapshot.Snapshot, *, names: settings.Names
 ) -> tuple[list[_Gang], list[Decision], list[Decision]]:
-    """Gangs with a gated member; pods released alone (invalid); gangs with nothing gated (for display)."""
+    """Gangs with a gated member (gated single pods as gangs of one); pods released alone (invalid); gangs
+    with nothing gated (for display)."""
     gate = names.gate
     found: dict[str, list[tuple[snapshot.Pod, gangs.Gang]]] = {}
     alone: list[Decision] = []
+    singles: list[_Gang] = []
     for pod in sorted(cluster.pods.values(), key=lambda p: p.key):
         if not _present(pod):
             continue
         gang = gangs.identify(pod.raw, names=names)
         gated = gate in pod.scheduling_gates
         if gang is None:
-            if gated:
-                alone.append(_alone(pod, f"carries gate {gate} but names no gang; released", gate=gate))
+            if gated and pod.request.any:
+                singles.append(_Gang(pod.key, 1, (pod,), single=True))
+            elif gated:
+                alone.append(_alone(pod, f"carries gate {gate}, names no gang and requests no GPU; released",
+                                    gate=gate))
             continue
         if gated and gang.enforced_elsewhere:
             alone.append(_alone(pod, f"gang {gang.key}: {gang.enforced_elsewhere}; our gate is not needed", gate=gate))
@@ -403,7 +253,7 @@ def _group(
             continue
         found.setdefault(gang.key, []).append((pod, gang))
 
-    ready: list[_Gang] = []
+    ready: list[_Gang] = singles
     idle: list[Decision] = []
     for key, entries in sorted(found.items()):
         pods = tuple(pod for pod, _ in entries)
@@ -429,7 +279,7 @@ def _before_queue(gang: _Gang, *, names: settings.Names, cfg: settings.Gangs, no
     members = tuple(_member(p, gate=gate) for p in gang.members)
     gated = [p for p in gang.members if gate in p.scheduling_gates]
     count = len(gang.members)
-    if len(gated) < count and (count >= gang.size or any(pinned_node(p.raw) for p in gated)):
+    if len(gated) < count and (count >= gang.size or any(snapshot.pinned_node(p.raw) for p in gated)):
         message = (f"{count - len(gated)} of {gang.size} members already released: releasing the other "
                    f"{len(gated)} now (an earlier release was interrupted, or a member was replaced)")
         return gang.decide(Action.RESUME, message, "Normal", RELEASED, members=members)
@@ -455,33 +305,44 @@ def _before_queue(gang: _Gang, *, names: settings.Names, cfg: settings.Gangs, no
     return None
 
 
-def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float) -> Plan:
+def _ungoverned(pod: snapshot.Pod) -> str | None:
+    return capacity.ungoverned(pod.raw.get("spec") or {})
+
+
+def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
+         assumed: Mapping[str, str] = {}) -> Plan:
+    """`assumed`: pods this controller released (pod key -> pinned node, or "" unpinned) that the snapshot
+    may not show released yet: they hold their node and are not planned again."""
     names, cfg = config.names, config.descheduler.gangs
     gate, mark = names.gate, complete_mark(names)
     ready, decisions, idle = _group(cluster, names=names)
     queue: list[_Gang] = []
     for gang in sorted(ready, key=lambda g: (-g.priority, g.created, g.key)):
+        if any(p.key in assumed for p in gang.members if gate in p.scheduling_gates):
+            continue  # released already; the snapshot is behind our own writes
         early = _before_queue(gang, names=names, cfg=cfg, now=now)
         if early is None:
             queue.append(gang)
         else:
             decisions.append(early)
 
-    rooms = _rooms(cluster)
+    rooms = release_place.rooms(cluster, assumed={k: n for k, n in assumed.items() if n})
     demand: list[Demand] = []
     reserved: set[str] = set()  # nodes the blocked gangs ahead may use (backfill off)
     blockers: list[str] = []
     everywhere = frozenset(cluster.nodes)
     for gang in queue:
         placing = gang.placing
-        if not placing:  # nothing holds GPUs: no room to find, no reason to queue behind GPU gangs
-            message = f"no member requests a GPU: nothing to place, all {len(gang.members)} un-gated together"
+        if not placing:  # nothing to place: no room to find, no reason to queue behind GPU gangs
+            message = (f"no member to place: all {len(gang.members)} un-gated together, unpinned"
+                       f"{gang.unpinned()}")
             decisions.append(gang.decide(Action.RELEASE, message, "Normal", RELEASED,
                                          members=tuple(_member(p, gate=gate) for p in gang.members)))
             continue
-        candidates = {p.key: _candidates(p, cluster) for p in placing}
+        candidates = {p.key: release_place.candidates(p, cluster) for p in placing}
         reachable: frozenset[str] = frozenset().union(*candidates.values())
-        placed = _place(placing, candidates, rooms, everywhere if cfg.backfill else everywhere - reserved)
+        placed = release_place.place(placing, candidates, rooms, everywhere if cfg.backfill else everywhere - reserved,
+                                     scoring=config.scoring)
         if placed is not None:
             chosen, trial = placed
             rooms.update(trial)
@@ -490,38 +351,33 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float) -
                                          members=members))
             continue
         members = tuple(_member(p, gate=gate) for p in gang.members)
-        unmarked = tuple(p.key for p in gang.members if mark not in p.annotations)
-        if not cfg.backfill and reserved & reachable and _place(placing, candidates, rooms, everywhere):
+        waited = gang.waited(mark=mark, now=now)
+        limit = cfg.max_wait_seconds if gang.single else cfg.gang_max_wait_seconds
+        if waited > limit:
+            message, _, _ = release_place.shortfall(placing, candidates, rooms, cluster)
+            message = (f"not placed within {limit:g}s ({message}); released unpinned so that kube-scheduler's "
+                       "preemption and cluster autoscalers can act on it")
+            decisions.append(gang.decide(Action.RELEASE_ALONE, message, "Warning", UNPLACED, members=members))
+            continue
+        unmarked = () if gang.single else tuple(p.key for p in gang.members if mark not in p.annotations)
+        never = False
+        if not cfg.backfill and reserved & reachable and release_place.place(
+                placing, candidates, rooms, everywhere, scoring=config.scoring):
             message = (f"complete; fits, but queued behind {', '.join(blockers)} (backfill off: "
                        "the nodes they could use are kept for them)")
             decisions.append(gang.decide(Action.WAIT, message, "Normal", WAITING, members=members,
                                          waiting=Waiting.QUEUED, mark=unmarked))
         else:
-            message, missing, never = _shortfall(placing, candidates, rooms)
+            message, missing, never = release_place.shortfall(placing, candidates, rooms, cluster)
+            if never:
+                message += "; reserves no node"
             decisions.append(gang.decide(Action.WAIT, message, "Warning" if never else "Normal", WAITING,
                                          members=members, waiting=Waiting.CAPACITY, mark=unmarked))
-            demand.append(Demand(gang.key, gang.priority, gang.created, placing, tuple(sorted(reachable)), missing))
-        reserved |= reachable
-        blockers.append(gang.key)
+            if not never:
+                demand.append(Demand(gang.key, gang.priority, gang.created, placing, tuple(sorted(reachable)),
+                                     missing))
+        # A gang that can never fit would hold its nodes forever; none holds them past the reservation bound.
+        if not never and waited <= cfg.reservation_seconds:
+            reserved |= reachable
+            blockers.append(gang.key)
     return Plan(tuple(decisions) + tuple(idle), tuple(demand))
-
-
-def _shortfall(
-    members: Sequence[snapshot.Pod], candidates: Mapping[str, frozenset[str]], rooms: Mapping[str, _Room]
-) -> tuple[str, int, bool]:
-    """Why a complete gang does not fit: (message, full GPUs missing, can never fit)."""
-    homeless = [p.key for p in members if not candidates[p.key]]
-    if homeless:
-        return f"complete; {', '.join(homeless)} match no GPU node (taints, selectors, affinity)", 0, True
-    nodes = frozenset().union(*candidates.values())
-    need = sum(p.request.full for p in members)
-    free = sum(rooms[n].free for n in nodes if n in rooms)
-    total = sum(rooms[n].node.allocatable.full for n in nodes if n in rooms)
-    if need > total:
-        return (f"complete; needs {need} GPUs but the nodes it may use have {total} in all: it can never fit "
-                "as the cluster stands", need - free, True)
-    if need > free:
-        return f"complete; waiting for {need - free} more free GPUs ({need} needed, {free} free on its nodes)", \
-            need - free, False
-    return (f"complete; {free} GPUs free on its nodes but not in a simultaneous placement with each member "
-            "inside one NVLink domain (fragmented)", 0, False)

@@ -35,7 +35,7 @@ def gpu_node(
         "metadata": {"name": name, "labels": node_labels, "annotations": annotations},
         "spec": {},
         "status": {
-            "allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "64", "memory": "512Gi"},
+            "allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "64", "memory": "512Gi", "pods": "110"},
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
         },
     }

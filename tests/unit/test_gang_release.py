@@ -20,6 +20,7 @@ MARK = gang_release.complete_mark(NAMES)
 NOW = datetime.datetime(2026, 11, 21, 12, 0, tzinfo=datetime.UTC).timestamp()
 RECENT = "2026-11-21T11:59:00Z"  # a minute before NOW
 LONG_AGO = "2026-11-21T10:00:00Z"  # two hours before NOW
+EARLIER = "2026-11-21T11:58:20Z"  # before RECENT, within the default reservation bound (120 s)
 SPLIT_8 = [range(4), range(4, 8)]  # an 8-GPU node with two NVLink domains of 4
 
 A = gang_release.Action
@@ -111,7 +112,7 @@ def check(decision: gang_release.Decision, want: Want) -> None:
 EIGHT = builders.gpu_node("big", gpus=8, domains=SPLIT_8)
 LAUNCHER = member("j-launcher", gang="j", size=5, gpus=0, priority=0)  # an MPI launcher: no GPU, no tier
 # An older 2x4-GPU gang that does not fit "big" while 2 of its GPUs are busy.
-LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=LONG_AGO), running("busy", node="big", gpus=2)]
+LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("busy", node="big", gpus=2)]
 
 
 @pytest.mark.parametrize(
@@ -154,7 +155,7 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=LONG_AGO), running("b
         ),
         pytest.param(
             [EIGHT],
-            [*gang("older", 2, size=2, gpus=4, created="2026-11-21T11:00:00Z"),
+            [*gang("older", 2, size=2, gpus=4, created="2026-11-21T11:50:00Z"),
              *gang("urgent", 2, size=2, gpus=4, priority=100_000)],
             config(),
             {"team/urgent": Want(A.RELEASE, gang_release.RELEASED, "one node",
@@ -191,7 +192,7 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=LONG_AGO), running("b
         ),
         pytest.param(
             [EIGHT, builders.gpu_node("other-pool", gpus=2, labels={"pool": "b"})],
-            [*gang("large", 2, size=2, gpus=4, created=LONG_AGO, selector={"kubernetes.io/hostname": "big"}),
+            [*gang("large", 2, size=2, gpus=4, created=EARLIER, selector={"kubernetes.io/hostname": "big"}),
              running("busy", node="big", gpus=2), *gang("elsewhere", 2, size=2, gpus=1, selector={"pool": "b"})],
             config(backfill=False),
             {"team/large": Want(A.WAIT, gang_release.WAITING, "waiting for 2 more", waiting=W.CAPACITY),
@@ -207,12 +208,14 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=LONG_AGO), running("b
         ),
         pytest.param(
             [EIGHT], [member("nameless", labels={})], config(),
-            {"team/nameless": Want(A.RELEASE_ALONE, gang_release.INVALID, "names no gang", ungate=["nameless"])},
-            id="gate-without-gang-labels-released-with-warning",
+            {"team/nameless": Want(A.RELEASE, gang_release.RELEASED, "placed on big: NVLink score",
+                                   pins={"nameless": "big"}, ungate=["nameless"])},
+            id="gated-pod-without-gang-is-placed-as-a-gang-of-one",
         ),
         pytest.param(
             [EIGHT], [member("nameless", labels={}, gpus=0)], config(),
-            {"team/nameless": Want(A.RELEASE_ALONE, gang_release.INVALID, "names no gang", ungate=["nameless"])},
+            {"team/nameless": Want(A.RELEASE_ALONE, gang_release.INVALID, "names no gang and requests no GPU",
+                                   ungate=["nameless"])},
             id="gate-without-gang-labels-or-gpus-released-with-warning",
         ),
         pytest.param(
@@ -278,7 +281,9 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=LONG_AGO), running("b
         ),
         pytest.param(
             [EIGHT], gang("train", 2, size=2, gpus=16), config(),
-            {"team/train": Want(A.WAIT, gang_release.WAITING, "it can never fit", waiting=W.CAPACITY)},
+            {"team/train": Want(A.WAIT, gang_release.WAITING, "can run on no node as the cluster stands (requests "
+                                "more than the node has: nvidia.com/gpu 16 > 8); reserves no node",
+                                waiting=W.CAPACITY)},
             id="gang-larger-than-its-nodes-says-it-can-never-fit",
         ),
         pytest.param(
@@ -324,8 +329,8 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=LONG_AGO), running("b
         pytest.param(
             [EIGHT], [*LARGE_BLOCKED, *gang("cpu", 2, size=2, gpus=0)], config(backfill=False),
             {"team/large": Want(A.WAIT, gang_release.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
-             "team/cpu": Want(A.RELEASE, gang_release.RELEASED, "no member requests a GPU: nothing to place, all 2 "
-                              "un-gated together", pins={}, ungate=["cpu-0", "cpu-1"])},
+             "team/cpu": Want(A.RELEASE, gang_release.RELEASED, "no member to place: all 2 un-gated together, "
+                              "unpinned", pins={}, ungate=["cpu-0", "cpu-1"])},
             id="gang-without-gpus-released-when-complete-never-queued-behind-gpu-gangs",
         ),
     ],
@@ -362,8 +367,9 @@ def test_demand_lists_only_gangs_waiting_for_capacity() -> None:
         ),
         pytest.param(
             [], 1,
-            Want(A.WAIT, gang_release.WAITING, "4 GPUs free on its nodes but not in a simultaneous placement with "
-                 "each member inside one NVLink domain (fragmented)", waiting=W.CAPACITY),
+            Want(A.WAIT, gang_release.WAITING, "4 GPUs free on its nodes but no simultaneous placement with each "
+                 "member inside one NVLink domain and its other requests met (needs 4 GPU in one NVLink domain)",
+                 waiting=W.CAPACITY),
             id="split-free-gpus-are-not-enough",
         ),
     ],
@@ -388,7 +394,7 @@ def test_demand_for_reclaim_holds_only_the_members_that_need_gpus() -> None:
 
 
 def test_waiting_gangs_ask_for_the_complete_mark_once() -> None:
-    pods = [*gang("large", 2, size=2, gpus=4, created="2026-11-21T11:00:00Z"), running("busy", node="big", gpus=2),
+    pods = [*gang("large", 2, size=2, gpus=4, created="2026-11-21T11:50:00Z"), running("busy", node="big", gpus=2),
             member("done-0", gang="done", size=2, gpus=8, annotations={MARK: "x"}),
             member("done-1", gang="done", size=2, gpus=8)]
     decisions = outcome(gang_release.plan(cluster([EIGHT], pods), config=config(), now=NOW))

@@ -1,0 +1,144 @@
+"""The one capacity model: what a pod could get on a node now. Webhook ranking, release planning and
+reclaim planning all ask it; nothing else in the project counts a node's free resources.
+
+A node's room is its allocatable resources less what the pods holding it request (`snapshot.Node.requested`:
+bound pods until they are gone, terminating ones included; pods the scheduler nominated to it; pods we pinned
+to it and released but not bound yet), and its free GPU indices per NVLink domain (observed from DCGM where
+present, else the placement policy's estimate, `common.placement`).
+
+A pod may go to a node when kube-scheduler's filters would let it (`fit.why_not`: readiness and cordon,
+taints, nodeSelector, required node affinity) and its requests fit what is free there
+(`resources.shortages`: the NodeResourcesFit filter, pod slots included); its whole GPUs then land where the
+placement policy puts them. Planners take from a `Room` as they plan, so pods placed earlier in one plan
+count against later ones.
+
+Deliberately not modelled (the scheduler may still refuse a node we would choose, never the reverse for
+what is modelled): inter-pod (anti-)affinity, topology spread, volume and port constraints, dynamic
+resource claims. Such pods are placed by kube-scheduler alone (see `ungoverned`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Set
+from typing import Any
+
+from common import fit, gpu, nvlink_score, placement, resources, settings, snapshot
+
+# Pod spec fields whose scheduler filters the model does not evaluate: a plan for such a pod could pin it
+# where the scheduler then refuses it.
+UNMODELLED_SPEC = ("resourceClaims",)
+UNMODELLED_AFFINITY = ("podAffinity", "podAntiAffinity")
+
+
+def ungoverned(pod_spec: Mapping[str, Any]) -> str | None:
+    """Why the model cannot answer for this pod (so a planner must not pin it), or None when it can."""
+    for field in UNMODELLED_SPEC:
+        if pod_spec.get(field):
+            return f"spec.{field} (not modelled)"
+    affinity = pod_spec.get("affinity") or {}
+    for field in UNMODELLED_AFFINITY:
+        if isinstance(affinity, Mapping) and (affinity.get(field) or {}).get(
+                "requiredDuringSchedulingIgnoredDuringExecution"):
+            return f"required {field} (not modelled)"
+    if pod_spec.get("topologySpreadConstraints"):
+        hard = [c for c in pod_spec["topologySpreadConstraints"] if isinstance(c, Mapping)
+                and c.get("whenUnsatisfiable", "DoNotSchedule") == "DoNotSchedule"]
+        if hard:
+            return "topologySpreadConstraints DoNotSchedule (not modelled)"
+    return None
+
+
+def never(pod_spec: Mapping[str, Any], requests: Mapping[str, int], node: snapshot.Node) -> str | None:
+    """Why the pod can never run on the node as it stands, however empty (None: it could): the scheduler's
+    filters, or a request larger than the node offers at all."""
+    why = fit.why_not(pod_spec, node)
+    if why:
+        return why
+    too_big = [name for name, amount in sorted(requests.items()) if amount > node.resources.get(name, 0)]
+    if too_big:
+        return "requests more than the node has: " + ", ".join(
+            f"{name} {requests[name]} > {node.resources.get(name, 0)}" for name in too_big)
+    if node.resources.get(resources.PODS, 0) < 1:
+        return "node runs no pods (allocatable pods 0)"
+    return None
+
+
+@dataclasses.dataclass
+class Room:
+    """What a node has left while a plan is made (a mutable working copy; `Room.of` is fresh each time)."""
+
+    node: snapshot.Node
+    free: dict[str, int]  # allocatable less requested, per resource (pod slots under `pods`)
+    domains: list[list[int]]  # free full-GPU indices per NVLink domain
+
+    @classmethod
+    def of(cls, node: snapshot.Node, *, cluster: snapshot.Snapshot | None = None,
+           leaving: Set[str] = frozenset()) -> Room:
+        """The node's room now; `leaving`: keys of pods holding it that are to count as gone (victims a
+        reclaim plan evicts), looked up in `cluster`."""
+        free = resources.subtract(node.resources, node.requested)
+        domains = [list(d) for d in node.free_by_domain()]
+        if leaving and cluster is not None:
+            for key in (*node.pods, *node.reserved):
+                if key in leaving:
+                    pod = cluster.pods[key]
+                    free = resources.add(free, pod.requests, {resources.PODS: 1})
+                    back = set(pod.gpu_indices)
+                    domains = [sorted({*d, *(i for i in full if i in back)})
+                               for d, full in zip(domains, node.topology.domains, strict=True)]
+        return cls(node, free, domains)
+
+    def copy(self) -> Room:
+        return Room(self.node, dict(self.free), [list(d) for d in self.domains])
+
+    @property
+    def free_gpus(self) -> int:
+        return max(0, self.free.get(gpu.FULL_GPU, 0))
+
+    def place(self, requests: Mapping[str, int], request: gpu.GpuRequest, *,
+              one_domain: bool = True) -> placement.Allocation | str:
+        """Where the pod's GPUs would land here, or why it does not fit now. `one_domain`: refuse to span
+        NVLink domains when the pod could fit one domain of this node (it should wait for one instead)."""
+        for profile, count in sorted(request.mig.items()):
+            free = self.free.get(gpu.MIG_PREFIX + profile, 0)
+            if free < count:
+                return f"needs {count}x MIG {profile}, {max(0, free)} free"
+        if request.full > self.free_gpus:
+            return f"needs {request.full} GPU, {self.free_gpus} free"
+        short = [s for s in resources.shortages(requests, self.free)
+                 if not s.startswith(("Insufficient " + gpu.FULL_GPU, "Insufficient " + gpu.MIG_PREFIX))]
+        if short:
+            return ", ".join(short)
+        if not request.full:
+            return placement.Allocation((), ())
+        allocation = placement.allocate(self.domains, request.full)
+        if allocation is None:
+            return f"needs {request.full} GPU, free indices do not suffice"
+        topo = self.node.topology
+        if one_domain and topo.known and request.full <= topo.domain_size and allocation.spanned > 1:
+            return f"needs {request.full} GPU in one NVLink domain"
+        return allocation
+
+    def take(self, requests: Mapping[str, int], allocation: placement.Allocation) -> None:
+        self.free = resources.subtract(self.free, {**requests, resources.PODS: 1})
+        taken = set(allocation.indices)
+        self.domains = [[i for i in d if i not in taken] for d in self.domains]
+
+
+def place_pod(pod: snapshot.Pod, room: Room, *, one_domain: bool = True) -> placement.Allocation | str:
+    """`Room.place` for a snapshot pod, after the filters (`fit.why_not`)."""
+    why = fit.why_not(pod.raw.get("spec") or {}, room.node)
+    if why:
+        return why
+    return room.place(pod.requests, pod.request, one_domain=one_domain)
+
+
+def score(room: Room, gpus: int, cfg: settings.Scoring) -> nvlink_score.NodeScore | None:
+    """The brief's NVLink score of the node as this room leaves it, for a pod of `gpus` whole GPUs (None: it
+    asks for none, or they do not fit)."""
+    if gpus <= 0:
+        return None
+    node = room.node
+    return nvlink_score.score(gpus, name=node.name, free=room.domains, free_gpus=room.free_gpus,
+                              gpu_count=node.gpu_count, topo=node.topology, cfg=cfg)

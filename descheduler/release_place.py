@@ -1,0 +1,200 @@
+"""Where a gang (or a single pod, a gang of one) goes at release: a search over the one capacity model.
+
+Pure. Every member at once, each within one NVLink domain where the node's topology is known (a member
+larger than the node's domains spans the fewest), on what is free now (`common.capacity`).
+- A gang of several members: one node (the tightest), else one multi-node NVLink clique, else the fewest
+  nodes; the largest member first, onto a node the gang already uses (tightest) before a new one (the
+  emptiest, so fewer nodes are needed).
+- A gang of one (a single pod we govern): the node with the best NVLink score (`common.nvlink_score`: the
+  brief's rule, the same as the webhook's ranking), then the packing rule: the fewest free GPUs left on the
+  node after it, then on the NVLink domain it lands in (the placement policy fills the smallest free domain
+  that fits). Whole domains and whole nodes so stay free for the pods that need them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from common import capacity, placement, settings, snapshot
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    nodes: Mapping[str, str]  # pod key -> node
+    clique: str | None  # the multi-node NVLink domain holding the whole gang, if one does
+    spanning: tuple[str, ...]  # members that span several NVLink domains (larger than any)
+    why: str = ""  # a gang of one: its score and what decided
+
+    def describe(self) -> str:
+        used = sorted(set(self.nodes.values()))
+        if len(self.nodes) == 1 and self.why:
+            return f"placed on {used[0]}: {self.why}"
+        where = f"{len(self.nodes)} members on {len(used)} node(s) ({', '.join(used)})"
+        if len(used) == 1:
+            why = "one node"
+        elif self.clique:
+            why = f"one multi-node NVLink domain {self.clique}"
+        else:
+            why = "no single node or NVLink clique could hold the gang: fewest nodes"
+        domains = (
+            f"; {', '.join(self.spanning)} span several NVLink domains (larger than one)"
+            if self.spanning
+            else "; each member within one NVLink domain"
+        )
+        return f"{where}: {why}{domains}"
+
+
+Rooms = Mapping[str, capacity.Room]
+
+
+def rooms(cluster: snapshot.Snapshot, *, assumed: Mapping[str, str] = {}) -> dict[str, capacity.Room]:
+    """Every schedulable node's room now. `assumed`: pods we released (pod key -> node) that the snapshot
+    does not show holding that node yet; their requests are taken from it, as the scheduler's cache does."""
+    out = {name: capacity.Room.of(node) for name, node in cluster.nodes.items() if node.schedulable}
+    for key, node in sorted(assumed.items()):
+        pod, room = cluster.pods.get(key), out.get(node)
+        if pod is None or room is None or pod.held_on is not None:
+            continue
+        choice = room.place(pod.requests, pod.request, one_domain=False)
+        if isinstance(choice, placement.Allocation):
+            room.take(pod.requests, choice)
+        else:  # over-committed in our view: still keep what it asks off the node
+            room.take(pod.requests, placement.Allocation((), ()))
+    return out
+
+
+def candidates(pod: snapshot.Pod, cluster: snapshot.Snapshot) -> frozenset[str]:
+    """Nodes the pod could ever run on as they stand: the scheduler's filters and what they offer at all."""
+    spec = pod.raw.get("spec") or {}
+    return frozenset(name for name, node in cluster.nodes.items()
+                     if capacity.never(spec, pod.requests, node) is None)
+
+
+def _one(pod: snapshot.Pod, names: frozenset[str], rooms: Rooms, scoring: settings.Scoring,
+         ) -> tuple[tuple[float, int, int, str], str, placement.Allocation, str] | None:
+    best: tuple[tuple[float, int, int, str], str, placement.Allocation, str] | None = None
+    for name in sorted(names):
+        room = rooms[name]
+        choice = room.place(pod.requests, pod.request)
+        if not isinstance(choice, placement.Allocation):
+            continue
+        need = pod.request.full
+        score = capacity.score(room, need, scoring)
+        points = score.score if score is not None else 0.0
+        domain_left = min((len(room.domains[d]) for d in choice.domains), default=0) - need
+        rank = (-points, room.free_gpus - need, domain_left, name)
+        if best is None or rank < best[0]:
+            why = (f"NVLink score {points:g} ({score.explain()}); {room.free_gpus - need} GPUs left free there"
+                   if score is not None else f"{room.free_gpus - need} GPUs left free there")
+            best = (rank, name, choice, why)
+    return best
+
+
+def _greedy(
+    members: Sequence[snapshot.Pod],
+    candidates: Mapping[str, frozenset[str]],
+    rooms: Rooms,
+    allowed: frozenset[str],
+) -> tuple[dict[str, str], dict[str, capacity.Room], list[str]] | None:
+    trial: dict[str, capacity.Room] = {}
+    nodes: dict[str, str] = {}
+    spanning: list[str] = []
+    order = sorted(members, key=lambda p: (-p.request.full, -sum(p.request.mig.values()), p.key))
+    for pod in order:
+        best: tuple[tuple[bool, int, int, str], str, placement.Allocation] | None = None
+        for name in sorted(candidates[pod.key] & allowed):
+            if name not in rooms:
+                continue
+            room = trial.get(name) or rooms[name]
+            choice = room.place(pod.requests, pod.request)
+            if not isinstance(choice, placement.Allocation):
+                continue
+            fresh = name not in trial
+            left = room.free_gpus
+            rank = (fresh, choice.spanned, -left if fresh else left - pod.request.full, name)
+            if best is None or rank < best[0]:
+                best = (rank, name, choice)
+        if best is None:
+            return None
+        _, name, choice = best
+        if name not in trial:
+            trial[name] = rooms[name].copy()
+        trial[name].take(pod.requests, choice)
+        nodes[pod.key] = name
+        if choice.spanned > 1:
+            spanning.append(pod.key)
+    return nodes, trial, sorted(spanning)
+
+
+def place(
+    members: Sequence[snapshot.Pod],
+    candidates: Mapping[str, frozenset[str]],
+    rooms: Rooms,
+    allowed: frozenset[str],
+    *,
+    scoring: settings.Scoring,
+) -> tuple[Placement, dict[str, capacity.Room]] | None:
+    """The best simultaneous placement within `allowed` nodes, and the rooms it leaves (None: none fits)."""
+    usable = frozenset(n for n in allowed if n in rooms)
+    if len(members) == 1:
+        pod = members[0]
+        found = _one(pod, candidates[pod.key] & usable, rooms, scoring)
+        if found is None:
+            return None
+        _, name, choice, why = found
+        room = rooms[name].copy()
+        room.take(pod.requests, choice)
+        return Placement({pod.key: name}, None, (pod.key,) if choice.spanned > 1 else (), why), {name: room}
+    everyone = frozenset.intersection(*(candidates[p.key] for p in members)) & usable if members else usable
+    cliques: dict[str, set[str]] = {}
+    for name in usable:
+        clique = rooms[name].node.topology.clique
+        if clique:
+            cliques.setdefault(clique, set()).add(name)
+    options = [frozenset([n]) for n in sorted(everyone)] + [frozenset(n) for _, n in sorted(cliques.items())]
+    best: tuple[tuple[int, int, int, str], Placement, dict[str, capacity.Room]] | None = None
+    for nodes in [*options, usable]:
+        result = _greedy(members, candidates, rooms, nodes)
+        if result is None:
+            continue
+        assigned, trial, spanning = result
+        used = sorted(set(assigned.values()))
+        held = {rooms[n].node.topology.clique for n in used}
+        clique = next(iter(held)) if len(held) == 1 else None
+        together = len(used) == 1 or clique is not None
+        leftover = sum(trial[n].free_gpus for n in used)
+        rank = (0 if together else 1, len(used), leftover, ",".join(used))
+        if best is None or rank < best[0]:
+            best = (rank, Placement(assigned, clique, tuple(spanning)), trial)
+    return None if best is None else (best[1], best[2])
+
+
+def shortfall(
+    members: Sequence[snapshot.Pod], candidates: Mapping[str, frozenset[str]], rooms: Rooms,
+    cluster: snapshot.Snapshot,
+) -> tuple[str, int, bool]:
+    """Why a complete gang does not fit: (message, full GPUs missing, can never fit as the cluster stands)."""
+    homeless = [p for p in members if not candidates[p.key]]
+    if homeless:
+        pod = homeless[0]
+        spec = pod.raw.get("spec") or {}
+        reasons = sorted({r for node in cluster.nodes.values()
+                          if (r := capacity.never(spec, pod.requests, node))})[:3]
+        detail = f" ({'; '.join(reasons)})" if reasons else " (no GPU node)"
+        names = ", ".join(p.key for p in homeless)
+        return f"complete; {names} can run on no node as the cluster stands{detail}", 0, True
+    nodes = frozenset().union(*candidates.values())
+    need = sum(p.request.full for p in members)
+    free = sum(rooms[n].free_gpus for n in nodes if n in rooms)
+    total = sum(rooms[n].node.allocatable.full for n in nodes if n in rooms)
+    if need > total:
+        return (f"complete; needs {need} GPUs but the nodes it may use have {total} in all: it can never fit "
+                "as the cluster stands", need - free, True)
+    if need > free:
+        return f"complete; waiting for {need - free} more free GPUs ({need} needed, {free} free on its nodes)", \
+            need - free, False
+    reasons = sorted({str(got) for p in members for n in sorted(candidates[p.key]) if n in rooms
+                      and isinstance(got := rooms[n].place(p.requests, p.request), str)})[:3]
+    return (f"complete; {free} GPUs free on its nodes but no simultaneous placement with each member inside "
+            f"one NVLink domain and its other requests met ({'; '.join(reasons)})", 0, False)
