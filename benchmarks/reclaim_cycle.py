@@ -80,7 +80,7 @@ PENDING = ((1, None, 10000), (2, None, 10000), (0, "1g.10gb", 4000), (4, None, 1
 def _node(name: str, allocatable: dict[str, str], annotations: dict[str, str]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}, "annotations": annotations},
-            "spec": {}, "status": {"allocatable": {"cpu": "64", "memory": "512Gi", **allocatable},
+            "spec": {}, "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110", **allocatable},
                                    "conditions": [{"type": "Ready", "status": "True"}]}}
 
 

@@ -7,27 +7,32 @@ each with its reason, plus what each demand got. No I/O, no clock.
 
 Rules, in order:
 1. Screening: protections (never DaemonSet, mirror, system-critical, terminating, opted-out pods or
-   nodes reconfiguring MIG), a reclaimable class policy, scheduled for longer than both toleration and
-   idle window, idle by its assessment (fail closed), no workload or node cooldown.
+   nodes reconfiguring MIG) and the operators' conventions (bare pods, local storage, safe-to-evict,
+   do-not-disrupt: `protections`), a reclaimable class policy, scheduled for longer than both toleration
+   and idle window, idle by its assessment (fail closed), no workload or node cooldown, not already
+   leaving (evicted by us in an earlier cycle).
 2. Gangs are units: a gang member is a victim only with every running member of its gang, and only
    if all of them passed screening. Running members that request no GPU (an MPI launcher) go with
    their gang: screened by the protections only (their idleness and class policy say nothing about
    GPUs, the GPU members' do), evicted after its GPU members, never a victim alone or for a gang of
-   no GPU members.
-3. on-demand: demands by priority (desc) then age; a demand takes nothing if it is cooling down, has
-   preemptionPolicy Never, or already fits somewhere. Each member (largest first) goes to the node
+   no GPU members. A native PodGroup with `disruptionMode: single` is no unit: its pods go alone.
+3. on-demand: demands by priority (desc) then age; a demand takes nothing if kube-scheduler's message
+   or nomination rules it out (`Demand.ignored`), it is cooling down, has preemptionPolicy Never, or
+   already fits somewhere — counting pods already leaving as gone (terminating ones for anyone, those we
+   evicted for a pending demand for that demand only). Each member (largest first) goes to the node
    whose minimal victim set is cheapest; all members must be placed or the demand takes nothing.
    A victim unit qualifies if the demand's priority >= its minimum-preemptable-priority and it frees
    what the member needs: the same MIG profile for MIG members; full GPUs on a node without MIG
-   partitions for full-GPU members, forming one NVLink domain that holds the member when the node's
-   topology is known. Minimal set: units by GPUs (desc) then priority (asc) until it fits, then drop
-   any unit not needed (highest priority first). Exact, without a search of every node: nodes that
-   cannot hold the member even with every eligible unit evicted are screened out (by count, then
-   NVLink), the rest are searched by a lower bound of their cost; untouched nodes are screened once
-   per cycle for each kind of member.
+   partitions for full-GPU members. Whether the member then fits is the one capacity model's answer
+   (`common.capacity.Room`): GPUs in one NVLink domain when the node's topology is known, CPU, memory,
+   pod slots and every other resource on that node. Minimal set: units by GPUs (desc) then priority
+   (asc) until it fits, then drop any unit not needed (highest priority first). Exact, without a search
+   of every node: nodes that cannot hold the member even with every eligible unit evicted are screened
+   out (by count, then the capacity model), the rest are searched by a lower bound of their cost;
+   untouched nodes are screened once per cycle for each kind of member.
    always: every idle unit is evicted, no preemptor needed.
-4. Limits (per cycle, per node, per namespace) are charged per unit; a unit that would cross one
-   is spared with the limit as its reason.
+4. Limits (per cycle, per node, per namespace) count decisions (`limits`: a gang once); a unit that
+   would cross one is spared with the limit as its reason, which names the gang it spares.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Any
 
-from common import fit, gangs, gpu, placement, settings, snapshot, timestamps
+from common import capacity, fit, gangs, gpu, placement, settings, snapshot, timestamps
 from descheduler import cooldowns, limits, policy, protections, unschedulable, utilisation
 
 NEVER = "Never"
@@ -59,6 +64,7 @@ class Member:
     pod: str  # namespace/name
     request: gpu.GpuRequest
     spec: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # what fit.why_not reads
+    requests: Mapping[str, int] = dataclasses.field(default_factory=dict)  # every resource (`Pod.requests`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +124,7 @@ def gang_demand(gang: str, members: Sequence[snapshot.Pod]) -> Demand:
 def _demand(key: str, pods: Sequence[snapshot.Pod], *, gang: str | None, ignored: str | None = None) -> Demand:
     return Demand(
         key=key,
-        members=tuple(Member(p.key, p.request, p.raw.get("spec") or {}) for p in pods),
+        members=tuple(Member(p.key, p.request, p.raw.get("spec") or {}, p.requests) for p in pods),
         priority=min(p.priority for p in pods),
         preemption_policy=NEVER if any(p.preemption_policy == NEVER for p in pods) else "PreemptLowerPriority",
         created=min(p.created for p in pods),
@@ -298,51 +304,23 @@ class _Unit:
 
 @dataclasses.dataclass
 class _NodeState:
-    """What planned evictions free and planned placements claim on one node."""
+    """What planned evictions free and planned placements take on one node."""
 
     freed: set[str] = dataclasses.field(default_factory=set)  # pod keys
-    claimed_full: int = 0
-    claimed_indices: set[int] = dataclasses.field(default_factory=set)
-    claimed_mig: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    taken: list[tuple[Mapping[str, int], placement.Allocation]] = dataclasses.field(default_factory=list)
 
     def copy(self) -> _NodeState:
-        return _NodeState(set(self.freed), self.claimed_full, set(self.claimed_indices),
-                          collections.Counter(self.claimed_mig))
+        return _NodeState(set(self.freed), list(self.taken))
 
 
-def _room(
-    node: snapshot.Node, cluster: snapshot.Snapshot, state: _NodeState, extra_freed: set[str]
-) -> tuple[int, list[list[int]], collections.Counter[str]]:
-    """Free full GPUs, free indices per NVLink domain, free MIG slices by profile."""
-    freed = state.freed | extra_freed
-    staying = [p for p in cluster.pods_on(node.name) if p.key not in freed]
-    full = node.allocatable.full - sum(p.request.full for p in staying) - state.claimed_full
-    used = {i for p in staying for i in p.gpu_indices} | state.claimed_indices
-    mig: collections.Counter[str] = collections.Counter(node.allocatable.mig)
-    for pod in staying:
-        mig.subtract(pod.request.mig)
-    mig.subtract(state.claimed_mig)
-    return full, placement.free_by_domain(node.topology.domains, used), mig
-
-
-def _placement(
-    node: snapshot.Node, request: gpu.GpuRequest, room: tuple[int, list[list[int]], collections.Counter[str]]
-) -> placement.Allocation | str:
-    """Where the member's GPUs would go on the node, or why they do not fit."""
-    full, free_domains, mig = room
-    for profile, count in request.mig.items():
-        if mig[profile] < count:
-            return f"needs {count}x MIG {profile}, {max(0, mig[profile])} free"
-    if not request.full:
-        return placement.Allocation((), ())
-    if full < request.full:
-        return f"needs {request.full} GPU, {max(0, full)} free"
-    allocation = placement.allocate(free_domains, request.full)
-    if allocation is None:
-        return f"needs {request.full} GPU, free indices do not suffice"
-    if node.topology.known and request.full <= node.topology.domain_size and allocation.spanned > 1:
-        return f"needs {request.full} GPU in one NVLink domain"
-    return allocation
+def _room(node: snapshot.Node, cluster: snapshot.Snapshot, state: _NodeState,
+          extra_freed: Set[str] = frozenset()) -> capacity.Room:
+    """The node's room in the one capacity model once the freed pods are gone, less what earlier members
+    of this plan took: every resource (CPU, memory, pod slots...), GPUs per NVLink domain, MIG slices."""
+    room = capacity.Room.of(node, cluster=cluster, leaving=state.freed | extra_freed)
+    for requests, allocation in state.taken:
+        room.take(requests, allocation)
+    return room
 
 
 def _helps(unit: _Unit, node: str, request: gpu.GpuRequest) -> bool:
@@ -377,7 +355,7 @@ def _minimal_set(
 ) -> _Choice | str:
     def attempt(units: Iterable[_Unit]) -> placement.Allocation | str:
         freed = {c.pod.key for u in units for c in u.candidates}
-        return _placement(node, member.request, _room(node, cluster, state, freed))
+        return _room(node, cluster, state, freed).place(member.requests, member.request)
 
     ordered = sorted(eligible, key=lambda u: (-_gpus(u, node.name), u.priority, u.key))
     taken: list[_Unit] = []
@@ -630,9 +608,7 @@ def _on_demand(
                 break
             node_state = trial.setdefault(best.node, _NodeState())
             node_state.freed |= {c.pod.key for u in best.units for c in u.candidates}
-            node_state.claimed_full += member.request.full
-            node_state.claimed_indices |= set(best.allocation.indices)
-            node_state.claimed_mig.update(member.request.mig)
+            node_state.taken.append((member.requests, best.allocation))
             trial_taken |= {u.key for u in best.units}
             chosen.append((member, best))
         if failure is not None:
@@ -698,12 +674,15 @@ def _needs(request: gpu.GpuRequest) -> dict[str, int]:
 
 
 def _option(
-    node: snapshot.Node, request: gpu.GpuRequest, units: Sequence[_Unit], free: Mapping[str, int],
+    node: snapshot.Node, member: Member, units: Sequence[_Unit], free: Mapping[str, int],
     cluster: snapshot.Snapshot, state: _NodeState,
 ) -> _Option | str | None:
     """The node's option if evicting all of `units` lets the member fit; else why not (None: too few
     devices by count). Bound: any victim set frees at least each kind's shortfall in GPUs, needs at
-    least the fewest units covering it, and so evicts at least the that-many-th lowest priority."""
+    least the fewest units covering it, and so evicts at least the that-many-th lowest priority.
+    Counts suffice for the bound; the exact check is the capacity model's (NVLink domains and actual
+    indices, CPU, memory, pod slots and every other resource on this node)."""
+    request = member.request
     short = fewest = 0
     for kind, need in _needs(request).items():
         deficit = need - free.get(kind, 0)
@@ -715,36 +694,32 @@ def _option(
         if not covered or covered[-1] < deficit:
             return None
         short, fewest = short + deficit, max(fewest, bisect.bisect_left(covered, deficit) + 1)
-    if request.full:  # counts suffice; the NVLink domains and actual indices must too
-        freed = {p.key for u in units for p in u.on(node.name)}
-        placed = _placement(node, request, _room(node, cluster, state, freed))
-        if isinstance(placed, str):
-            return f"{node.name}: {placed} even after evicting every eligible idle pod"
+    freed = {p.key for u in units for p in u.on(node.name)}
+    placed = _room(node, cluster, state, freed).place(member.requests, request)
+    if isinstance(placed, str):
+        return f"{node.name}: {placed} even after evicting every eligible idle pod"
     # No shortfall: the empty set costs (0, 0, 0) and any other at least one GPU more.
     floor = sorted(u.priority for u in units)[fewest - 1] if fewest else 0
     return _Option((short, fewest, floor, node.name), tuple(units), free)
 
 
 def _screen(
-    index: _Index, name: str, request: gpu.GpuRequest, priority: int, *,
+    index: _Index, name: str, member: Member, priority: int, *,
     state: _NodeState | None = None, taken: Set[str] = frozenset(),
 ) -> _Option | str | None:
     """The node's option for a member of `priority`, or why it cannot hold it (None: nothing to say).
     `state` None: a node no demand of this cycle has touched, read straight from the snapshot."""
+    request = member.request
     node = index.cluster.nodes[name]
     if request.full and node.allocatable.mig:
         return f"{name}: partitioned by MIG, a full-GPU pod needs a node without MIG slices"
     idle_here = [u for u in index.by_node.get(name, ()) if u.key not in taken]
     present = [u for u in idle_here if _helps(u, name, request)]
     allowed = [u for u in present if priority >= u.minimum_preemptable]
-    if state is None:
-        state = _NodeState()
-        free = {"": node.allocatable.full - node.requested_full}
-        free.update({p: node.allocatable.mig.get(p, 0) - node.mig_used.get(p, 0) for p in request.mig})
-    else:
-        full, _, mig = _room(node, index.cluster, state, set())
-        free = {"": full, **mig}
-    found = _option(node, request, allowed, free, index.cluster, state)
+    state = state or _NodeState()
+    room = _room(node, index.cluster, state)
+    free = {"": room.free_gpus, **{p: room.free.get(gpu.MIG_PREFIX + p, 0) for p in request.mig}}
+    found = _option(node, member, allowed, free, index.cluster, state)
     if found is None and idle_here:
         return _short(name, request, idle_here, present, allowed)
     return found
@@ -799,14 +774,14 @@ class _Index:
         priority may take). Not `evicting` (the budget is spent): only nodes that hold it as they are."""
         request = member.request
         fit_key = fit.key(member.spec)
-        key = (fit_key, request.full, tuple(sorted(request.mig.items())),
+        key = (fit_key, request.full, tuple(sorted(request.mig.items())), tuple(sorted(member.requests.items())),
                bisect.bisect_right(self._floors, priority), evicting)
         kept = self._untouched.get(key) if fit_key is not None else None
         if kept is None:
             maybe = self._may_hold(request, evicting=evicting)
             options = []
             for name in self.nodes_for(member.spec):
-                found = _screen(self, name, request, priority) if name in maybe else None
+                found = _screen(self, name, member, priority) if name in maybe else None
                 if isinstance(found, _Option):
                     options.append(found)
             kept = sorted(options)
@@ -834,8 +809,8 @@ def _best_node(
 
     def screen_node(name: str) -> _Option | str | None:
         if name not in touched:
-            return _screen(index, name, request, demand.priority)
-        return _screen(index, name, request, demand.priority, state=trial.get(name) or _NodeState(), taken=taken)
+            return _screen(index, name, member, demand.priority)
+        return _screen(index, name, member, demand.priority, state=trial.get(name) or _NodeState(), taken=taken)
 
     spent = budget.spent()
     fresh = [o for o in map(screen_node, touched.intersection(names)) if isinstance(o, _Option)]
@@ -852,7 +827,7 @@ def _best_node(
         eligible = [u for u in option.units if limited[u.key] is None]
         if len(eligible) < len(option.units):  # limits take some units away: screen again without them
             why = "".join(sorted({f" ({w}{_whole(k)})" for k, w in limited.items() if w}))
-            found = _option(node, request, eligible, option.free, cluster, state)
+            found = _option(node, member, eligible, option.free, cluster, state)
             if not isinstance(found, _Option):
                 for unit in option.units:
                     if limited[unit.key]:

@@ -82,7 +82,8 @@ def gang(name: str) -> dict[str, str]:
 
 def mig_node(name: str, *, profiles: dict[str, int], state: str = "success") -> Raw:
     def mutate(body: Raw) -> None:
-        body["status"]["allocatable"] = {f"nvidia.com/mig-{p}": str(c) for p, c in profiles.items()}
+        body["status"]["allocatable"] = {**{f"nvidia.com/mig-{p}": str(c) for p, c in profiles.items()},
+                                         "cpu": "64", "memory": "512Gi", "pods": "110"}
         body["metadata"]["labels"][topology.MIG_CONFIG_STATE_LABEL] = state
 
     return builders.gpu_node(name, gpus=1, topology="none", mutate=mutate)

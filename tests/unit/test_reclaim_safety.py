@@ -277,3 +277,39 @@ def test_nominated_and_message_demands_are_recorded_not_dropped() -> None:
     cluster = snapshot.build(nodes=ONE, pods=[waiting(CPU_AND_MEMORY)], names=config.names, taken_at=0)
     [demand] = reclaim.demands_from_snapshot(cluster)
     assert demand.ignored and demand.ignored.startswith("kube-scheduler reports more than a GPU shortage")
+
+
+# --- The one capacity model: freeing GPUs must let the pod run on that node ------------------------------
+
+
+def cpu(pod: Raw, cores: str) -> Raw:
+    pod["spec"]["containers"][0].setdefault("resources", {}).setdefault("requests", {})["cpu"] = cores
+    return pod
+
+
+def hog(name: str, *, node: str, cores: str) -> Raw:
+    """A busy pod without GPUs holding CPU on the node."""
+    return cpu(builders.pod(name, namespace="team-c", node=node, phase="Running"), cores)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "pods", "evicted", "reason"),
+    [
+        pytest.param(ONE, [cpu(running("idle", node="n1"), "4"), hog("hog", node="n1", cores="58"),
+                           cpu(pending("want"), "8")],
+                     set(), "n1: Insufficient cpu even after evicting every eligible idle pod",
+                     id="short-of-cpu-on-the-node-evicts-nothing"),
+        pytest.param(ONE, [cpu(running("idle", node="n1"), "10"), hog("hog", node="n1", cores="50"),
+                           cpu(pending("want"), "8")], {("team-a/idle", DEMAND)}, "1 idle pod(s) evicted on n1",
+                     id="the-victim-frees-the-cpu-too"),
+        pytest.param(TWO, [cpu(running("cheap", node="n1", priority=10), "4"), hog("hog", node="n1", cores="58"),
+                           cpu(running("dear", node="n2", priority=900), "4"), cpu(pending("want"), "8")],
+                     {("team-a/dear", DEMAND)}, "1 idle pod(s) evicted on n2", id="goes-where-the-cpu-is"),
+    ],
+)
+def test_cpu_memory_and_the_rest_are_checked_on_the_candidate_node(
+    nodes: list[Raw], pods: list[Raw], evicted: set[tuple[str, str]], reason: str
+) -> None:
+    plan = run(nodes, pods, idle("team-a/idle", "team-a/cheap", "team-a/dear"))
+    assert {(e.pod, e.preemptor) for e in plan.evictions} == evicted
+    assert reason in outcome(plan)
