@@ -177,7 +177,7 @@ class FakePrometheus:
             util = 1.0 + i % 4 if i % 3 == 0 else 20.0 + i % 70  # a third idle
             gappy = i % 37 == 0
             samples = window / self._interval * (0.5 if gappy else 1.0)
-            gap = window / 2 / (window / samples) if gappy else 1.0  # in mean sample spacings
+            gap = window / 2 / (window / samples) if gappy else 1.0  # in observed scrape intervals
             stats = {"util": util, "samples": samples, "devices": devices, "valid": devices, "last": NOW - 20,
                      "lag": -0.5, "gap": gap}
             if below is not None and util >= below:

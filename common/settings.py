@@ -425,6 +425,12 @@ class Reclaim(Model):
         "the window's start. The interval is read from the data, so one value holds at 10 s, 15 s, 30 s or 60 s "
         "scrapes; 2 forgives one missed scrape.",
     )
+    max_scrape_interval_seconds: Seconds = pydantic.Field(
+        default=60,
+        description="Coverage by time: the longest scrape interval believed (seconds). A device's observed "
+        "interval is its window over its samples, so a few samples spread over a window would otherwise pass for "
+        "a slow scrape and excuse long gaps; sparser data is judged against this interval instead.",
+    )
     coverage_step_seconds: Seconds = pydantic.Field(
         default=10,
         description="Resolution (seconds) of the subqueries that find gaps and the first sample; finer for short "

@@ -13,11 +13,11 @@ when two distinct devices report. Per pod and kind:
 - `devices`: distinct devices reporting; `valid`: those of them with no copy averaging NaN;
 - `samples`: the fewest samples any device has in the window (its best-covered copy);
 - `last`: the oldest "newest sample" of any device (staleness);
-- coverage by time, not by count (see `coverage_terms`): `lag` (s) from the window's start to a device's
-  first sample, `gap` (s) the longest stretch of the window in which a device had no sample, and `ratio`
-  = that stretch in the device's own observed scrape intervals (window / its samples). The worst device
-  counts. A window is covered when `ratio` <= `reclaim.max_gap_intervals`: the same rule at 10 s, 15 s,
-  30 s or 60 s scrapes, with no scrape interval to configure.
+- coverage by time, not by count (see `coverage_terms`): `lag`, from the window's start to a device's
+  first sample, and `gap`, the longest stretch of the window in which a device had no sample, both in
+  the device's own observed scrape intervals (window / its samples, at most
+  `reclaim.max_scrape_interval_seconds`); the best copy of each device, the worst device of the pod. A
+  window is covered when both are <= `reclaim.max_gap_intervals`: one rule at 10, 15, 30 or 60 s scrapes.
 
 Label spellings: the pod/namespace/host label lists of `prometheus.labels` are copied onto our own
 `gs_*` labels in list order, so a later name overrides an earlier one when both are set. With the
@@ -72,15 +72,16 @@ def step_seconds(window_seconds: int, *, config: settings.Reclaim) -> int:
     return max(1, int(min(config.coverage_step_seconds, window_seconds // MIN_STEPS)))
 
 
-def coverage_terms(selector: str, window_seconds: int, step: int) -> dict[str, str]:
-    """Per series, in its own observed scrape intervals (window / samples in it):
+def coverage_terms(selector: str, window_seconds: int, step: int, *, max_interval: float) -> dict[str, str]:
+    """Per series, in its own observed scrape intervals (window / samples in it, at most `max_interval`: a
+    few samples spread over the window must not pass for a slow scrape):
     - `lag`: from the window's start to the first sample (negative: a sample before the start covers it);
     - `gap`: the longest stretch with no sample, the larger of the longest staleness seen by a subquery
       every `step` seconds (`time() - timestamp()`: exact to a step, but blind beyond Prometheus' lookback)
       and the time no sample was visible at all (what the lookback hides, and any time before the first).
     Both divide by the observed interval, so one bound holds at any scrape interval."""
     window, ranged = f"{window_seconds}s", f"[{window_seconds}s:{step}s]"
-    per_interval = f"count_over_time({selector}[{window}]) / {window_seconds}"
+    per_interval = f"clamp_min(count_over_time({selector}[{window}]) / {window_seconds}, {1 / max_interval:.6g})"
     lag = f"(min_over_time(timestamp({selector}){ranged}) - (time() - {window_seconds}))"
     stale = f"max_over_time((time() - timestamp({selector})){ranged})"
     steps = f"scalar(count_over_time(vector(1){ranged}))"
@@ -112,7 +113,7 @@ def query(window_seconds: int, *, config: settings.Prometheus, reclaim: settings
         # `x and on(...) (util < t)` keeps x only where util is below t (NaN < t is false too).
         keep = "" if below_percent is None else f" and on ({BY_POD}) ({util} < {below_percent:g})"
         count = device(f"count_over_time({ranged})", "max")
-        coverage = coverage_terms(selector, window_seconds, step)
+        coverage = coverage_terms(selector, window_seconds, step, max_interval=reclaim.max_scrape_interval_seconds)
         stats = {
             "util": util,
             "samples": f"min by ({BY_POD}) ({count}){keep}",
@@ -173,19 +174,19 @@ def _devices(pod: snapshot.Pod) -> dict[str, int]:
     return {kind: count for kind, count in wanted.items() if count}
 
 
-def _uncovered(stats: Stats, *, window_seconds: int, bound: float) -> str | None:
+def _uncovered(stats: Stats, *, window_seconds: int, config: settings.Reclaim) -> str | None:
     """Why the samples do not cover the window in time, or None. Gaps are measured in the device's own
     observed scrape interval (`coverage_terms`); seconds in the reason use the scarcest device's."""
-    samples = stats["samples"]
+    samples, bound = stats["samples"], config.max_gap_intervals
     if samples < MIN_SAMPLES:
         return f"{samples:g} samples over {window_seconds}s, need {MIN_SAMPLES} to see a scrape interval"
-    interval = window_seconds / samples
+    interval = min(window_seconds / samples, config.max_scrape_interval_seconds)
     if stats["lag"] > bound:
         return (f"first sample ~{stats['lag'] * interval:.0f}s after the window's start: "
-                f"{stats['lag']:.1f}x the mean sample spacing (~{interval:.0f}s), at most {bound:g}x")
+                f"{stats['lag']:.1f}x the observed scrape interval (~{interval:.0f}s), at most {bound:g}x")
     if stats["gap"] > bound:
         return (f"~{stats['gap'] * interval:.0f}s without a sample within the {window_seconds}s window: "
-                f"{stats['gap']:.1f}x the mean sample spacing (~{interval:.0f}s), at most {bound:g}x")
+                f"{stats['gap']:.1f}x the observed scrape interval (~{interval:.0f}s), at most {bound:g}x")
     return None
 
 
@@ -235,7 +236,7 @@ def assess(
             return failed(f"{metric[kind]}: a device averages NaN over {window_seconds}s")
         if any(math.isnan(stats.get(s, math.nan)) for s in STATS):
             return failed(f"{metric[kind]}: incomplete or NaN statistics")
-        uncovered = _uncovered(stats, window_seconds=window_seconds, bound=reclaim.max_gap_intervals)
+        uncovered = _uncovered(stats, window_seconds=window_seconds, config=reclaim)
         if uncovered:
             return failed(f"{metric[kind]}: coverage: {uncovered}")
         age = now - stats["last"]

@@ -250,6 +250,8 @@ COVERAGE_HISTORY = [
     Series(UTIL, dcgm("4", pod="hole-30", host="n3"), scraped(30, missing=(300, 200))),
     Series(UTIL, dcgm("5", pod="missed-one-60", host="n3"), scraped(60, missing=(250, 200))),
     Series(UTIL, dcgm("6", pod="long-hole-60", host="n3"), scraped(60, start=4000, missing=(2400, 1200))),
+    # Six samples spread over the hour: not a 10-minute scrape to trust, a series with 10-minute holes.
+    Series(UTIL, dcgm("7", pod="sparse", host="n3"), scraped(600, start=3590)),
     # dcgm-exporter scraped by two jobs: every device has two series.
     Series(UTIL, {**dcgm("0", pod="twice-one-gpu", host="n4"), **copy("a")}, scraped(15)),
     Series(UTIL, {**dcgm("0", pod="twice-one-gpu", host="n4"), **copy("b")}, scraped(15)),
@@ -295,6 +297,8 @@ def coverage_pod(name: str, *, node: str, gpus: int = 1) -> snapshot.Pod:
         pytest.param("missed-one-60", "n3", 1, TEN_MINUTES, True, "1.0% < 10%", id="60s-scrape-one-missed-is-fine"),
         pytest.param("long-hole-60", "n3", 1, HOUR, False, "without a sample within the 3600s window",
                      id="hole-longer-than-prometheus-lookback"),
+        pytest.param("sparse", "n3", 1, HOUR, False, "observed scrape interval (~60s), at most 2x",
+                     id="sparse-samples-are-no-slow-scrape"),
         pytest.param("twice-one-gpu", "n4", 2, TEN_MINUTES, False, "only 1 of 2 devices report",
                      id="2-gpu-pod-one-gpu-scraped-twice-is-not-2-gpus"),
         pytest.param("twice-both-gpus", "n4", 2, TEN_MINUTES, True, "1.0% < 10%", id="every-gpu-scraped-twice"),

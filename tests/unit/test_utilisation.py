@@ -83,9 +83,9 @@ def util_only(value: float) -> list[dict[str, Any]]:
         pytest.param(pod(), rows(util=10.0), False, "GPU utilisation 10.0% >= 10%", id="at-threshold-not-idle"),
         pytest.param(pod(), [], False, "no DCGM series for the pod over 3600s", id="no-series"),
         pytest.param(pod(), rows(gap=3.0), False, "coverage: ~180s without a sample within the 3600s window: "
-                     "3.0x the mean sample spacing (~60s), at most 2x", id="coverage-gap"),
-        pytest.param(pod(), rows(samples=10, lag=7.5), False, "coverage: first sample ~2700s after the window's "
-                     "start: 7.5x the mean sample spacing (~360s), at most 2x", id="coverage-late-start"),
+                     "3.0x the observed scrape interval (~60s), at most 2x", id="coverage-gap"),
+        pytest.param(pod(), rows(samples=10, lag=7.5), False, "coverage: first sample ~450s after the window's "
+                     "start: 7.5x the observed scrape interval (~60s), at most 2x", id="coverage-late-start"),
         pytest.param(pod(), rows(gap=2.0, lag=2.0), True, "2.0% < 10%", id="coverage-at-the-bound"),
         pytest.param(pod(), rows(samples=2, lag=-1, gap=1), False, "2 samples over 3600s, need 3 to see a scrape "
                      "interval", id="too-few-samples"),
