@@ -434,7 +434,8 @@ class Reclaim(Model):
     coverage_step_seconds: Seconds = pydantic.Field(
         default=10,
         description="Resolution (seconds) of the subqueries that find gaps and the first sample; finer for short "
-        "windows (at least 10 steps a window). Gaps are measured to within one step.",
+        "windows (at least 10 steps a window), coarser for long ones (at most 120 steps: the query's cost grows "
+        "with steps x GPUs). Gaps are measured to within one step.",
     )
     max_sample_age_seconds: Seconds = pydantic.Field(
         default=180, description="A pod whose newest DCGM sample is older than this is not idle (stale data)."

@@ -46,7 +46,7 @@ def test_query_is_one_expression_for_all_pods_with_every_label_spelling() -> Non
     promql = query(3600, statistic="average")
     # util, samples, devices, valid, and in each of the two coverage terms the samples per interval
     assert promql.count("[3600s])") == 2 * 6
-    assert promql.count("[3600s:10s]") == 2 * 6  # first sample, staleness, and twice all and visible steps
+    assert promql.count("[3600s:30s]") == 2 * 6  # first sample, staleness, and twice all and visible steps
     assert 'DCGM_FI_DEV_GPU_UTIL{GPU_I_PROFILE=""}' in promql
     assert 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!=""}[3600s]) * 100' in promql
     for label in ("pod", "exported_pod", "namespace", "exported_namespace", "Hostname", "hostname"):
@@ -57,7 +57,7 @@ def test_query_is_one_expression_for_all_pods_with_every_label_spelling() -> Non
     assert "count by (gs_namespace, gs_pod, gs_host) (max by (gs_namespace, gs_pod, gs_host, gs_device) (" in promql
 
 
-@pytest.mark.parametrize(("window", "step"), [(3600, 10), (600, 10), (60, 6), (5, 1)])
+@pytest.mark.parametrize(("window", "step"), [(10800, 90), (3600, 30), (1200, 10), (600, 10), (60, 6), (5, 1)])
 def test_coverage_step_is_finer_for_short_windows(window: int, step: int) -> None:
     assert utilisation.step_seconds(window, config=CONFIG.descheduler.reclaim) == step
     assert f"[{window}s:{step}s]" in query(window)
