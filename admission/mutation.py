@@ -23,12 +23,13 @@ FALSE_VALUES = frozenset({"false", "0", "no", ""})
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     patch: list[dict[str, Any]]  # RFC 6902 operations; empty => nothing to change
-    changes: tuple[str, ...]  # kinds of mutation made: tier, affinity-required, affinity-preferred, gate, decision
+    changes: tuple[str, ...]  # kinds of mutation made: tier, affinity-preferred, gate, decision
     record: str  # the decision record (also written to the decision annotation when anything changed)
     warnings: tuple[str, ...]  # returned to the client as AdmissionResponse warnings
     skipped: str | None  # why the pod was left alone entirely (None: it was considered)
     tier: str | None = None
     gated: bool = False
+    release: gating.Release | None = None  # governed single pods: gated for release, or not (controller down)
 
 
 def _skip(reason: str, *warnings: str) -> Outcome:
@@ -67,7 +68,10 @@ def decide(
     cluster: snapshot.Snapshot,
     config: settings.Settings,
     now: float,
+    controller_seen_at: float | None = None,
 ) -> Outcome:
+    """`controller_seen_at`: when the descheduler's leader Lease was last seen renewed, on the same clock as `now`
+    (None: not seen; no pod is then gated for release)."""
     if not isinstance(pod, Mapping) or not isinstance(pod.get("spec"), Mapping):
         return _skip("request object is not a pod with a spec", "gpu-steward: could not read the pod; unchanged")
     ns = namespace or (pod.get("metadata") or {}).get("namespace") or "default"
@@ -78,7 +82,12 @@ def decide(
         request = gpu.pod_request(pod)
     except gpu.QuantityError as exc:
         return _skip(f"unreadable GPU request: {exc}", f"gpu-steward: {exc}; pod unchanged")
-    gate = gating.decide(pod=pod, names=config.names)
+    warnings: list[str] = []
+    mode = (_placement_mode(pod.get("metadata") or {}, config, warnings) if request.any
+            else config.admission.default_placement)
+    lease = config.descheduler.leader_election
+    controller = gating.Controller(seen_at=controller_seen_at, lease=f"{lease.lease_namespace}/{lease.lease_name}")
+    gate = gating.decide(pod=pod, request=request, placement=mode, controller=controller, config=config, now=now)
     if not request.any and not gate.add:
         # Without GPUs only a gang member we gate changes: any other mutation here would reach every pod.
         why = "requests no GPU" if gate.gang is None else f"requests no GPU; {gate.reason}"
@@ -88,13 +97,12 @@ def decide(
     mutated = patches.working_copy(pod)
     changes: list[str] = []
     notes: list[str] = [f"{request.describe()}"]
-    warnings: list[str] = []
 
     tier_name = None
     if request.any:
         tier_name = _apply_tier(mutated, ns=ns, cluster=cluster, config=config, notes=notes, warnings=warnings,
                                 changes=changes)
-        _apply_placement(mutated, request=request, cluster=cluster, config=config, now=now,
+        _apply_placement(mutated, request=request, mode=mode, gate=gate, cluster=cluster, config=config, now=now,
                          notes=notes, warnings=warnings, changes=changes)
     else:
         # Tiers carry GPU reclaim policies and GPU preemption; the pod holds no GPU: it only starts with its gang.
@@ -118,6 +126,7 @@ def decide(
         skipped=None,
         tier=tier_name,
         gated=gate.add,
+        release=gate.release,
     )
 
 
@@ -174,6 +183,8 @@ def _apply_placement(
     mutated: dict[str, Any],
     *,
     request: gpu.GpuRequest,
+    mode: settings.Placement,
+    gate: gating.GateDecision,
     cluster: snapshot.Snapshot,
     config: settings.Settings,
     now: float,
@@ -181,12 +192,19 @@ def _apply_placement(
     warnings: list[str],
     changes: list[str],
 ) -> None:
-    mode = _placement_mode(mutated.get("metadata") or {}, config, warnings)
+    """Preferred terms for the best-scored nodes, never a required term (see `admission.affinity`)."""
     if mode is settings.Placement.OFF:
         notes.append("placement off")
         return
     if request.full == 0:
         notes.append("placement: MIG slices only, NVLink domains do not apply")
+        return
+    node_name = mutated["spec"].get("nodeName")
+    if node_name:
+        notes.append(f"placement: none, the pod names its node ({node_name})")
+        return
+    if gate.for_release:
+        notes.append(f"placement {mode.value}: at release, no preferred terms")
         return
     age = cluster.age(now)
     if age is None or age > config.admission.max_snapshot_age_seconds:
@@ -196,13 +214,8 @@ def _apply_placement(
         return
 
     parts = [f"placement {mode.value}"]
-    if mode is settings.Placement.STRICT:
-        need = affinity.requirement(gpus=request.full, cluster=cluster, names=config.names)
-        if need.expression is not None and affinity.add_required(mutated, need.expression):
-            changes.append("affinity-required")
-        parts.append(f"required {need.reason}" if need.expression else f"no required term ({need.reason})")
-    # Ranked against the spec as the scheduler will see it: the user's required terms with our NVLink
-    # expression ANDed in (strict), so no preferred term goes to a node either of them rules out.
+    # Ranked against the spec as the scheduler will see it, so that no preferred term goes to a node the
+    # pod's own selectors, tolerations or required affinity rule out.
     ranking = scoring.rank(gpus=request.full, pod_spec=mutated["spec"], cluster=cluster, cfg=config.scoring,
                            limit=config.admission.preferred_terms)
     terms = affinity.preferred_terms(ranking.scores, config.admission.preferred_terms)

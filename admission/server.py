@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import prometheus_client
 from aiohttp import web
 
-from admission import metrics, mutation, review
+from admission import gating, metrics, mutation, review
 from common import httpserver, settings, snapshot
 from common import source as sources
 
@@ -37,6 +37,7 @@ class Decide(Protocol):
         cluster: snapshot.Snapshot,
         config: settings.Settings,
         now: float,
+        controller_seen_at: float | None,
     ) -> mutation.Outcome: ...
 
 
@@ -49,6 +50,7 @@ SOURCE: web.AppKey[sources.SnapshotSource] = web.AppKey("source")
 CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 TIMER: web.AppKey[Callable[[], float]] = web.AppKey("timer")
 DECIDE: web.AppKey[Decide] = web.AppKey("decide")
+CONTROLLER: web.AppKey[Callable[[], float | None]] = web.AppKey("controller")
 METRICS = web.AppKey("metrics", metrics.Metrics)
 
 
@@ -59,16 +61,26 @@ def create_app(
     clock: Callable[[], float] = time.time,
     timer: Callable[[], float] = time.perf_counter,
     decide: Decide = mutation.decide,
+    controller: Callable[[], float | None] = lambda: None,
     registry: prometheus_client.CollectorRegistry | None = None,
 ) -> web.Application:
-    """`clock` is wall time (the engine's `now`, the snapshot age); `timer` measures durations."""
+    """`clock` is wall time (the engine's `now`, the snapshot age); `timer` measures durations; `controller` says
+    when the descheduler's leader Lease was last seen renewed, on `clock` (None: not seen; nothing is gated
+    for release)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[CONFIG] = config
     app[SOURCE] = source
     app[CLOCK] = clock
     app[TIMER] = timer
     app[DECIDE] = decide
-    app[METRICS] = metrics.Metrics(snapshot_age=lambda: source.snapshot.age(clock()), registry=registry)
+    app[CONTROLLER] = controller
+
+    def controller_age() -> float | None:
+        seen_at = controller()
+        return None if seen_at is None else max(0.0, clock() - seen_at)
+
+    app[METRICS] = metrics.Metrics(snapshot_age=lambda: source.snapshot.age(clock()), controller_age=controller_age,
+                                   registry=registry)
     app.router.add_post("/mutate", mutate)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -83,6 +95,7 @@ class _Answer:
     warnings: tuple[str, ...] = ()
     changes: tuple[str, ...] = ()
     skipped: str | None = None
+    release: gating.Release | None = None
 
 
 def _pod_ref(request: review.Request) -> str:
@@ -104,6 +117,7 @@ def _run_engine(app: web.Application, request: review.Request, pod: Mapping[str,
         cluster=app[SOURCE].snapshot,
         config=app[CONFIG],
         now=app[CLOCK](),
+        controller_seen_at=app[CONTROLLER](),
     )
     took = app[TIMER]() - started
     if took > budget:
@@ -142,7 +156,8 @@ def _answer(app: web.Application, request: review.Request) -> _Answer:
     else:
         result = metrics.Result.UNCHANGED
     changes = outcome.changes if outcome.patch else ()
-    return _Answer(result, body, warnings=outcome.warnings, changes=changes, skipped=outcome.skipped)
+    return _Answer(result, body, warnings=outcome.warnings, changes=changes, skipped=outcome.skipped,
+                   release=outcome.release)
 
 
 async def mutate(request: web.Request) -> web.Response:
@@ -159,7 +174,8 @@ async def mutate(request: web.Request) -> web.Response:
 
     answer = _answer(app, parsed.request)
     seconds = timer() - started
-    app[METRICS].record(result=answer.result, seconds=seconds, changes=answer.changes, warnings=len(answer.warnings))
+    app[METRICS].record(result=answer.result, seconds=seconds, changes=answer.changes, warnings=len(answer.warnings),
+                        release=answer.release)
     # One line per request costs as much as the decision itself; the pod's decision annotation and the
     # metrics are the record, so the line is for debugging, or for answers that warned the user.
     level = logging.INFO if answer.warnings else logging.DEBUG

@@ -81,7 +81,7 @@ from descheduler import evictor, policy, reclaim_loop  # noqa: E402
 from gpu_steward import localprometheus  # noqa: E402
 from tests import builders  # noqa: E402
 
-DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "alibaba-genai" / "pod_gpu_duty_cycle.csv.gz"
+DEFAULT_TRACE = ROOT / "benchmarks" / "data" / "alibaba-genai" / "pod_gpu_duty_cycle.csv.gz"
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "reclaim_trace.json"
 VALUES = ROOT / "charts" / "gpu-steward" / "values.yaml"
 IDLE_PERCENT = 5.0  # the yardstick: a sample below this is idle

@@ -16,6 +16,14 @@ Freshness: `snapshot.taken_at` is the oldest of the kinds' last contact with the
 a kind whose watch stream is open counts as in contact now. A dead feed therefore ages the snapshot
 within one `watch_timeout_seconds + request_timeout_seconds` at worst (a silently dead connection).
 
+Controller liveness (the webhook only, `watch_controller=True`): the descheduler's leader Lease
+(`descheduler.leader_election`) is listed and watched the same way, and `controller_seen_at` is when
+we last SAW it renewed — the time, on our own clock, at which an event showed a new renewTime or
+holder. The Lease's own timestamps are never compared with our clock (clocks differ between
+machines). The first sight of a Lease proves nothing (it may be stale), so after a start the
+controller counts as seen only from its next renewal; an empty holder (released) or a deleted Lease
+clears it. A feed that stops delivering events therefore ages it too.
+
 Change notification: `subscribe()` returns an `asyncio.Event` that is set each time a rebuilt
 snapshot is published (after a pod, node, ... event or an occupancy change); the subscriber clears
 it before reading `feeder.snapshot`, so bursts of events coalesce into one wake-up.
@@ -28,7 +36,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -90,6 +98,16 @@ def _view(kind: str, obj: dict[str, Any]) -> Any:
     )
 
 
+_NEVER_LISTED = object()  # the Lease mark before the first list: what that list shows is no renewal we saw
+
+
+def lease_mark(lease: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    """What changes when a Lease is renewed or changes hands: (holder, renewTime); None when nobody holds it."""
+    spec = (lease or {}).get("spec") or {}
+    holder = spec.get("holderIdentity") or ""
+    return (str(holder), str(spec.get("renewTime") or "")) if holder else None
+
+
 class _Gone(Exception):
     """The resourceVersion we watch from has been compacted away: relist."""
 
@@ -144,8 +162,13 @@ class Feeder:
         prometheus: prometheus.Client | None,
         registry: prometheus_client.CollectorRegistry | None = None,
         clock: Callable[[], float] = time.time,
+        watch_controller: bool = False,
     ) -> None:
+        """`watch_controller`: also watch the descheduler's leader Lease (`controller_seen_at`)."""
         self._config = config
+        self._watch_controller = watch_controller
+        self._lease_mark: object = _NEVER_LISTED
+        self._controller_seen_at: float | None = None
         self._api = api
         self._prometheus = prometheus
         self._clock = clock
@@ -172,6 +195,11 @@ class Feeder:
         """True once a snapshot built from a full list of every kind has been published."""
         return self._synced
 
+    @property
+    def controller_seen_at(self) -> float | None:
+        """When (our clock) the leader Lease was last seen renewed; None: not since start, released or deleted."""
+        return self._controller_seen_at
+
     def subscribe(self) -> asyncio.Event:
         """An event set on every snapshot publication with new content; clear it, then read `snapshot`."""
         event = asyncio.Event()
@@ -189,31 +217,44 @@ class Feeder:
             for kind in KINDS:
                 tg.create_task(self._feed(kind), name=f"feeder:{kind.name}")
             tg.create_task(self._publish(), name="feeder:publish")
+            if self._watch_controller:
+                tg.create_task(self._retrying("lease", self._list_lease, self._watch_lease), name="feeder:lease")
             if self._prometheus is not None:
                 tg.create_task(self._refresh_occupancy(self._prometheus), name="feeder:occupancy")
 
     async def _feed(self, kind: Kind) -> None:
+        await self._retrying(kind.name, lambda: self._list(kind),
+                             lambda version, backoff: self._watch(kind, version, backoff))
+
+    async def _retrying(
+        self,
+        name: str,
+        list_: Callable[[], Awaitable[str]],
+        watch: Callable[[str, _Backoff], Awaitable[str]],
+    ) -> None:
+        """List, then watch from the list's resourceVersion, forever: resume a watch the server ended, relist on
+        410 Gone, back off on other failures."""
         cfg = self._config.kubernetes
         backoff = _Backoff(cfg)
         resource_version: str | None = None
         while True:
             try:
                 if resource_version is None:
-                    resource_version = await self._list(kind)
+                    resource_version = await list_()
                     backoff.reset()
-                resource_version = await self._watch(kind, resource_version, backoff)
-                self._metrics.watch_restarts.labels(kind.name).inc()
+                resource_version = await watch(resource_version, backoff)
+                self._metrics.watch_restarts.labels(name).inc()
             except _Gone:
-                logger.info("%s: resourceVersion %s expired (410 Gone), relisting", kind.name, resource_version)
+                logger.info("%s: resourceVersion %s expired (410 Gone), relisting", name, resource_version)
                 resource_version = None
             except (kube.ApiError, aiohttp.ClientError, TimeoutError) as exc:
                 if isinstance(exc, kube.ApiError) and exc.status == 410:
                     resource_version = None  # a list's continue token expired, or an HTTP 410 watch
-                    logger.info("%s: 410 Gone (%s), relisting", kind.name, exc)
+                    logger.info("%s: 410 Gone (%s), relisting", name, exc)
                     continue
-                self._metrics.errors.labels(kind.name).inc()
+                self._metrics.errors.labels(name).inc()
                 delay = backoff.next_delay()
-                logger.warning("%s: %s; retrying in %.2fs", kind.name, exc or type(exc).__name__, delay)
+                logger.warning("%s: %s; retrying in %.2fs", name, exc or type(exc).__name__, delay)
                 await asyncio.sleep(delay)
 
     async def _list(self, kind: Kind) -> str:
@@ -253,15 +294,9 @@ class Feeder:
                 timeout_seconds=cfg.request_timeout_seconds,
                 on_connect=lambda: self._streaming.add(kind.name),
             ):
-                kind_of_event, obj = event.get("type"), event["object"]
-                if kind_of_event == "ERROR":
-                    if obj.get("code") == 410:
-                        raise _Gone()
-                    raise kube.ApiError(int(obj.get("code") or 0), str(obj.get("message") or obj), body=obj)
-                if kind_of_event in ("ADDED", "MODIFIED", "DELETED"):
+                kind_of_event, obj = _checked(kind.name, event)
+                if kind_of_event != "BOOKMARK":
                     self._apply(kind, store, obj, deleted=kind_of_event == "DELETED")
-                elif kind_of_event != "BOOKMARK":
-                    raise kube.ApiError(0, f"{kind.name}: unknown watch event type {kind_of_event!r}")
                 resource_version = str((obj.get("metadata") or {}).get("resourceVersion") or resource_version)
                 backoff.reset()
         finally:
@@ -281,6 +316,43 @@ class Feeder:
         elif old is None:
             return
         self._dirty = True
+
+    def _lease_path(self) -> tuple[str, dict[str, kube.QueryValue]]:
+        election = self._config.descheduler.leader_election
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{election.lease_namespace}/leases"
+        return path, {"fieldSelector": f"metadata.name={election.lease_name}"}
+
+    async def _list_lease(self) -> str:
+        path, query = self._lease_path()
+        page = await kube.get(self._api, path, timeout_seconds=self._config.kubernetes.request_timeout_seconds,
+                              query=query)
+        items = page.get("items") or []
+        self._observe_lease(items[0] if items else None)
+        resource_version = str((page.get("metadata") or {}).get("resourceVersion") or "")
+        if not resource_version:
+            raise kube.ApiError(0, "lease: list without a resourceVersion")
+        return resource_version
+
+    async def _watch_lease(self, resource_version: str, backoff: _Backoff) -> str:
+        cfg = self._config.kubernetes
+        path, query = self._lease_path()
+        async for event in kube.watch(self._api, path, resource_version=resource_version, query=query,
+                                      server_timeout_seconds=cfg.watch_timeout_seconds,
+                                      timeout_seconds=cfg.request_timeout_seconds):
+            kind_of_event, obj = _checked("lease", event)
+            if kind_of_event != "BOOKMARK":
+                self._observe_lease(None if kind_of_event == "DELETED" else obj)
+            resource_version = str((obj.get("metadata") or {}).get("resourceVersion") or resource_version)
+            backoff.reset()
+        return resource_version
+
+    def _observe_lease(self, lease: Mapping[str, Any] | None) -> None:
+        mark = lease_mark(lease)
+        if mark is None:
+            self._controller_seen_at = None
+        elif mark != self._lease_mark and self._lease_mark is not _NEVER_LISTED:
+            self._controller_seen_at = self._clock()
+        self._lease_mark = mark
 
     async def _refresh_occupancy(self, client: prometheus.Client) -> None:
         cfg = self._config.prometheus
@@ -356,6 +428,18 @@ class Feeder:
     def _age(self) -> float:
         age = self._snapshot.age(self._clock())
         return -1.0 if age is None else age
+
+
+def _checked(name: str, event: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A watch event's type and object; ERROR events raise (410: `_Gone`, relist)."""
+    kind_of_event, obj = event.get("type"), event["object"]
+    if kind_of_event == "ERROR":
+        if obj.get("code") == 410:
+            raise _Gone()
+        raise kube.ApiError(int(obj.get("code") or 0), str(obj.get("message") or obj), body=obj)
+    if kind_of_event not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
+        raise kube.ApiError(0, f"{name}: unknown watch event type {kind_of_event!r}")
+    return str(kind_of_event), obj
 
 
 def _key(obj: dict[str, Any]) -> str:

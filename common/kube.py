@@ -14,11 +14,13 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp
+import yaml
 from kubernetes_asyncio import client, config
 
 from common import settings
 
 QueryValue = str | int | bool
+DEFAULT_KUBECONFIG = "~/.kube/config"
 Json = dict[str, Any]
 
 
@@ -32,15 +34,44 @@ class ApiError(Exception):
 
 
 async def api_client(cfg: settings.Kubernetes) -> client.ApiClient:
-    """A client for `cfg.kubeconfig` if set, else the in-cluster service account, else ~/.kube/config."""
+    """A client for `cfg.kubeconfig` if set, else the in-cluster service account, else $KUBECONFIG or
+    ~/.kube/config. No usable configuration raises `settings.SettingsError` saying which one and why."""
     configuration = client.Configuration()
-    if cfg.kubeconfig is not None:
-        await config.load_kube_config(config_file=str(cfg.kubeconfig), client_configuration=configuration)
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        await config.load_kube_config(client_configuration=configuration)
+    if cfg.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        try:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except config.ConfigException as exc:
+            raise settings.SettingsError(f"in-cluster Kubernetes configuration: {exc}") from exc
+        return client.ApiClient(configuration)
+    where, files = _kubeconfig(cfg)
+    try:
+        await config.load_kube_config(config_file=files, client_configuration=configuration)
+    except (config.ConfigException, OSError, yaml.YAMLError) as exc:
+        raise settings.SettingsError(f"invalid {where}: {' '.join(str(exc).split())}") from exc
+    except (TypeError, AttributeError, KeyError, ValueError) as exc:
+        # The loader indexes the document without checking its shape (a YAML list, a string...).
+        raise settings.SettingsError(f"invalid {where}: not a kubeconfig ({type(exc).__name__}: {exc})") from exc
     return client.ApiClient(configuration)
+
+
+def _kubeconfig(cfg: settings.Kubernetes) -> tuple[str, str]:
+    """(how messages name it, the files to load joined by the path separator); SettingsError if none exists."""
+    if cfg.kubeconfig is not None:
+        where, names = f"kubeconfig {cfg.kubeconfig} (kubernetes.kubeconfig)", str(cfg.kubeconfig)
+    else:
+        # Read now: the library's own default location was fixed when it was imported.
+        variable = os.environ.get("KUBECONFIG")
+        where = f"kubeconfig {variable} ($KUBECONFIG)" if variable else f"kubeconfig {DEFAULT_KUBECONFIG}"
+        names = variable or DEFAULT_KUBECONFIG
+    files = [os.path.expanduser(name) for name in names.split(os.pathsep) if name]
+    if any(os.path.exists(name) for name in files):
+        return where, os.pathsep.join(files)
+    if cfg.kubeconfig is not None:
+        raise settings.SettingsError(f"{where} does not exist")
+    raise settings.SettingsError(
+        f"no Kubernetes configuration: {where} does not exist, and this is not a pod in a cluster "
+        "(KUBERNETES_SERVICE_HOST is unset); set KUBECONFIG, or the setting kubernetes.kubeconfig (--kubeconfig)"
+    )
 
 
 def _query(params: Mapping[str, QueryValue] | None) -> list[tuple[str, str]]:

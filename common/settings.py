@@ -35,8 +35,8 @@ class Tier(enum.StrEnum):
 
 
 class Placement(enum.StrEnum):
-    STRICT = "strict"  # required NVLink-domain-size term + preferred node terms
-    PREFER = "prefer"  # preferred node terms only
+    STRICT = "strict"  # gated and placed at release while the controller lives, else preferred node terms
+    PREFER = "prefer"  # preferred node terms only, never a gate
     OFF = "off"  # no affinity changes
 
 
@@ -213,7 +213,9 @@ class Tiers(Model):
 class Admission(Model):
     default_placement: Placement = pydantic.Field(
         default=Placement.STRICT,
-        description="strict | prefer | off: NVLink affinity of pods without the placement label.",
+        description="strict | prefer | off: NVLink placement of pods without the placement label. strict: gated and "
+        "placed at release while the descheduler is seen alive, else preferred terms; prefer: preferred terms only, "
+        "never a gate; off: none.",
     )
     preferred_terms: int = pydantic.Field(
         default=10,
@@ -229,7 +231,71 @@ class Admission(Model):
     )
     max_snapshot_age_seconds: Seconds = pydantic.Field(
         default=120,
-        description="Older snapshot => no affinity changes (tiers and gates are still safe to add).",
+        description="Older snapshot => no preferred terms (tiers and gates are still safe to add).",
+    )
+    release_enabled: bool = pydantic.Field(
+        default=True,
+        description="Gate governed pods (strict placement, at least release_min_gpus whole GPUs) at creation so "
+        "that the descheduler places them at release. Off: they get preferred terms only, as without a live "
+        "controller. Gang members are gated for their gang either way.",
+    )
+    release_min_gpus: int = pydantic.Field(
+        default=1,
+        ge=1,
+        description="Fewest whole GPUs (nvidia.com/gpu) a pod requests for its placement to be governed at "
+        "release; smaller pods and MIG-only pods get preferred terms only.",
+    )
+    controller_stale_seconds: Seconds = pydantic.Field(
+        default=30,
+        description="Seconds since this webhook last saw the descheduler's leader Lease renewed (its renewTime or "
+        "holder change, timed on the webhook's own clock) after which the controller counts as down and no pod is "
+        "gated for release. Default: the Lease duration (15 s) plus 15 s for watch delay. Must exceed "
+        "descheduler.leader_election.retry_period_seconds, the renewal interval.",
+    )
+
+
+class ManagedTls(Model):
+    """The webhook keeps its own CA and serving certificate in a Secret and writes the CA into its
+    MutatingWebhookConfiguration (admission/certmanager.py); cert_file/key_file are where it writes the pair."""
+
+    enabled: bool = pydantic.Field(
+        default=False,
+        description="Manage the serving certificate (off: cert_file/key_file come from elsewhere, e.g. cert-manager).",
+    )
+    secret_name: str = pydantic.Field(
+        default="gpu-steward-webhook-tls", min_length=1, description="Secret holding the CA and the serving pair."
+    )
+    secret_namespace: str = pydantic.Field(
+        default="gpu-steward",
+        min_length=1,
+        description="Namespace of that Secret (the chart sets the release namespace).",
+    )
+    webhook_configuration: str = pydantic.Field(
+        default="gpu-steward",
+        min_length=1,
+        description="MutatingWebhookConfiguration whose webhooks get the CA as caBundle.",
+    )
+    dns_names: list[str] = pydantic.Field(
+        default_factory=list, description="DNS names of the serving certificate (the chart sets the Service's names)."
+    )
+    ip_addresses: list[str] = pydantic.Field(
+        default_factory=list,
+        description="IP addresses of the serving certificate (a webhook registered by URL, e.g. 127.0.0.1).",
+    )
+    ca_validity_days: int = pydantic.Field(default=3650, ge=2, description="Validity of a new CA (days).")
+    cert_validity_days: int = pydantic.Field(
+        default=365, ge=2, description="Validity of a new serving certificate (days)."
+    )
+    renew_before_days: int = pydantic.Field(
+        default=30,
+        ge=1,
+        description="Renew the CA or the serving certificate this many days before it expires; a replaced CA "
+        "stays in the caBundle until it expires.",
+    )
+    check_seconds: Seconds = pydantic.Field(
+        default=60,
+        description="How often the Secret and the caBundle are re-checked (and repaired, e.g. after a re-apply "
+        "dropped the caBundle).",
     )
 
 
@@ -246,6 +312,7 @@ class Webhook(Model):
     request_timeout_seconds: Seconds = pydantic.Field(
         default=2.0, description="Budget of one /mutate answer; keep below the webhook timeoutSeconds."
     )
+    managed_tls: ManagedTls = ManagedTls()
 
 
 class Kubernetes(Model):
@@ -479,6 +546,10 @@ class Gangs(Model):
     max_snapshot_age_seconds: Seconds = pydantic.Field(
         default=120, description="No release is planned on a cluster snapshot older than this (seconds)."
     )
+    max_concurrent_patches: int = pydantic.Field(
+        default=16, ge=1, le=256,
+        description="Release patches (one per pod: pin + remove our gate) in flight at once.",
+    )
     max_wait_seconds: Seconds = pydantic.Field(
         default=300,
         description="A single pod gated for placement at release that cannot be placed within this long (from "
@@ -521,6 +592,16 @@ class Settings(pydantic_settings.BaseSettings):
         default="INFO", description="DEBUG | INFO | WARNING | ERROR."
     )
     read_environment: ClassVar[bool] = True
+
+    @pydantic.model_validator(mode="after")
+    def _check_controller_staleness(self) -> Settings:
+        renewal = self.descheduler.leader_election.retry_period_seconds
+        if self.admission.controller_stale_seconds <= renewal:
+            raise ValueError(
+                f"admission.controller_stale_seconds ({self.admission.controller_stale_seconds:g}) must exceed "
+                f"descheduler.leader_election.retry_period_seconds ({renewal:g}): a live leader renews only that often"
+            )
+        return self
 
     @classmethod
     def settings_customise_sources(

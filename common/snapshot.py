@@ -388,13 +388,21 @@ def _assign_indices(
     return {k: tuple(sorted(v)) for k, v in indices.items()}, used, seen
 
 
+LIST_KINDS = ("List", "NodeList", "PodList", "PriorityClassList", "NamespaceList")
+
+
 def from_list(document: Mapping[str, Any], *, names: settings.Names, taken_at: float | None) -> Snapshot:
     """Build from a Kubernetes `List` (kubectl get ... -o json) of nodes, pods, priorityclasses, namespaces."""
-    if document.get("kind") not in ("List", "NodeList", "PodList", "PriorityClassList", "NamespaceList"):
-        raise ValueError(f"expected a Kubernetes List, got kind={document.get('kind')!r}")
+    if document.get("kind") not in LIST_KINDS:
+        raise ValueError(f"top-level kind is {document.get('kind')!r}; expected one of {', '.join(LIST_KINDS)}")
+    items = document.get("items") or []
+    if not isinstance(items, list):
+        raise ValueError(f"items is a {type(items).__name__}; expected a list of objects")
     buckets: dict[str, list[Mapping[str, Any]]] = {"Node": [], "Pod": [], "PriorityClass": [], "Namespace": []}
     list_kind = str(document.get("kind"))
-    for item in document.get("items") or []:
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ValueError(f"items[{index}] is a {type(item).__name__}; expected an object")
         kind = item.get("kind") or list_kind.removesuffix("List")
         if kind in buckets:
             buckets[kind].append(item)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import copy
 import json
 import pathlib
+import sys
 from collections.abc import Callable
 from typing import Protocol
+
+import yaml
 
 from common import settings, snapshot
 
@@ -46,7 +49,51 @@ class StaticSource:
         return True
 
 
+SAVE_STATE = "kubectl get nodes,pods,priorityclasses,namespaces -A -o json > STATE.json"
+
+
+class InputError(ValueError):
+    """An input file that cannot be used; the message names the file, the line when known, and what was
+    expected."""
+
+
+def read_text(name: str, *, expected: str) -> str:
+    """The text of file `name` (`-`: stdin); InputError naming it and what was `expected` when unreadable."""
+    where = "<stdin>" if name == "-" else name
+    try:
+        return sys.stdin.read() if name == "-" else pathlib.Path(name).read_text()
+    except FileNotFoundError:
+        raise InputError(f"{where}: no such file; expected {expected}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{where}: cannot read it: {exc}") from exc
+
+
 def from_file(path: pathlib.Path, *, names: settings.Names, clock: Callable[[], float]) -> StaticSource:
     """Load `kubectl get nodes,pods,priorityclasses,namespaces -A -o json` output, always current."""
-    document = json.loads(path.read_text())
-    return StaticSource(snapshot.from_list(document, names=names, taken_at=clock()), clock=clock)
+    text = read_text(str(path), expected=f"the output of {SAVE_STATE}")
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: line {exc.lineno} column {exc.colno}: {_not_json(text, exc)}") from None
+    if not isinstance(document, dict):
+        start = len(text) - len(text.lstrip())
+        line = text.count("\n", 0, start) + 1
+        found = "a JSON array" if isinstance(document, list) else f"a JSON {type(document).__name__}"
+        raise InputError(f"{path}: line {line}: {found}; expected an object of kind List ({SAVE_STATE})")
+    try:
+        fixed = snapshot.from_list(document, names=names, taken_at=clock())
+    except ValueError as exc:
+        raise InputError(f"{path}: {exc} ({SAVE_STATE})") from exc
+    return StaticSource(fixed, clock=clock)
+
+
+def _not_json(text: str, exc: json.JSONDecodeError) -> str:
+    """What went wrong, saying so when the whole file is YAML (`-o yaml` instead of `-o json`)."""
+    try:
+        as_yaml = yaml.safe_load(text)
+    except yaml.YAMLError:
+        as_yaml = None
+    # JSON with a slip (a trailing comma) is YAML too; only a file not even shaped like JSON is "YAML".
+    if isinstance(as_yaml, dict | list) and not text.lstrip().startswith(("{", "[")):
+        return "this is YAML; expected JSON (save the state with -o json)"
+    return f"invalid JSON ({exc.msg}); expected a JSON object of kind List"

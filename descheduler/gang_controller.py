@@ -8,12 +8,15 @@ Runs inside the descheduler process under its leader election:
 It wakes on every snapshot the feeder publishes and at least every `descheduler.gangs.resync_seconds`.
 Nothing it needs lives only in memory: every pass re-derives the gangs from the cluster, so a
 restart (or a new leader) picks up where the last one stopped. What memory it keeps is courtesy:
-which Events were already posted (a restart may repeat one), and which pods it has just un-gated
-(it plans nothing until the snapshot shows them un-gated, so their GPUs are not promised twice).
+which Events were already posted (a restart may repeat one), and the pods it has released that the
+snapshot does not show released yet (`assumed`, like kube-scheduler's assume cache and Kueue's
+expectations): they hold the node they were pinned to and are not planned again, so their GPUs are
+never promised twice and a burst of single pods is released pass after pass without waiting for the
+watch to catch up.
 
-Order for a gang: pin every member, then remove our gate from every member. A failure while
-pinning releases none (the next pass retries); a failure while un-gating leaves a started gang
-whose rest the next pass releases (see `gang_release`, "already started").
+Each member is released by one patch (pin + remove our gate), members concurrently, at most
+`descheduler.gangs.max_concurrent_patches` calls in flight. A failure leaves a started gang whose
+rest the next pass releases (see `gang_release`, "already started"); pins already set are kept.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import asyncio
 import datetime
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import aiohttp
 import prometheus_client
@@ -63,8 +66,21 @@ class Metrics:
 
 def _release_kind(decision: gang_release.Decision) -> str:
     if decision.action is gang_release.Action.RELEASE_ALONE:
-        return "orphaned" if decision.event_reason == gang_release.ORPHANED else "invalid"
+        return {gang_release.ORPHANED: "orphaned", gang_release.UNPLACED: "unplaced"}.get(
+            decision.event_reason or "", "invalid")
     return "resumed" if decision.action is gang_release.Action.RESUME else "released"
+
+
+async def _all(calls: Iterable[Awaitable[None]]) -> None:
+    """Run the calls concurrently; all of them finish, then the first API failure (if any) is raised."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, kube.ApiError | aiohttp.ClientError |
+                                                                  TimeoutError):
+            raise result
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
 
 
 def _pod_path(key: str) -> str:
@@ -90,39 +106,41 @@ class Controller:
         self._api = api
         self._metrics = metrics
         self._posted: dict[str, tuple[str, str]] = {}  # pod key -> what its last Event said (see _tell)
-        self._ungated: dict[str, float] = {}  # pod key -> when we removed its gate
+        self._assumed: dict[str, tuple[str, float]] = {}  # pod key -> (pinned node or "", when released)
+        self._calls = asyncio.Semaphore(config.descheduler.gangs.max_concurrent_patches)
 
     async def reconcile(self, *, now: float) -> gang_release.Plan | None:
-        """One pass; None when the snapshot cannot be trusted yet (stale, or behind our own writes)."""
+        """One pass; None when the snapshot cannot be trusted (stale)."""
         cluster = self._source.snapshot
         age = cluster.age(now)
         if age is None or age > self._config.descheduler.gangs.max_snapshot_age_seconds:
             logger.warning("gangs: snapshot age %s exceeds the limit; planning nothing", age)
             return None
-        if self._behind(cluster, now=now):
-            return None
-        result = gang_release.plan(cluster, config=self._config, now=now)
-        for decision in result.decisions:
-            try:
-                await self._apply(decision, cluster, now=now)
-            except (kube.ApiError, aiohttp.ClientError, TimeoutError) as exc:
-                self._metrics.failures.inc()
-                logger.warning("gang %s: %s stopped: %s; retrying on the next pass", decision.gang,
-                               decision.action, exc)
+        self._forget_seen(cluster, now=now)
+        result = gang_release.plan(cluster, config=self._config, now=now,
+                                   assumed={key: node for key, (node, _) in self._assumed.items()})
+        await asyncio.gather(*(self._apply_safely(d, cluster, now=now) for d in result.decisions))
         self._count(result)
         live = {m.key for d in result.decisions for m in d.members}
         self._posted = {k: v for k, v in self._posted.items() if k in live}
         return result
 
-    def _behind(self, cluster: snapshot.Snapshot, *, now: float) -> bool:
-        """True while the snapshot still shows a pod we un-gated as gated (for at most one resync)."""
+    def _forget_seen(self, cluster: snapshot.Snapshot, *, now: float) -> None:
+        """Drop released pods once the snapshot shows them released (or gone); keep none past one resync
+        (a lost watch event must not hold a node forever)."""
         gate, patience = self._config.names.gate, self._config.descheduler.gangs.resync_seconds
-        self._ungated = {
-            key: at
-            for key, at in self._ungated.items()
+        self._assumed = {
+            key: (node, at)
+            for key, (node, at) in self._assumed.items()
             if key in cluster.pods and gate in cluster.pods[key].scheduling_gates and now - at < patience
         }
-        return bool(self._ungated)
+
+    async def _apply_safely(self, decision: gang_release.Decision, cluster: snapshot.Snapshot, *, now: float) -> None:
+        try:
+            await self._apply(decision, cluster, now=now)
+        except (kube.ApiError, aiohttp.ClientError, TimeoutError) as exc:
+            self._metrics.failures.inc()
+            logger.warning("gang %s: %s stopped: %s; retrying on the next pass", decision.gang, decision.action, exc)
 
     async def _apply(self, decision: gang_release.Decision, cluster: snapshot.Snapshot, *, now: float) -> None:
         if decision.action is gang_release.Action.NONE:
@@ -140,16 +158,22 @@ class Controller:
         await self._tell(decision, only_changes=True)
 
     async def _release(self, decision: gang_release.Decision, cluster: snapshot.Snapshot, *, now: float) -> None:
-        gate = self._config.names.gate
-        for key, node in decision.pins.items():
-            patch = gang_patch.tighten(cluster.pods[key].raw, nodes=[node])
+        gate, pins = self._config.names.gate, decision.pins
+        if len(decision.ungate) > 1 and pins:
+            # Several members: pin them all before any is un-gated, so a failure half-way releases none (the
+            # next pass re-plans them, honouring pins already set) and a started gang always has its pins.
+            await _all(self._patch(key, patch, content_type=JSON_PATCH) for key, node in pins.items()
+                       if (patch := gang_patch.tighten(cluster.pods[key].raw, nodes=[node])))
+
+        async def one(key: str) -> None:
+            pod = cluster.pods[key].raw
+            patch = (gang_patch.release(pod, gate=gate, node=pins.get(key)) if len(decision.ungate) == 1
+                     else gang_patch.ungate(pod, gate=gate))
             if patch:
                 await self._patch(key, patch, content_type=JSON_PATCH)
-        for key in decision.ungate:
-            patch = gang_patch.ungate(cluster.pods[key].raw, gate=gate)
-            if patch:
-                await self._patch(key, patch, content_type=JSON_PATCH)
-                self._ungated[key] = now
+                self._assumed[key] = (pins.get(key, ""), now)
+
+        await _all(one(key) for key in decision.ungate)
         logger.info("gang %s: %s: %s", decision.gang, decision.action, decision.message)
         self._metrics.releases.labels(_release_kind(decision)).inc()
         if decision.action is not gang_release.Action.RELEASE_ALONE:
@@ -160,14 +184,15 @@ class Controller:
         await self._tell(decision, only_changes=False)
 
     async def _patch(self, key: str, body: object, *, content_type: str) -> None:
-        await kube.request(self._api, "PATCH", _pod_path(key), body=body, content_type=content_type,
-                           timeout_seconds=self._config.kubernetes.request_timeout_seconds)
+        async with self._calls:
+            await kube.request(self._api, "PATCH", _pod_path(key), body=body, content_type=content_type,
+                               timeout_seconds=self._config.kubernetes.request_timeout_seconds)
 
     async def _tell(self, decision: gang_release.Decision, *, only_changes: bool) -> None:
         """One Event per member (gated ones, for a gang that releases: they are the ones it concerns)."""
         if decision.event_type is None or decision.event_reason is None:
             return
-        message = f"gang {decision.gang}: {decision.message}"
+        message = decision.message if decision.single else f"gang {decision.gang}: {decision.message}"
         # A waiting gang is re-told only when what it waits for changes, not on every count.
         said = (decision.event_reason, decision.waiting.value if decision.waiting else message)
         for member in decision.members:
@@ -175,14 +200,15 @@ class Controller:
                 continue
             if only_changes and self._posted.get(member.key) == said:
                 continue
-            posted = await events.post(
-                self._api,
-                regarding=events.ObjectRef.pod(member.key, uid=member.uid),
-                type=decision.event_type,
-                reason=decision.event_reason,
-                message=message,
-                request_timeout=self._config.kubernetes.request_timeout_seconds,
-            )
+            async with self._calls:
+                posted = await events.post(
+                    self._api,
+                    regarding=events.ObjectRef.pod(member.key, uid=member.uid),
+                    type=decision.event_type,
+                    reason=decision.event_reason,
+                    message=message,
+                    request_timeout=self._config.kubernetes.request_timeout_seconds,
+                )
             if posted:
                 self._posted[member.key] = said
 

@@ -1,4 +1,4 @@
-"""The two JSON patches that release one gang member: pin it, then remove our gate.
+"""The JSON patch that releases one gated pod: pin it to its node and remove our gate, in one call.
 
 Pure. What the API server accepts while a pod is gated (kube-apiserver 1.36.3,
 `pkg/apis/core/validation/validation.go`, `validateNodeAffinityMutation` and
@@ -10,6 +10,9 @@ Pure. What the API server accepts while a pod is gated (kube-apiserver 1.36.3,
 - scheduling gates may only be removed.
 So the pin is a `matchFields` requirement `metadata.name In [node]` appended to every non-empty
 term (or the only term when there is none): node names work on nodes without a hostname label (kwok).
+Both go in one patch (`release`): the API server validates the update against the gated pod it
+replaces, so tightening and un-gating together is accepted (proven on the real API server in
+tests/e2e/test_controlplane_facts.py), and a pod is never left pinned but gated, or un-gated unpinned.
 """
 
 from __future__ import annotations
@@ -55,6 +58,13 @@ def _guarded(pod: Mapping[str, Any], patch: Patch) -> Patch:
     if not patch or not version:
         return patch
     return [{"op": "test", "path": "/metadata/resourceVersion", "value": version}, *patch]
+
+
+def release(pod: Mapping[str, Any], *, gate: str, node: str | None) -> Patch:
+    """One patch: pin the pod to `node` (if given and not pinned there yet) and remove our gate; [] when there
+    is nothing to do. Guarded by the resourceVersion the plan read when it pins."""
+    pin = tighten(pod, nodes=[node]) if node else []
+    return [*pin, *ungate(pod, gate=gate)]
 
 
 def ungate(pod: Mapping[str, Any], *, gate: str) -> Patch:

@@ -109,6 +109,7 @@ class Decision:
     created: str = ""  # the oldest member's creation time
     waiting: Waiting | None = None
     mark: tuple[str, ...] = ()  # members to annotate with complete_mark()
+    single: bool = False  # a gated pod that names no gang (a gang of one)
 
     @property
     def ungate(self) -> tuple[str, ...]:
@@ -220,7 +221,7 @@ class _Gang:
         mark: tuple[str, ...] = (),
     ) -> Decision:
         return Decision(self.key, action, message, event_type, event_reason, members,
-                        self.size, self.priority, self.created, waiting, mark)
+                        self.size, self.priority, self.created, waiting, mark, self.single)
 
 
 def _group(

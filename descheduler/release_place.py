@@ -71,24 +71,51 @@ def candidates(pod: snapshot.Pod, cluster: snapshot.Snapshot) -> frozenset[str]:
                      if capacity.never(spec, pod.requests, node) is None)
 
 
+_Rank = tuple[float, int, int, str]
+
+
+def _evaluate(pod: snapshot.Pod, room: capacity.Room, scoring: settings.Scoring,
+              ) -> tuple[_Rank, placement.Allocation, str] | str:
+    """A gang of one on one node: its rank (lower is better), where its GPUs land and why; or why it does not fit."""
+    choice = room.place(pod.requests, pod.request)
+    if not isinstance(choice, placement.Allocation):
+        return choice
+    need, name = pod.request.full, room.node.name
+    score = capacity.score(room, need, scoring)
+    points = score.score if score is not None else 0.0
+    domain_left = min((len(room.domains[d]) for d in choice.domains), default=0) - need
+    left = f"{room.free_gpus - need} GPUs left free there"
+    why = f"NVLink score {points:g} ({score.explain()}); {left}" if score is not None else left
+    return (-points, room.free_gpus - need, domain_left, name), choice, why
+
+
 def _one(pod: snapshot.Pod, names: frozenset[str], rooms: Rooms, scoring: settings.Scoring,
-         ) -> tuple[tuple[float, int, int, str], str, placement.Allocation, str] | None:
-    best: tuple[tuple[float, int, int, str], str, placement.Allocation, str] | None = None
+         ) -> tuple[_Rank, str, placement.Allocation, str] | None:
+    best: tuple[_Rank, str, placement.Allocation, str] | None = None
     for name in sorted(names):
-        room = rooms[name]
-        choice = room.place(pod.requests, pod.request)
-        if not isinstance(choice, placement.Allocation):
-            continue
-        need = pod.request.full
-        score = capacity.score(room, need, scoring)
-        points = score.score if score is not None else 0.0
-        domain_left = min((len(room.domains[d]) for d in choice.domains), default=0) - need
-        rank = (-points, room.free_gpus - need, domain_left, name)
-        if best is None or rank < best[0]:
-            why = (f"NVLink score {points:g} ({score.explain()}); {room.free_gpus - need} GPUs left free there"
-                   if score is not None else f"{room.free_gpus - need} GPUs left free there")
-            best = (rank, name, choice, why)
+        found = _evaluate(pod, rooms[name], scoring)
+        if not isinstance(found, str) and (best is None or found[0] < best[0]):
+            best = (found[0], name, found[1], found[2])
     return best
+
+
+def explain(pod: snapshot.Pod, cluster: snapshot.Snapshot, *, scoring: settings.Scoring,
+            ) -> list[tuple[str, bool, str]]:
+    """Where release would place this pod now, as a gang of one: every node as (name, could take it, why), the
+    one release would choose first, then the others that could by rank, then those that could not."""
+    spec = pod.raw.get("spec") or {}
+    fits: list[tuple[_Rank, str, str]] = []
+    refused: list[tuple[str, bool, str]] = []
+    for name, room in sorted(rooms(cluster).items()):
+        why_never = capacity.never(spec, pod.requests, room.node)
+        found = why_never if why_never else _evaluate(pod, room, scoring)
+        if isinstance(found, str):
+            refused.append((name, False, found))
+        else:
+            fits.append((found[0], name, found[2]))
+    refused += [(name, False, "node not ready or cordoned") for name, node in sorted(cluster.nodes.items())
+                if not node.schedulable]
+    return [(name, True, why) for _, name, why in sorted(fits)] + refused
 
 
 def _greedy(

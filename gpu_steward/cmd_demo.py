@@ -24,6 +24,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(logging.WARNING)  # the narration is the output; components log to files
-    from gpu_steward import demo  # needs the `demo` extra (Pillow, cryptography), which the image leaves out
+    from gpu_steward import demo  # needs the `demo` extra (Pillow), which the image leaves out
 
     return demo.run(out_dir=args.out, keep=args.keep, say=lambda line: print(line, flush=True))

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import prometheus_client
 
-from common import httpserver, settings, source
+from common import buildinfo, httpserver, settings, source
 from descheduler import evictor, health, reclaim_loop
 from gpu_steward import cmdline
 
@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"descheduler: {exc}", file=sys.stderr)
             return 2
     registry = prometheus_client.CollectorRegistry()
+    buildinfo.register(registry)
     listener = None
     if args.metrics_port:
         try:
@@ -123,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
             return 2
     try:
         cycle = asyncio.run(_main(config=config, static=static, once=args.once, registry=registry, listener=listener))
+    except settings.SettingsError:
+        raise  # bad configuration found on the way (no usable kubeconfig): one line, exit 2 (cli.main)
     except Exception:
         log.exception("descheduler stopped on an error")
         return 1

@@ -24,8 +24,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Replay the admission decision for POD.yaml against a saved cluster state "
         "(kubectl get nodes,pods,priorityclasses,namespaces -A -o json > STATE.json).",
     )
-    parser.add_argument("pod", type=pathlib.Path, help="pod manifest (YAML or JSON)")
+    parser.add_argument("pod", help="pod manifest (YAML or JSON); - reads it from stdin")
     parser.add_argument("--cluster", type=pathlib.Path, required=True, help="cluster state: a Kubernetes List")
+    parser.add_argument("--controller", choices=("alive", "down"), default="alive",
+                        help="the descheduler as the webhook would see it: alive (its Lease just renewed: governed "
+                        "pods are gated for placement at release) or down (never gated; preferred terms only)")
     cmdline.add_config(parser)
     cmdline.add_output(parser)
     parser.set_defaults(func=run)
@@ -34,23 +37,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     config = cmdline.load_settings(args)
     try:
-        pod = yaml.safe_load(args.pod.read_text())
+        pod = read_pod(args.pod)
         cluster = source.from_file(args.cluster, names=config.names, clock=time.time).snapshot
-    except (OSError, ValueError, yaml.YAMLError) as exc:
+    except ValueError as exc:
         print(f"explain: {exc}", file=sys.stderr)
         return 2
-    if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
-        print(f"explain: {args.pod} is not a Pod manifest", file=sys.stderr)
-        return 2
     namespace = (pod.get("metadata") or {}).get("namespace") or "default"
+    now = time.time()
     outcome = mutation.decide(operation="CREATE", namespace=namespace, pod=pod, cluster=cluster,
-                              config=config, now=time.time())
+                              config=config, now=now, controller_seen_at=now if args.controller == "alive" else None)
     # The webhook scores only as far as its preferred terms need; explain shows every node.
     try:
         gpus = gpu.pod_request(pod).full
     except gpu.QuantityError:
         gpus = 0
-    # Ranked against the pod as admitted (our required NVLink expression ANDed in), as the webhook ranks it.
+    # Ranked against the pod as admitted, as the webhook ranks it.
     admitted = jsonpatch.apply_patch(pod, outcome.patch) if outcome.patch else pod
     ranking = scoring.rank(gpus=gpus, pod_spec=admitted.get("spec") or {}, cluster=cluster, cfg=config.scoring)
     if args.output == "json":
@@ -58,6 +59,27 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(as_text(outcome, ranking if gpus else None))
     return 0
+
+
+def read_pod(name: str) -> dict[str, Any]:
+    """The one Pod manifest in file `name` (`-`: stdin); InputError saying where and what was expected."""
+    where = "<stdin>" if name == "-" else name
+    text = source.read_text(name, expected="a Pod manifest (YAML or JSON)")
+    try:
+        pod = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        at = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
+        problem = ", ".join(part for part in (exc.context, exc.problem) if part)
+        raise source.InputError(f"{where}: {at}{problem}; expected one Pod manifest (YAML or JSON)") from None
+    except yaml.YAMLError as exc:
+        raise source.InputError(f"{where}: {exc}; expected one Pod manifest (YAML or JSON)") from None
+    if not isinstance(pod, dict):
+        found = "empty" if pod is None else f"a {type(pod).__name__}, not a mapping"
+        raise source.InputError(f"{where}: {found}; expected a Pod manifest (apiVersion: v1, kind: Pod)")
+    if pod.get("kind", "Pod") != "Pod":
+        raise source.InputError(f"{where}: kind is {pod.get('kind')!r}; expected a single Pod (kind: Pod)")
+    return pod
 
 
 def as_json(outcome: mutation.Outcome, ranking: scoring.Ranking | None) -> dict[str, Any]:
@@ -68,6 +90,7 @@ def as_json(outcome: mutation.Outcome, ranking: scoring.Ranking | None) -> dict[
                     "terms": {t.name: t.points for t in s.terms}} for s in (ranking.scores if ranking else ())],
         "excluded": dict(ranking.excluded) if ranking else {},
         "gated": outcome.gated,
+        "release": outcome.release.value if outcome.release else None,
         "record": outcome.record,
         "warnings": list(outcome.warnings),
         "skipped": outcome.skipped,
@@ -76,6 +99,8 @@ def as_json(outcome: mutation.Outcome, ranking: scoring.Ranking | None) -> dict[
 
 def as_text(outcome: mutation.Outcome, ranking: scoring.Ranking | None, *, top: int = 10) -> str:
     lines = [f"decision: {outcome.record}"]
+    if outcome.release is not None:
+        lines.append(f"release:  {'gated, placed at release' if outcome.gated else 'not gated, controller down'}")
     lines += [f"warning:  {w}" for w in outcome.warnings]
     if ranking and ranking.scores:
         lines.append("")

@@ -1,4 +1,5 @@
-"""`gpu-steward gangs [--cluster STATE.json]`: every gang, its members, its state, and what it waits for.
+"""`gpu-steward gangs [--cluster STATE.json]`: every gang (and every single pod gated for placement at release,
+a gang of one), its members, its state, and what it waits for.
 
 Offline from a saved state (`kubectl get nodes,pods,priorityclasses,namespaces -A -o json`), or live
 (one full list through the feeder, no watch kept). Read-only: it shows the gang controller's plan
@@ -71,6 +72,7 @@ def as_json(result: gang_release.Plan) -> dict[str, Any]:
         "gangs": [
             {
                 "gang": d.gang,
+                "kind": "pod" if d.single else "gang",  # a pod gated for placement at release: a gang of one
                 "state": d.action.value,
                 "waiting_for": d.waiting.value if d.waiting else None,
                 "size": d.size,
@@ -96,7 +98,8 @@ def as_text(result: gang_release.Plan) -> str:
     for d in result.decisions:
         size = f"{len(d.members)}/{d.size}" if d.size else f"{len(d.members)}"
         state = f"{d.action.value}" + (f" ({d.waiting.value})" if d.waiting else "")
-        lines.append(f"{d.gang}  members {size}  priority {d.priority}  {state}")
+        kind = "pod (placed at release)" if d.single else "gang"
+        lines.append(f"{kind} {d.gang}  members {size}  priority {d.priority}  {state}")
         lines.append(f"  why: {d.message}")
         lines += [
             f"  - {m.key}  {m.request.describe()}  {'gated' if m.gated else 'released'}"

@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         return asyncio.run(_main(args, config=config))
+    except settings.SettingsError:
+        raise  # bad configuration found on the way (no usable kubeconfig): one line, exit 2 (cli.main)
     except Exception:
         log.exception("label-node stopped on an error")
         return 1

@@ -16,7 +16,7 @@ import signal
 import ssl
 import sys
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import prometheus_client
@@ -43,7 +43,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--cluster",
         type=pathlib.Path,
         help="serve from a fixed cluster state (kubectl get nodes,pods,priorityclasses,namespaces -A -o json) "
-        "instead of watching the API server",
+        "instead of watching the API server; no descheduler Lease is watched then, so no pod is gated for "
+        "placement at release (gangs still are)",
     )
     parser.add_argument("--host", help="listen address (webhook.host)")
     parser.add_argument("--port", type=int, help="listen port (webhook.port)")
@@ -60,6 +61,15 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     config = cmdline.load_settings(args, overrides=_overrides)
+    if config.webhook.managed_tls.enabled and args.cluster is None:
+        from admission import certmanager  # the Kubernetes client: slow to import, `--cluster` never needs it
+        from common import kube
+
+        try:
+            asyncio.run(certmanager.bootstrap(config))
+        except (kube.ApiError, OSError, ValueError) as exc:
+            print(f"webhook: cannot set up its own TLS (webhook.managed_tls): {exc}", file=sys.stderr)
+            return 2
     try:
         context = tls.ssl_context(config.webhook)
     except (ValueError, OSError, ssl.SSLError) as exc:
@@ -71,10 +81,12 @@ def run(args: argparse.Namespace) -> int:
             # A fixed state counts as taken at start: it ages, and max_snapshot_age_seconds applies.
             static = source.from_file(args.cluster, names=config.names, clock=time.time)
         except (OSError, ValueError) as exc:
-            print(f"webhook: cannot load --cluster {args.cluster}: {exc}", file=sys.stderr)
+            print(f"webhook: {exc}", file=sys.stderr)
             return 2
     try:
         asyncio.run(_main(config=config, context=context, static=static))
+    except settings.SettingsError:
+        raise  # bad configuration found on the way (no usable kubeconfig): one line, exit 2 (cli.main)
     except Exception:
         log.exception("webhook stopped on an error")
         return 1
@@ -110,12 +122,19 @@ async def _live(*, config: settings.Settings, context: ssl.SSLContext, stop: asy
     dcgm = prometheus.Client(config.prometheus) if config.prometheus.url else None
     api = await kube.api_client(config.kubernetes)
     try:
-        live = feeder.Feeder(config=config, api=api, prometheus=dcgm, registry=registry)
-        await _run_until(
-            stop,
-            feeder=live.run(),
-            server=_serve(config=config, snapshots=live, context=context, registry=registry),
-        )
+        live = feeder.Feeder(config=config, api=api, prometheus=dcgm, registry=registry, watch_controller=True)
+        tasks = {
+            "feeder": live.run(),
+            "server": _serve(config=config, snapshots=live, context=context, registry=registry,
+                             controller=lambda: live.controller_seen_at),
+        }
+        if config.webhook.managed_tls.enabled:
+            from admission import certmanager
+
+            tasks["tls"] = certmanager.keep(
+                api, config.webhook, request_timeout_seconds=config.kubernetes.request_timeout_seconds
+            )
+        await _run_until(stop, **tasks)
     finally:
         await api.close()
         if dcgm is not None:
@@ -149,8 +168,11 @@ async def _serve(
     snapshots: source.SnapshotSource,
     context: ssl.SSLContext,
     registry: prometheus_client.CollectorRegistry | None = None,
+    controller: Callable[[], float | None] = lambda: None,
 ) -> None:
-    app = server.create_app(config=config, source=snapshots, registry=registry)
+    """`controller`: when the descheduler's Lease was last seen renewed (a fixed --cluster state sees no Lease:
+    nothing is gated for release)."""
+    app = server.create_app(config=config, source=snapshots, registry=registry, controller=controller)
     async with httpserver.serving(
         app, host=config.webhook.host, port=config.webhook.port, ssl_context=context, shutdown_seconds=SHUTDOWN_SECONDS
     ) as (host, port):

@@ -25,8 +25,20 @@ STARTED=$SECONDS
 
 say() { printf '[controlplane %4ds] %s\n' "$((SECONDS - STARTED))" "$*" >&2; }
 
+# Go is needed only when something must be built; the wrapper modules say `go 1.25`.
 need_go() {
-  command -v go >/dev/null || { say "error: Go 1.25+ is required to build the control plane (https://go.dev/dl)"; exit 1; }
+  command -v go >/dev/null || {
+    say "error: Go 1.25 or newer is required to build the control plane, and there is no 'go' on PATH (https://go.dev/dl)"
+    exit 1
+  }
+  local found major minor
+  found=$(go env GOVERSION)  # e.g. go1.26.1, go1.27rc1
+  major=$(sed -n 's/^go\([0-9]*\)\.\([0-9]*\).*/\1/p' <<<"$found")
+  minor=$(sed -n 's/^go\([0-9]*\)\.\([0-9]*\).*/\2/p' <<<"$found")
+  if [ -z "$major" ] || [ "$major" -lt 1 ] || { [ "$major" -eq 1 ] && [ "$minor" -lt 25 ]; }; then
+    say "error: Go 1.25 or newer is required to build the control plane; $(command -v go) is $found (https://go.dev/dl)"
+    exit 1
+  fi
 }
 
 # Move freshly built binaries from STAGE into BIN (a rename on the same filesystem: never half a file).

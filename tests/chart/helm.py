@@ -1,25 +1,25 @@
-"""Helm driving for the chart tests and the end-to-end suite: render, install, uninstall, local webhook.
+"""Helm driving for the chart tests and the end-to-end suite: render, install, uninstall, and running the
+chart's components on this machine under the chart's own ServiceAccounts.
 
 The end-to-end suite (a real control plane, no kubelet that can run our image) installs the chart with
-`local_webhook_values(port)`: the MutatingWebhookConfiguration then calls `https://127.0.0.1:PORT/mutate`
-with the chart's own CA, and `webhook_files()` hands back the chart-rendered settings and the chart-made
-TLS Secret as files, so `gpu-steward webhook` runs on this machine exactly as the chart configured it:
+`local_values(port)`: the MutatingWebhookConfiguration then calls `https://127.0.0.1:PORT/mutate`, and
+the webhook (tls.mode managed) creates its TLS Secret and writes its CA into that configuration itself.
+`release_files()` hands back the chart-rendered settings file and each Deployment's environment, and
+`service_account_kubeconfig()` a kubeconfig holding a token of one of the chart's ServiceAccounts, so
+`gpu-steward webhook` and `gpu-steward descheduler` run here exactly as the chart configured them, with
+only the permissions its RBAC grants:
 
-    helm.install(kubeconfig=kc, release="gs", namespace="gpu-steward", values=helm.local_webhook_values(port))
-    files = helm.webhook_files(kubeconfig=kc, release="gs", namespace="gpu-steward", dest=tmp_path)
-    env = {**os.environ, **files.env, "GPU_STEWARD_KUBERNETES__KUBECONFIG": str(kc)}
-    # python -m gpu_steward webhook --host 127.0.0.1 --port PORT   (with env=env), wait for /readyz
-    # (trust files.ca), then create pods: the API server calls it through the chart's configuration.
+    helm.install(kubeconfig=kc, release="gs", namespace="gpu-steward", values=helm.local_values(port))
+    files = helm.release_files(kubeconfig=kc, release="gs", namespace="gpu-steward", dest=tmp_path)
+    sa = helm.service_account_kubeconfig(kubeconfig=kc, namespace="gpu-steward",
+                                         service_account="gs-gpu-steward-webhook", dest=tmp_path / "wh.kubeconfig")
+    env = {**os.environ, **files.webhook_env, "GPU_STEWARD_KUBERNETES__KUBECONFIG": str(sa)}
+    # python -m gpu_steward webhook --host 127.0.0.1 --port PORT   (with env=env)
     helm.uninstall(kubeconfig=kc, release="gs", namespace="gpu-steward")
-
-Checked by hand against the 1.36.3 control plane (localcluster): install, a GPU pod created with kubectl got
-its tier from the locally running webhook, a `gpu-steward.io/skip=true` pod was not sent to it, an upgrade
-kept the CA and serving certificate (`lookup`), and uninstall removed the configuration and the classes.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 import os
@@ -100,20 +100,18 @@ def uninstall(*, kubeconfig: pathlib.Path, release: str, namespace: str) -> str:
     return helm("uninstall", release, "--namespace", namespace, "--kubeconfig", str(kubeconfig), "--wait")
 
 
-def local_webhook_values(port: int, **overrides: Any) -> dict[str, Any]:
+def local_values(port: int, **overrides: Any) -> dict[str, Any]:
     """Values that register the webhook at https://127.0.0.1:PORT/mutate (a process on this machine).
 
-    No in-cluster webhook replicas, labeler or descheduler: on kwok nothing would really run them.
+    No in-cluster pods: kwok would only pretend to run them. The descheduler's Deployment (0 replicas)
+    still brings its ServiceAccount, RBAC and environment; the labeler and the pre-delete hook Job are off.
     """
     values: dict[str, Any] = {
-        "webhook": {
-            "url": f"https://127.0.0.1:{port}/mutate",
-            "replicas": 0,
-            "podDisruptionBudget": {"enabled": False},
-        },
-        "tls": {"selfSigned": {"ipAddresses": ["127.0.0.1"]}},
-        "descheduler": {"enabled": False},
+        "webhook": {"url": f"https://127.0.0.1:{port}/mutate", "replicas": 0},
+        "settings": {"webhook": {"managed_tls": {"ip_addresses": ["127.0.0.1"]}}},
+        "descheduler": {"replicas": 0},
         "labeler": {"enabled": False},
+        "releaseGates": {"enabled": False},
     }
     return _merge(values, overrides)
 
@@ -126,42 +124,68 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @dataclasses.dataclass(frozen=True)
-class WebhookFiles:
+class ReleaseFiles:
     config: pathlib.Path  # the chart's config.yaml (ConfigMap)
-    cert: pathlib.Path  # tls.crt of the chart's Secret
-    key: pathlib.Path
-    ca: pathlib.Path  # what the MutatingWebhookConfiguration's caBundle holds
-    env: dict[str, str]  # the chart's environment for the webhook container, with local file paths
+    webhook_env: dict[str, str]  # the webhook container's environment, TLS files under dest/tls
+    descheduler_env: dict[str, str]  # the descheduler container's, downward-API values filled in
+    tls_dir: pathlib.Path  # where the webhook writes its serving pair
 
 
-def webhook_files(*, kubeconfig: pathlib.Path, release: str, namespace: str, dest: pathlib.Path,
-                  kubectl: pathlib.Path | None = None) -> WebhookFiles:
-    """Write the installed release's settings file and webhook TLS material under `dest`."""
-    binary = str(kubectl or BUILT_HELM.with_name("kubectl"))
+def _kubectl(kubeconfig: pathlib.Path, *args: str) -> str:
+    result = subprocess.run([str(BUILT_HELM.with_name("kubectl")), "--kubeconfig", str(kubeconfig), *args],
+                            capture_output=True, text=True, timeout=TIMEOUT_SECONDS, check=False)
+    if result.returncode != 0:
+        raise HelmError(f"kubectl {' '.join(args[:3])}: {result.stderr.strip()}")
+    return result.stdout
+
+
+def _container_env(container: dict[str, Any], *, namespace: str, pod_name: str) -> dict[str, str]:
+    downward = {"metadata.namespace": namespace, "metadata.name": pod_name}
+    env = {}
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        else:
+            env[item["name"]] = downward[item["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env
+
+
+def release_files(*, kubeconfig: pathlib.Path, release: str, namespace: str, dest: pathlib.Path) -> ReleaseFiles:
+    """Write the installed release's settings file under `dest`; return it with the containers' environments."""
     prefix = release if "gpu-steward" in release else f"{release}-gpu-steward"
 
     def get(kind: str, name: str) -> dict[str, Any]:
-        result = subprocess.run(
-            [binary, "--kubeconfig", str(kubeconfig), "-n", namespace, "get", kind, name, "-o", "json"],
-            capture_output=True, text=True, timeout=TIMEOUT_SECONDS, check=False,
-        )
-        if result.returncode != 0:
-            raise HelmError(f"kubectl get {kind} {name}: {result.stderr.strip()}")
-        document: dict[str, Any] = json.loads(result.stdout)
+        document: dict[str, Any] = json.loads(_kubectl(kubeconfig, "-n", namespace, "get", kind, name, "-o", "json"))
         return document
 
-    dest.mkdir(parents=True, exist_ok=True)
+    tls_dir = dest / "tls"
+    tls_dir.mkdir(parents=True, exist_ok=True)
     config = dest / "config.yaml"
     config.write_text(get("configmap", f"{prefix}-config")["data"]["config.yaml"])
-    secret = get("secret", f"{prefix}-webhook-tls")["data"]
-    paths = {}
-    for field, name in (("tls.crt", "tls.crt"), ("tls.key", "tls.key"), ("ca.crt", "ca.crt")):
-        path = dest / name
-        path.write_bytes(base64.b64decode(secret[field]))
-        paths[field] = path
-    paths["tls.key"].chmod(0o600)
-    container = get("deployment", f"{prefix}-webhook")["spec"]["template"]["spec"]["containers"][0]
-    env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
-    env.update({"GPU_STEWARD_CONFIG": str(config), "GPU_STEWARD_WEBHOOK__CERT_FILE": str(paths["tls.crt"]),
-                "GPU_STEWARD_WEBHOOK__KEY_FILE": str(paths["tls.key"])})
-    return WebhookFiles(config=config, cert=paths["tls.crt"], key=paths["tls.key"], ca=paths["ca.crt"], env=env)
+    envs = {}
+    for component in ("webhook", "descheduler"):
+        container = get("deployment", f"{prefix}-{component}")["spec"]["template"]["spec"]["containers"][0]
+        envs[component] = {**_container_env(container, namespace=namespace, pod_name=f"{prefix}-{component}-local"),
+                           "GPU_STEWARD_CONFIG": str(config)}
+    envs["webhook"].update({"GPU_STEWARD_WEBHOOK__CERT_FILE": str(tls_dir / "tls.crt"),
+                            "GPU_STEWARD_WEBHOOK__KEY_FILE": str(tls_dir / "tls.key")})
+    return ReleaseFiles(config=config, webhook_env=envs["webhook"], descheduler_env=envs["descheduler"],
+                        tls_dir=tls_dir)
+
+
+def service_account_kubeconfig(*, kubeconfig: pathlib.Path, namespace: str, service_account: str,
+                               dest: pathlib.Path) -> pathlib.Path:
+    """A kubeconfig for the cluster of `kubeconfig` that authenticates as the ServiceAccount (a bound token
+    from the TokenRequest API, `kubectl create token`): the process gets exactly the chart's RBAC."""
+    token = _kubectl(kubeconfig, "-n", namespace, "create", "token", service_account, "--duration=2h").strip()
+    admin = json.loads(_kubectl(kubeconfig, "config", "view", "--raw", "--minify", "-o", "json"))
+    cluster = admin["clusters"][0]["cluster"]
+    document = {
+        "apiVersion": "v1", "kind": "Config", "current-context": service_account,
+        "clusters": [{"name": "cluster", "cluster": cluster}],
+        "users": [{"name": service_account, "user": {"token": token}}],
+        "contexts": [{"name": service_account, "context": {"cluster": "cluster", "user": service_account}}],
+    }  # fmt: skip
+    dest.write_text(yaml.safe_dump(document))
+    dest.chmod(0o600)
+    return dest

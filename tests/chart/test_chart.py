@@ -3,8 +3,6 @@ schema validation of every rendered object, and values.schema.json refusing bad 
 
 from __future__ import annotations
 
-import base64
-import datetime
 import importlib.util
 import itertools
 import json
@@ -15,7 +13,6 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from cryptography import x509
 
 from common import settings
 from tests.chart import helm
@@ -24,10 +21,10 @@ NAMESPACE = "gpu-steward"
 RELEASE = "gs"
 PREFIX = f"{RELEASE}-gpu-steward"
 DEFAULTS = settings.Settings().model_dump(mode="json")
-KUBE_VERSIONS = ("1.30.0", "1.36.0")
+KUBE_VERSIONS = ("1.30.0", "1.37.0")
 # Kinds of CRDs (cert-manager, Prometheus Operator) that have no schema in kubernetes-validate.
 CRD_KINDS = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate"),
-             ("monitoring.coreos.com/v1", "ServiceMonitor")}
+             ("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
 Objects = list[dict[str, Any]]
 
 
@@ -153,13 +150,15 @@ def check_defaults(objects: Objects) -> None:
         ("ConfigMap", f"{PREFIX}-config"),
         ("PriorityClass", "gpu-steward-critical"), ("PriorityClass", "gpu-steward-normal"),
         ("PriorityClass", "gpu-steward-scavenger"),
-        ("MutatingWebhookConfiguration", PREFIX), ("Secret", f"{PREFIX}-webhook-tls"),
-        *((kind, f"{PREFIX}-{c}") for c in ("webhook", "descheduler", "labeler")
+        ("MutatingWebhookConfiguration", PREFIX),
+        *((kind, f"{PREFIX}-{c}") for c in ("webhook", "descheduler", "labeler", "release-gates")
           for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")),
+        ("Role", f"{PREFIX}-webhook"), ("RoleBinding", f"{PREFIX}-webhook"), ("Job", f"{PREFIX}-release-gates"),
         ("Service", f"{PREFIX}-webhook"), ("Deployment", f"{PREFIX}-webhook"),
         ("PodDisruptionBudget", f"{PREFIX}-webhook"),
         ("Deployment", f"{PREFIX}-descheduler"), ("Service", f"{PREFIX}-descheduler-metrics"),
         ("Role", f"{PREFIX}-descheduler"), ("RoleBinding", f"{PREFIX}-descheduler"),
+        ("Role", f"{PREFIX}-webhook"), ("RoleBinding", f"{PREFIX}-webhook"),
         ("DaemonSet", f"{PREFIX}-labeler"),
     }
     # The settings file is values.settings, key for key, and loads as the default settings.
@@ -179,7 +178,8 @@ def check_defaults(objects: Objects) -> None:
         {"key": "gpu-steward.io/skip", "operator": "NotIn", "values": ["true", "True", "yes", "1"]}]}
     assert hook["clientConfig"]["service"] == {"name": f"{PREFIX}-webhook", "namespace": NAMESPACE,
                                                "path": "/mutate", "port": 443}
-    _check_self_signed_tls(objects, dns=f"{PREFIX}-webhook.{NAMESPACE}.svc", ips=[])
+    assert "caBundle" not in hook["clientConfig"]  # the webhook writes it (tls.mode managed): renders are stable
+    assert [c["name"] for c in hook["matchConditions"]] == ["gpu-or-gang"]
 
     webhook = _one(objects, "Deployment", f"{PREFIX}-webhook")
     assert webhook["spec"]["replicas"] == 2
@@ -189,13 +189,27 @@ def check_defaults(objects: Objects) -> None:
     assert container["args"] == ["webhook"]
     assert container["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
+    assert container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"] == 90
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
+    service = f"{PREFIX}-webhook"
     assert _env(container) == {
         "GPU_STEWARD_CONFIG": "/etc/gpu-steward/config/config.yaml",
         "GPU_STEWARD_WEBHOOK__CERT_FILE": "/etc/gpu-steward/tls/tls.crt",
         "GPU_STEWARD_WEBHOOK__KEY_FILE": "/etc/gpu-steward/tls/tls.key",
         "GPU_STEWARD_ADMISSION__EXCLUDED_NAMESPACES": '["kube-system","gpu-steward"]',
+        # the descheduler's leader Lease, watched to gate for release only while the controller lives
+        "GPU_STEWARD_DESCHEDULER__LEADER_ELECTION__LEASE_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        "GPU_STEWARD_WEBHOOK__MANAGED_TLS__ENABLED": "true",
+        "GPU_STEWARD_WEBHOOK__MANAGED_TLS__SECRET_NAME": f"{PREFIX}-webhook-tls",
+        "GPU_STEWARD_WEBHOOK__MANAGED_TLS__SECRET_NAMESPACE": NAMESPACE,
+        "GPU_STEWARD_WEBHOOK__MANAGED_TLS__WEBHOOK_CONFIGURATION": PREFIX,
+        "GPU_STEWARD_WEBHOOK__MANAGED_TLS__DNS_NAMES": json.dumps(
+            [service, *(f"{service}.{NAMESPACE}{suffix}" for suffix in ("", ".svc", ".svc.cluster.local"))],
+            separators=(",", ":")),
     }
+    # The pair is written by the process into a writable in-memory volume.
+    assert {"name": "tls", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}} in pod["volumes"]
+    assert pod["priorityClassName"] == "system-cluster-critical"
     assert _one(objects, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
 
     descheduler = _container(objects, "Deployment", f"{PREFIX}-descheduler")
@@ -214,6 +228,9 @@ def check_defaults(objects: Objects) -> None:
 
     labeler = _one(objects, "DaemonSet", f"{PREFIX}-labeler")["spec"]["template"]["spec"]
     assert labeler["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert labeler["priorityClassName"] == "system-node-critical"
+    assert _one(objects, "Deployment", f"{PREFIX}-descheduler")["spec"]["template"]["spec"]["priorityClassName"] == (
+        "system-cluster-critical")
     assert labeler["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert labeler["containers"][0]["args"] == ["label-node", "--interval=300", "--nvidia-smi=nvidia-smi",
                                                 "--nvidia-smi-timeout=30"]
@@ -222,11 +239,34 @@ def check_defaults(objects: Objects) -> None:
 
     # Least privilege, per component.
     assert _rules(objects, "ClusterRole", f"{PREFIX}-webhook") == [
-        (("",), ("nodes", "pods", "namespaces"), READ), (("scheduling.k8s.io",), ("priorityclasses",), READ)]
+        (("",), ("nodes", "pods", "namespaces"), READ),
+        (("scheduling.k8s.io",), ("priorityclasses", "podgroups"), READ),
+        (("admissionregistration.k8s.io",), ("mutatingwebhookconfigurations",), ("get", "update"))]
+    assert _one(objects, "ClusterRole", f"{PREFIX}-webhook")["rules"][2]["resourceNames"] == [PREFIX]
+    # The leader Lease, watched to gate for release only while the controller lives; the TLS Secret.
+    role = _one(objects, "Role", f"{PREFIX}-webhook")["rules"]
+    assert role == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list", "watch"]},
+                    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+                    {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [f"{PREFIX}-webhook-tls"],
+                     "verbs": ["get", "update"]}]
+    assert _one(objects, "RoleBinding", f"{PREFIX}-webhook")["roleRef"]["name"] == f"{PREFIX}-webhook"
+    # events get + patch: a repeated Event is aggregated (common/events.py), as client-go's recorder does.
     assert _rules(objects, "ClusterRole", f"{PREFIX}-descheduler") == [
         (("",), ("nodes", "namespaces"), READ), (("",), ("pods",), (*READ, "patch")),
-        (("scheduling.k8s.io",), ("priorityclasses",), READ), (("",), ("pods/eviction",), ("create",)),
-        (("",), ("events",), ("create",))]
+        (("scheduling.k8s.io",), ("priorityclasses", "podgroups"), READ), (("",), ("pods/eviction",), ("create",)),
+        (("",), ("events",), ("create", "get", "patch"))]
+    assert _rules(objects, "ClusterRole", f"{PREFIX}-release-gates") == [(("",), ("pods",), ("get", "list", "patch"))]
+    # Uninstall: a pre-delete hook with objects of its own, deleted when it succeeded.
+    job = _one(objects, "Job", f"{PREFIX}-release-gates")
+    hook = {"helm.sh/hook": "pre-delete", "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded"}
+    assert job["metadata"]["annotations"] == {**hook, "helm.sh/hook-weight": "0"}
+    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+        assert _one(objects, kind, f"{PREFIX}-release-gates")["metadata"]["annotations"] == {
+            **hook, "helm.sh/hook-weight": "-10"}, kind  # created before the Job
+    pod = job["spec"]["template"]["spec"]
+    assert (pod["serviceAccountName"], pod["restartPolicy"]) == (f"{PREFIX}-release-gates", "Never")
+    assert pod["containers"][0]["args"] == ["release-gates"]
+    assert _env(pod["containers"][0]) == {"GPU_STEWARD_NAMES__PREFIX": "gpu-steward.io/"}
     assert _rules(objects, "Role", f"{PREFIX}-descheduler") == [
         (("coordination.k8s.io",), ("leases",), ("get", "create", "update"))]
     assert _rules(objects, "ClusterRole", f"{PREFIX}-labeler") == [(("",), ("nodes",), ("get", "patch"))]
@@ -235,7 +275,7 @@ def check_defaults(objects: Objects) -> None:
     reclaim = "reclaim-idle-resource.scheduling.x-k8s.io/"
     assert {name: (c["value"], c["preemptionPolicy"], c["metadata"].get("annotations", {}))
             for name, c in classes.items()} == {
-        "gpu-steward-critical": (100_000, "PreemptLowerPriority", {}),
+        "gpu-steward-critical": (100_000, "PreemptLowerPriority", {}),  # reclaim: {enabled: false}
         "gpu-steward-normal": (10_000, "PreemptLowerPriority", {
             f"{reclaim}resource-idle-seconds": "10800", f"{reclaim}resource-idle-usage-threshold": "5",
             f"{reclaim}toleration-seconds": "1800"}),
@@ -245,22 +285,13 @@ def check_defaults(objects: Objects) -> None:
     }
 
 
-def _check_self_signed_tls(objects: Objects, *, dns: str, ips: list[str]) -> None:
-    """The Secret's CA is the caBundle, and it signed a serving cert valid for the Service name."""
-    secret = _one(objects, "Secret", f"{PREFIX}-webhook-tls")
-    assert secret["type"] == "kubernetes.io/tls"
-    assert _webhook(objects)["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
-    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
-    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
-    cert.verify_directly_issued_by(ca)
-    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert dns in sans.get_values_for_type(x509.DNSName)
-    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ips
-    assert cert.not_valid_after_utc - cert.not_valid_before_utc > datetime.timedelta(days=3000)
-
-
 def check_cert_manager(objects: Objects) -> None:
-    assert not [o for o in objects if o["kind"] == "Secret"]
+    assert not [o for o in objects if o["kind"] == "Secret" or (o["metadata"]["name"] == f"{PREFIX}-webhook"
+                and o["kind"] in ("Role", "RoleBinding"))]
+    env = _env(_container(objects, "Deployment", f"{PREFIX}-webhook"))
+    assert not [name for name in env if "MANAGED_TLS" in name]
+    volume = _one(objects, "Deployment", f"{PREFIX}-webhook")["spec"]["template"]["spec"]["volumes"][1]
+    assert volume == {"name": "tls", "secret": {"secretName": f"{PREFIX}-webhook-tls"}}
     name = f"{PREFIX}-webhook"
     assert _one(objects, "Issuer", name)["spec"] == {"selfSigned": {}}
     certificate = _one(objects, "Certificate", name)["spec"]
@@ -350,10 +381,72 @@ def check_local_webhook(objects: Objects) -> None:
     hook = _webhook(objects)
     assert hook["clientConfig"]["url"] == "https://127.0.0.1:18443/mutate"
     assert "service" not in hook["clientConfig"]
-    _check_self_signed_tls(objects, dns=f"{PREFIX}-webhook.{NAMESPACE}.svc", ips=["127.0.0.1"])
+    assert _config(objects)["webhook"]["managed_tls"]["ip_addresses"] == ["127.0.0.1"]
     assert _one(objects, "Deployment", f"{PREFIX}-webhook")["spec"]["replicas"] == 0
     assert not [o for o in objects if o["kind"] in ("DaemonSet", "PodDisruptionBudget")]
-    assert not [o for o in objects if "descheduler" in o["metadata"]["name"]]
+    assert _one(objects, "Deployment", f"{PREFIX}-descheduler")["spec"]["replicas"] == 0
+
+
+def _reclaim_annotations(objects: Objects) -> dict[str, dict[str, str]]:
+    classes = [o for o in objects if o["kind"] == "PriorityClass"]
+    return {o["metadata"]["name"]: o["metadata"].get("annotations", {}) for o in classes}
+
+
+def check_reclaim_off_per_tier(objects: Objects) -> None:
+    """`{enabled: false}` and `null` both leave a tier without reclaim annotations (an empty map would be
+    merged with the defaults by Helm); the other tier keeps its defaults."""
+    annotations = _reclaim_annotations(objects)
+    assert annotations["gpu-steward-normal"] == {} and annotations["gpu-steward-scavenger"] == {}
+    assert annotations["gpu-steward-critical"] == {"reclaim-idle-resource.scheduling.x-k8s.io/toleration-seconds": "60"}
+
+
+def check_labeler_node_selector_replaced(objects: Objects) -> None:
+    spec = _one(objects, "DaemonSet", f"{PREFIX}-labeler")["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"node.example.com/gpu": "yes"}  # not ANDed with nvidia.com/gpu.present
+
+
+def check_single_replica_has_no_pdb(objects: Objects) -> None:
+    assert not [o for o in objects if o["kind"] == "PodDisruptionBudget"]
+    assert _one(objects, "Deployment", f"{PREFIX}-webhook")["spec"]["replicas"] == 1
+
+
+EXTRA_ENV = [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]
+EXTRA_VOLUME = {"name": "prom-token", "secret": {"secretName": "prom-token"}}
+EXTRA_MOUNT = {"name": "prom-token", "mountPath": "/var/run/prometheus", "readOnly": True}
+SA_ANNOTATIONS = {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/gpu-steward"}
+EXTRAS = {"extraEnv": EXTRA_ENV, "extraVolumes": [EXTRA_VOLUME], "extraVolumeMounts": [EXTRA_MOUNT],
+          "serviceAccount": {"annotations": SA_ANNOTATIONS}, "priorityClassName": ""}
+
+
+def check_extras(objects: Objects) -> None:
+    for kind, component in (("Deployment", "webhook"), ("Deployment", "descheduler"), ("DaemonSet", "labeler")):
+        name = f"{PREFIX}-{component}"
+        spec = _one(objects, kind, name)["spec"]["template"]["spec"]
+        container = spec["containers"][0]
+        assert container["env"][-1] == EXTRA_ENV[0], component
+        assert container["env"][0]["name"] == "GPU_STEWARD_CONFIG", component  # the chart's own stay
+        assert container["volumeMounts"][-1] == EXTRA_MOUNT and spec["volumes"][-1] == EXTRA_VOLUME, component
+        assert container["volumeMounts"][0]["name"] == "config", component
+        assert "priorityClassName" not in spec, component
+        assert _one(objects, "ServiceAccount", name)["metadata"]["annotations"] == SA_ANNOTATIONS
+
+
+def check_monitoring(objects: Objects) -> None:
+    rule = _one(objects, "PrometheusRule", PREFIX)
+    assert rule["metadata"]["labels"]["release"] == "kube-prom"
+    alerts = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"]}
+    assert set(alerts) == {f"GpuSteward{name}" for name in (
+        "WebhookErrors", "SnapshotStale", "GangsWaitingTooLong", "GangReleaseFailing", "ReclaimBlocked",
+        "PrometheusUnreachable")}
+    assert alerts["GpuStewardReclaimBlocked"]["for"] == "30m"
+    assert alerts["GpuStewardWebhookErrors"]["labels"] == {"severity": "warning", "team": "ml-platform"}
+    dashboard = _one(objects, "ConfigMap", f"{PREFIX}-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["gpu-steward.json"])["uid"] == "gpu-steward"
+
+
+def check_no_release_gates(objects: Objects) -> None:
+    assert not [o for o in objects if "release-gates" in o["metadata"]["name"]]
 
 
 def check_everything_off(objects: Objects) -> None:
@@ -378,9 +471,21 @@ SCENARIOS = [
                  id="service-monitors"),
     pytest.param({"descheduler": {"metricsPort": 0}, "serviceMonitor": {"enabled": True}},
                  check_no_descheduler_endpoint, id="descheduler-metrics-port-0"),
-    pytest.param(helm.local_webhook_values(18443), check_local_webhook, id="local-webhook-for-e2e"),
+    pytest.param(helm.local_values(18443), check_local_webhook, id="local-webhook-for-e2e"),
+    pytest.param({"priorityClasses": {"normal": {"reclaim": {"enabled": False}}, "scavenger": {"reclaim": None},
+                                      "critical": {"reclaim": {"enabled": True, "toleration-seconds": 60}}}},
+                 check_reclaim_off_per_tier, id="reclaim-off-per-tier"),
+    pytest.param({"labeler": {"nodeSelector": {"node.example.com/gpu": "yes"}}}, check_labeler_node_selector_replaced,
+                 id="labeler-node-selector-replaces"),
+    pytest.param({"webhook": {"replicas": 1}}, check_single_replica_has_no_pdb, id="one-replica-no-pdb"),
+    pytest.param({"webhook": EXTRAS, "descheduler": EXTRAS, "labeler": EXTRAS}, check_extras, id="extras"),
+    pytest.param({"prometheusRule": {"enabled": True, "labels": {"release": "kube-prom"},
+                                     "alertLabels": {"team": "ml-platform"}},
+                  "grafanaDashboard": {"enabled": True}}, check_monitoring, id="alerts-and-dashboard"),
+    pytest.param({"releaseGates": {"enabled": False}}, check_no_release_gates, id="release-gates-off"),
     pytest.param({"webhook": {"enabled": False}, "descheduler": {"enabled": False}, "labeler": {"enabled": False},
-                  "priorityClasses": {"create": False}}, check_everything_off, id="everything-off"),
+                  "priorityClasses": {"create": False}, "releaseGates": {"enabled": False}}, check_everything_off,
+                 id="everything-off"),
 ]
 
 
@@ -432,6 +537,7 @@ def test_config_change_rolls_the_pods() -> None:
         pytest.param({"webhook": {"failurePolicy": "Sometimes"}}, "/webhook/failurePolicy", id="bad-failure-policy"),
         pytest.param({"webhook": {"timeoutSeconds": 31}}, "/webhook/timeoutSeconds", id="timeout-above-30"),
         pytest.param({"tls": {"mode": "vault"}}, "/tls/mode", id="bad-tls-mode"),
+        pytest.param({"tls": {"mode": "self-signed"}}, "/tls/mode", id="helm-generated-certificates-are-gone"),
         pytest.param({"priorityClasses": {"normal": {"reclaim": {"idle-seconds": 5}}}},
                      "additional properties 'idle-seconds'", id="unknown-reclaim-annotation"),
         pytest.param({"settings": {"webhook": {"request_timeout_seconds": 3}}},

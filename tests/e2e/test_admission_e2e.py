@@ -9,12 +9,14 @@ what counts, not what the webhook answered.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from common import settings
+from descheduler import leader
 from gpu_steward import localcluster
 from tests.e2e import conftest
 from tests.support import kube
@@ -56,7 +58,7 @@ def required_terms(pod: dict[str, Any]) -> list[dict[str, Any]]:
         pytest.param(4, {NAMES.tier: "scavenger"}, settings.Tier.SCAVENGER, id="label-scavenger-never-preempts"),
     ],
 )
-def test_gpu_pod_comes_back_tiered_with_nvlink_affinity_and_a_decision_record(
+def test_gpu_pod_comes_back_tiered_with_preferred_terms_and_a_decision_record(
     gpu_cluster: conftest.GpuCluster,
     webhook: conftest.WebhookServer,
     namespace: str,
@@ -83,24 +85,20 @@ def test_gpu_pod_comes_back_tiered_with_nvlink_affinity_and_a_decision_record(
         wanted.value,
         wanted.preemption_policy,
     )
-    # NVLink affinity: every required term admits only nodes whose domains hold all the pod's GPUs...
-    domain_size = kube.requirement(NAMES.nvlink_domain_size, "Gt", str(gpus - 1))
-    terms = required_terms(stored)
-    assert terms and all(domain_size in t.get("matchExpressions", []) for t in terms), terms
-    # ... and the preferred terms name real nodes that pass it, best first, weights in 1..100.
+    # No descheduler runs here (no Lease): never a gate, never a required term, only preferred terms naming
+    # real nodes with room, best first, weights in 1..100.
+    assert required_terms(stored) == [] and not spec.get("schedulingGates")
     preferred = kube.preferred_nodes(stored)
-    sizes = {n["metadata"]["name"]: int(n["metadata"]["labels"][NAMES.nvlink_domain_size]) for n in gpu_cluster.nodes}
     assert preferred, node_affinity(stored)
     weights = [w for w, _ in preferred]
     assert weights == sorted(weights, reverse=True) and all(1 <= w <= 100 for w in weights), preferred
-    assert all(sizes[node] >= gpus for _, nodes in preferred for node in nodes), (preferred, sizes)
+    capacity = {n["metadata"]["name"]: int(n["status"]["capacity"]["nvidia.com/gpu"]) for n in gpu_cluster.nodes}
+    assert all(capacity[node] >= gpus for _, nodes in preferred for node in nodes), (preferred, capacity)
     # The decision record says what was done and why.
     record = decision(stored) or ""
     assert f"tier {tier.value}" in record, record
     assert f"class {wanted.name} (priority {wanted.value}, {wanted.preemption_policy})" in record, record
-    assert f"{NAMES.nvlink_domain_size} >= {gpus}" in record, record
-    assert f"gate {NAMES.gate} not added" in record, record
-    assert not spec.get("schedulingGates")
+    assert f"gate {NAMES.gate} not added: not placed at release: controller down" in record, record
 
 
 @pytest.fixture
@@ -193,3 +191,136 @@ def test_with_the_webhook_down_pods_are_still_created_unchanged(
     # failurePolicy Ignore: the API server admitted the pod as sent (no tier, no affinity, no gate).
     assert (decision(stored), stored["spec"].get("priorityClassName"), stored["spec"].get("affinity"),
             kube.gates(stored)) == (None, None, None, [])
+
+
+# --- placement at release: gated only while the controller's Lease is seen renewed ---------------------
+
+WriteLease = Callable[[str], None]
+
+
+def gated_for_release(cluster: localcluster.LocalCluster, namespace: str) -> bool:
+    """Whether a plain 1-GPU pod would be created with our gate now (a server-side dry run)."""
+    probe = kube.pod("release-probe", namespace=namespace, gpus=1)
+    done = cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(probe))
+    return NAMES.gate in kube.gates(json.loads(done.stdout))
+
+
+@pytest.fixture
+def controller_lease(
+    control_plane: localcluster.LocalCluster, webhook: conftest.WebhookServer, namespace: str
+) -> Iterator[WriteLease]:
+    """`write(holder)`: the descheduler's leader Lease as `descheduler.leader.Elector` writes it, renewed now
+    (holder "": released). Deleted after the test, once the webhook no longer gates."""
+    election = webhook.settings.descheduler.leader_election
+    control_plane.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": election.lease_namespace}}])
+
+    def write(holder: str) -> None:
+        control_plane.apply([{
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": election.lease_name, "namespace": election.lease_namespace},
+            "spec": {"holderIdentity": holder, "renewTime": leader.micro_time(time.time()),
+                     "leaseDurationSeconds": int(election.lease_duration_seconds)},
+        }])
+
+    yield write
+    control_plane.kubectl("delete", "lease", election.lease_name, "-n", election.lease_namespace,
+                          "--ignore-not-found", check=False)
+    kube.poll("the webhook sees the Lease gone", lambda: not gated_for_release(control_plane, namespace))
+
+
+def controller_seen_alive(cluster: localcluster.LocalCluster, namespace: str, write: WriteLease) -> None:
+    """Renew until the webhook gates: the first sight of a Lease proves nothing, a renewal it sees does."""
+    def renewed() -> bool:
+        write("e2e-descheduler")
+        return gated_for_release(cluster, namespace)
+
+    kube.poll("the webhook sees the descheduler's Lease renewed", renewed)
+
+
+def test_gpu_pod_is_gated_for_release_only_while_the_controller_lease_is_renewed(
+    gpu_cluster: conftest.GpuCluster,
+    webhook: conftest.WebhookServer,
+    namespace: str,
+    controller_lease: WriteLease,
+) -> None:
+    cluster = gpu_cluster.cluster
+    lease = f"{webhook.settings.descheduler.leader_election.lease_namespace}/" \
+            f"{webhook.settings.descheduler.leader_election.lease_name}"
+    controller_seen_alive(cluster, namespace, controller_lease)
+
+    stored = create_and_read(cluster, kube.pod("placed-at-release", namespace=namespace, gpus=2))
+
+    assert kube.gates(stored) == [NAMES.gate]
+    assert node_affinity(stored) == {}  # the release controller pins it: no terms at admission
+    record = decision(stored) or ""
+    assert "placement strict: at release, no preferred terms" in record, record
+    assert f"gate {NAMES.gate} added: placed at release (Lease {lease} renewed" in record, record
+    held = kube.poll(  # no release controller runs in this test: the scheduler holds the pod back
+        "placed-at-release reported SchedulingGated",
+        lambda: kube.scheduled_reason(kube.pods(cluster, namespace)["placed-at-release"]) == "SchedulingGated",
+    )
+    assert held
+
+    controller_lease("")  # the descheduler released its Lease (it does so on shutdown)
+    kube.poll("the webhook sees the Lease released", lambda: not gated_for_release(cluster, namespace))
+
+    stored = create_and_read(cluster, kube.pod("preferred-only", namespace=namespace, gpus=2))
+
+    assert kube.gates(stored) == [] and required_terms(stored) == []
+    assert kube.preferred_nodes(stored), node_affinity(stored)
+    record = decision(stored) or ""
+    assert (f"gate {NAMES.gate} not added: not placed at release: controller down (Lease {lease} not seen held "
+            "and renewed)") in record, record
+
+
+def test_a_controller_that_stops_renewing_its_lease_stops_the_gating(
+    gpu_cluster: conftest.GpuCluster,
+    webhook: conftest.WebhookServer,
+    namespace: str,
+    controller_lease: WriteLease,
+) -> None:
+    """A descheduler killed outright never releases its Lease: the webhook stops gating once it has not seen
+    a renewal for admission.controller_stale_seconds (30 s by default), whatever the Lease's own times say."""
+    cluster = gpu_cluster.cluster
+    controller_seen_alive(cluster, namespace, controller_lease)
+    stale = webhook.settings.admission.controller_stale_seconds
+
+    kube.poll("the webhook stops gating without renewals", lambda: not gated_for_release(cluster, namespace),
+              timeout_seconds=stale + 30, interval_seconds=1)
+
+    stored = create_and_read(cluster, kube.pod("after-the-controller", namespace=namespace, gpus=1))
+    assert kube.gates(stored) == []
+    record = decision(stored) or ""
+    assert "not placed at release: controller down" in record and f"ago (over {stale:g}s))" in record, record
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        # with the controller alive, where the same pod without nodeName would be gated for release
+        pytest.param({}, id="single-pod-controller-alive"),
+        pytest.param({NAMES.gang_name: "train", NAMES.gang_size: "2"}, id="gang-member"),
+    ],
+)
+def test_pod_created_with_node_name_is_accepted_without_gate_or_affinity(
+    gpu_cluster: conftest.GpuCluster,
+    webhook: conftest.WebhookServer,
+    namespace: str,
+    controller_lease: WriteLease,
+    labels: dict[str, str],
+) -> None:
+    """The API server refuses a pod with spec.nodeName and scheduling gates (test_controlplane_facts): a gate
+    from us would fail the create itself, which failurePolicy Ignore does not cover."""
+    cluster = gpu_cluster.cluster
+    if not labels:
+        controller_seen_alive(cluster, namespace, controller_lease)
+    node = gpu_cluster.node_names[0]
+    pod = kube.pod("bound", namespace=namespace, gpus=1, labels=labels)
+    pod["spec"]["nodeName"] = node
+
+    stored = create_and_read(cluster, pod)
+
+    assert (stored["spec"]["nodeName"], kube.gates(stored), node_affinity(stored)) == (node, [], {})
+    record = decision(stored) or ""
+    assert f"placement: none, the pod names its node ({node})" in record, record
+    assert f"gate {NAMES.gate} not added: spec.nodeName {node}: bound at creation, never gated" in record, record

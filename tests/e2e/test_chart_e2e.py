@@ -1,103 +1,351 @@
-"""The Helm chart installs into a real control plane, and the webhook it configures answers real pod creates.
+"""The chart installed into a real control plane, its webhook and descheduler running on this machine
+under the chart's own ServiceAccounts (bound tokens, no admin kubeconfig), so every API call they make is
+checked against the RBAC the chart renders.
 
 A cluster of its own: the chart registers a webhook for every namespace, which would also mutate the
-other end-to-end tests' pods. The webhook process runs on this machine with exactly the settings
-file and TLS material the release created (`values webhook.url` registers it by URL instead of the
-in-cluster Service, which kwok cannot run).
+other end-to-end tests' pods. The webhook is registered by URL (`webhook.url`, kwok cannot run our
+image) and, in the default `tls.mode: managed`, creates its TLS Secret and writes its CA into the
+chart's MutatingWebhookConfiguration itself. Covered: TLS bootstrap, admission, the API server's
+matchConditions filter, an upgrade that keeps the caBundle, gang release, a reclaim eviction, and a
+repeated Event aggregated (GET + PATCH).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import dataclasses
 import json
 import os
 import pathlib
 import ssl
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 
-from common import settings
+from common import gpu, settings
+from descheduler import policy
 from gpu_steward import localcluster
 from tests.chart import helm
+from tests.e2e import test_reclaim_e2e
+from tests.support import kube, prometheus
 
-RELEASE, NAMESPACE = "gs", "gpu-steward"
+pytestmark = pytest.mark.e2e
+
+RELEASE, NAMESPACE, TEAM = "gs", "gpu-steward", "team"
+PREFIX = f"{RELEASE}-gpu-steward"
+NAMES = settings.Names()
+REQUESTS = "gpu_steward_admission_requests_total"
+
+
+@dataclasses.dataclass
+class Release:
+    cluster: localcluster.LocalCluster
+    port: int
+    files: helm.ReleaseFiles
+    workdir: pathlib.Path
+    webhook: localcluster.ManagedProcess
+
+    def secret(self) -> dict[str, str]:
+        data: dict[str, str] = self.cluster.kubectl_json("get", "secret", f"{PREFIX}-webhook-tls", "-n",
+                                                          NAMESPACE)["data"]
+        return data
+
+    def ca_bundle(self) -> str | None:
+        configuration = self.cluster.kubectl_json("get", "mutatingwebhookconfiguration", PREFIX)
+        bundle: str | None = configuration["webhooks"][0]["clientConfig"].get("caBundle")
+        return bundle
+
+    def trust(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cadata=base64.b64decode(self.secret()["ca.crt"]).decode())
+
+    def requests_answered(self) -> float:
+        """The webhook's own count of AdmissionReviews it answered (every result)."""
+        with urllib.request.urlopen(f"https://127.0.0.1:{self.port}/metrics", context=self.trust(), timeout=10) as r:
+            text = r.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(REQUESTS + "{"))
+
+    def as_service_account(self, component: str) -> pathlib.Path:
+        return as_service_account(self.cluster, component, self.workdir)
+
+
+def as_service_account(cluster: localcluster.LocalCluster, component: str, workdir: pathlib.Path) -> pathlib.Path:
+    """A kubeconfig with a bound token of the chart's ServiceAccount of `component`."""
+    return helm.service_account_kubeconfig(kubeconfig=cluster.kubeconfig, namespace=NAMESPACE,
+                                           service_account=f"{PREFIX}-{component}",
+                                           dest=workdir / f"{component}.kubeconfig")
+
+
+def values(port: int, *, log_level: str = "INFO") -> dict[str, Any]:
+    # A short TLS re-check, so that a repair is seen within the test.
+    return helm.local_values(port, settings={"log_level": log_level, "webhook": {"managed_tls": {"check_seconds": 1}}})
 
 
 @pytest.fixture(scope="module")
 def own_cluster() -> Iterator[localcluster.LocalCluster]:
     cluster = localcluster.LocalCluster(localcluster.ensure_binaries()).start()
     try:
-        cluster.add_nodes(localcluster.gpu_nodes("2x8g2d", names=settings.Names()))
+        cluster.add_nodes(localcluster.gpu_nodes("2x8g2d, 2x2g1d", names=NAMES))
         yield cluster
     finally:
         cluster.stop()
 
 
+def _python(command: str, *, env: dict[str, str], log: pathlib.Path, args: tuple[str, ...] = ()
+            ) -> localcluster.ManagedProcess:
+    return localcluster.ManagedProcess(command, [sys.executable, "-m", "gpu_steward", command, *args], log_file=log,
+                                       env={**os.environ, **env})
+
+
 @pytest.fixture(scope="module")
-def installed(own_cluster: localcluster.LocalCluster, tmp_path_factory: pytest.TempPathFactory
-              ) -> Iterator[tuple[int, helm.WebhookFiles, pathlib.Path]]:
+def release(own_cluster: localcluster.LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
     port = localcluster.free_port()
-    helm.install(kubeconfig=own_cluster.kubeconfig, release=RELEASE, namespace=NAMESPACE,
-                 values=helm.local_webhook_values(port))
+    helm.install(kubeconfig=own_cluster.kubeconfig, release=RELEASE, namespace=NAMESPACE, values=values(port))
     workdir = tmp_path_factory.mktemp("chart")
-    files = helm.webhook_files(kubeconfig=own_cluster.kubeconfig, release=RELEASE, namespace=NAMESPACE,
+    files = helm.release_files(kubeconfig=own_cluster.kubeconfig, release=RELEASE, namespace=NAMESPACE,
                                dest=workdir / "release")
-    env = {**os.environ, **files.env, "GPU_STEWARD_KUBERNETES__KUBECONFIG": str(own_cluster.kubeconfig)}
-    server = localcluster.ManagedProcess(
-        "webhook", [sys.executable, "-m", "gpu_steward", "webhook", "--host", "127.0.0.1", "--port", str(port)],
-        log_file=workdir / "webhook.log", env=env)
-    server.start()
+    sa = as_service_account(own_cluster, "webhook", workdir)
+    webhook = _python("webhook", log=workdir / "webhook.log", args=("--host", "127.0.0.1", "--port", str(port)),
+                      env={**files.webhook_env, "GPU_STEWARD_KUBERNETES__KUBECONFIG": str(sa)})
+    installed = Release(own_cluster, port, files, workdir, webhook)
+    webhook.start()
     try:
-        server.wait_http_ok(f"https://127.0.0.1:{port}/readyz",
-                            ssl_context=ssl.create_default_context(cafile=str(files.ca)), timeout_seconds=60)
-        own_cluster.kubectl("create", "namespace", "team")
-        own_cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", "team", "--timeout=30s")
-        yield port, files, workdir
+        # The Secret exists before the server listens (the process made it, under the chart's Role).
+        kube.poll("webhook TLS Secret created", lambda: own_cluster.kubectl(
+            "get", "secret", f"{PREFIX}-webhook-tls", "-n", NAMESPACE, check=False).returncode == 0 or None,
+            timeout_seconds=60)
+        webhook.wait_http_ok(f"https://127.0.0.1:{port}/readyz", ssl_context=installed.trust(), timeout_seconds=60)
+        own_cluster.kubectl("create", "namespace", TEAM)
+        own_cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", TEAM, "--timeout=30s")
+        yield installed
     finally:
-        server.stop()
+        webhook.stop()
         with contextlib.suppress(helm.HelmError):
             helm.uninstall(kubeconfig=own_cluster.kubeconfig, release=RELEASE, namespace=NAMESPACE)
 
 
-def gpu_pod(name: str, *, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "team", "labels": labels or {}},
-            "spec": {"containers": [{"name": "c", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}
-
-
 def create(cluster: localcluster.LocalCluster, pod: dict[str, Any]) -> dict[str, Any]:
-    cluster.kubectl("create", "-f", "-", input=json.dumps(pod))
-    got: dict[str, Any] = cluster.kubectl_json("get", "pod", pod["metadata"]["name"], "-n", "team")
+    """The pod as admitted (the create's answer: a controller may change it right after)."""
+    got: dict[str, Any] = json.loads(cluster.kubectl("create", "-o", "json", "-f", "-", input=json.dumps(pod)).stdout)
     return got
 
 
-def test_installed_chart_webhook_mutates_gpu_pods_and_honours_the_opt_out_label(
-    own_cluster: localcluster.LocalCluster, installed: tuple[int, helm.WebhookFiles, pathlib.Path]
-) -> None:
-    classes = own_cluster.kubectl_json("get", "priorityclasses")["items"]
+def test_webhook_keeps_its_own_tls_under_the_chart_rbac(release: Release) -> None:
+    secret = release.secret()
+    assert set(secret) == {"ca.crt", "ca.key", "tls.crt", "tls.key"}
+    assert release.ca_bundle() == secret["ca.crt"]  # written by the webhook through its ClusterRole
+    served = (release.files.tls_dir / "tls.crt").read_bytes()
+    assert served == base64.b64decode(secret["tls.crt"])
+
+
+def test_a_dropped_ca_bundle_is_written_back(release: Release) -> None:
+    """E.g. a tool that re-applied the configuration with its own (empty) caBundle."""
+    expected = release.secret()["ca.crt"]
+    release.cluster.kubectl("patch", "mutatingwebhookconfiguration", PREFIX, "--type=json",
+                            "-p", '[{"op": "remove", "path": "/webhooks/0/clientConfig/caBundle"}]')
+    # (a `remove` of a missing path fails: it was there and is gone; the 1 s re-check may already have run)
+    kube.poll("caBundle written back", lambda: release.ca_bundle() == expected, timeout_seconds=30)
+
+
+def test_installed_webhook_mutates_gpu_pods_and_honours_the_opt_out_label(release: Release) -> None:
+    cluster = release.cluster
+    classes = cluster.kubectl_json("get", "priorityclasses")["items"]
     ours = {c["metadata"]["name"]: c["value"] for c in classes if c["metadata"]["name"].startswith("gpu-steward-")}
     assert ours == {"gpu-steward-critical": 100_000, "gpu-steward-normal": 10_000, "gpu-steward-scavenger": 100}
 
-    mutated = create(own_cluster, gpu_pod("train"))
+    mutated = create(cluster, kube.pod("train", namespace=TEAM, gpus=2))
     assert (mutated["spec"]["priorityClassName"], mutated["spec"]["priority"]) == ("gpu-steward-normal", 10_000)
-    assert "tier normal: default tier" in mutated["metadata"]["annotations"]["gpu-steward.io/decision"]
+    assert "tier normal: default tier" in mutated["metadata"]["annotations"][NAMES.decision]
 
-    skipped = create(own_cluster, gpu_pod("opted-out", labels={"gpu-steward.io/skip": "true"}))
+    skipped = create(cluster, kube.pod("opted-out", namespace=TEAM, gpus=2, labels={NAMES.skip: "true"}))
     assert "priorityClassName" not in skipped["spec"]  # the objectSelector kept it from the webhook
-    assert "annotations" not in skipped["metadata"]
+    assert NAMES.decision not in (skipped["metadata"].get("annotations") or {})
 
 
-def test_upgrade_keeps_the_generated_ca_and_serving_certificate(
-    own_cluster: localcluster.LocalCluster, installed: tuple[int, helm.WebhookFiles, pathlib.Path]
+@pytest.mark.parametrize(
+    ("pod", "calls"),
+    [
+        pytest.param(kube.pod("plain", namespace=TEAM), 0, id="plain-pod-never-reaches-the-webhook"),
+        pytest.param(kube.pod("init-plain", namespace=TEAM) | {"spec": {
+            "initContainers": [{"name": "init", "image": "busybox"}],
+            "containers": [{"name": "main", "image": "busybox"}]}}, 0, id="plain-init-container"),
+        pytest.param(kube.pod("gpu", namespace=TEAM, gpus=1), 1, id="gpu-pod"),
+        pytest.param(kube.pod("mig", namespace=TEAM) | {"spec": {"containers": [{
+            "name": "main", "image": "cuda", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}]}}, 1,
+            id="mig-pod"),
+        pytest.param(kube.pod("gpu-init", namespace=TEAM) | {"spec": {
+            "initContainers": [{"name": "init", "image": "cuda", "resources": {"limits": {gpu.FULL_GPU: "1"}}}],
+            "containers": [{"name": "main", "image": "busybox"}]}}, 1, id="gpu-only-in-an-init-container"),
+        pytest.param(kube.pod("kueue-member", namespace=TEAM, labels={"kueue.x-k8s.io/pod-group-name": "g"}), 1,
+                     id="gang-member-without-gpu"),
+        pytest.param(kube.pod("volcano-member", namespace=TEAM, annotations={"scheduling.k8s.io/group-name": "g"}), 1,
+                     id="volcano-annotation"),
+    ],
+)
+def test_the_api_server_only_calls_the_webhook_for_gpu_and_gang_pods(
+    release: Release, pod: dict[str, Any], calls: int
 ) -> None:
-    port, before, workdir = installed
-    helm.install(kubeconfig=own_cluster.kubeconfig, release=RELEASE, namespace=NAMESPACE,
-                 values=helm.local_webhook_values(port, settings={"log_level": "DEBUG"}))
-    after = helm.webhook_files(kubeconfig=own_cluster.kubeconfig, release=RELEASE, namespace=NAMESPACE,
-                               dest=workdir / "upgraded")
-    assert after.ca.read_bytes() == before.ca.read_bytes()
-    assert after.cert.read_bytes() == before.cert.read_bytes()
-    assert "log_level: DEBUG" in after.config.read_text()
+    """matchConditions (CEL) filter in the API server: counted by the webhook's own request metric."""
+    before = release.requests_answered()
+    release.cluster.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(pod))
+    assert release.requests_answered() - before == calls
+
+
+def test_upgrade_keeps_the_tls_secret_and_the_injected_ca_bundle(release: Release) -> None:
+    cluster = release.cluster
+    before = release.secret()
+    helm.install(kubeconfig=cluster.kubeconfig, release=RELEASE, namespace=NAMESPACE,
+                 values=values(release.port, log_level="DEBUG"))
+    # Helm's three-way merge leaves a field the chart never renders: the API server still trusts the webhook.
+    assert release.ca_bundle() == before["ca.crt"]
+    assert release.secret() == before
+    assert "log_level: DEBUG" in cluster.kubectl_json("get", "configmap", f"{PREFIX}-config", "-n",
+                                                      NAMESPACE)["data"]["config.yaml"]
+    mutated = create(cluster, kube.pod("after-upgrade", namespace=TEAM, gpus=1))
+    assert mutated["spec"]["priorityClassName"] == "gpu-steward-normal"
+
+
+@pytest.mark.parametrize(
+    ("verb", "namespace", "allowed"),
+    [
+        pytest.param("list", NAMESPACE, "yes", id="list-in-the-release-namespace"),
+        pytest.param("watch", NAMESPACE, "yes", id="watch-in-the-release-namespace"),
+        pytest.param("update", NAMESPACE, "no", id="never-writes-it"),
+        pytest.param("list", TEAM, "no", id="nowhere-else"),
+    ],
+)
+def test_installed_webhook_may_watch_the_descheduler_lease_and_nothing_more(
+    release: Release, verb: str, namespace: str, allowed: str,
+) -> None:
+    """It gates pods for placement at release only while it sees the descheduler's leader Lease renewed."""
+    account = f"system:serviceaccount:{NAMESPACE}:{PREFIX}-webhook"
+    done = release.cluster.kubectl("auth", "can-i", verb, "leases.coordination.k8s.io", "-n", namespace,
+                                   "--as", account, check=False)
+    assert done.stdout.strip() == allowed, done.stderr
+
+
+def test_the_uninstall_hook_may_lift_our_gate_and_nothing_more(release: Release) -> None:
+    """The pre-delete hook's ServiceAccount and RBAC (applied here as rendered, without the Job, which kwok
+    cannot run) allow what `gpu-steward release-gates` does: list pods cluster-wide, JSON-patch a gate out."""
+    cluster = release.cluster
+    rendered = helm.template(helm.local_values(release.port, releaseGates={"enabled": True}), release=RELEASE,
+                             namespace=NAMESPACE, extra=["--show-only", "templates/release-gates.yaml"])
+    cluster.apply([o for o in rendered if o["kind"] != "Job"])
+    try:
+        gated = create(cluster, kube.pod("held", namespace=TEAM, gates=[NAMES.gate, "example.com/other"]))
+        assert kube.gates(gated) == [NAMES.gate, "example.com/other"]
+        hook = as_service_account(cluster, "release-gates", release.workdir)
+
+        def as_hook(*args: str) -> str:
+            return helm._kubectl(hook, *args)
+
+        listed = json.loads(as_hook("get", "pods", "-A", "-o", "json"))["items"]
+        assert f"{TEAM}/held" in {f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in listed}
+        patch = [{"op": "test", "path": "/spec/schedulingGates/0/name", "value": NAMES.gate},
+                 {"op": "remove", "path": "/spec/schedulingGates/0"}]
+        as_hook("-n", TEAM, "patch", "pod", "held", "--type=json", "-p", json.dumps(patch))
+        after = cluster.kubectl_json("get", "pod", "held", "-n", TEAM)
+        assert kube.gates(after) == ["example.com/other"]
+        with pytest.raises(helm.HelmError, match="forbidden"):  # and nothing beyond pods
+            as_hook("-n", TEAM, "delete", "pod", "held")
+    finally:
+        cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=json.dumps(
+            {"apiVersion": "v1", "kind": "List", "items": [o for o in rendered if o["kind"] != "Job"]}), check=False)
+        cluster.kubectl("delete", "pod", "held", "-n", TEAM, "--ignore-not-found", check=False)
+
+
+@pytest.fixture
+def descheduler(release: Release, prometheus_factory: prometheus.StartPrometheus) -> Iterator[
+        tuple[localcluster.ManagedProcess, prometheus.PrometheusServer]]:
+    """The descheduler as the chart configures it, under its ServiceAccount, with short intervals and a real
+    Prometheus holding idle DCGM history of the pods that are running at start."""
+    cluster = release.cluster
+    dcgm = prometheus_factory(test_reclaim_e2e.dcgm_history(cluster, TEAM),
+                              now=time.time() + test_reclaim_e2e.AHEAD_SECONDS)
+    config = settings.merge(yaml.safe_load(release.files.config.read_text()), {
+        "prometheus": {"url": dcgm.url, "occupancy_refresh_seconds": 1},
+        "descheduler": {
+            "leader_election": {"lease_duration_seconds": 6, "renew_deadline_seconds": 4, "retry_period_seconds": 1},
+            "reclaim": {"interval_seconds": 1, "sample_interval_seconds": 1,
+                        "cooldowns": {"preemptor_seconds": 0, "node_seconds": 0, "workload_seconds": 0}},
+            "gangs": {"resync_seconds": 1},
+        },
+    })
+    config_file = release.workdir / "descheduler.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    sa = release.as_service_account("descheduler")
+    process = _python("descheduler", log=release.workdir / "descheduler.log", env={
+        **release.files.descheduler_env, "GPU_STEWARD_CONFIG": str(config_file),
+        "GPU_STEWARD_KUBERNETES__KUBECONFIG": str(sa)})
+    process.start()
+    try:
+        lease = config["descheduler"]["leader_election"]["lease_name"]
+
+        def leads() -> bool:
+            holder = cluster.kubectl("get", "lease", lease, "-n", NAMESPACE, "-o", "jsonpath={.spec.holderIdentity}",
+                                     check=False)
+            assert process.running(), process.log_tail(40)
+            return holder.stdout.startswith(PREFIX)
+
+        kube.poll("descheduler leads", leads, timeout_seconds=60)
+        yield process, dcgm
+    finally:
+        process.stop()
+
+
+@pytest.mark.prometheus
+def test_descheduler_releases_a_gang_reclaims_an_idle_pod_and_aggregates_events_under_the_chart_rbac(
+    release: Release, request: pytest.FixtureRequest
+) -> None:
+    cluster = release.cluster
+    cluster.kubectl("delete", "pods", "--all", "-n", TEAM, "--grace-period=0", "--force")  # earlier tests' pods
+    kube.wait_gpus_free(cluster)
+    reclaimable = kube.priority_class("chart-e2e-reclaimable", value=1000)
+    reclaimable["metadata"]["annotations"] = {
+        policy.MIN_PRIORITY: "1000", policy.TOLERATION: "0", policy.IDLE_SECONDS[0]: "10", policy.THRESHOLD[0]: "5"}
+    cluster.apply([reclaimable])
+    small = sorted(n["metadata"]["name"] for n in cluster.kubectl_json("get", "nodes")["items"]
+                   if n["status"]["capacity"].get(gpu.FULL_GPU) == "2")
+
+    def pinned(name: str, node: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        return kube.pod(name, namespace=TEAM, gpus=2, labels=labels, priority_class="chart-e2e-reclaimable",
+                        node_selector={"kubernetes.io/hostname": node})
+
+    for obj in (pinned("idle-free", small[0]), pinned("idle-guarded", small[1], {"app": "guarded"}),
+                kube.pod_disruption_budget("guard", namespace=TEAM, match_labels={"app": "guarded"}, min_available=1)):
+        cluster.kubectl("create", "-f", "-", input=json.dumps(obj))
+    for name in ("idle-free", "idle-guarded"):
+        kube.poll(f"{name} running", test_reclaim_e2e.phase_is(cluster, TEAM, name, "Running"))
+    cluster.kubectl("wait", "--for=jsonpath={.status.currentHealthy}=1", "pdb/guard", "-n", TEAM, "--timeout=30s")
+    process, _ = request.getfixturevalue("descheduler")
+
+    # A gang: the webhook gates both members at creation, the descheduler (pods patch) releases them together.
+    labels = {NAMES.gang_name: "pair", NAMES.gang_size: "2"}
+    gated = [create(cluster, kube.pod(f"pair-{i}", namespace=TEAM, gpus=4, labels=labels)) for i in range(2)]
+    assert all(NAMES.gate in kube.gates(p) for p in gated)
+    for name in ("want-free", "want-guarded"):  # the scheduler cannot preempt for equal priority
+        node = small[0] if name == "want-free" else small[1]
+        cluster.kubectl("create", "-f", "-", input=json.dumps(pinned(name, node)))
+
+    def outcome() -> dict[str, Any] | None:
+        pods = kube.pods(cluster, TEAM)
+        members = [pods.get(f"pair-{i}", {}) for i in range(2)]
+        released = all(m and not kube.gates(m) and m["spec"].get("nodeName") for m in members)
+        blocked = kube.events_about(cluster, TEAM, "idle-guarded", reason="EvictionBlocked")
+        evicted = "idle-free" not in pods and pods["want-free"]["spec"].get("nodeName")
+        # count > 1: the repeated Event was read (get) and its count patched, not created again.
+        return pods if released and evicted and blocked and blocked[0].get("count", 1) > 1 else None
+
+    try:
+        kube.poll("gang released, idle-free evicted, EvictionBlocked repeated", outcome, timeout_seconds=90)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\ndescheduler log:\n{process.log_tail(60)}") from None
+    assert len(kube.events_about(cluster, TEAM, "idle-guarded", reason="EvictionBlocked")) == 1
+    assert kube.events_about(cluster, TEAM, "idle-free", reason="IdleGPUReclaimed")
+    forbidden = [line for line in process.log_tail(400).splitlines() if "403" in line or "forbidden" in line]
+    assert forbidden == []

@@ -155,6 +155,22 @@ def test_scheduling_gates_are_set_at_create_never_added_later_and_removable(
     assert get_pod(cluster, ns, "gated")["spec"]["nodeName"] in gpu_cluster.node_names
 
 
+def test_a_pod_created_with_node_name_may_not_carry_scheduling_gates(
+    control_plane: localcluster.LocalCluster, plain_namespace: str
+) -> None:
+    """So admission never gates a pod that names its node (gang members included)."""
+    pod = kube.pod("bound", namespace=plain_namespace, gpus=1, gates=[GATE])
+    pod["spec"]["nodeName"] = "kwok-8g2d-0"
+
+    gated = create(control_plane, pod, dry_run=True)
+    del pod["spec"]["schedulingGates"]
+    ungated = create(control_plane, pod, dry_run=True)
+
+    assert gated.returncode != 0
+    assert "spec.nodeName: Forbidden: cannot be set until all schedulingGates have been cleared" in gated.stderr
+    assert ungated.returncode == 0, ungated.stderr
+
+
 # --- affinity changes while gated ------------------------------------------------------------------
 
 

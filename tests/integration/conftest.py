@@ -111,6 +111,7 @@ def start_webhook(
 
 @pytest.fixture
 async def webhook(start_webhook: StartWebhook) -> AsyncIterator[Webhook]:
-    """The webhook as shipped: default engine, the fixture cluster, fresh TLS material."""
-    async with start_webhook() as hook:
+    """The webhook as shipped: default engine, the fixture cluster, fresh TLS material, and a live descheduler
+    (its Lease seen renewed just now)."""
+    async with start_webhook(controller=time.time) as hook:
         yield hook

@@ -20,7 +20,7 @@ import aiohttp
 import prometheus_client
 import pytest
 
-from common import httpserver, snapshot, source
+from common import buildinfo, httpserver, snapshot, source
 from descheduler import health
 from tests.integration import conftest
 from tests.support import kube, processes
@@ -179,6 +179,7 @@ async def test_the_descheduler_process_serves_health_and_metrics_and_stops_on_si
     assert healthz == (200, "ok\n")
     assert metrics[0] == 200
     assert "# TYPE gpu_steward_reclaim_candidates gauge" in metrics[1].splitlines()
+    assert f'gpu_steward_build_info{{python="{buildinfo.PYTHON}",version="{buildinfo.VERSION}"}} 1.0' in metrics[1]
     assert process.returncode == 0, log
     assert took < 5, log
     assert f"descheduler serving /metrics, /healthz and /readyz on port {port}" in log

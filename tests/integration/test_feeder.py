@@ -21,7 +21,8 @@ from common import feeder, kube, prometheus, settings
 from tests import builders
 from tests.support.prometheus import Series, StartPrometheus
 
-PATHS = {kind.name: kind.path for kind in feeder.KINDS}
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/gpu-steward/leases"  # the default leader Lease's namespace
+PATHS = {**{kind.name: kind.path for kind in feeder.KINDS}, "leases": LEASES}
 Obj = dict[str, Any]
 
 
@@ -390,6 +391,58 @@ async def test_cancellation_exits_cleanly(fake_api: FakeApi, api_client: client.
         await task
     assert [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("feeder:")] == []
     await eventually(lambda: fake_api.open_watches() == 0, "the server sees every watch connection closed")
+
+
+def lease(holder: str, renewed: str, **annotations: str) -> Obj:
+    """The descheduler's leader Lease; its own timestamps are deliberately far from the feeder's clock."""
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "gpu-steward-descheduler", "namespace": "gpu-steward", "annotations": annotations},
+            "spec": {"holderIdentity": holder, "renewTime": f"2001-01-01T00:00:{renewed}.000000Z",
+                     "leaseDurationSeconds": 15}}
+
+
+async def test_controller_lease_is_seen_renewed_when_a_change_is_observed_on_our_clock(
+    fake_api: FakeApi, api_client: client.ApiClient
+) -> None:
+    fake_api.put("leases", lease("replica-a", "00"))
+    clock = Clock()
+    fed = feeder.Feeder(config=CONFIG, api=api_client, prometheus=None, clock=clock, watch_controller=True)
+    task = asyncio.create_task(fed.run())
+    try:
+        await eventually(lambda: len(fake_api.watches("leases")) == 1, "the Lease watched")
+        assert fake_api.watches("leases")[0]["fieldSelector"] == "metadata.name=gpu-steward-descheduler"
+        assert fed.controller_seen_at is None  # the first sight of a Lease says nothing about now
+
+        clock.now = 1_010.0
+        fake_api.put("leases", lease("replica-a", "02"))  # renewed
+        await eventually(lambda: fed.controller_seen_at == 1_010.0, "renewal seen at our time")
+
+        clock.now = 1_020.0
+        fake_api.put("leases", lease("replica-a", "02", touched="yes"))  # not a renewal
+        fake_api.send("leases", {"type": "ERROR", "object": {"kind": "Status", "code": 410}})  # relist: same Lease
+        await eventually(lambda: fake_api.lists("leases") == 2, "relisted")
+        assert fed.controller_seen_at == 1_010.0
+
+        clock.now = 1_030.0
+        fake_api.put("leases", lease("", "04"))  # released on shutdown
+        await eventually(lambda: fed.controller_seen_at is None, "a released Lease is no controller")
+
+        clock.now = 1_040.0
+        fake_api.put("leases", lease("replica-b", "04"))  # a new leader took it
+        await eventually(lambda: fed.controller_seen_at == 1_040.0, "acquisition seen at our time")
+
+        fake_api.delete("leases", lease("replica-b", "04"))
+        await eventually(lambda: fed.controller_seen_at is None, "a deleted Lease is no controller")
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_the_lease_is_not_watched_unless_asked(fake_api: FakeApi, running: Running) -> None:
+    seed(fake_api)
+    await running.until(lambda: fake_api.open_watches() == 4, "watching the four kinds")
+    assert fake_api.lists("leases") == 0 and running.feeder.controller_seen_at is None
 
 
 async def test_raw_list_is_cheaper_than_models(fake_api: FakeApi, api_client: client.ApiClient) -> None:

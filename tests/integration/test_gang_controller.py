@@ -11,8 +11,10 @@ only an API client: the real-apiserver e2e test can reuse them as they are.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import copy
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
@@ -152,7 +154,7 @@ class FakeApiServer:
     def __init__(self) -> None:
         self.pods: dict[str, Json] = {}  # namespace/name -> pod
         self.events: list[Json] = []
-        self.patches: list[tuple[str, str]] = []  # (pod key, "pin" | "ungate" | "mark") in arrival order
+        self.patches: list[tuple[str, str]] = []  # (pod key, "pin" | "ungate" | "release" | "mark"), in order
         self.failing: set[tuple[str, str]] = set()  # (pod key, kind) answered with HTTP 500
         self.changed: Callable[[], None] = lambda: None  # the feeder's notification
         self.touched = asyncio.Event()  # set on every write, for tests that wait for an outcome
@@ -229,7 +231,8 @@ def _patch_kind(body: Any) -> str:
     if isinstance(body, dict):
         return "mark"
     paths = [op["path"] for op in body if op["op"] != "test"]
-    return "ungate" if all(p.startswith("/spec/schedulingGates") for p in paths) else "pin"
+    gates = [p.startswith("/spec/schedulingGates") for p in paths]
+    return "ungate" if all(gates) else "release" if any(gates) else "pin"
 
 
 class StoreSource:
@@ -324,7 +327,7 @@ async def test_eight_member_gang_is_pinned_then_released_together(
         pods = await gang_pods(api)
     assert [gates_of(p) for p in pods] == [[]] * 8
     assert_all_or_nothing(pods)
-    nodes = {gang_release.pinned_node(p) for p in pods}
+    nodes = {snapshot.pinned_node(p) for p in pods}
     assert len(nodes) == 1 and nodes <= {"gpu-0", "gpu-1"}, "one node holds the whole gang (8 GPUs)"
     kinds = [kind for _, kind in server.patches]
     assert kinds == ["pin"] * 8 + ["ungate"] * 8, "every member pinned before any is un-gated"
@@ -346,12 +349,12 @@ async def test_failure_while_pinning_releases_none_and_the_next_pass_finishes(
     await ctl.reconcile(now=time.time())
     pods = await gang_pods(api)
     assert [gates_of(p) for p in pods] == [[GATE]] * 4
-    assert [k for _, k in server.patches] == ["pin"] * 3, "stopped at the failing member, nothing un-gated"
+    assert [k for _, k in server.patches] == ["pin"] * 4, "every pin tried (concurrently), nothing un-gated"
     server.failing = set()
     await ctl.reconcile(now=time.time())
     pods = await gang_pods(api)
     assert [gates_of(p) for p in pods] == [[]] * 4
-    assert len({gang_release.pinned_node(p) for p in pods}) == 1
+    assert len({snapshot.pinned_node(p) for p in pods}) == 1
 
 
 async def test_restart_mid_release_resumes_from_the_cluster(fake: tuple[FakeApiServer, client.ApiClient]) -> None:
@@ -359,7 +362,7 @@ async def test_restart_mid_release_resumes_from_the_cluster(fake: tuple[FakeApiS
     await create_gang(api, size=4, gpus=2)
     server.failing = {(f"{NAMESPACE}/train-2", "ungate")}
     await controller(server, api, config()).reconcile(now=time.time())
-    assert [gates_of(p) for p in await gang_pods(api)] == [[], [], [GATE], [GATE]]
+    assert [gates_of(p) for p in await gang_pods(api)] == [[], [], [GATE], []]
     server.failing = set()
     fresh = controller(server, api, config())  # a new process: nothing remembered
     plan = await fresh.reconcile(now=time.time())
@@ -380,7 +383,7 @@ async def test_invalid_member_released_alone_and_other_gates_kept(
     await controller(server, api, config()).reconcile(now=time.time())
     stored = server.pods[f"{NAMESPACE}/odd"]
     assert gates_of(stored) == [KUEUE_GATE]
-    assert gang_release.pinned_node(stored) is None, "released alone: no pin"
+    assert snapshot.pinned_node(stored) is None, "released alone: no pin"
     [event] = server.events
     assert (event["type"], event["reason"]) == ("Warning", gang_release.INVALID)
     assert "'two' is not a positive integer" in event["message"]
@@ -457,11 +460,70 @@ async def test_gang_with_a_launcher_without_gpus_waits_for_it_then_is_released_t
 
     pods = {p["metadata"]["name"]: p for p in await gang_pods(api, name="mpi")}
     assert [gates_of(p) for p in pods.values()] == [[]] * 5
-    assert [gang_release.pinned_node(p) for p in pods.values()] == ["gpu-0"] * 4 + [None]
+    assert [snapshot.pinned_node(p) for p in pods.values()] == ["gpu-0"] * 4 + [None]
     assert "affinity" not in pods["mpi-launcher"]["spec"], "a pod without GPUs is never pinned to a GPU node"
     kinds = [(key.split("/")[1], kind) for key, kind in server.patches if kind != "mark"]
-    assert kinds == [(f"mpi-{i}", "pin") for i in range(4)] + [
-        (name, "ungate") for name in ("mpi-0", "mpi-1", "mpi-2", "mpi-3", "mpi-launcher")]
+    assert sorted(kinds[:4]) == [(f"mpi-{i}", "pin") for i in range(4)], "every worker pinned before any un-gating"
+    assert sorted(kinds[4:]) == [(name, "ungate") for name in ("mpi-0", "mpi-1", "mpi-2", "mpi-3", "mpi-launcher")]
     [released] = {e["message"] for e in server.events if e["reason"] == gang_release.RELEASED}
     assert released.endswith("; un-gated with them, not pinned (no GPU): team/mpi-launcher")
     assert server.reasons("mpi-launcher") == [gang_release.RELEASED]
+
+
+def single(name: str, *, gpus: int) -> Json:
+    """A pod the webhook gated for placement at release: our gate, no gang."""
+    pod = builders.pod(name, namespace=NAMESPACE, gpus=gpus)
+    for field in ("uid", "creationTimestamp"):
+        del pod["metadata"][field]
+    del pod["status"]
+    pod["spec"]["schedulingGates"] = [{"name": GATE}]
+    return pod
+
+
+class FrozenSource(StoreSource):
+    """A feeder whose watch is behind: it keeps serving the snapshot of the moment it was frozen."""
+
+    def __init__(self, server: FakeApiServer, nodes: Sequence[Json], *, clock: Callable[[], float]) -> None:
+        super().__init__(server, nodes, clock=clock)
+        self.frozen = super().snapshot
+
+    @property
+    def snapshot(self) -> snapshot.Snapshot:
+        return dataclasses.replace(self.frozen, taken_at=self._clock())
+
+
+async def test_single_pods_are_pinned_and_released_in_one_patch_never_twice_while_the_snapshot_lags(
+    fake: tuple[FakeApiServer, client.ApiClient],
+) -> None:
+    """20 single 1-GPU pods, 16 GPUs. The snapshot never shows a release (a lagging watch): the controller's own
+    record of what it released (`assumed`) must keep it from promising a GPU twice, pass after pass."""
+    server, api = fake
+    for i in range(20):
+        server.put(single(f"solo-{i:02d}", gpus=1), notify=False)
+    ctl = gang_controller.Controller(
+        config=config(), source=FrozenSource(server, NODES, clock=time.time), api=api,
+        metrics=gang_controller.Metrics(prometheus_client.CollectorRegistry()))
+    for _ in range(3):
+        await ctl.reconcile(now=time.time())
+    released = [p for p in server.pods.values() if not gates_of(p)]
+    assert len(released) == 16
+    assert {kind for _, kind in server.patches} == {"release"}, "pin and un-gate in one call"
+    assert len(server.patches) == 16, "no pod released twice"
+    per_node = collections.Counter(snapshot.pinned_node(p) for p in released)
+    assert per_node == {"gpu-0": 8, "gpu-1": 8}
+    assert server.reasons("solo-00") == [gang_release.RELEASED]
+    assert all(e["message"].startswith("placed on gpu-") for e in server.events if e["reason"] == "GangReleased")
+
+
+async def test_single_pod_that_cannot_be_placed_is_released_unpinned_after_its_max_wait(
+    fake: tuple[FakeApiServer, client.ApiClient],
+) -> None:
+    server, api = fake
+    server.put(single("huge", gpus=16))  # no node has 16 GPUs
+    ctl = controller(server, api, config(max_wait_seconds=60))
+    await ctl.reconcile(now=time.time())
+    assert gates_of(server.pods[f"{NAMESPACE}/huge"]) == [GATE], "waits within its bound"
+    await ctl.reconcile(now=time.time() + 61)
+    stored = server.pods[f"{NAMESPACE}/huge"]
+    assert gates_of(stored) == [] and snapshot.pinned_node(stored) is None
+    assert server.reasons("huge")[-1] == gang_release.UNPLACED

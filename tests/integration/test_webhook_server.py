@@ -22,8 +22,8 @@ import jsonpatch
 import pytest
 from prometheus_client import parser
 
-from admission import mutation, review, tls
-from common import settings, snapshot, source
+from admission import gating, mutation, review, tls
+from common import buildinfo, settings, snapshot, source
 from gpu_steward import certs
 from tests.integration import conftest
 from tests.support import processes
@@ -146,8 +146,8 @@ async def test_the_log_line_names_the_pod(
 @pytest.mark.parametrize(
     ("fixture", "gated"),
     [
-        pytest.param("pod-create-gpu", False, id="gpu-pod"),
-        pytest.param("pod-create-generate-name", False, id="generate-name-pod"),
+        pytest.param("pod-create-gpu", True, id="gpu-pod"),  # placed at release (the descheduler is alive)
+        pytest.param("pod-create-generate-name", True, id="generate-name-pod"),
         pytest.param("pod-create-gang-member", True, id="gang-member"),
         pytest.param("pod-create-gang-launcher", True, id="gang-member-without-gpus"),
     ],
@@ -207,6 +207,26 @@ async def test_the_engine_gets_the_request_and_its_answer_reaches_the_wire(
     # An answer that warned the user is logged at INFO, unlike quiet ones.
     (record,) = [r for r in caplog.records if body["request"]["uid"] in r.getMessage()]
     assert record.levelno == logging.INFO and "result=mutated" in record.getMessage()
+
+
+@pytest.mark.parametrize(("seen_at", "age", "release"), [
+    pytest.param(1200.0, 34.5, gating.Release.GATED, id="alive"),
+    pytest.param(None, -1.0, gating.Release.CONTROLLER_DOWN, id="not-seen"),
+])
+async def test_controller_liveness_reaches_the_engine_and_the_metrics(
+    start_webhook: conftest.StartWebhook, seen_at: float | None, age: float, release: gating.Release
+) -> None:
+    engine = Engine(mutation.Outcome(patch=[], changes=(), record="r", warnings=(), skipped=None, release=release))
+
+    async with start_webhook(decide=engine, clock=lambda: 1234.5, controller=lambda: seen_at) as hook:
+        await hook.review(conftest.review_fixture("pod-create-gpu"))
+        page = (await hook.get("/metrics"))[1]
+
+    assert engine.calls[0]["controller_seen_at"] == seen_at
+    assert metric(page, "gpu_steward_admission_controller_lease_age_seconds") == age
+    assert metric(page, "gpu_steward_admission_release_decisions_total", decision=release.value) == 1
+    others = [d for d in gating.Release if d is not release]
+    assert [metric(page, "gpu_steward_admission_release_decisions_total", decision=d.value) for d in others] == [0]
 
 
 @pytest.mark.parametrize(
@@ -335,6 +355,12 @@ async def test_readyz_waits_for_the_first_sync(start_webhook: conftest.StartWebh
     assert alive == (200, "ok\n")
     assert age_before == -1
     assert ready == (200, "ok\n")
+
+
+async def test_metrics_say_which_build_runs(webhook: conftest.Webhook) -> None:
+    page = (await webhook.get("/metrics"))[1]
+    assert metric(page, "gpu_steward_build_info", version=buildinfo.VERSION, python=buildinfo.PYTHON) == 1
+    assert buildinfo.VERSION != "unknown"
 
 
 async def test_metrics_count_requests_mutations_and_latency(

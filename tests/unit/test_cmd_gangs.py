@@ -31,7 +31,7 @@ def state(tmp_path: pathlib.Path) -> pathlib.Path:
 def test_text_lists_the_member_without_gpus(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["gangs", "--cluster", str(state(tmp_path))]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "team/j  members 3/3  priority 0  release",
+        "gang team/j  members 3/3  priority 0  release",
         "  why: 2 members on 1 node(s) (big): one node; each member within one NVLink domain; "
         "un-gated with them, not pinned (no GPU): team/j-launcher",
         "  - team/j-launcher  no GPU  gated",

@@ -12,19 +12,22 @@ from common import dcgm, settings
 LABELS = settings.PrometheusLabels()
 NOW = 1_800_000_000.0
 
-# Verbatim dcgm-exporter /metrics lines (see /work/shared/fixtures/dcgm-exporter/README.md):
-# k3s T4 with pod attribution and the 4.x lowercase `hostname` (kwx4957/study) ...
+# Verbatim published dcgm-exporter /metrics lines:
+# k3s T4 with pod attribution and the 4.x lowercase `hostname` (kwx4957/study, cloudnet@/03.llm-serving/week6/README.md
+# @ 040498f66cd2fe147138af13cb2597ef34c531b0) ...
 T4_GPU_UTIL = (
     'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-8f1f4d06-07fd-27a7-52d5-e58aa060d256",pci_bus_id="00000000:00:04.0",'
     'device="nvidia0",modelName="Tesla T4",hostname="hami-workshop",container="gpu-test",namespace="default",'
     'pod="gpu-test"} 0\n'
 )
-# ... NVIDIA's quick-start, labels present but empty (note the space after the comma) ...
+# ... NVIDIA's quick-start, labels present but empty (note the space after the comma) (NVIDIA/dcgm-exporter, README.md
+# lines 68-78 @ d5e5f510a1b6b393f39a43293ccd9dc985defc79) ...
 QUICKSTART = (
     'DCGM_FI_DEV_SM_CLOCK{gpu="0", UUID="GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52",container="",namespace="",'
     'pod=""} 139\n'
 )
-# ... an A800 with MIG instances and the older `Hostname`, no pod attribution at all.
+# ... an A800 with MIG instances and the older `Hostname`, no pod attribution at all (gqcn/johns-blog,
+# "4000-GPU DCGM-Exporter监控方案.md" @ 5424012f91eb20702a3cf7ed89bf6aa72ad2b22f).
 A800_MIG = (
     'DCGM_FI_DEV_SM_CLOCK{gpu="0",UUID="GPU-1f027ee8-6e1e-2b8c-0108-3d370e5f0418",device="nvidia0",'
     'modelName="NVIDIA A800-SXM4-80GB",GPU_I_PROFILE="2g.20gb",GPU_I_ID="3",Hostname="msxf-hpc-64-35-ai",'

@@ -9,7 +9,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from admission import mutation
+from admission import gating, mutation
 from common import settings, snapshot
 from tests import builders
 
@@ -35,17 +35,19 @@ def make_cluster(*, taken_at: float | None = NOW, classes: list[dict] | None = N
 CLUSTER = make_cluster()
 
 
+ALIVE = NOW - 1  # the descheduler's Lease seen renewed a second ago
+GATE = "gpu-steward.io/gang"
+
+
 def admit(pod: dict, *, operation: str = "CREATE", cluster: snapshot.Snapshot = CLUSTER,
-          config: settings.Settings = CONFIG) -> tuple[mutation.Outcome, dict[str, Any]]:
+          config: settings.Settings = CONFIG, controller: float | None = None,
+          ) -> tuple[mutation.Outcome, dict[str, Any]]:
+    """`controller`: when the descheduler's Lease was seen renewed (default: not seen, nothing gated for release)."""
     original = copy.deepcopy(pod)
     outcome = mutation.decide(operation=operation, namespace=pod["metadata"].get("namespace"), pod=pod,
-                              cluster=cluster, config=config, now=NOW)
+                              cluster=cluster, config=config, now=NOW, controller_seen_at=controller)
     assert pod == original, "decide() must not mutate its input"
     return outcome, jsonpatch.apply_patch(pod, outcome.patch)
-
-
-def domain_size_term(values: str) -> dict:
-    return {"key": "gpu-steward.io/nvlink-domain-size", "operator": "Gt", "values": [values]}
 
 
 def prefer(node: str, weight: int) -> dict:
@@ -53,7 +55,25 @@ def prefer(node: str, weight: int) -> dict:
             "preference": {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}}
 
 
-def test_gpu_pod_gets_tier_affinity_and_record_as_a_whole():
+def test_gpu_pod_is_gated_for_release_while_the_controller_lives_as_a_whole():
+    pod = builders.pod("train", namespace="default", gpus=1)
+    outcome, result = admit(pod, controller=ALIVE)
+
+    expected = copy.deepcopy(pod)
+    expected["spec"].update(priorityClassName="gpu-steward-normal", priority=10_000,
+                            preemptionPolicy="PreemptLowerPriority", schedulingGates=[{"name": GATE}])
+    expected["metadata"]["annotations"] = {DECISION: outcome.record}
+    assert result == expected  # no affinity at all: the release controller pins it
+    assert outcome.changes == ("tier", "gate", "decision")
+    assert (outcome.tier, outcome.gated, outcome.release, outcome.warnings) == (
+        "normal", True, gating.Release.GATED, ())
+    assert outcome.record == (
+        "1 GPU; tier normal: default tier; class gpu-steward-normal (priority 10000, PreemptLowerPriority); "
+        "placement strict: at release, no preferred terms; gate gpu-steward.io/gang added: placed at release "
+        "(Lease gpu-steward/gpu-steward-descheduler renewed 1s ago)")
+
+
+def test_gpu_pod_gets_preferred_terms_only_when_the_controller_is_down_as_a_whole():
     pod = builders.pod("train", namespace="default", gpus=1)
     outcome, result = admit(pod)
 
@@ -63,17 +83,18 @@ def test_gpu_pod_gets_tier_affinity_and_record_as_a_whole():
         priority=10_000,
         preemptionPolicy="PreemptLowerPriority",
         affinity={"nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": [domain_size_term("0")]}]},
             "preferredDuringSchedulingIgnoredDuringExecution": [prefer("pair-1", 95), prefer("dgx-1", 40)],
         }},
     )
     expected["metadata"]["annotations"] = {DECISION: outcome.record}
     assert result == expected
-    assert outcome.changes == ("tier", "affinity-required", "affinity-preferred", "decision")
-    assert outcome.tier == "normal" and not outcome.gated and outcome.warnings == ()
+    assert outcome.changes == ("tier", "affinity-preferred", "decision")
+    assert (outcome.tier, outcome.gated, outcome.release, outcome.warnings) == (
+        "normal", False, gating.Release.CONTROLLER_DOWN, ())
     assert "tier normal: default tier" in outcome.record
     assert "pair-1=250->95" in outcome.record
+    assert ("gate gpu-steward.io/gang not added: not placed at release: controller down "
+            "(Lease gpu-steward/gpu-steward-descheduler not seen held and renewed)") in outcome.record
 
 
 def test_admitting_the_mutated_pod_again_changes_nothing():
@@ -174,10 +195,10 @@ def test_missing_priority_class_leaves_priority_alone_with_a_warning():
     assert "priorityClassName" not in result["spec"]
     assert outcome.warnings == (
         "gpu-steward: PriorityClass gpu-steward-normal for tier normal does not exist; priority left unchanged",)
-    assert "affinity-required" in outcome.changes
+    assert "affinity-preferred" in outcome.changes
 
 
-def test_required_expression_is_anded_into_every_user_term_and_user_preferences_stay_first():
+def test_user_affinity_is_kept_and_our_preferences_come_after_the_users():
     user_terms = [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
                   {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["dgx-1"]}]}]
     user_pref = {"weight": 7, "preference": {"matchExpressions": [{"key": "x", "operator": "Exists"}]}}
@@ -189,46 +210,20 @@ def test_required_expression_is_anded_into_every_user_term_and_user_preferences_
 
     _, result = admit(builders.pod("p", gpus=4, mutate=with_affinity))
     node_affinity = result["spec"]["affinity"]["nodeAffinity"]
-    terms = node_affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert terms == [
-        {"matchExpressions": [*user_terms[0]["matchExpressions"], domain_size_term("3")]},
-        {**user_terms[1], "matchExpressions": [domain_size_term("3")]},
-    ]
+    assert node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] == {"nodeSelectorTerms": user_terms}
     preferred = node_affinity["preferredDuringSchedulingIgnoredDuringExecution"]
-    assert preferred[0] == user_pref and preferred[1] == prefer("dgx-1", 64)
-
-
-def test_a_user_term_that_matches_nothing_is_not_widened():
-    """An empty nodeSelectorTerm matches no node (kube-scheduler); ANDing our expression into it would
-    make it match every node with big enough domains."""
-    user_terms = [{}, {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]
-
-    def with_affinity(p: dict) -> None:
-        p["spec"]["affinity"] = {"nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": copy.deepcopy(user_terms)}}}
-
-    _, result = admit(builders.pod("p", gpus=4, mutate=with_affinity))
-    terms = result["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert terms["nodeSelectorTerms"] == [{}, {"matchExpressions": [*user_terms[1]["matchExpressions"],
-                                                                    domain_size_term("3")]}]
+    assert preferred == [user_pref, prefer("dgx-1", 64)]
 
 
 @pytest.mark.parametrize("required", [{}, {"nodeSelectorTerms": []}, {"nodeSelectorTerms": [{}]}])
 def test_a_required_affinity_without_terms_stays_as_the_user_wrote_it(required):
-    """It matches no node (the API server refuses most of these); a term of ours would make it match some."""
+    """It matches no node (the API server refuses most of these): no node can take it, so no preferred term."""
     def with_affinity(p: dict) -> None:
         p["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
 
     outcome, result = admit(builders.pod("p", gpus=4, mutate=with_affinity))
     assert result["spec"]["affinity"] == {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
-    assert "affinity-required" not in outcome.changes
-
-
-def test_pod_larger_than_every_domain_requires_the_largest_domains():
-    outcome, result = admit(builders.pod("p", gpus=8))
-    terms = result["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert terms["nodeSelectorTerms"] == [{"matchExpressions": [domain_size_term("3")]}]
-    assert "no domain holds 8 GPUs, the largest domains span the fewest" in outcome.record
+    assert "affinity-preferred" not in outcome.changes
 
 
 PRODUCT = "nvidia.com/gpu.product"
@@ -256,18 +251,11 @@ def requiring(*expressions: dict) -> Callable[[dict], None]:
     return mutate
 
 
-@pytest.mark.parametrize(
-    ("placement", "required_terms", "preferred"),
-    [
-        # strict: the user's term with our NVLink expression ANDed in is what the scheduler filters by, so the
-        # node without our labels gets no preferred term either
-        pytest.param("strict", [{"matchExpressions": [NEEDS_H100, domain_size_term("0")]}],
-                     [prefer("h100-1", 77), prefer("h100-2", 77)], id="strict"),
-        pytest.param("prefer", [{"matchExpressions": [NEEDS_H100]}],
-                     [prefer("h100-1", 77), prefer("h100-2", 77), prefer("h100-unlabelled", 64)], id="prefer"),
-    ],
-)
-def test_preferred_terms_go_only_to_nodes_the_required_affinity_admits(placement, required_terms, preferred):
+@pytest.mark.parametrize("placement", ["strict", "prefer"])
+def test_preferred_terms_go_only_to_nodes_the_required_affinity_admits(placement):
+    """Nodes without our NVLink labels stay candidates (topology unknown: no domain terms)."""
+    required_terms = [{"matchExpressions": [NEEDS_H100]}]
+    preferred = [prefer("h100-1", 77), prefer("h100-2", 77), prefer("h100-unlabelled", 64)]
     cluster = product_cluster()
     mode = {"gpu-steward.io/placement": placement}
     _, anywhere = admit(builders.pod("anywhere", gpus=1, labels=mode), cluster=cluster)
@@ -299,7 +287,7 @@ def test_a_required_affinity_no_node_meets_gets_no_preferred_terms():
                      id="prefer"),
         pytest.param({"gpu-steward.io/placement": "off"}, ("tier", "decision"), None, id="off"),
         pytest.param({"gpu-steward.io/placement": "sometimes"},
-                     ("tier", "affinity-required", "affinity-preferred", "decision"),
+                     ("tier", "affinity-preferred", "decision"),
                      "gpu-steward: gpu-steward.io/placement='sometimes' is not one of strict, prefer, off; "
                      "using strict",
                      id="invalid-falls-back-to-default"),
@@ -343,17 +331,131 @@ def test_mig_only_pod_gets_no_nvlink_affinity():
         pytest.param({"scheduling.x-k8s.io/pod-group": "pg"}, {}, {}, False,
                      "gang default/pg: size unknown (scheduler-plugins); not gated",
                      "gpu-steward: gang default/pg: no size known at admission, not gated", id="size-unknown"),
-        pytest.param({}, {}, {}, False, "not a gang member", None, id="no-gang"),
+        pytest.param({}, {}, {}, True, "placed at release", None, id="no-gang-gated-for-release"),
     ],
 )
 def test_gang_gate(labels, annotations, spec, gated, reason, warning):
     pod = builders.pod("w-0", gpus=1, labels=labels, annotations=annotations,
                        mutate=lambda p: p["spec"].update(spec))
-    outcome, result = admit(pod)
+    outcome, result = admit(pod, controller=ALIVE)
     gates = [g["name"] for g in result["spec"].get("schedulingGates", [])]
     assert (outcome.gated, gates) == (gated, ["gpu-steward.io/gang"] if gated else [])
     assert reason in outcome.record
     assert outcome.warnings == ((warning,) if warning else ())
+
+
+def stale_after(seconds: float) -> settings.Settings:
+    return settings.Settings(admission=settings.Admission(controller_stale_seconds=seconds))
+
+
+GANG_OF_4 = {"gpu-steward.io/gang-name": "g", "gpu-steward.io/gang-size": "4"}
+PLACE = "gpu-steward.io/placement"
+KUEUE_GATE = "kueue.x-k8s.io/admission"
+
+
+def with_spec(**fields: Any) -> Callable[[dict], None]:
+    return lambda p: p["spec"].update(copy.deepcopy(fields))
+
+
+@pytest.mark.parametrize(
+    ("pod", "config", "controller", "gated", "release", "reason"),
+    [
+        # which pods are governed (placed at release)
+        pytest.param(builders.pod("p", gpus=2), CONFIG, ALIVE, True, gating.Release.GATED,
+                     "placed at release (Lease gpu-steward/gpu-steward-descheduler renewed 1s ago)",
+                     id="strict-2-gpus"),
+        pytest.param(builders.pod("p", gpus=1, labels={PLACE: "prefer"}), CONFIG, ALIVE, False, None,
+                     "placement prefer: never gated", id="prefer-never-gated"),
+        pytest.param(builders.pod("p", gpus=1, annotations={PLACE: "off"}), CONFIG, ALIVE, False, None,
+                     "placement off: never gated", id="off-never-gated"),
+        pytest.param(builders.pod("p", gpus=1),
+                     settings.Settings(admission=settings.Admission(default_placement=settings.Placement.PREFER)),
+                     ALIVE, False, None, "placement prefer: never gated", id="default-placement-prefer"),
+        pytest.param(builders.pod("p", mig={"3g.40gb": 1}), CONFIG, ALIVE, False, None,
+                     "no whole GPUs: not placed at release", id="mig-only-not-governed"),
+        pytest.param(builders.pod("p", gpus=1), settings.Settings(admission=settings.Admission(release_min_gpus=2)),
+                     ALIVE, False, None, "1 GPUs, under admission.release_min_gpus=2: not placed at release",
+                     id="under-release-min-gpus"),
+        pytest.param(builders.pod("p", gpus=2), settings.Settings(admission=settings.Admission(release_min_gpus=2)),
+                     ALIVE, True, gating.Release.GATED, "placed at release", id="at-release-min-gpus"),
+        pytest.param(builders.pod("p", gpus=8), settings.Settings(admission=settings.Admission(release_enabled=False)),
+                     ALIVE, False, None, "placement at release is off (admission.release_enabled)",
+                     id="release-off"),
+        pytest.param(builders.pod("p", gpus=8), settings.Settings(descheduler=settings.Descheduler(
+                         gangs=settings.Gangs(enabled=False))),
+                     ALIVE, False, None, "placement at release is off (descheduler.gangs.enabled)",
+                     id="release-loop-off"),
+        pytest.param(builders.pod("p", gpus=1, mutate=with_spec(schedulerName="volcano")), CONFIG, ALIVE, False,
+                     None, "scheduler volcano places it: not placed at release", id="another-scheduler"),
+        pytest.param(builders.pod("p", gpus=1, mutate=lambda p: p["metadata"].update(
+                         ownerReferences=[{"kind": "DaemonSet", "name": "ds", "controller": True}])),
+                     CONFIG, ALIVE, False, None, "a DaemonSet pod, bound to its node by its controller",
+                     id="daemonset"),
+        pytest.param(builders.pod("p", gpus=1, mutate=with_spec(schedulingGates=[{"name": KUEUE_GATE}])),
+                     CONFIG, ALIVE, False, None, "held by kueue.x-k8s.io/admission: another controller decides when "
+                     "it starts; not placed at release", id="another-controllers-gate"),
+        pytest.param(builders.pod("p", gpus=1, labels={"gpu-steward.io/gang-name": "solo",
+                                                       "gpu-steward.io/gang-size": "1"}),
+                     CONFIG, ALIVE, True, gating.Release.GATED, "gang default/solo of 1: placed at release",
+                     id="gang-of-one-is-a-single-pod"),
+        pytest.param(builders.pod("p", gpus=1, labels=GANG_OF_4), CONFIG, None, True, None,
+                     "gang default/g of 4 (gpu-steward)", id="gang-member-keeps-its-gang-gate"),
+        # spec.nodeName: the API server refuses gates on it, and it is never scheduled
+        pytest.param(builders.pod("p", gpus=1, mutate=with_spec(nodeName="dgx-1")), CONFIG, ALIVE, False, None,
+                     "spec.nodeName dgx-1: bound at creation, never gated", id="node-name"),
+        pytest.param(builders.pod("p", gpus=1, labels=GANG_OF_4, mutate=with_spec(nodeName="dgx-1")), CONFIG, ALIVE,
+                     False, None, "spec.nodeName dgx-1: bound at creation, never gated", id="gang-member-node-name"),
+        # controller liveness: seen renewed within admission.controller_stale_seconds, on our clock
+        pytest.param(builders.pod("p", gpus=1), CONFIG, None, False, gating.Release.CONTROLLER_DOWN,
+                     "controller down (Lease gpu-steward/gpu-steward-descheduler not seen held and renewed)",
+                     id="controller-never-seen"),
+        pytest.param(builders.pod("p", gpus=1), CONFIG, NOW - 30, True, gating.Release.GATED,
+                     "placed at release (Lease gpu-steward/gpu-steward-descheduler renewed 30s ago)",
+                     id="controller-seen-at-the-limit"),
+        pytest.param(builders.pod("p", gpus=1), CONFIG, NOW - 30.5, False, gating.Release.CONTROLLER_DOWN,
+                     "controller down (Lease gpu-steward/gpu-steward-descheduler last seen renewed 30s ago "
+                     "(over 30s))", id="controller-stale"),
+        pytest.param(builders.pod("p", gpus=1), stale_after(120), NOW - 100, True, gating.Release.GATED,
+                     "renewed 100s ago", id="stale-after-is-a-setting"),
+    ],
+)
+def test_governed_pods_are_gated_for_release_only_while_the_controller_lives(
+        pod, config, controller, gated, release, reason):
+    outcome, result = admit(pod, config=config, controller=controller)
+    ours = [g for g in result["spec"].get("schedulingGates", []) if g["name"] == GATE]
+    assert (outcome.gated, len(ours), outcome.release) == (gated, int(gated), release)
+    assert reason in outcome.record
+    if outcome.release is gating.Release.GATED:
+        assert "affinity" not in result["spec"]  # the release controller pins it
+    required = (pod["spec"].get("affinity") or {}).get("nodeAffinity", {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution")
+    assert (result["spec"].get("affinity") or {}).get("nodeAffinity", {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution") == required
+
+
+def test_a_gang_is_gated_even_while_the_controller_is_down_with_a_warning():
+    """Ungated, its members would start one by one and hold GPUs while they wait for each other."""
+    outcome, result = admit(builders.pod("w-0", gpus=1, labels=GANG_OF_4), controller=NOW - 100)
+    assert result["spec"]["schedulingGates"] == [{"name": GATE}]
+    assert outcome.warnings == (
+        "gpu-steward: gang default/g gated, but the descheduler that releases it is not seen running (Lease "
+        "gpu-steward/gpu-steward-descheduler last seen renewed 100s ago (over 30s))",)
+    assert outcome.release is None
+
+
+def test_a_pod_with_node_name_gets_no_affinity_and_no_gate():
+    pod = builders.pod("p", gpus=2, labels=GANG_OF_4, mutate=with_spec(nodeName="pair-1"))
+    outcome, result = admit(pod, controller=ALIVE)
+    assert "affinity" not in result["spec"] and "schedulingGates" not in result["spec"]
+    assert outcome.changes == ("tier", "decision")
+    assert "placement: none, the pod names its node (pair-1)" in outcome.record
+
+
+def test_admitting_a_pod_gated_for_release_again_changes_nothing():
+    _, once = admit(builders.pod("train", gpus=2), controller=ALIVE)
+    outcome, twice = admit(once, controller=ALIVE)
+    assert once["spec"]["schedulingGates"] == [{"name": GATE}]
+    assert outcome.patch == [] and twice == once
 
 
 def test_another_controllers_gate_is_kept():
@@ -393,7 +495,8 @@ LAUNCHER_NOTE = "no tier, no NVLink affinity: a gang member without GPUs only wa
         pytest.param({**GANG_OF_5, "gpu-steward.io/tier": "critical"}, {}, {"priorityClassName": "team-a-high"},
                      True, f"no GPU; {LAUNCHER_NOTE}", None, id="launcher-gets-no-tier-and-keeps-its-class"),
         pytest.param({"gpu-steward.io/gang-name": "j", "gpu-steward.io/gang-size": "1"}, {}, {}, False,
-                     "requests no GPU; gang default/j of 1 needs no gate", None, id="gang-of-one-untouched"),
+                     "requests no GPU; gang default/j of 1: no whole GPUs: not placed at release", None,
+                     id="gang-of-one-untouched"),
         pytest.param({"gpu-steward.io/gang-name": "j", "gpu-steward.io/gang-size": "five"}, {}, {}, False,
                      "requests no GPU; gang default/j not gated",
                      "gpu-steward: gang default/j: gpu-steward.io/gang-size='five' is not a positive integer",
@@ -409,7 +512,7 @@ LAUNCHER_NOTE = "no tier, no NVLink affinity: a gang member without GPUs only wa
 def test_pod_without_gpus_changes_only_when_we_gate_it_for_its_gang(labels, annotations, spec, gated, reason, warning):
     """Without GPUs: no tier, no affinity; a gang member gets our gate and the record, nothing else."""
     pod = builders.pod("launcher", labels=labels, annotations=annotations, mutate=lambda p: p["spec"].update(spec))
-    outcome, result = admit(pod)
+    outcome, result = admit(pod, controller=ALIVE)
 
     expected = copy.deepcopy(pod)
     if gated:

@@ -137,6 +137,11 @@ def test_settings_are_frozen() -> None:
                      "tiers.rules.0.name", "at least 1 character", id="unnamed-tier-rule"),
         pytest.param("tiers:\n  critical:\n    name: c\n    value: 2000000000\n", {}, None,
                      "tiers.critical.value", "less than or equal to 1000000000", id="class-value-above-user-max"),
+        pytest.param("admission:\n  release_min_gpus: 0\n", {}, None, "admission.release_min_gpus",
+                     "greater than or equal to 1", id="release-min-gpus-zero"),
+        pytest.param("admission:\n  controller_stale_seconds: 2\n", {}, None, "(top level)",
+                     "admission.controller_stale_seconds (2) must exceed "
+                     "descheduler.leader_election.retry_period_seconds (2)", id="controller-stale-before-a-renewal"),
     ],
 )
 def test_errors_name_the_dotted_key(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -400,12 +401,18 @@ def test_from_list_kinds(document: dict[str, Any], nodes: list[str], pods: list[
 @pytest.mark.parametrize(
     ("document", "message"),
     [
-        pytest.param(builders.pod("p", gpus=1), "expected a Kubernetes List, got kind='Pod'", id="single-pod"),
-        pytest.param({"items": []}, "expected a Kubernetes List, got kind=None", id="no-kind"),
+        pytest.param(builders.pod("p", gpus=1), "top-level kind is 'Pod'; expected one of List, NodeList, PodList, "
+                     "PriorityClassList, NamespaceList", id="single-pod"),
+        pytest.param({"items": []}, "top-level kind is None; expected one of List, NodeList, PodList, "
+                     "PriorityClassList, NamespaceList", id="no-kind"),
+        pytest.param({"kind": "List", "items": "n1"}, "items is a str; expected a list of objects",
+                     id="items-a-string"),
+        pytest.param({"kind": "NodeList", "items": [builders.gpu_node("n1", gpus=1, domains=[range(1)]), None]},
+                     "items[1] is a NoneType; expected an object", id="item-null"),
     ],
 )
-def test_from_list_rejects_wrong_kind(document: dict[str, Any], message: str) -> None:
-    with pytest.raises(ValueError, match=f"^{message}$"):
+def test_from_list_rejects_what_is_not_a_list_of_objects(document: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         snapshot.from_list(document, names=NAMES, taken_at=None)
 
 

@@ -1,0 +1,43 @@
+"""`gpu-steward explain POD --cluster STATE.json`: what admission adds, with the controller alive or down."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from gpu_steward import cli
+from tests import builders
+
+
+def write(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    document = {"kind": "List", "items": [builders.gpu_node("big", gpus=8, domains=[range(4), range(4, 8)]),
+                                          *builders.tier_classes(), builders.namespace("default")]}
+    state, pod = tmp_path / "state.json", tmp_path / "pod.json"
+    state.write_text(json.dumps(document))
+    pod.write_text(json.dumps(builders.pod("train", gpus=4)))
+    return state, pod
+
+
+@pytest.mark.parametrize(
+    ("flags", "gated", "release", "line"),
+    [
+        pytest.param([], True, "gated", "release:  gated, placed at release", id="controller-alive-by-default"),
+        pytest.param(["--controller", "down"], False, "controller-down", "release:  not gated, controller down",
+                     id="controller-down"),
+    ],
+)
+def test_explain_says_whether_admission_gates_the_pod_for_release(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], flags: list[str], gated: bool, release: str, line: str
+) -> None:
+    state, pod = write(tmp_path)
+
+    assert cli.main(["explain", str(pod), "--cluster", str(state), *flags]) == 0
+    assert line in capsys.readouterr().out.splitlines()
+    assert cli.main(["explain", str(pod), "--cluster", str(state), "--output", "json", *flags]) == 0
+    answer = json.loads(capsys.readouterr().out)
+
+    assert (answer["gated"], answer["release"]) == (gated, release)
+    ops = {op["path"]: op["value"] for op in answer["patch"]}
+    assert ("/spec/schedulingGates" in ops, "/spec/affinity" in ops) == (gated, not gated)

@@ -1,0 +1,65 @@
+"""The repository stands on its own: a plain clone, with nothing beside it, runs every test and benchmark."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+THIS = pathlib.Path(__file__).resolve().relative_to(REPO).as_posix()
+DATA = REPO / "benchmarks" / "data"
+# A folder beside the checkout, however it is spelled: as a relative link or path, as pathlib joins it
+# (`ROOT.parent / "shared"`), or as the absolute path of the machine it was developed on.
+OUTSIDE = re.compile(rb"""\.\./shared\b|/work/shared\b|\.parent\s*/\s*["']shared["']""")
+
+
+def tracked_files() -> list[str]:
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    return [name for name in listed.decode().split("\0") if name]
+
+
+def test_no_tracked_file_reaches_outside_the_repository() -> None:
+    found = []
+    for name in tracked_files():
+        path = REPO / name
+        if name == THIS or not path.is_file():  # a file deleted in the work tree is still listed
+            continue
+        for number, line in enumerate(path.read_bytes().splitlines(), start=1):
+            if OUTSIDE.search(line):
+                found.append(f"{name}:{number}: {line.decode(errors='replace').strip()[:120]}")
+    assert not found, "files that read or link a folder outside the repository:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    ("line", "outside"),
+    [
+        pytest.param(b"see [the brief](../shared/DESIGN.md)", True, id="relative-link"),
+        pytest.param(b'TRACES = ROOT.parent / "shared" / "traces"', True, id="pathlib-join"),
+        pytest.param(b"# copied from /work/shared/fixtures/x", True, id="absolute-path"),
+        pytest.param(b"measured on this project's shared 2-core machine", False, id="the-word-shared"),
+        pytest.param(b'"""Keeps the shared cluster `Snapshot` fresh"""', False, id="prose"),
+    ],
+)
+def test_the_pattern_catches_each_spelling(line: bytes, outside: bool) -> None:
+    assert bool(OUTSIDE.search(line)) is outside
+
+
+def test_trace_files_are_tracked_with_their_terms() -> None:
+    tracked = set(tracked_files())
+    for name in ("alibaba-openb/openb_node_list_gpu_node.csv", "alibaba-openb/openb_pod_list_default.csv",
+                 "alibaba-openb/openb_pod_list_multigpu50.csv", "alibaba-genai/pod_gpu_duty_cycle.csv.gz"):
+        assert f"benchmarks/data/{name}" in tracked
+    readme = (DATA / "README.md").read_text()
+    assert "github.com/alibaba/clusterdata" in readme and "research or study purpose" in readme
+
+
+def test_trace_files_stay_out_of_the_image_and_the_package() -> None:
+    admitted = [line[1:].strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+                if line.startswith("!")]
+    assert admitted and not [path for path in admitted if path.startswith("benchmarks")]
+    assert (REPO / ".dockerignore").read_text().splitlines()[1] == "*"  # everything else is ignored
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert 'include = ["gpu_steward*", "admission*", "descheduler*", "common*"]' in pyproject
