@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from admission import affinity, gating, patches, scoring, tiers
-from common import gpu, settings, snapshot
+from common import gpu, resources, settings, snapshot
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 FALSE_VALUES = frozenset({"false", "0", "no", ""})
@@ -82,6 +82,10 @@ def decide(
         request = gpu.pod_request(pod)
     except gpu.QuantityError as exc:
         return _skip(f"unreadable GPU request: {exc}", f"gpu-steward: {exc}; pod unchanged")
+    try:
+        requests = resources.pod_requests(pod)
+    except resources.QuantityError as exc:  # the API server rejects it after admission anyway
+        return _skip(f"unreadable resource request: {exc}", f"gpu-steward: {exc}; pod unchanged")
     warnings: list[str] = []
     mode = (_placement_mode(pod.get("metadata") or {}, config, warnings) if request.any
             else config.admission.default_placement)
@@ -102,8 +106,8 @@ def decide(
     if request.any:
         tier_name = _apply_tier(mutated, ns=ns, cluster=cluster, config=config, notes=notes, warnings=warnings,
                                 changes=changes)
-        _apply_placement(mutated, request=request, mode=mode, gate=gate, cluster=cluster, config=config, now=now,
-                         notes=notes, warnings=warnings, changes=changes)
+        _apply_placement(mutated, request=request, requests=requests, mode=mode, gate=gate, cluster=cluster,
+                         config=config, now=now, notes=notes, warnings=warnings, changes=changes)
     else:
         # Tiers carry GPU reclaim policies and GPU preemption; the pod holds no GPU: it only starts with its gang.
         notes.append("no tier, no NVLink affinity: a gang member without GPUs only waits for its gang")
@@ -183,6 +187,7 @@ def _apply_placement(
     mutated: dict[str, Any],
     *,
     request: gpu.GpuRequest,
+    requests: Mapping[str, int],
     mode: settings.Placement,
     gate: gating.GateDecision,
     cluster: snapshot.Snapshot,
@@ -217,7 +222,7 @@ def _apply_placement(
     # Ranked against the spec as the scheduler will see it, so that no preferred term goes to a node the
     # pod's own selectors, tolerations or required affinity rule out.
     ranking = scoring.rank(gpus=request.full, pod_spec=mutated["spec"], cluster=cluster, cfg=config.scoring,
-                           limit=config.admission.preferred_terms)
+                           limit=config.admission.preferred_terms, requests=requests)
     terms = affinity.preferred_terms(ranking.scores, config.admission.preferred_terms)
     if affinity.add_preferred(mutated, terms):
         changes.append("affinity-preferred")

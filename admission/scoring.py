@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from common import fit, nvlink_score, settings, snapshot
+from common import capacity, fit, nvlink_score, settings, snapshot
 
 NodeScore = nvlink_score.NodeScore
 Term = nvlink_score.Term
@@ -57,19 +57,21 @@ MAX_MEMOISED_RANKINGS = 1024
 
 def rank(
     *, gpus: int, pod_spec: Mapping[str, Any], cluster: snapshot.Snapshot, cfg: settings.Scoring,
-    limit: int | None = None,
+    limit: int | None = None, requests: Mapping[str, int] | None = None,
 ) -> Ranking:
     """Nodes that can take the pod, best first (ties: fewest free GPUs, then name). Each GPU state is scored once; with
     `limit`, only that many nodes are looked at past the scoring (the webhook's hot path) and
     `excluded` lists only the nodes passed over on the way. Pods alike in GPUs, tolerations,
-    nodeSelector and required node affinity (a Job's or a gang's pods) rank alike: the result is kept
-    for the snapshot's life."""
+    nodeSelector, required node affinity and requests (a Job's or a gang's pods) rank alike: the result is
+    kept for the snapshot's life. `requests`: the pod's request vector (`resources.pod_requests`); a node short
+    of CPU, memory, a pod slot or another resource for it is excluded, as the capacity model says."""
     fit_key = fit.key(pod_spec)
-    key = ("scoring.rank", gpus, cfg, limit, fit_key)
+    asks = tuple(sorted((requests or {}).items()))
+    key = ("scoring.rank", gpus, cfg, limit, fit_key, asks)
     kept: Ranking | None = cluster.memo.get(key) if fit_key is not None else None
     if kept is not None:
         return kept
-    ranking = _rank(gpus=gpus, pod_spec=pod_spec, cluster=cluster, cfg=cfg, limit=limit)
+    ranking = _rank(gpus=gpus, pod_spec=pod_spec, cluster=cluster, cfg=cfg, limit=limit, requests=requests or {})
     if fit_key is not None:
         counted = ("scoring.rankings",)
         if cluster.memo.get(counted, 0) < MAX_MEMOISED_RANKINGS:
@@ -80,6 +82,7 @@ def rank(
 
 def _rank(
     *, gpus: int, pod_spec: Mapping[str, Any], cluster: snapshot.Snapshot, cfg: settings.Scoring, limit: int | None,
+    requests: Mapping[str, int],
 ) -> Ranking:
     templates, full = _templates(gpus, cluster, cfg)
     excluded: dict[str, str] = {}
@@ -90,7 +93,7 @@ def _rank(
         for node in group:
             if limit is not None and len(scores) >= limit:
                 return Ranking(tuple(scores), excluded)
-            reason = fit.why_not(pod_spec, node)
+            reason = fit.why_not(pod_spec, node) or capacity.short_of(node, requests)
             if reason is not None:
                 excluded[node.name] = reason
                 continue

@@ -106,10 +106,9 @@ class Room:
                 return f"needs {count}x MIG {profile}, {max(0, free)} free"
         if request.full > self.free_gpus:
             return f"needs {request.full} GPU, {self.free_gpus} free"
-        short = [s for s in resources.shortages(requests, self.free)
-                 if not s.startswith(("Insufficient " + gpu.FULL_GPU, "Insufficient " + gpu.MIG_PREFIX))]
+        short = _short(requests, self.free)
         if short:
-            return ", ".join(short)
+            return short
         if not request.full:
             return placement.Allocation((), ())
         allocation = placement.allocate(self.domains, request.full)
@@ -124,6 +123,19 @@ class Room:
         self.free = resources.subtract(self.free, {**requests, resources.PODS: 1})
         taken = set(allocation.indices)
         self.domains = [[i for i in d if i not in taken] for d in self.domains]
+
+
+def _short(requests: Mapping[str, int], free: Mapping[str, int]) -> str | None:
+    """The scheduler's reasons other than GPUs and MIG slices (whose reasons say how many are free)."""
+    short = [s for s in resources.shortages(requests, free)
+             if not s.startswith(("Insufficient " + gpu.FULL_GPU, "Insufficient " + gpu.MIG_PREFIX))]
+    return ", ".join(short) or None
+
+
+def short_of(node: snapshot.Node, requests: Mapping[str, int]) -> str | None:
+    """What the node lacks now for the pod's requests besides GPUs (CPU, memory, a pod slot, other extended
+    resources), or None: for callers that count GPUs per NVLink domain themselves (the webhook's ranking)."""
+    return _short(requests, resources.subtract(node.resources, node.requested))
 
 
 def place_pod(pod: snapshot.Pod, room: Room, *, one_domain: bool = True) -> placement.Allocation | str:

@@ -1,4 +1,6 @@
-"""`gpu-steward explain POD.yaml --cluster STATE.json`: the webhook's decision for one pod, offline."""
+"""`gpu-steward explain POD.yaml --cluster STATE.json`: both halves of placement for one pod, offline: what
+admission adds (patch, decision record, node scores), and where release would place it now and why no other
+node would take it."""
 
 from __future__ import annotations
 
@@ -13,8 +15,11 @@ import jsonpatch
 import yaml
 
 from admission import mutation, scoring
-from common import gpu, source
+from common import gpu, resources, settings, snapshot, source
+from descheduler import release_place
 from gpu_steward import cmdline
+
+Release = list[tuple[str, bool, str]]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,17 +53,29 @@ def run(args: argparse.Namespace) -> int:
                               config=config, now=now, controller_seen_at=now if args.controller == "alive" else None)
     # The webhook scores only as far as its preferred terms need; explain shows every node.
     try:
-        gpus = gpu.pod_request(pod).full
-    except gpu.QuantityError:
-        gpus = 0
+        gpus, requests = gpu.pod_request(pod).full, resources.pod_requests(pod)
+    except (gpu.QuantityError, resources.QuantityError):
+        gpus, requests = 0, {}
     # Ranked against the pod as admitted, as the webhook ranks it.
     admitted = jsonpatch.apply_patch(pod, outcome.patch) if outcome.patch else pod
-    ranking = scoring.rank(gpus=gpus, pod_spec=admitted.get("spec") or {}, cluster=cluster, cfg=config.scoring)
+    ranking = scoring.rank(gpus=gpus, pod_spec=admitted.get("spec") or {}, cluster=cluster, cfg=config.scoring,
+                           requests=requests)
+    release = _release(admitted, cluster, config=config) if outcome.gated and gpus else None
     if args.output == "json":
-        print(json.dumps(as_json(outcome, ranking if gpus else None), indent=2))
+        print(json.dumps(as_json(outcome, ranking if gpus else None, release), indent=2))
     else:
-        print(as_text(outcome, ranking if gpus else None))
+        print(as_text(outcome, ranking if gpus else None, release))
     return 0
+
+
+def _release(admitted: dict[str, Any], cluster: snapshot.Snapshot, *, config: settings.Settings) -> Release:
+    """Where the release controller would place the admitted pod now (a gang of one; a gang's members are
+    placed together, see `gpu-steward gangs`)."""
+    meta = admitted.setdefault("metadata", {})
+    meta.setdefault("name", meta.get("generateName", "pod") + "(new)")
+    pod = snapshot.build(nodes=[], pods=[admitted], names=config.names, taken_at=None).pods.get(
+        f"{meta.get('namespace') or 'default'}/{meta['name']}")
+    return release_place.explain(pod, cluster, scoring=config.scoring) if pod is not None else []
 
 
 def read_pod(name: str) -> dict[str, Any]:
@@ -82,7 +99,8 @@ def read_pod(name: str) -> dict[str, Any]:
     return pod
 
 
-def as_json(outcome: mutation.Outcome, ranking: scoring.Ranking | None) -> dict[str, Any]:
+def as_json(outcome: mutation.Outcome, ranking: scoring.Ranking | None,
+            release: Release | None = None) -> dict[str, Any]:
     return {
         "patch": outcome.patch,
         "tier": outcome.tier,
@@ -91,13 +109,15 @@ def as_json(outcome: mutation.Outcome, ranking: scoring.Ranking | None) -> dict[
         "excluded": dict(ranking.excluded) if ranking else {},
         "gated": outcome.gated,
         "release": outcome.release.value if outcome.release else None,
+        "release_placement": [{"node": n, "fits": ok, "why": why} for n, ok, why in release or ()],
         "record": outcome.record,
         "warnings": list(outcome.warnings),
         "skipped": outcome.skipped,
     }
 
 
-def as_text(outcome: mutation.Outcome, ranking: scoring.Ranking | None, *, top: int = 10) -> str:
+def as_text(outcome: mutation.Outcome, ranking: scoring.Ranking | None, release: Release | None = None, *,
+            top: int = 10) -> str:
     lines = [f"decision: {outcome.record}"]
     if outcome.release is not None:
         lines.append(f"release:  {'gated, placed at release' if outcome.gated else 'not gated, controller down'}")
@@ -111,6 +131,13 @@ def as_text(outcome: mutation.Outcome, ranking: scoring.Ranking | None, *, top: 
     if ranking and ranking.excluded:
         lines.append(f"{len(ranking.excluded)} nodes cannot take the pod, e.g. "
                      + "; ".join(f"{n}: {why}" for n, why in list(ranking.excluded.items())[:3]))
+    if release is not None:
+        lines.append("")
+        fits = [r for r in release if r[1]]
+        lines.append(f"at release now: {fits[0][0]} ({fits[0][2]})" if fits else
+                     "at release now: no node can take it; it waits (at most descheduler.gangs.max_wait_seconds)")
+        lines += [f"  then {n}: {why}" for n, _, why in fits[1:top]]
+        lines += [f"  not {n}: {why}" for n, ok, why in release if not ok][:top]
     lines.append("")
     lines.append("patch:" if outcome.patch else "patch: (none)")
     lines += [f"  {json.dumps(op)}" for op in outcome.patch]

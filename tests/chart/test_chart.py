@@ -286,8 +286,9 @@ def check_defaults(objects: Objects) -> None:
 
 
 def check_cert_manager(objects: Objects) -> None:
-    assert not [o for o in objects if o["kind"] == "Secret" or (o["metadata"]["name"] == f"{PREFIX}-webhook"
-                and o["kind"] in ("Role", "RoleBinding"))]
+    assert not [o for o in objects if o["kind"] == "Secret"]
+    # No Secret permissions: only the descheduler's Lease is watched in the release namespace.
+    assert _rules(objects, "Role", f"{PREFIX}-webhook") == [(("coordination.k8s.io",), ("leases",), ("list", "watch"))]
     env = _env(_container(objects, "Deployment", f"{PREFIX}-webhook"))
     assert not [name for name in env if "MANAGED_TLS" in name]
     volume = _one(objects, "Deployment", f"{PREFIX}-webhook")["spec"]["template"]["spec"]["volumes"][1]

@@ -116,7 +116,7 @@ def test_serving_certificate_never_outlives_its_ca() -> None:
         pytest.param({"GPU_STEWARD_WEBHOOK__CERT_FILE": "{tmp}/tls.crt",
                       "GPU_STEWARD_WEBHOOK__KEY_FILE": "{tmp}/tls.key",
                       "GPU_STEWARD_KUBERNETES__KUBECONFIG": "{tmp}/missing-kubeconfig"},
-                     "no Kubernetes client configuration", id="no-kubeconfig"),
+                     "missing-kubeconfig (kubernetes.kubeconfig) does not exist", id="no-kubeconfig"),
     ],
 )
 def test_the_webhook_refuses_to_start_with_a_clear_message(

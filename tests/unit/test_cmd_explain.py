@@ -41,3 +41,27 @@ def test_explain_says_whether_admission_gates_the_pod_for_release(
     assert (answer["gated"], answer["release"]) == (gated, release)
     ops = {op["path"]: op["value"] for op in answer["patch"]}
     assert ("/spec/schedulingGates" in ops, "/spec/affinity" in ops) == (gated, not gated)
+
+
+def test_explain_shows_where_release_would_place_the_pod_now(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The brief's worked examples, at release: a 1-GPU pod goes to the 2-GPU node with one GPU used (250),
+    before an empty 8-GPU node of two domains (40); a tainted node says why not."""
+    taint = [{"key": "team", "value": "a", "effect": "NoSchedule"}]
+    document = {"kind": "List", "items": [
+        builders.gpu_node("small", gpus=2), builders.gpu_node("big", gpus=8, domains=[range(4), range(4, 8)]),
+        builders.gpu_node("theirs", gpus=8, mutate=lambda n: n["spec"].update(taints=taint)),
+        builders.pod("one", gpus=1, node="small", phase="Running"), *builders.tier_classes()]}
+    state, pod = tmp_path / "state.json", tmp_path / "pod.json"
+    state.write_text(json.dumps(document))
+    pod.write_text(json.dumps(builders.pod("new", gpus=1)))
+
+    assert cli.main(["explain", str(pod), "--cluster", str(state), "--output", "json"]) == 0
+    where = json.loads(capsys.readouterr().out)["release_placement"]
+    assert [(w["node"], w["fits"]) for w in where] == [("small", True), ("big", True), ("theirs", False)]
+    assert where[0]["why"].startswith("NVLink score 250 ")
+    assert where[1]["why"].startswith("NVLink score 40 ")
+    assert where[2]["why"] == "taint team=a:NoSchedule not tolerated"
+    assert cli.main(["explain", str(pod), "--cluster", str(state)]) == 0
+    assert "at release now: small (NVLink score 250 " in capsys.readouterr().out

@@ -245,19 +245,20 @@ def test_pending_summary_separates_pods_given_up_from_pods_still_waiting() -> No
     assert got["wait_max_seconds"] == pytest.approx(1.0)
 
 
-def _arm(share: float | None, never: int, rate: float) -> dict[str, Any]:
-    return {"placement": {"one_domain_share": share}, "pending": {"never_scheduled": never},
+def _arm(share: float | None, never: int, rate: float, p99: float = 2.0) -> dict[str, Any]:
+    return {"placement": {"one_domain_share": share}, "pending": {"never_scheduled": never, "wait_p99_seconds": p99},
             "burst": {"pods_per_second": rate}}
 
 
 @pytest.mark.parametrize(
     ("ours", "met"),
     [
-        pytest.param(_arm(0.99, 3, 95.0), [True, True, True], id="all-met"),
-        pytest.param(_arm(0.97, 3, 95.0), [False, True, True], id="share-below-98"),
-        pytest.param(_arm(0.99, 4, 95.0), [True, False, True], id="more-pending-than-best-baseline"),
-        pytest.param(_arm(0.99, 3, 89.0), [True, True, False], id="throughput-below-90-percent"),
-        pytest.param(_arm(None, 3, 95.0), [False, True, True], id="nothing-fittable-is-not-met"),
+        pytest.param(_arm(0.996, 3, 95.0), [True, True, True, True], id="all-met"),
+        pytest.param(_arm(0.99, 3, 95.0), [False, True, True, True], id="share-below-99.5"),
+        pytest.param(_arm(0.996, 4, 95.0), [True, False, True, True], id="more-pending-than-best-baseline"),
+        pytest.param(_arm(0.996, 3, 89.0), [True, True, False, True], id="throughput-below-90-percent"),
+        pytest.param(_arm(None, 3, 95.0), [False, True, True, True], id="nothing-fittable-is-not-met"),
+        pytest.param(_arm(0.996, 3, 95.0, p99=3.5), [True, True, True, False], id="p99-wait-over-1s-above-default"),
     ],
 )
 def test_goals_compare_gpu_steward_with_the_baselines(ours: dict[str, Any], met: list[bool]) -> None:

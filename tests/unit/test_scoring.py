@@ -268,3 +268,17 @@ def test_kept_rankings_are_bounded_per_snapshot(monkeypatch):
     kept = [scoring.rank(gpus=1, pod_spec=spec, cluster=snap, cfg=CFG) for spec in specs]
     again = [scoring.rank(gpus=1, pod_spec=spec, cluster=snap, cfg=CFG) for spec in specs]
     assert [a is b for a, b in zip(kept, again, strict=True)] == [True, True, False]
+
+
+def test_rank_leaves_out_nodes_short_of_cpu_memory_or_pod_slots_for_the_pod() -> None:
+    """The capacity model, not GPUs alone: a node whose CPUs are taken by a non-GPU pod gets no preferred term."""
+    def cpu_pod(pod: dict[str, Any]) -> None:
+        pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "60"}}
+
+    snap = cluster(builders.gpu_node("crowded", gpus=8), builders.gpu_node("roomy", gpus=8),
+                   pods=(builders.pod("web", node="crowded", phase="Running", mutate=cpu_pod),))
+    ranking = scoring.rank(gpus=1, pod_spec={}, cluster=snap, cfg=CFG, requests={"cpu": 8000, "nvidia.com/gpu": 1})
+    assert [s.node for s in ranking.scores] == ["roomy"]
+    assert ranking.excluded == {"crowded": "Insufficient cpu"}
+    small = scoring.rank(gpus=1, pod_spec={}, cluster=snap, cfg=CFG, requests={"cpu": 2000, "nvidia.com/gpu": 1})
+    assert sorted(s.node for s in small.scores) == ["crowded", "roomy"], "ranked apart: their requests differ"
