@@ -400,7 +400,8 @@ class Cooldowns(Model):
         description="No new reclaim for the same pending pod or gang (seconds). It must outlast one reclaim "
         "cycle (60 s) plus the victims' termination grace period (Kubernetes' default 30 s; checkpointing "
         "jobs often take longer) plus the scheduler binding the pod: 180 s. Victims still terminating count "
-        "as freeing their GPUs in any case, so a longer grace period never causes a second eviction.",
+        "as freeing their GPUs for the pod they were evicted for in any case, so a longer grace period alone "
+        "causes no second eviction.",
     )
     node_seconds: float = pydantic.Field(default=300, ge=0, description="No new reclaim on the same node.")
     workload_seconds: float = pydantic.Field(default=900, ge=0, description="Owner (Job/ReplicaSet) spared.")
