@@ -779,7 +779,8 @@ def draw_curve(result: Mapping[str, Any], path: pathlib.Path) -> None:
     """Reclaimed GPU-h as a share of the clairvoyant regret-free reclaim (y) against the share of evictions
     regretted (x), one point per window, a line per kind of policy; the goal's corner shaded."""
     width, height, left, bottom, top, right = 820, 520, 70, 60, 60, 260
-    rows = [r for r in result["policies"] if r["of_clairvoyant"] is not None]
+    rows = [r for r in result["policies"] if r["of_clairvoyant"] is not None
+            and (r["goals_met"] is not None or any(selects(r["policy"]) for selects, _ in CURVES.values()))]
     xmax = max([r["regretted_share"] for r in rows] + [0.1]) * 100
     ymax = max([r["of_clairvoyant"] for r in rows] + [1.0]) * 100
     sx, sy = (width - left - right) / xmax, (height - bottom - top) / ymax
