@@ -20,7 +20,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-from common import gangs, gpu, settings
+from common import capacity, gangs, gpu, settings
 
 
 class Release(enum.StrEnum):
@@ -68,10 +68,11 @@ def decide(
     controller: Controller,
     config: settings.Settings,
     now: float,
+    pod_groups: Mapping[str, gangs.PodGroup],
 ) -> GateDecision:
-    """Only called on CREATE."""
+    """Only called on CREATE: gates can be set at creation and never added later."""
     names = config.names
-    gang = gangs.identify(pod, names=names)
+    gang = gangs.identify(pod, names=names, pod_groups=pod_groups)
     spec = pod.get("spec") or {}
     if spec.get("nodeName"):
         return GateDecision(False, f"spec.nodeName {spec['nodeName']}: bound at creation, never gated "
@@ -122,6 +123,9 @@ def _for_release(
         return GateDecision(False, f"{request.full} GPUs, under admission.release_min_gpus={cfg.release_min_gpus}: "
                                    "not placed at release", None)
     spec = pod.get("spec") or {}
+    unmodelled = capacity.ungoverned(spec)
+    if unmodelled:  # a pin could leave it where the scheduler then refuses it
+        return GateDecision(False, f"{unmodelled}: placed by kube-scheduler, not at release", None)
     scheduler = spec.get("schedulerName") or gangs.DEFAULT_SCHEDULER
     if scheduler != gangs.DEFAULT_SCHEDULER:
         return GateDecision(False, f"scheduler {scheduler} places it: not placed at release", None)

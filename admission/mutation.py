@@ -14,10 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from admission import affinity, gating, patches, scoring, tiers
-from common import gpu, resources, settings, snapshot
+from common import gpu, label_values, resources, settings, snapshot
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
-FALSE_VALUES = frozenset({"false", "0", "no", ""})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,13 +35,6 @@ def _skip(reason: str, *warnings: str) -> Outcome:
     return Outcome(patch=[], changes=(), record=reason, warnings=tuple(warnings), skipped=reason)
 
 
-def _flag(meta: Mapping[str, Any], key: str) -> bool:
-    for source in (meta.get("labels") or {}, meta.get("annotations") or {}):
-        if key in source and str(source[key]).strip().lower() not in FALSE_VALUES:
-            return True
-    return False
-
-
 def _why_skip(
     *, operation: str, namespace: str, pod: Mapping[str, Any], config: settings.Settings
 ) -> str | None:
@@ -53,8 +45,9 @@ def _why_skip(
         return "mirror pod"
     if namespace in config.admission.excluded_namespaces:
         return f"namespace {namespace} is excluded"
-    if _flag(meta, config.names.skip):
-        return f"opted out with {config.names.skip}"
+    skip = label_values.flag(label_values.value(meta, config.names.skip), key=config.names.skip)
+    if skip.value:
+        return f"opted out with {config.names.skip}" + (f" ({skip.problem})" if skip.problem else "")
     if config.names.decision in (meta.get("annotations") or {}):
         return "already mutated (decision record present)"
     return None
@@ -72,8 +65,10 @@ def decide(
 ) -> Outcome:
     """`controller_seen_at`: when the descheduler's leader Lease was last seen renewed, on the same clock as `now`
     (None: not seen; no pod is then gated for release)."""
-    if not isinstance(pod, Mapping) or not isinstance(pod.get("spec"), Mapping):
-        return _skip("request object is not a pod with a spec", "gpu-steward: could not read the pod; unchanged")
+    # kube-apiserver sends decoded Pods; anything else is left alone (a patch into it might not apply).
+    if not isinstance(pod, Mapping) or not all(isinstance(pod.get(k), Mapping) for k in ("metadata", "spec")):
+        return _skip("request object is not a pod with metadata and a spec",
+                     "gpu-steward: could not read the pod; unchanged")
     ns = namespace or (pod.get("metadata") or {}).get("namespace") or "default"
     skip = _why_skip(operation=operation, namespace=ns, pod=pod, config=config)
     if skip:
@@ -91,7 +86,8 @@ def decide(
             else config.admission.default_placement)
     lease = config.descheduler.leader_election
     controller = gating.Controller(seen_at=controller_seen_at, lease=f"{lease.lease_namespace}/{lease.lease_name}")
-    gate = gating.decide(pod=pod, request=request, placement=mode, controller=controller, config=config, now=now)
+    gate = gating.decide(pod=pod, request=request, placement=mode, controller=controller, config=config, now=now,
+                         pod_groups=cluster.pod_groups)
     if not request.any and not gate.add:
         # Without GPUs only a gang member we gate changes: any other mutation here would reach every pod.
         why = "requests no GPU" if gate.gang is None else f"requests no GPU; {gate.reason}"
@@ -145,9 +141,8 @@ def _apply_tier(
     changes: list[str],
 ) -> str | None:
     choice = tiers.decide(pod=mutated, namespace=ns, namespace_labels=cluster.namespaces.get(ns, {}),
-                          tiers=config.tiers, names=config.names)
-    if choice.warning:
-        warnings.append(choice.warning)
+                          priority_classes=cluster.priority_classes, tiers=config.tiers, names=config.names)
+    warnings.extend(choice.warnings)
     tier = choice.tier.value if choice.tier else None
     if choice.keep_user_class or choice.tier is None:
         notes.append(f"tier {tier or 'none'}: {choice.reason}")
@@ -172,15 +167,11 @@ def _apply_tier(
 
 def _placement_mode(meta: Mapping[str, Any], config: settings.Settings, warnings: list[str]) -> settings.Placement:
     key = config.names.placement
-    raw = (meta.get("labels") or {}).get(key) or (meta.get("annotations") or {}).get(key)
-    if raw is None:
-        return config.admission.default_placement
-    try:
-        return settings.Placement(raw)
-    except ValueError:
-        allowed = ", ".join(p.value for p in settings.Placement)
-        warnings.append(f"{key}={raw!r} is not one of {allowed}; using {config.admission.default_placement.value}")
-        return config.admission.default_placement
+    mode = label_values.choice(label_values.value(meta, key), settings.Placement, key=key,
+                              default=config.admission.default_placement)
+    if mode.problem:
+        warnings.append(mode.problem)
+    return mode.value
 
 
 def _apply_placement(

@@ -99,7 +99,9 @@ class _Answer:
 
 
 def _pod_ref(request: review.Request) -> str:
-    meta = (request.object or request.old_object or {}).get("metadata") or {}
+    # Also called on the error path: a malformed object must not turn "admitted unchanged" into an HTTP 500.
+    meta = (request.object or request.old_object or {}).get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
     name = request.name or meta.get("name") or (f"{meta['generateName']}*" if meta.get("generateName") else "?")
     return f"{request.namespace or meta.get('namespace') or '-'}/{name}"
 

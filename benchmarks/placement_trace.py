@@ -498,6 +498,7 @@ def pending_summary(
         "wait_p99_seconds": _quantile(waits, 0.99),
         "wait_max_seconds": max(waits, default=None),
         "pending_pod_seconds": pending_seconds,
+        "never_scheduled_pods": sorted(never),
     }
 
 
@@ -688,7 +689,7 @@ async def _burst(api: client.ApiClient, setup: Setup, tracker: Tracker, start: f
 
 
 async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str,
-                   workdir: pathlib.Path) -> dict[str, Any]:
+                   workdir: pathlib.Path, logs: bool = False, release_min_gpus: int | None = None) -> dict[str, Any]:
     config = _settings(cluster.kubeconfig)
     rooms = {n.name: NodeRoom(tuple(tuple(d) for d in localcluster.NodeGroup(1, n.gpus, n.domains, n.model).topology()),
                               n.cpu_milli, n.memory_mib) for n in setup.nodes}
@@ -709,14 +710,14 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
                     scrape_targets=[f"127.0.0.1:{port}"], scrape_interval=f"{SCRAPE_SECONDS}s")
                 stack.callback(prom.stop)
                 if arm in OURS:
-                    config = {"kubernetes": {"watch_timeout_seconds": 60},
+                    config = {"kubernetes": {"watch_timeout_seconds": 60}, "log_level": "DEBUG" if logs else "INFO",
                               "prometheus": {"url": prom.url, "occupancy_refresh_seconds": SCRAPE_SECONDS},
                               "descheduler": {"leader_election": {"lease_namespace": LEASE_NAMESPACE},
                                               "reclaim": {"enabled": False}}}
-                    config_file = await asyncio.to_thread(
-                        stack.enter_context, localsteward.webhook(cluster, workdir, config=config))
-                    releaser = localsteward.process("descheduler", config_file, workdir=workdir).start()
-                    stack.callback(releaser.stop)
+                    if release_min_gpus is not None:
+                        config["admission"] = {"release_min_gpus": release_min_gpus}
+                    await asyncio.to_thread(
+                        stack.enter_context, localsteward.webhook(cluster, workdir, config=config, descheduler=True))
                 await _wait_until(lambda: live.synced and len(live.snapshot.nodes) == len(setup.nodes), within=60)
                 say(f"   replaying {len(setup.pods)} pods ({len(setup.plan)} actions)")
                 replay = await _replay(api, setup, tracker, start)
@@ -731,7 +732,8 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
             "fragmentation": fragmentation_summary(tracker.samples), "burst": burst}
 
 
-def run_arm(setup: Setup, *, arm: str, workdir: pathlib.Path) -> dict[str, Any]:
+def run_arm(setup: Setup, *, arm: str, workdir: pathlib.Path, logs: bool = False,
+            release_min_gpus: int | None = None) -> dict[str, Any]:
     say(f"\n=== {arm} ===")
     names = settings.Names()
     scheduler = BINPACK_SCHEDULER if arm in BINPACKING else None
@@ -743,7 +745,8 @@ def run_arm(setup: Setup, *, arm: str, workdir: pathlib.Path) -> dict[str, Any]:
                       for n in (NAMESPACE, BURST_NAMESPACE, LEASE_NAMESPACE)]
         cluster.apply([*namespaces, *demo.priority_classes(settings.Settings())])  # tier classes, same in every arm
         say(f"   control plane + {len(setup.nodes)} kwok nodes ready in {time.monotonic() - started:.0f} s")
-        result = asyncio.run(_measure(cluster, setup, arm=arm, workdir=workdir))
+        result = asyncio.run(_measure(cluster, setup, arm=arm, workdir=workdir, logs=logs,
+                                      release_min_gpus=release_min_gpus))
     return result
 
 
@@ -850,6 +853,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {','.join(ARMS)}")
     parser.add_argument("--quick", action="store_true", help="small CI run: 40 nodes, 250 pods")
     parser.add_argument("--out", type=pathlib.Path, help=f"JSON results (default {DEFAULT_OUT.name})")
+    parser.add_argument("--release-min-gpus", type=int,
+                        help="our arms: admission.release_min_gpus (pods with fewer GPUs get preferred terms only)")
+    parser.add_argument("--logs", type=pathlib.Path, help="keep each arm's process logs here (default: discarded)")
     parser.add_argument("--picture", type=pathlib.Path, help=f"PNG chart (default {DEFAULT_PICTURE.name})")
     args = parser.parse_args(argv)
     if args.quick:
@@ -885,9 +891,10 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
     arms: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="placement-trace-") as tmp:
         for arm in args.arms:
-            workdir = pathlib.Path(tmp) / arm
-            workdir.mkdir()
-            arms[arm] = run_arm(setup, arm=arm, workdir=workdir)
+            workdir = (args.logs or pathlib.Path(tmp)) / arm
+            workdir.mkdir(parents=True, exist_ok=True)
+            arms[arm] = run_arm(setup, arm=arm, workdir=workdir, logs=args.logs is not None,
+                                release_min_gpus=args.release_min_gpus)
     lines = table(arms)
     say("\n" + "\n".join(lines))
     verdicts = [{**verdict, "arm": arm} for arm in OURS if arm in arms for verdict in goals(arms, arm=arm)]
@@ -896,7 +903,8 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "command": " ".join(["python", "benchmarks/placement_trace.py", *command]),
-        "trace": args.trace, "skip": args.skip, "nodes": len(nodes), "gpus": gpus, "pods": len(pods),
+        "trace": args.trace, "skip": args.skip,
+        "release_min_gpus": args.release_min_gpus, "nodes": len(nodes), "gpus": gpus, "pods": len(pods),
         "pods_by_gpus": dict(collections.Counter(p.gpus for p in pods)), "skipped": pod_set.skipped,
         "arrival_rate": args.arrival_rate, "time_compression": args.time_compression,
         "burst_pods": len(setup.burst), "arms": arms, "goals": verdicts, "table": lines,

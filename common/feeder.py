@@ -1,5 +1,6 @@
-"""Keeps the shared cluster `Snapshot` fresh: list+watch of Nodes, Pods, PriorityClasses and
-Namespaces, plus GPU-index occupancy from DCGM series in Prometheus.
+"""Keeps the shared cluster `Snapshot` fresh: list+watch of Nodes, Pods, PriorityClasses, Namespaces
+and, where the API server serves them (Kubernetes 1.37+ with `GenericWorkload`), native PodGroups
+(`scheduling.k8s.io/v1beta1`), plus GPU-index occupancy from DCGM series in Prometheus.
 
     feeder = Feeder(config=cfg, api=api, prometheus=client_or_none, registry=registry)
     async with asyncio.TaskGroup() as tg:
@@ -8,7 +9,9 @@ Namespaces, plus GPU-index occupancy from DCGM series in Prometheus.
 
 Each kind is listed (paged), then watched from the list's resourceVersion; a watch the server ends
 is resumed from the last resourceVersion seen; 410 Gone (an ERROR event or an HTTP 410) relists;
-any other failure waits a jittered, doubling backoff and tries again. Raw objects live in per-kind
+any other failure waits a jittered, doubling backoff and tries again. An optional kind whose list answers
+404 (API not served) or 403 (not granted to us) counts as listed and empty, and is tried again every
+`kubernetes.backoff_max_seconds`, so a cluster that turns the API on later is picked up. Raw objects live in per-kind
 stores; a separate task rebuilds the immutable snapshot off the event loop at most once per
 `kubernetes.rebuild_interval_seconds`, so a reader never waits for a rebuild.
 
@@ -52,6 +55,7 @@ logger = logging.getLogger(__name__)
 class Kind:
     name: str
     path: str
+    optional: bool = False  # the API may not be served (or granted); then the kind is empty
 
 
 KINDS = (
@@ -59,7 +63,9 @@ KINDS = (
     Kind("pods", "/api/v1/pods"),
     Kind("priorityclasses", "/apis/scheduling.k8s.io/v1/priorityclasses"),
     Kind("namespaces", "/api/v1/namespaces"),
+    Kind("podgroups", "/apis/scheduling.k8s.io/v1beta1/podgroups", optional=True),
 )
+ABSENT_STATUSES = frozenset({403, 404})
 
 
 def _stored(kind: str, obj: dict[str, Any], *, names: settings.Names) -> dict[str, Any] | None:
@@ -224,16 +230,18 @@ class Feeder:
 
     async def _feed(self, kind: Kind) -> None:
         await self._retrying(kind.name, lambda: self._list(kind),
-                             lambda version, backoff: self._watch(kind, version, backoff))
+                             lambda version, backoff: self._watch(kind, version, backoff), kind=kind)
 
     async def _retrying(
         self,
         name: str,
         list_: Callable[[], Awaitable[str]],
         watch: Callable[[str, _Backoff], Awaitable[str]],
+        *,
+        kind: Kind | None = None,
     ) -> None:
         """List, then watch from the list's resourceVersion, forever: resume a watch the server ended, relist on
-        410 Gone, back off on other failures."""
+        410 Gone, back off on other failures; an optional `kind` whose API is not served counts as empty."""
         cfg = self._config.kubernetes
         backoff = _Backoff(cfg)
         resource_version: str | None = None
@@ -252,10 +260,31 @@ class Feeder:
                     resource_version = None  # a list's continue token expired, or an HTTP 410 watch
                     logger.info("%s: 410 Gone (%s), relisting", name, exc)
                     continue
+                if kind is not None and kind.optional and isinstance(exc, kube.ApiError) \
+                        and exc.status in ABSENT_STATUSES:
+                    resource_version = None
+                    await self._absent(kind, exc)
+                    continue
                 self._metrics.errors.labels(name).inc()
                 delay = backoff.next_delay()
                 logger.warning("%s: %s; retrying in %.2fs", name, exc or type(exc).__name__, delay)
                 await asyncio.sleep(delay)
+
+    async def _absent(self, kind: Kind, exc: kube.ApiError) -> None:
+        """The kind's API is not served to us: it counts as listed, empty and in contact, until tried again."""
+        if kind.name not in self._listed or self._stores[kind.name]:
+            logger.info("%s: %s (HTTP %d); treated as none, checked again every %gs", kind.name, exc, exc.status,
+                        self._config.kubernetes.backoff_max_seconds)
+            self._stores[kind.name] = {}
+            self._listed.add(kind.name)
+            self._dirty = True
+        self._contact[kind.name] = self._clock()  # in contact now, not only after the wait: it blinds no snapshot
+        self._streaming.add(kind.name)
+        try:
+            await asyncio.sleep(self._config.kubernetes.backoff_max_seconds)
+        finally:
+            self._streaming.discard(kind.name)
+            self._contact[kind.name] = self._clock()
 
     async def _list(self, kind: Kind) -> str:
         cfg = self._config.kubernetes
@@ -405,6 +434,7 @@ class Feeder:
             pods=stores["pods"],
             priority_classes=stores["priorityclasses"],
             namespaces=stores["namespaces"],
+            pod_groups=stores["podgroups"],
             occupancy=occupancy,
             names=self._config.names,
             taken_at=taken_at,

@@ -6,7 +6,12 @@ Conventions, first match wins:
   `kueue.x-k8s.io/pod-group-total-count`;
 - scheduler-plugins coscheduling: label `scheduling.x-k8s.io/pod-group` (size lives in a PodGroup);
 - Volcano: annotation `scheduling.k8s.io/group-name` (size lives in a PodGroup);
-- Kubernetes' native workload API (1.35+ alpha): `spec.schedulingGroup.podGroupName`.
+- Kubernetes' native workload API (1.36 alpha, 1.37 beta): `spec.schedulingGroup.podGroupName` naming a
+  `scheduling.k8s.io` PodGroup. Only a PodGroup with a `gang` policy is a gang kube-scheduler holds
+  together; it wins over every other convention (two gang mechanisms on one pod would fight). A PodGroup
+  with a `basic` policy groups nothing for scheduling: its pods are read like any other. A PodGroup we do
+  not know (not read yet, or its API not served to us) is taken as a native gang: our gate on a pod the
+  native scheduler already holds could strand it.
 """
 
 from __future__ import annotations
@@ -15,13 +20,40 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from common import settings
+from common import label_values, settings
 
 DEFAULT_SCHEDULER = "default-scheduler"
 KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
 VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
+
+
+@dataclasses.dataclass(frozen=True)
+class PodGroup:
+    """What we read of a native `scheduling.k8s.io` PodGroup."""
+
+    namespace: str
+    name: str
+    min_count: int | None  # the gang policy's minCount; None: no gang policy (basic)
+    disruption: str | None = None  # `spec.disruptionMode`: "all" (its pods go together), "single", None: unset
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def pod_group(raw: Mapping[str, Any]) -> PodGroup:
+    meta = raw.get("metadata") or {}
+    gang = ((raw.get("spec") or {}).get("schedulingPolicy") or {}).get("gang")
+    min_count = None
+    if isinstance(gang, Mapping):
+        # The API server validates minCount >= 1; a gang policy without one still holds the pods together.
+        number = gang.get("minCount")
+        min_count = number if isinstance(number, int) and not isinstance(number, bool) and number > 0 else 1
+    mode = (raw.get("spec") or {}).get("disruptionMode")
+    disruption = next((m for m in ("all", "single") if isinstance(mode, Mapping) and m in mode), None)
+    return PodGroup(meta.get("namespace") or "default", meta.get("name") or "", min_count, disruption)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,50 +70,41 @@ class Gang:
         return f"{self.namespace}/{self.name}"
 
 
-def _size(raw: str | None, *, key: str) -> tuple[int | None, str | None]:
-    if raw is None:
-        return None, f"{key} is missing"
-    try:
-        size = int(str(raw).strip())
-    except ValueError:
-        return None, f"{key}={raw!r} is not a positive integer"
-    if size < 1:
-        return None, f"{key}={raw!r} is not a positive integer"
-    return size, None
-
-
-def identify(pod: Mapping[str, Any], *, names: settings.Names) -> Gang | None:
+def identify(
+    pod: Mapping[str, Any], *, names: settings.Names, pod_groups: Mapping[str, PodGroup] | None = None
+) -> Gang | None:
+    """`pod_groups`: the native PodGroups known, by `namespace/name` (`Snapshot.pod_groups`)."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     labels: Mapping[str, str] = meta.get("labels") or {}
-    annotations: Mapping[str, str] = meta.get("annotations") or {}
+    notes: Mapping[str, str] = meta.get("annotations") or {}
     namespace = meta.get("namespace") or "default"
     scheduler = spec.get("schedulerName") or DEFAULT_SCHEDULER
     elsewhere = None if scheduler == DEFAULT_SCHEDULER else f"scheduler {scheduler} places the gang"
 
     def make(name: str, size_key: str | None, raw_size: str | None, convention: str,
              enforced: str | None = elsewhere) -> Gang:
-        size, problem = _size(raw_size, key=size_key) if size_key else (None, None)
-        return Gang(namespace, name, size, convention, enforced, problem)
+        size = label_values.count(raw_size, key=size_key) if size_key else label_values.Parsed(None)
+        return Gang(namespace, name, size.value, convention, enforced, size.problem)
 
-    ours = labels.get(names.gang_name) or annotations.get(names.gang_name)
+    group = (spec.get("schedulingGroup") or {}).get("podGroupName")
+    native = (pod_groups or {}).get(f"{namespace}/{group}") if group else None
+    if group and (native is None or native.min_count is not None):
+        why = (f"PodGroup {group} has a gang policy (minCount {native.min_count}) kube-scheduler enforces"
+               if native is not None else f"PodGroup {group} not known here; taken as a native gang")
+        return Gang(namespace, group, native.min_count if native else None, "kubernetes-podgroup", elsewhere or why)
+    ours = label_values.value(meta, names.gang_name)
     if ours:
-        raw = labels.get(names.gang_size) or annotations.get(names.gang_size)
-        return make(ours, names.gang_size, raw, "gpu-steward")
+        return make(ours, names.gang_size, label_values.value(meta, names.gang_size), "gpu-steward")
     kueue = labels.get(KUEUE_GROUP_LABEL)
     if kueue:
-        return make(kueue, KUEUE_COUNT_ANNOTATION, annotations.get(KUEUE_COUNT_ANNOTATION), "kueue")
+        return make(kueue, KUEUE_COUNT_ANNOTATION, notes.get(KUEUE_COUNT_ANNOTATION), "kueue")
     coscheduling = labels.get(COSCHEDULING_LABEL)
     if coscheduling:
         return make(coscheduling, None, None, "scheduler-plugins")
-    volcano = annotations.get(VOLCANO_ANNOTATION)
+    volcano = notes.get(VOLCANO_ANNOTATION)
     if volcano:
         return make(volcano, None, None, "volcano")
-    group = (spec.get("schedulingGroup") or {}).get("podGroupName")
-    if group:
-        # The native PodGroup's policy decides; the scheduler enforces its gang policy itself.
-        return make(group, None, None, "kubernetes-podgroup",
-                    enforced=elsewhere or "the native PodGroup's policy is enforced by kube-scheduler")
     return None
 
 

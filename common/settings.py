@@ -84,6 +84,11 @@ class Names(Model):
         return f"{self.prefix}decision"
 
     @property
+    def release(self) -> str:
+        """Annotation the release controller writes in the patch that places a single pod: where and why."""
+        return f"{self.prefix}release"
+
+    @property
     def nvlink_domains(self) -> str:
         return f"{self.prefix}nvlink-domains"
 
@@ -186,6 +191,17 @@ class TierRule(Model):
         return self
 
 
+class LabelClaim(Model):
+    """Where pods may raise their tier with the tier label: every criterion given must match the namespace."""
+
+    name: str = pydantic.Field(min_length=1, description="Shown in the decision record.")
+    tier: Tier = pydantic.Field(description="The highest tier a label may claim where this matches.")
+    namespaces: list[str] = pydantic.Field(default_factory=list, description="Empty: any namespace name.")
+    namespace_labels: dict[str, str] = pydantic.Field(
+        default_factory=dict, description="Labels the namespace must carry (all of them)."
+    )
+
+
 class Tiers(Model):
     critical: TierClass = TierClass(name="gpu-steward-critical", value=100_000)
     normal: TierClass = TierClass(name="gpu-steward-normal", value=10_000)
@@ -197,7 +213,15 @@ class Tiers(Model):
         "[{name, tier, namespace_labels, pod_labels, owner_kinds, namespaces}].",
     )
     override_explicit_class: bool = pydantic.Field(
-        default=False, description="Replace a priorityClassName the user set (default: keep it)."
+        default=False,
+        description="Replace a priorityClassName the user set (default: keep it). The cluster's globalDefault "
+        "class is never the user's choice: the API server writes it into pods that named none.",
+    )
+    label_claims: list[LabelClaim] = pydantic.Field(
+        default_factory=list,
+        description="Where the tier label may raise a pod above the tier the rules (or default) give: "
+        "[{name, tier, namespaces, namespace_labels}]; a claim of tier T also allows lower ones. A label may "
+        "always lower the tier. Empty (default): no pod can promote itself; a refused claim is a warning.",
     )
 
     def for_tier(self, tier: Tier) -> TierClass:
@@ -467,6 +491,18 @@ class LeaderElection(Model):
         default=None, description="This replica's holder identity in the Lease; unset: hostname + random suffix."
     )
 
+    @pydantic.model_validator(mode="after")
+    def _check_timing(self) -> LeaderElection:
+        # client-go's rules: a leader must give up before another replica may take over, and must get
+        # more than one try at renewing before it does.
+        if self.renew_deadline_seconds >= self.lease_duration_seconds:
+            raise ValueError(f"renew_deadline_seconds ({self.renew_deadline_seconds:g}) must be less than "
+                             f"lease_duration_seconds ({self.lease_duration_seconds:g})")
+        if self.retry_period_seconds * 1.2 >= self.renew_deadline_seconds:
+            raise ValueError(f"retry_period_seconds ({self.retry_period_seconds:g}) times 1.2 must be less than "
+                             f"renew_deadline_seconds ({self.renew_deadline_seconds:g})")
+        return self
+
 
 class Reclaim(Model):
     enabled: bool = pydantic.Field(default=True, description="Run the idle-GPU reclaim loop.")
@@ -574,6 +610,13 @@ class Descheduler(Model):
     leader_election: LeaderElection = LeaderElection()
     reclaim: Reclaim = Reclaim()
     gangs: Gangs = Gangs()
+    loop_restart_initial_seconds: Seconds = pydantic.Field(
+        default=1, description="Wait before restarting a loop (gang release, reclaim) an unexpected error ended; "
+        "doubles per failure in a row, jittered."
+    )
+    loop_restart_max_seconds: Seconds = pydantic.Field(
+        default=60, description="Longest wait before restarting a failed loop (seconds)."
+    )
 
 
 class Settings(pydantic_settings.BaseSettings):

@@ -1,6 +1,6 @@
 """An immutable picture of the cluster that every decision reads: GPU nodes, GPU pods, PriorityClasses,
-namespaces, and which GPU indices each pod holds. Pods that request no GPU are left out unless the gang
-controller needs them (`gangs.involved`: e.g. an MPI launcher counted in its gang's size): a gang is
+namespaces, native PodGroups, and which GPU indices each pod holds. Pods that request no GPU are left out
+unless the gang controller needs them (`gangs.involved`: e.g. an MPI launcher counted in its gang's size): a gang is
 complete, released and reclaimed with all of its members.
 
 `build()` is pure: the shell (`common.feeder`) gathers raw API objects and DCGM occupancy and calls it;
@@ -41,7 +41,8 @@ def pinned_node(raw: Mapping[str, Any]) -> str | None:
 
 def _held_on(raw: Mapping[str, Any]) -> str | None:
     """The node whose resources this pod holds: bound and not finished; else nominated by the scheduler;
-    else pinned by us and no longer gated (released, not yet bound). None: it holds nothing."""
+    else pinned by us and no longer gated (released, not yet bound) unless the scheduler found that node full.
+    None: it holds nothing."""
     spec, status = raw.get("spec") or {}, raw.get("status") or {}
     if status.get("phase") in TERMINAL_PHASES:
         return None
@@ -51,9 +52,16 @@ def _held_on(raw: Mapping[str, Any]) -> str | None:
         return None
     if status.get("nominatedNodeName"):
         return str(status["nominatedNodeName"])
-    if not spec.get("schedulingGates"):
+    if not spec.get("schedulingGates") and not _unschedulable(status):
+        # Pinned and released: it holds its node until the scheduler says the node cannot take it (another pod
+        # bound there first); from then on it holds nothing, and counting it would hide room that is free.
         return pinned_node(raw)
     return None
+
+
+def _unschedulable(status: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+               for c in status.get("conditions") or () if isinstance(c, Mapping))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +173,7 @@ class Snapshot:
     namespaces: Mapping[str, Mapping[str, str]]  # name -> labels
     taken_at: float | None  # when the shell last synced it (unix seconds); None: never
     occupancy_observed: bool = False
+    pod_groups: Mapping[str, gangs.PodGroup] = dataclasses.field(default_factory=dict)  # native, by ns/name
     problems: tuple[str, ...] = ()  # objects skipped while building, with why
     # Results derived from this snapshot alone, kept by their users for its lifetime (e.g. node
     # scores per pod size); never part of equality.
@@ -270,6 +279,7 @@ def build(
     names: settings.Names,
     taken_at: float | None,
     previous: Snapshot | None = None,
+    pod_groups: Iterable[Mapping[str, Any]] = (),
 ) -> Snapshot:
     """`previous`: the last snapshot built from the same stores; unchanged objects are reused."""
     problems: list[str] = []
@@ -356,6 +366,7 @@ def build(
         },
         taken_at=taken_at,
         occupancy_observed=occupancy is not None,
+        pod_groups={group.key: group for group in map(gangs.pod_group, pod_groups)},
         problems=tuple(problems),
         parsed=parsed,
     )
@@ -392,13 +403,15 @@ LIST_KINDS = ("List", "NodeList", "PodList", "PriorityClassList", "NamespaceList
 
 
 def from_list(document: Mapping[str, Any], *, names: settings.Names, taken_at: float | None) -> Snapshot:
-    """Build from a Kubernetes `List` (kubectl get ... -o json) of nodes, pods, priorityclasses, namespaces."""
+    """Build from a Kubernetes `List` (kubectl get ... -o json) of nodes, pods, priorityclasses, namespaces
+    (and podgroups, if listed)."""
     if document.get("kind") not in LIST_KINDS:
         raise ValueError(f"top-level kind is {document.get('kind')!r}; expected one of {', '.join(LIST_KINDS)}")
     items = document.get("items") or []
     if not isinstance(items, list):
         raise ValueError(f"items is a {type(items).__name__}; expected a list of objects")
-    buckets: dict[str, list[Mapping[str, Any]]] = {"Node": [], "Pod": [], "PriorityClass": [], "Namespace": []}
+    buckets: dict[str, list[Mapping[str, Any]]] = {
+        "Node": [], "Pod": [], "PriorityClass": [], "Namespace": [], "PodGroup": []}
     list_kind = str(document.get("kind"))
     for index, item in enumerate(items):
         if not isinstance(item, dict):
@@ -411,6 +424,7 @@ def from_list(document: Mapping[str, Any], *, names: settings.Names, taken_at: f
         pods=buckets["Pod"],
         priority_classes=buckets["PriorityClass"],
         namespaces=buckets["Namespace"],
+        pod_groups=buckets["PodGroup"],
         names=names,
         taken_at=taken_at,
     )

@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from common import gpu, settings
+from common import gpu, label_values, settings
 
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -71,13 +71,8 @@ def _parse_annotation(text: str) -> tuple[tuple[int, ...], ...]:
 
 
 def positive_int(value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        return None
-    return number if number > 0 else None
+    """A count label's value; None when absent or not a positive integer (`label_values.count`)."""
+    return label_values.count(value, key="").value
 
 
 def from_node(node: Mapping[str, Any], *, names: settings.Names) -> NodeTopology:

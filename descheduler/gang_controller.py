@@ -59,6 +59,10 @@ class Metrics:
         self.timeouts = prometheus_client.Counter(
             "gpu_steward_gang_timeouts", "Gangs found incomplete past the timeout.", registry=registry
         )
+        self.pass_seconds = prometheus_client.Histogram(
+            "gpu_steward_release_pass_seconds", "One release pass: planning, then every patch and Event (seconds).",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=registry,
+        )
         self.failures = prometheus_client.Counter(
             "gpu_steward_gang_release_failures", "Releases stopped by an API error (retried).", registry=registry
         )
@@ -117,9 +121,15 @@ class Controller:
             logger.warning("gangs: snapshot age %s exceeds the limit; planning nothing", age)
             return None
         self._forget_seen(cluster, now=now)
+        started = time.perf_counter()
         result = gang_release.plan(cluster, config=self._config, now=now,
                                    assumed={key: node for key, (node, _) in self._assumed.items()})
+        planned = time.perf_counter()
         await asyncio.gather(*(self._apply_safely(d, cluster, now=now) for d in result.decisions))
+        done = time.perf_counter()
+        self._metrics.pass_seconds.observe(done - started)
+        logger.debug("release pass: %d decisions planned in %.3fs, applied in %.3fs", len(result.decisions),
+                     planned - started, done - planned)
         self._count(result)
         live = {m.key for d in result.decisions for m in d.members}
         self._posted = {k: v for k, v in self._posted.items() if k in live}
@@ -165,23 +175,29 @@ class Controller:
             await _all(self._patch(key, patch, content_type=JSON_PATCH) for key, node in pins.items()
                        if (patch := gang_patch.tighten(cluster.pods[key].raw, nodes=[node])))
 
+        # A single pod's placement is recorded on the pod in the same patch (no Event call: it is on the hot path
+        # of every governed pod); a gang's release gets Events, one per member.
+        record = (self._config.names.release, decision.message) if decision.single else None
+
         async def one(key: str) -> None:
             pod = cluster.pods[key].raw
-            patch = (gang_patch.release(pod, gate=gate, node=pins.get(key)) if len(decision.ungate) == 1
-                     else gang_patch.ungate(pod, gate=gate))
+            patch = (gang_patch.release(pod, gate=gate, node=pins.get(key), record=record)
+                     if len(decision.ungate) == 1 else gang_patch.ungate(pod, gate=gate))
             if patch:
                 await self._patch(key, patch, content_type=JSON_PATCH)
                 self._assumed[key] = (pins.get(key, ""), now)
 
         await _all(one(key) for key in decision.ungate)
-        logger.info("gang %s: %s: %s", decision.gang, decision.action, decision.message)
+        logger.info("%s %s: %s: %s", "pod" if decision.single else "gang", decision.gang, decision.action,
+                    decision.message)
         self._metrics.releases.labels(_release_kind(decision)).inc()
         if decision.action is not gang_release.Action.RELEASE_ALONE:
             newest = max((cluster.pods[m.key].created for m in decision.members), default="")
             started = timestamps.epoch(newest)
             if started is not None:
                 self._metrics.wait_seconds.observe(max(0.0, now - started))
-        await self._tell(decision, only_changes=False)
+        if record is None or decision.event_type == "Warning":
+            await self._tell(decision, only_changes=False)
 
     async def _patch(self, key: str, body: object, *, content_type: str) -> None:
         async with self._calls:
@@ -200,6 +216,9 @@ class Controller:
                 continue
             if only_changes and self._posted.get(member.key) == said:
                 continue
+            if only_changes:  # a release is logged once per gang by _release
+                logger.info("%s %s: %s: %s", "pod" if decision.single else "gang", member.key, decision.event_reason,
+                            message)
             async with self._calls:
                 posted = await events.post(
                     self._api,

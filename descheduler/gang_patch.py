@@ -60,11 +60,23 @@ def _guarded(pod: Mapping[str, Any], patch: Patch) -> Patch:
     return [{"op": "test", "path": "/metadata/resourceVersion", "value": version}, *patch]
 
 
-def release(pod: Mapping[str, Any], *, gate: str, node: str | None) -> Patch:
-    """One patch: pin the pod to `node` (if given and not pinned there yet) and remove our gate; [] when there
-    is nothing to do. Guarded by the resourceVersion the plan read when it pins."""
+def release(pod: Mapping[str, Any], *, gate: str, node: str | None,
+            record: tuple[str, str] | None = None) -> Patch:
+    """One patch: pin the pod to `node` (if given and not pinned there yet), write `record` (annotation, value:
+    where and why, so that a single pod's placement needs no Event call) and remove our gate; [] when there is
+    nothing to do. Guarded by the resourceVersion the plan read when it pins."""
     pin = tighten(pod, nodes=[node]) if node else []
-    return [*pin, *ungate(pod, gate=gate)]
+    gates = ungate(pod, gate=gate)
+    if not gates:
+        return pin
+    if record is not None:
+        annotations = (pod.get("metadata") or {}).get("annotations")
+        key, value = record
+        pointer = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+        note = ({"op": "add", "path": pointer, "value": value} if annotations
+                else {"op": "add", "path": "/metadata/annotations", "value": {key: value}})
+        pin = [*pin, note]
+    return [*pin, *gates]
 
 
 def ungate(pod: Mapping[str, Any], *, gate: str) -> Patch:

@@ -30,7 +30,8 @@ Pure: a `Snapshot`, the settings and `now` in, decisions with their reasons out.
   behind it may start only on other nodes. Backfill on: they may use any free GPUs — better
   utilisation, but a large gang can starve behind a stream of small ones. A reservation is bounded:
   a gang that can never fit as the cluster stands reserves nothing, and none reserves for longer than
-  `descheduler.gangs.reservation_seconds`.
+  `descheduler.gangs.reservation_seconds`. A single pod (a gang of one) reserves nothing: as with the
+  stock scheduler, smaller pods may use what a larger one waits for.
 - No pod waits on us forever: a complete gang that cannot be placed within
   `descheduler.gangs.max_wait_seconds` (a gang of one; several members: `gang_max_wait_seconds`) is
   released unpinned with a Warning `ReleasedUnplaced`, so that kube-scheduler's preemption and cluster
@@ -236,7 +237,7 @@ def _group(
     for pod in sorted(cluster.pods.values(), key=lambda p: p.key):
         if not _present(pod):
             continue
-        gang = gangs.identify(pod.raw, names=names)
+        gang = gangs.identify(pod.raw, names=names, pod_groups=cluster.pod_groups)
         gated = gate in pod.scheduling_gates
         if gang is None:
             if gated and pod.request.any:
@@ -377,8 +378,9 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
             if not never:
                 demand.append(Demand(gang.key, gang.priority, gang.created, placing, tuple(sorted(reachable)),
                                      missing))
-        # A gang that can never fit would hold its nodes forever; none holds them past the reservation bound.
-        if not never and waited <= cfg.reservation_seconds:
+        # A gang that can never fit would hold its nodes forever; none holds them past the reservation bound. A single
+        # pod holds none: like the stock scheduler, smaller pods may use what a larger one waits for.
+        if not never and not gang.single and waited <= cfg.reservation_seconds:
             reserved |= reachable
             blockers.append(gang.key)
     return Plan(tuple(decisions) + tuple(idle), tuple(demand))

@@ -2,33 +2,39 @@
 
 Shared by the reclaim loop and the gang controller:
 
-    elector = leader.Elector(api, config=cfg)
+    elector = leader.Elector(api, config=cfg, registry=registry)
     await elector.run(work)   # `work()` runs only while this replica holds the Lease
 
-The rules follow client-go's leaderelection: a Lease is free when it has no holder or its holder
-has not renewed it within `leaseDurationSeconds`; the holder renews every `retry_period_seconds`
-and gives up (cancelling `work`) when it could not renew for `renew_deadline_seconds`. Writes use
-the Lease's resourceVersion, so of two replicas racing for a free Lease only one wins (409 for the
-other). On shutdown the holder releases the Lease (empty holder) so a successor need not wait.
-`may_acquire()` is the pure decision.
+The rules are client-go's leaderelection: the times written in a Lease are the holder's clock, never
+compared with ours. Each replica records, on its own clock, when it last saw the Lease record change
+(`Observed`); a Lease held by another is free once it has not changed for its `leaseDurationSeconds`
+since then. So clock skew between replicas cannot make two leaders. The holder renews every
+`retry_period_seconds` and steps down (cancelling `work`) when it could not renew for
+`renew_deadline_seconds` (< the lease duration, validated in settings: it stops before anyone may take
+over). Writes carry the Lease's resourceVersion, so of two replicas racing for a free Lease only one
+wins (409 for the other). On shutdown the holder releases the Lease (empty holder) so a successor need
+not wait. The gauge `gpu_steward_leader` is 1 while this process leads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import logging
 import secrets
 import socket
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
+import prometheus_client
 from kubernetes_asyncio import client
 
-from common import kube, settings, timestamps
+from common import kube, settings
 
 logger = logging.getLogger(__name__)
+RECORD_FIELDS = ("holderIdentity", "leaseDurationSeconds", "acquireTime", "renewTime", "leaseTransitions")
 
 
 class LostLeadership(Exception):
@@ -39,46 +45,79 @@ def micro_time(now: float) -> str:
     return datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def may_acquire(spec: Mapping[str, Any], *, identity: str, now: float) -> tuple[bool, str]:
-    """Whether `identity` may take or keep the Lease with this spec at `now`, and why."""
+@dataclasses.dataclass(frozen=True)
+class Observed:
+    """The Lease record as last seen, and when it was first seen so (our clock)."""
+
+    record: tuple[Any, ...]
+    since: float
+
+
+def observe(previous: Observed | None, spec: Mapping[str, Any], *, now: float) -> Observed:
+    record = tuple(spec.get(field) for field in RECORD_FIELDS)
+    return previous if previous is not None and previous.record == record else Observed(record, now)
+
+
+def may_acquire(spec: Mapping[str, Any], observed: Observed, *, identity: str, now: float) -> tuple[bool, str]:
+    """Whether `identity` may take or keep the Lease with this spec at `now` (our clock), and why."""
     holder = spec.get("holderIdentity") or ""
     if not holder:
         return True, "the Lease has no holder"
     if holder == identity:
         return True, "we hold the Lease"
-    renewed = timestamps.epoch(spec.get("renewTime")) or timestamps.epoch(spec.get("acquireTime"))
-    duration = float(spec.get("leaseDurationSeconds") or 0)
-    if renewed is None or renewed + duration < now:
-        return True, f"holder {holder} let the Lease expire"
-    return False, f"held by {holder} for {renewed + duration - now:.0f}s more"
+    duration = spec.get("leaseDurationSeconds")
+    duration = float(duration) if isinstance(duration, int | float) and not isinstance(duration, bool) else 0.0
+    left = observed.since + duration - now
+    if left <= 0:
+        return True, f"holder {holder} has not renewed the Lease for {now - observed.since:.0f}s"
+    return False, f"held by {holder} for {left:.0f}s more"
 
 
 class Elector:
     def __init__(
-        self, api: client.ApiClient, *, config: settings.Settings, clock: Callable[[], float] | None = None
+        self,
+        api: client.ApiClient,
+        *,
+        config: settings.Settings,
+        registry: prometheus_client.CollectorRegistry | None = None,
+        clock: Callable[[], float] | None = None,
+        wall: Callable[[], float] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        """`clock` measures intervals on this replica (monotonic by default); `wall` gives the times written
+        into the Lease (UTC unix seconds, for people and other tools to read); `sleep` waits."""
         self._api = api
         self._cfg = config.descheduler.leader_election
         self._timeout = min(config.kubernetes.request_timeout_seconds, self._cfg.renew_deadline_seconds)
         self.identity = self._cfg.identity or f"{socket.gethostname()}-{secrets.token_hex(4)}"
-        self._clock = clock or (lambda: datetime.datetime.now(datetime.UTC).timestamp())
+        self._clock = clock or asyncio.get_running_loop().time
+        self._wall: Callable[[], float] = wall or (lambda: datetime.datetime.now(datetime.UTC).timestamp())
+        self._sleep = sleep
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{self._cfg.lease_namespace}/leases"
+        self._observed: Observed | None = None
+        self.leading = prometheus_client.Gauge(
+            "gpu_steward_leader", "1 while this process holds the leader Lease and acts, else 0.",
+            registry=registry if registry is not None else prometheus_client.CollectorRegistry(),
+        )
 
     async def try_acquire(self) -> tuple[bool, str]:
         """One attempt to take or renew the Lease. Never raises for API errors: (False, why)."""
-        now = self._clock()
         try:
             lease = await self._read()
+            now = self._clock()
             spec = dict((lease or {}).get("spec") or {})
-            allowed, why = may_acquire(spec, identity=self.identity, now=now)
+            self._observed = observe(self._observed, spec, now=now)
+            allowed, why = may_acquire(spec, self._observed, identity=self.identity, now=now)
             if not allowed:
                 return False, why
+            written = self._wall()
             if spec.get("holderIdentity") != self.identity:
-                spec.update(acquireTime=micro_time(now),
+                spec.update(acquireTime=micro_time(written),
                             leaseTransitions=int(spec.get("leaseTransitions") or 0) + (1 if lease else 0))
-            spec.update(holderIdentity=self.identity, renewTime=micro_time(now),
+            spec.update(holderIdentity=self.identity, renewTime=micro_time(written),
                         leaseDurationSeconds=int(self._cfg.lease_duration_seconds))
             await self._write(lease, spec)
+            self._observed = observe(None, spec, now=now)
         except kube.ApiError as exc:
             return False, f"Lease {self._cfg.lease_name}: {exc}"
         except (OSError, TimeoutError) as exc:
@@ -91,7 +130,7 @@ class Elector:
             lease = await self._read()
             spec = dict((lease or {}).get("spec") or {})
             if lease is not None and spec.get("holderIdentity") == self.identity:
-                spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=micro_time(self._clock()))
+                spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=micro_time(self._wall()))
                 await self._write(lease, spec)
                 logger.info("released Lease %s", self._cfg.lease_name)
 
@@ -101,9 +140,10 @@ class Elector:
             acquired, why = await self.try_acquire()
             if not acquired:
                 logger.debug("not leader: %s", why)
-                await asyncio.sleep(self._cfg.retry_period_seconds)
+                await self._sleep(self._cfg.retry_period_seconds)
                 continue
             logger.info("leading as %s (%s)", self.identity, why)
+            self.leading.set(1)
             try:
                 async with asyncio.TaskGroup() as tg:
                     tg.create_task(self._renew(), name="leader:renew")
@@ -111,17 +151,23 @@ class Elector:
             except* LostLeadership as group:
                 logger.warning("%s", group.exceptions[0])
             finally:
+                self.leading.set(0)
                 await asyncio.shield(self.release())
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # A cancel (shutdown) that came while the TaskGroup handled LostLeadership is swallowed by it
+                # (Python 3.11): honour it here, or the process would go on electing after SIGTERM.
+                raise asyncio.CancelledError()
 
     async def _renew(self) -> None:
         last = self._clock()
         while True:
-            await asyncio.sleep(self._cfg.retry_period_seconds)
+            await self._sleep(self._cfg.retry_period_seconds)
             renewed, why = await self.try_acquire()
             if renewed:
                 last = self._clock()
-            elif self._clock() - last > self._cfg.renew_deadline_seconds:
-                raise LostLeadership(f"leadership lost: {why}")
+            elif self._clock() - last >= self._cfg.renew_deadline_seconds:
+                raise LostLeadership(f"stepping down, Lease not renewed for {self._clock() - last:.1f}s: {why}")
 
     async def _read(self) -> dict[str, Any] | None:
         try:

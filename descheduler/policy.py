@@ -19,7 +19,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
-from common import snapshot
+from common import label_values, snapshot
 
 PREFIX = "reclaim-idle-resource.scheduling.x-k8s.io/"
 MIN_PRIORITY = f"{PREFIX}minimum-preemptable-priority"
@@ -47,13 +47,10 @@ class _Bad(ValueError):
 
 
 def _integer(annotations: Mapping[str, str], key: str) -> int | None:
-    raw = annotations.get(key)
-    if raw is None:
-        return None
-    try:
-        return int(str(raw).strip())
-    except ValueError:
-        raise _Bad(f"{key}={raw!r} is not an integer") from None
+    parsed = label_values.integer(annotations.get(key), key=key)
+    if parsed.problem:
+        raise _Bad(parsed.problem)
+    return parsed.value
 
 
 def _first(annotations: Mapping[str, str], keys: tuple[str, ...]) -> str | None:

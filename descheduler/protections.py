@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from common import settings, snapshot, topology
+from common import label_values, settings, snapshot, topology
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 PREFER_NO_EVICTION = "descheduler.alpha.kubernetes.io/prefer-no-eviction"
@@ -24,7 +24,6 @@ SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 EVICT = "descheduler.alpha.kubernetes.io/evict"
 SYSTEM_CRITICAL = re.compile(r"^system-.*-critical$")
-FALSE_VALUES = frozenset({"false", "0", "no", "off"})
 
 Protection = Callable[[snapshot.Pod, "snapshot.Node | None", settings.Names], "str | None"]
 
@@ -52,8 +51,8 @@ def system_critical(pod: snapshot.Pod, node: snapshot.Node | None, names: settin
 
 def opted_out(pod: snapshot.Pod, node: snapshot.Node | None, names: settings.Names) -> str | None:
     for key in (names.skip, PREFER_NO_EVICTION):
-        value = pod.annotations.get(key, pod.labels.get(key))
-        if value is not None and value.strip().lower() not in FALSE_VALUES:
+        value = label_values.value({"labels": pod.labels, "annotations": pod.annotations}, key)
+        if label_values.flag(value, key=key).value:
             return f"opted out by {key}={value!r}"
     return None
 

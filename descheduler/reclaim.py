@@ -52,7 +52,6 @@ from descheduler import cooldowns, limits, policy, protections, unschedulable, u
 NEVER = "Never"
 MAX_REASONS = 3  # why a demand cannot be served: the first few nodes' reasons
 GANG = "gang:"  # prefix of gang keys, so that a gang never collides with a pod of the same name
-NATIVE_GANG = "kubernetes-podgroup"  # `gangs.identify`'s convention for `spec.schedulingGroup.podGroupName`
 SINGLE, ALL = "single", "all"  # a native PodGroup's `spec.disruptionMode` (scheduling.k8s.io/v1beta1)
 
 
@@ -397,7 +396,7 @@ def plan(
     their GPUs are that demand's while it is pending (as kube-scheduler nominates a preemptor): it fits
     there and takes nothing more. Terminating pods, and those evicted for no pending demand, free their
     GPUs for the first demand that fits. `pod_groups`: native PodGroups' `spec.disruptionMode` by
-    "namespace/name" (`single` or `all`); a PodGroup not in it is reclaimed as a whole."""
+    "namespace/name" (`single` or `all`); default: as the snapshot's PodGroups say (`disruption_modes`)."""
     reclaim = config.descheduler.reclaim
     leaving = leaving or {}
     if screened is None:
@@ -417,7 +416,8 @@ def plan(
             continue
         candidates[pod.key] = _Candidate(pod, found, assessment)
 
-    units = _units(cluster, candidates, spared, config=config, pod_groups=pod_groups or {})
+    modes = disruption_modes(cluster) if pod_groups is None else pod_groups
+    units = _units(cluster, candidates, spared, config=config, pod_groups=modes)
     for unit in units:
         for candidate in unit.candidates:
             spared[candidate.pod.key] = f"idle ({candidate.assessment.reason}) but no pending pod can use its GPUs"
@@ -482,9 +482,9 @@ def _units(
     singles: list[_Unit] = []
     gang_members: dict[str, list[snapshot.Pod]] = collections.defaultdict(list)
     for pod in sorted(cluster.pods.values(), key=lambda p: p.key):
-        gang = gangs.identify(pod.raw, names=config.names) if pod.bound else None
-        if gang is not None and not _disrupted_singly(gang, pod_groups):
-            gang_members[gang.key].append(pod)
+        gang = _reclaimed_with(pod, cluster=cluster, config=config, pod_groups=pod_groups) if pod.bound else None
+        if gang is not None:
+            gang_members[gang].append(pod)
         elif pod.key in candidates:
             singles.append(_Unit(pod.key, (candidates[pod.key],)))
     units = singles
@@ -513,10 +513,24 @@ def _blocks(
                                      conventions=config.descheduler.reclaim.conventions)
 
 
-def _disrupted_singly(gang: gangs.Gang, pod_groups: Mapping[str, str]) -> bool:
-    """A native PodGroup whose `disruptionMode` is `single`: its pods are evicted one by one. `all`, or a
-    PodGroup the snapshot does not know: as a whole (a gang is never split on a guess)."""
-    return gang.convention == NATIVE_GANG and pod_groups.get(gang.key) == SINGLE
+def disruption_modes(cluster: snapshot.Snapshot) -> dict[str, str]:
+    """The native PodGroups' `spec.disruptionMode` the snapshot knows, by "namespace/name"."""
+    return {key: group.disruption for key, group in cluster.pod_groups.items() if group.disruption}
+
+
+def _reclaimed_with(pod: snapshot.Pod, *, cluster: snapshot.Snapshot, config: settings.Settings,
+                    pod_groups: Mapping[str, str]) -> str | None:
+    """The gang the pod is reclaimed with (None: alone). A native PodGroup's `disruptionMode` decides first:
+    `all` keeps its pods together whatever its scheduling policy, `single` lets them go one by one; else
+    the gang conventions (`gangs.identify`: a PodGroup the snapshot does not know counts as a gang)."""
+    group = ((pod.raw.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
+    mode = pod_groups.get(f"{pod.namespace}/{group}") if group else None
+    if mode == ALL:
+        return f"{pod.namespace}/{group}"
+    if mode == SINGLE:
+        return None
+    gang = gangs.identify(pod.raw, names=config.names, pod_groups=cluster.pod_groups)
+    return gang.key if gang else None
 
 
 def _whole(unit: str) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from common import capacity, placement, settings, snapshot
+from common import capacity, fit, nvlink_score, placement, settings, snapshot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,23 +65,44 @@ def rooms(cluster: snapshot.Snapshot, *, assumed: Mapping[str, str] = {}) -> dic
 
 
 def candidates(pod: snapshot.Pod, cluster: snapshot.Snapshot) -> frozenset[str]:
-    """Nodes the pod could ever run on as they stand: the scheduler's filters and what they offer at all."""
+    """Nodes the pod could ever run on as they stand: the scheduler's filters and what they offer at all.
+    Pods alike in what the filters read and in their requests (a Job's pods) are answered once per snapshot."""
     spec = pod.raw.get("spec") or {}
-    return frozenset(name for name, node in cluster.nodes.items()
-                     if capacity.never(spec, pod.requests, node) is None)
+    shape = fit.key(spec)
+    key = ("release_place.candidates", shape, tuple(sorted(pod.requests.items())))
+    found: frozenset[str] | None = cluster.memo.get(key) if shape is not None else None
+    if found is None:
+        found = frozenset(name for name, node in cluster.nodes.items()
+                          if capacity.never(spec, pod.requests, node) is None)
+        if shape is not None:
+            cluster.memo[key] = found
+    return found
 
 
 _Rank = tuple[float, int, int, str]
 
 
-def _evaluate(pod: snapshot.Pod, room: capacity.Room, scoring: settings.Scoring,
+Scores = dict[tuple[object, ...], "nvlink_score.NodeScore | None"]
+
+
+def _score(room: capacity.Room, need: int, scoring: settings.Scoring, scores: Scores) -> nvlink_score.NodeScore | None:
+    """`capacity.score`, once per GPU state (the score reads only the sizes of the node's free and whole domains)."""
+    topo = room.node.topology
+    key = (need, tuple(map(len, room.domains)), room.free_gpus, room.node.gpu_count, topo.known,
+           tuple(map(len, topo.domains)))
+    if key not in scores:
+        scores[key] = capacity.score(room, need, scoring)
+    return scores[key]
+
+
+def _evaluate(pod: snapshot.Pod, room: capacity.Room, scoring: settings.Scoring, scores: Scores,
               ) -> tuple[_Rank, placement.Allocation, str] | str:
     """A gang of one on one node: its rank (lower is better), where its GPUs land and why; or why it does not fit."""
     choice = room.place(pod.requests, pod.request)
     if not isinstance(choice, placement.Allocation):
         return choice
     need, name = pod.request.full, room.node.name
-    score = capacity.score(room, need, scoring)
+    score = _score(room, need, scoring, scores)
     points = score.score if score is not None else 0.0
     domain_left = min((len(room.domains[d]) for d in choice.domains), default=0) - need
     left = f"{room.free_gpus - need} GPUs left free there"
@@ -92,8 +113,9 @@ def _evaluate(pod: snapshot.Pod, room: capacity.Room, scoring: settings.Scoring,
 def _one(pod: snapshot.Pod, names: frozenset[str], rooms: Rooms, scoring: settings.Scoring,
          ) -> tuple[_Rank, str, placement.Allocation, str] | None:
     best: tuple[_Rank, str, placement.Allocation, str] | None = None
+    scores: Scores = {}
     for name in sorted(names):
-        found = _evaluate(pod, rooms[name], scoring)
+        found = _evaluate(pod, rooms[name], scoring, scores)
         if not isinstance(found, str) and (best is None or found[0] < best[0]):
             best = (found[0], name, found[1], found[2])
     return best
@@ -108,7 +130,7 @@ def explain(pod: snapshot.Pod, cluster: snapshot.Snapshot, *, scoring: settings.
     refused: list[tuple[str, bool, str]] = []
     for name, room in sorted(rooms(cluster).items()):
         why_never = capacity.never(spec, pod.requests, room.node)
-        found = why_never if why_never else _evaluate(pod, room, scoring)
+        found = why_never if why_never else _evaluate(pod, room, scoring, {})
         if isinstance(found, str):
             refused.append((name, False, found))
         else:

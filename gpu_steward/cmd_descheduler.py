@@ -7,7 +7,9 @@
 server nothing can be evicted, so it always runs as a dry-run. `--once` runs one cycle and prints its
 plan (`--output json`: `{"evictions": [...], "spared": [...]}`); otherwise, while this replica holds
 the leader Lease, the gang controller releases complete gangs (on every pod change and every
-`descheduler.gangs.resync_seconds`) and reclaim cycles run every `descheduler.reclaim.interval_seconds`.
+`descheduler.gangs.resync_seconds`) and reclaim cycles run every `descheduler.reclaim.interval_seconds`;
+an unexpected error in one of the two loops is logged and counted, and that loop alone is restarted after a
+backoff (`descheduler.loop_restart_*`).
 
 `--metrics-port` serves `/metrics`, `/healthz` and `/readyz` (plain HTTP) from the same asyncio loop
 as the work (`descheduler.health`), from before the initial sync until the process stops.
@@ -25,13 +27,13 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import prometheus_client
 
 from common import buildinfo, httpserver, settings, source
-from descheduler import evictor, health, reclaim_loop
+from descheduler import evictor, health, reclaim_loop, supervisor
 from gpu_steward import cmdline
 
 if TYPE_CHECKING:
@@ -262,20 +264,28 @@ async def _work(
                                             registry=registry)
 
             gang_metrics = gang_controller.Metrics(registry)
+            failures = supervisor.Failures(registry)
 
             async def lead() -> None:
-                """Both loops, while this replica leads; cancelled together when leadership is lost."""
+                """Both loops, while this replica leads; cancelled together when leadership is lost. Each one
+                survives the other's unexpected errors (restarted with a backoff)."""
                 changes = live.subscribe()
+
+                def gangs() -> Coroutine[Any, Any, None]:
+                    return gang_controller.run(config=config, source=live, api=api, changes=changes,
+                                               metrics=gang_metrics)
+
                 try:
                     async with asyncio.TaskGroup() as loops:
-                        loops.create_task(gang_controller.run(config=config, source=live, api=api, changes=changes,
-                                                              metrics=gang_metrics), name="gangs")
+                        loops.create_task(supervisor.keep_running("gangs", gangs, failures=failures,
+                                                                  cfg=config.descheduler), name="gangs")
                         if config.descheduler.reclaim.enabled:
-                            loops.create_task(loop.run(), name="reclaim")
+                            loops.create_task(supervisor.keep_running("reclaim", loop.run, failures=failures,
+                                                                      cfg=config.descheduler), name="reclaim")
                 finally:
                     live.unsubscribe(changes)
 
-            elector = leader.Elector(api, config=config)
+            elector = leader.Elector(api, config=config, registry=registry)
             if not config.descheduler.leader_election.enabled:
                 if once:
                     return await loop.cycle()

@@ -232,14 +232,10 @@ def _gpu_steward(
             "gangs": {"resync_seconds": 2},
         },
     }
-    with localsteward.webhook(cluster, workdir, config=config) as config_file:
+    with localsteward.webhook(cluster, workdir, config=config, descheduler=True):
         say("   webhook registered with the API server (failurePolicy Ignore, timeout 3 s)")
-        descheduler = localsteward.process("descheduler", config_file, workdir=workdir).start()
-        say("   descheduler started (gang release + idle reclaim, leader election on a Lease)")
-        try:
-            yield
-        finally:
-            descheduler.stop()
+        say("   descheduler leading (placement at release, gang release, idle reclaim; leader election on a Lease)")
+        yield
 
 
 async def _serve_devices(cluster: localcluster.LocalCluster, config: settings.Settings, port: int,

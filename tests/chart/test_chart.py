@@ -21,7 +21,7 @@ NAMESPACE = "gpu-steward"
 RELEASE = "gs"
 PREFIX = f"{RELEASE}-gpu-steward"
 DEFAULTS = settings.Settings().model_dump(mode="json")
-KUBE_VERSIONS = ("1.30.0", "1.37.0")
+KUBE_VERSIONS = ("1.30.0", "1.37.0")  # the chart's floor (Chart.yaml kubeVersion) and the tested control plane
 # Kinds of CRDs (cert-manager, Prometheus Operator) that have no schema in kubernetes-validate.
 CRD_KINDS = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate"),
              ("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
@@ -490,15 +490,16 @@ SCENARIOS = [
 ]
 
 
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
 @pytest.mark.parametrize(("values", "check"), SCENARIOS)
-def test_render(values: dict[str, Any], check: Callable[[Objects], None]) -> None:
-    objects = helm.template(values, release=RELEASE, namespace=NAMESPACE)
+def test_render(values: dict[str, Any], check: Callable[[Objects], None], version: str) -> None:
+    """Rendered for, and validated against the schemas of, the oldest and newest Kubernetes we support."""
+    objects = helm.template(values, release=RELEASE, namespace=NAMESPACE, kube_version=version)
     check(objects)
     for obj in objects:
         if (obj["apiVersion"], obj["kind"]) in CRD_KINDS:
             continue  # no offline schema; their fields are asserted by the checks above
-        for version in KUBE_VERSIONS:
-            kubernetes_validate.validate(obj, version, strict=True)
+        kubernetes_validate.validate(obj, version, strict=True)
 
 
 def test_rendered_settings_load_in_the_program(tmp_path: pathlib.Path) -> None:
@@ -554,3 +555,10 @@ def test_bad_values_fail_the_render(values: dict[str, Any], message: str) -> Non
     with pytest.raises(helm.HelmError) as caught:
         helm.template(values)
     assert message in str(caught.value)
+
+
+def test_kubernetes_below_the_floor_is_refused() -> None:
+    """Chart.yaml's kubeVersion (>= 1.30: matchConditions GA) stops a render for an older cluster."""
+    with pytest.raises(helm.HelmError) as caught:
+        helm.template({}, release=RELEASE, namespace=NAMESPACE, kube_version="1.29.9")
+    assert "kubeVersion" in str(caught.value) or "incompatible" in str(caught.value), caught.value

@@ -31,6 +31,10 @@ GPU_CLUSTER = "4x8g2d, 2x2g1d"
 # Namespaces labelled with this are not sent to our webhook: tests of plain Kubernetes behaviour use them.
 BYPASS_LABEL = "e2e.gpu-steward.io/bypass-webhook"
 WEBHOOK_CONFIGURATION = "gpu-steward-e2e"
+# Namespaces labelled with this may claim the critical tier by pod label (the webhook's tiers.label_claims).
+CRITICAL_CLAIM_LABEL = "e2e.gpu-steward.io/may-claim-critical"
+NATIVE_GANGS = {"GenericWorkload": True}
+NATIVE_GANGS_API = {"scheduling.k8s.io/v1beta1": "true"}
 
 Kubectl = Callable[..., Any]
 
@@ -65,7 +69,10 @@ def _control_plane(pytestconfig: pytest.Config) -> Iterator[localcluster.LocalCl
     problem: str | None = None
     try:
         bin_dir = localcluster.ensure_binaries(progress=say)
-        cluster = localcluster.LocalCluster(bin_dir, progress=say).start()
+        # Native gang scheduling on (Kubernetes 1.37 beta, off by default): every test runs beside it, and
+        # test_native_gangs_e2e shows which pods it takes over from us.
+        cluster = localcluster.LocalCluster(bin_dir, progress=say, feature_gates=NATIVE_GANGS,
+                                            runtime_config=NATIVE_GANGS_API).start()
     except localcluster.HarnessError as exc:
         problem = str(exc)  # failed outside the handler: the message is the whole story
     if problem is not None:
@@ -207,6 +214,8 @@ def webhook(
                     "key_file": str(serving.key_file),
                 },
                 "kubernetes": {"kubeconfig": str(control_plane.kubeconfig)},
+                "tiers": {"label_claims": [
+                    {"name": "e2e", "tier": "critical", "namespace_labels": {CRITICAL_CLAIM_LABEL: "true"}}]},
             }
         )
     )

@@ -54,7 +54,6 @@ def required_terms(pod: dict[str, Any]) -> list[dict[str, Any]]:
     ("gpus", "labels", "tier"),
     [
         pytest.param(2, {}, settings.Tier.NORMAL, id="default-tier-normal"),
-        pytest.param(1, {NAMES.tier: "critical"}, settings.Tier.CRITICAL, id="label-critical"),
         pytest.param(4, {NAMES.tier: "scavenger"}, settings.Tier.SCAVENGER, id="label-scavenger-never-preempts"),
     ],
 )

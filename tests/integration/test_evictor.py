@@ -299,14 +299,14 @@ async def test_lease_leader_election(fake: tuple[FakeApi, client.ApiClient]) -> 
     api, api_client = fake
     clock = {"now": NOW}
     cfg = settings.load(overrides={"descheduler": {"leader_election": {"lease_namespace": "gs"}}})
-    first = leader.Elector(api_client, config=cfg, clock=lambda: clock["now"])
-    second = leader.Elector(api_client, config=cfg, clock=lambda: clock["now"])
+    first = leader.Elector(api_client, config=cfg, clock=lambda: clock["now"], wall=lambda: clock["now"])
+    second = leader.Elector(api_client, config=cfg, clock=lambda: clock["now"], wall=lambda: clock["now"])
     assert await first.try_acquire() == (True, "the Lease has no holder")
     held, why = await second.try_acquire()
     assert (held, why) == (False, f"held by {first.identity} for 15s more")
     assert (await first.try_acquire())[0]  # renew
     clock["now"] += 16  # the holder stopped renewing
-    assert await second.try_acquire() == (True, f"holder {first.identity} let the Lease expire")
+    assert await second.try_acquire() == (True, f"holder {first.identity} has not renewed the Lease for 16s")
     lease = api.leases["gpu-steward-descheduler"]["spec"]
     assert (lease["holderIdentity"], lease["leaseTransitions"]) == (second.identity, 1)
     await second.release()

@@ -317,7 +317,7 @@ async def test_synced_only_after_every_kind_is_listed(fake_api: FakeApi, api_cli
 async def test_410_gone_event_relists(fake_api: FakeApi, running: Running) -> None:
     seed(fake_api)
     await running.until(lambda: running.feeder.synced, "synced")
-    await running.until(lambda: fake_api.open_watches() == 4, "watching")
+    await running.until(lambda: fake_api.open_watches() == len(feeder.KINDS), "watching")
     # A change the watch missed (compacted away); only a relist can see it.
     fake_api.put(
         "pods", builders.pod("missed", namespace="team-a", gpus=1, node="gpu-2", phase="Running"), broadcast=False
@@ -331,7 +331,7 @@ async def test_410_gone_event_relists(fake_api: FakeApi, running: Running) -> No
 
 async def test_http_410_on_watch_relists(fake_api: FakeApi, running: Running) -> None:
     seed(fake_api)
-    await running.until(lambda: fake_api.open_watches() == 4, "watching")
+    await running.until(lambda: fake_api.open_watches() == len(feeder.KINDS), "watching")
     fake_api.fail[PATHS["nodes"]] = [410]
     fake_api.send("nodes", None)  # the server ends the watch; the re-watch gets HTTP 410
     await running.until(lambda: fake_api.lists("nodes") == 2, "relisted after HTTP 410")
@@ -340,7 +340,7 @@ async def test_http_410_on_watch_relists(fake_api: FakeApi, running: Running) ->
 
 async def test_watch_end_resumes_from_last_resource_version(fake_api: FakeApi, running: Running) -> None:
     seed(fake_api)
-    await running.until(lambda: fake_api.open_watches() == 4, "watching")
+    await running.until(lambda: fake_api.open_watches() == len(feeder.KINDS), "watching")
     fake_api.put("namespaces", builders.namespace("team-c"))
     await running.until(lambda: "team-c" in running.feeder.snapshot.namespaces, "event seen")
     fake_api.send("namespaces", None)
@@ -357,7 +357,7 @@ async def test_errors_back_off_and_recover(fake_api: FakeApi, running: Running) 
     await running.until(lambda: running.feeder.synced, "synced despite two failed lists")
     assert running.metric("gpu_steward_feeder_errors_total", source="pods") == 2
 
-    await running.until(lambda: fake_api.open_watches() == 4, "watching")
+    await running.until(lambda: fake_api.open_watches() == len(feeder.KINDS), "watching")
     await fake_api.stop()  # connection errors from here on
     await running.until(lambda: running.metric("gpu_steward_feeder_errors_total", source="nodes") >= 2, "retrying")
     running.clock.now = 2_000.0
@@ -372,7 +372,7 @@ async def test_errors_back_off_and_recover(fake_api: FakeApi, running: Running) 
 
 async def test_error_event_other_than_410_backs_off_and_rewatches(fake_api: FakeApi, running: Running) -> None:
     seed(fake_api)
-    await running.until(lambda: fake_api.open_watches() == 4, "watching")
+    await running.until(lambda: fake_api.open_watches() == len(feeder.KINDS), "watching")
     fake_api.send("priorityclasses", {"type": "ERROR", "object": {"kind": "Status", "code": 500, "message": "etcd"}})
     await running.until(
         lambda: running.metric("gpu_steward_feeder_errors_total", source="priorityclasses") == 1, "error"
@@ -385,7 +385,7 @@ async def test_cancellation_exits_cleanly(fake_api: FakeApi, api_client: client.
     seed(fake_api)
     fed = feeder.Feeder(config=CONFIG, api=api_client, prometheus=None)
     task = asyncio.create_task(fed.run())
-    await eventually(lambda: fake_api.open_watches() == 4, "watching")
+    await eventually(lambda: fake_api.open_watches() == len(feeder.KINDS), "watching")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -441,7 +441,7 @@ async def test_controller_lease_is_seen_renewed_when_a_change_is_observed_on_our
 
 async def test_the_lease_is_not_watched_unless_asked(fake_api: FakeApi, running: Running) -> None:
     seed(fake_api)
-    await running.until(lambda: fake_api.open_watches() == 4, "watching the four kinds")
+    await running.until(lambda: fake_api.open_watches() == len(feeder.KINDS), "watching every kind")
     assert fake_api.lists("leases") == 0 and running.feeder.controller_seen_at is None
 
 
@@ -496,3 +496,30 @@ async def test_occupancy_from_dcgm_and_outage(
         await running.until(lambda: "team-z" in fed.snapshot.namespaces, "rebuilt")
         assert fed.snapshot.pods["team-a/train-0"].gpu_indices == (6,)
         task.cancel()
+
+
+def _pod_group(name: str, policy: Obj) -> Obj:
+    return {"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": "team-a"}, "spec": {"schedulingPolicy": policy}}
+
+
+@pytest.mark.parametrize("status", [pytest.param(404, id="api-not-served"), pytest.param(403, id="not-granted")])
+async def test_pod_groups_are_optional_and_picked_up_once_served(
+    fake_api: FakeApi, running: Running, status: int
+) -> None:
+    """Before Kubernetes 1.37 (or without GenericWorkload, or without RBAC for it) the PodGroup list fails:
+    the snapshot syncs without PodGroups, and reads them once the API answers."""
+    seed(fake_api)
+    fake_api.put("podgroups", _pod_group("gang", {"gang": {"minCount": 2}}))
+    fake_api.put("podgroups", _pod_group("basic", {"basic": {}}))
+    fake_api.fail[PATHS["podgroups"]] = [status] * 3
+    await running.until(lambda: running.feeder.synced, "synced without PodGroups")
+    assert running.feeder.snapshot.pod_groups == {}
+    # Fresh at once: an absent API must not leave the snapshot "never synced" (no release, no preferred terms).
+    assert running.feeder.snapshot.taken_at is not None
+    assert running.metric("gpu_steward_feeder_errors_total", source="podgroups") == 0  # absence is no error
+    await running.until(lambda: len(running.feeder.snapshot.pod_groups) == 2, "PodGroups read once served")
+    assert {k: g.min_count for k, g in running.feeder.snapshot.pod_groups.items()} == {
+        "team-a/gang": 2, "team-a/basic": None}
+    fake_api.delete("podgroups", _pod_group("gang", {}))
+    await running.until(lambda: list(running.feeder.snapshot.pod_groups) == ["team-a/basic"], "watched deletion")

@@ -511,8 +511,12 @@ async def test_single_pods_are_pinned_and_released_in_one_patch_never_twice_whil
     assert len(server.patches) == 16, "no pod released twice"
     per_node = collections.Counter(snapshot.pinned_node(p) for p in released)
     assert per_node == {"gpu-0": 8, "gpu-1": 8}
-    assert server.reasons("solo-00") == [gang_release.RELEASED]
-    assert all(e["message"].startswith("placed on gpu-") for e in server.events if e["reason"] == "GangReleased")
+    assert {e["reason"] for e in server.events} == {gang_release.WAITING}, (
+        "a single pod's placement is recorded on the pod, in the same patch; only the 4 that wait get Events")
+    assert len(server.events) == 4
+    for pod in released:
+        record = pod["metadata"]["annotations"][NAMES.release]
+        assert record.startswith(f"placed on {snapshot.pinned_node(pod)}: NVLink score ")
 
 
 async def test_single_pod_that_cannot_be_placed_is_released_unpinned_after_its_max_wait(

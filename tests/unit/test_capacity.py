@@ -142,6 +142,9 @@ NODE = builders.gpu_node("n", gpus=8, domains=EIGHT)
                      id="released-pinned-not-bound-holds"),
         pytest.param([builders.pod("gated", gpus=2, mutate=pinned("n", gated=True))], 0, 0, 0, (),
                      id="pinned-but-still-gated-holds-nothing"),
+        pytest.param([builders.pod("lost", gpus=2, mutate=both(pinned("n"), status(conditions=[
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}])))], 0, 0, 0, (),
+                     id="pinned-but-its-node-went-to-another-pod-holds-nothing"),
         pytest.param([builders.pod("pre", gpus=2, mutate=both(status(nominatedNodeName="n"), deleting))], 0, 0, 0,
                      (), id="deleted-before-binding-holds-nothing"),
         pytest.param([builders.pod("web", node="n", phase="Running", mutate=with_requests(cpu="60"))], 0, 60_000, 1,

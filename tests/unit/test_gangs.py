@@ -29,7 +29,7 @@ def _spec(**fields: Any) -> builders.Mutator:
                      gangs.Gang("ml", "llama", 4, "gpu-steward", None), id="ours-labels"),
         pytest.param(builders.pod("p", namespace="ml", annotations={NAME: "llama", SIZE: "4"}),
                      gangs.Gang("ml", "llama", 4, "gpu-steward", None), id="ours-annotations"),
-        pytest.param(builders.pod("p", labels={NAME: "llama"}, annotations={SIZE: " 8 "}),
+        pytest.param(builders.pod("p", labels={NAME: "llama"}, annotations={SIZE: "8"}),
                      gangs.Gang("default", "llama", 8, "gpu-steward", None), id="ours-name-label-size-annotation"),
         pytest.param(builders.pod("p", labels={NAME: "llama", SIZE: "4", "kueue.x-k8s.io/pod-group-name": "k"},
                                   annotations={"kueue.x-k8s.io/pod-group-total-count": "2"}),
@@ -52,8 +52,8 @@ def _spec(**fields: Any) -> builders.Mutator:
                      id="volcano-scheduler"),
         pytest.param(builders.pod("p", mutate=_spec(schedulingGroup={"podGroupName": "native"})),
                      gangs.Gang("default", "native", None, "kubernetes-podgroup",
-                                "the native PodGroup's policy is enforced by kube-scheduler"),
-                     id="native-scheduling-group"),
+                                "PodGroup native not known here; taken as a native gang"),
+                     id="native-scheduling-group-unknown-policy"),
         pytest.param(builders.pod("p", mutate=_spec(schedulingGroup={"podGroupName": "native"},
                                                     schedulerName="custom")),
                      gangs.Gang("default", "native", None, "kubernetes-podgroup", "scheduler custom places the gang"),
@@ -73,6 +73,43 @@ def test_identify(pod: dict[str, Any], expected: gangs.Gang | None) -> None:
     assert gangs.identify(pod, names=NAMES) == expected
 
 
+def _pod_group(name: str, policy: dict[str, Any], namespace: str = "ml") -> dict[str, Any]:
+    return {"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": namespace}, "spec": {"schedulingPolicy": policy}}
+
+
+POD_GROUPS = {g.key: g for g in map(gangs.pod_group, [
+    _pod_group("gang-pg", {"gang": {"minCount": 4}}),
+    _pod_group("basic-pg", {"basic": {}}),
+    _pod_group("elsewhere", {"gang": {"minCount": 2}}, namespace="other"),
+])}
+
+
+@pytest.mark.parametrize(
+    ("group", "labels", "expected"),
+    [
+        pytest.param("gang-pg", {}, gangs.Gang("ml", "gang-pg", 4, "kubernetes-podgroup",
+                                               "PodGroup gang-pg has a gang policy (minCount 4) kube-scheduler "
+                                               "enforces"), id="gang-policy"),
+        pytest.param("gang-pg", {NAME: "ours", SIZE: "4"},
+                     gangs.Gang("ml", "gang-pg", 4, "kubernetes-podgroup",
+                                "PodGroup gang-pg has a gang policy (minCount 4) kube-scheduler enforces"),
+                     id="gang-policy-wins-over-our-labels"),
+        pytest.param("basic-pg", {}, None, id="basic-policy-is-no-gang"),
+        pytest.param("basic-pg", {NAME: "ours", SIZE: "2"}, gangs.Gang("ml", "ours", 2, "gpu-steward", None),
+                     id="basic-policy-with-our-labels-is-ours"),
+        pytest.param("elsewhere", {}, gangs.Gang("ml", "elsewhere", None, "kubernetes-podgroup",
+                                                 "PodGroup elsewhere not known here; taken as a native gang"),
+                     id="same-name-other-namespace-is-unknown"),
+    ],
+)
+def test_identify_native_pod_group(group: str, labels: dict[str, str], expected: gangs.Gang | None) -> None:
+    """Kubernetes 1.37 PodGroups: only a gang policy is a gang kube-scheduler holds together (old code: every
+    podGroupName was "enforced by kube-scheduler", so a basic PodGroup's pods lost our gangs and gates)."""
+    pod = builders.pod("p", namespace="ml", labels=labels, mutate=_spec(schedulingGroup={"podGroupName": group}))
+    assert gangs.identify(pod, names=NAMES, pod_groups=POD_GROUPS) == expected
+
+
 @pytest.mark.parametrize(
     ("labels", "annotations", "problem"),
     [
@@ -81,6 +118,9 @@ def test_identify(pod: dict[str, Any], expected: gangs.Gang | None) -> None:
         pytest.param({NAME: "g", SIZE: "-2"}, {}, f"{SIZE}='-2' is not a positive integer", id="ours-negative"),
         pytest.param({NAME: "g", SIZE: "four"}, {}, f"{SIZE}='four' is not a positive integer", id="ours-word"),
         pytest.param({NAME: "g", SIZE: "2.5"}, {}, f"{SIZE}='2.5' is not a positive integer", id="ours-fraction"),
+        pytest.param({NAME: "g", SIZE: "1_000"}, {}, f"{SIZE}='1_000' is not a positive integer",
+                     id="ours-underscore"),
+        pytest.param({NAME: "g", SIZE: " 4"}, {}, f"{SIZE}=' 4' is not a positive integer", id="ours-blank"),
         pytest.param({"kueue.x-k8s.io/pod-group-name": "g"}, {},
                      "kueue.x-k8s.io/pod-group-total-count is missing", id="kueue-missing"),
         pytest.param({"kueue.x-k8s.io/pod-group-name": "g"}, {"kueue.x-k8s.io/pod-group-total-count": "x"},

@@ -127,7 +127,7 @@ def test_left_alone(pod, operation, reason):
     assert result == pod
 
 
-@pytest.mark.parametrize("value", ["false", "0", ""])
+@pytest.mark.parametrize("value", ["false", "0", "off", "No"])
 def test_skip_set_to_false_is_no_opt_out(value):
     outcome, _ = admit(builders.pod("p", gpus=1, labels={"gpu-steward.io/skip": value}))
     assert outcome.skipped is None and "decision" in outcome.changes
@@ -143,20 +143,22 @@ def test_unreadable_gpu_quantity_is_left_alone_with_a_warning():
 
 
 def test_object_that_is_not_a_pod_is_left_alone():
-    outcome = mutation.decide(operation="CREATE", namespace="x", pod={"metadata": {}}, cluster=CLUSTER,
-                              config=CONFIG, now=NOW)
-    assert outcome.patch == [] and outcome.skipped == "request object is not a pod with a spec"
+    for pod in ({"metadata": {}}, {"spec": {}}, {"metadata": [], "spec": {}}, {"metadata": "x", "spec": {}}):
+        outcome = mutation.decide(operation="CREATE", namespace="x", pod=pod, cluster=CLUSTER, config=CONFIG,
+                                  now=NOW)
+        assert outcome.patch == [] and outcome.skipped == "request object is not a pod with metadata and a spec"
 
 
 @pytest.mark.parametrize(
     ("pod", "config", "tier", "class_name", "reason", "warning"),
     [
-        pytest.param(builders.pod("p", gpus=1, labels={"gpu-steward.io/tier": "critical"}), CONFIG,
-                     "critical", "gpu-steward-critical", "label gpu-steward.io/tier=critical", None, id="label"),
+        pytest.param(builders.pod("p", gpus=1, labels={"gpu-steward.io/tier": "scavenger"}), CONFIG,
+                     "scavenger", "gpu-steward-scavenger",
+                     "label gpu-steward.io/tier=scavenger (not above the operator's tier)", None, id="label-lowers"),
         pytest.param(builders.pod("p", gpus=1, labels={"gpu-steward.io/tier": "gold"}), CONFIG,
                      "normal", "gpu-steward-normal", "default tier",
-                     "gpu-steward: label gpu-steward.io/tier='gold' is not one of critical, normal, scavenger; ignored",
-                     id="unknown-label-value"),
+                     "gpu-steward: label gpu-steward.io/tier='gold' is not one of critical, normal, scavenger; "
+                     "using normal", id="unknown-label-value"),
         pytest.param(builders.pod("p", gpus=1, namespace="ml"),
                      settings.Settings(tiers=settings.Tiers(rules=[settings.TierRule(
                          name="research-batch", tier=settings.Tier.SCAVENGER,

@@ -120,9 +120,12 @@ def run(
     demands: Callable[[snapshot.Snapshot], list[reclaim.Demand]] | None = None,
     leaving: Mapping[str, str | None] | None = None,
     pod_groups: Mapping[str, str] | None = None,
+    groups: Sequence[Raw] = (),
 ) -> reclaim.Plan:
+    """`groups`: native PodGroup objects in the snapshot; `pod_groups`: disruption modes given to the planner."""
     config = settings.load(overrides=overrides or {})
-    cluster = snapshot.build(nodes=nodes, pods=pods, priority_classes=CLASSES, names=config.names, taken_at=NOW)
+    cluster = snapshot.build(nodes=nodes, pods=pods, priority_classes=CLASSES, names=config.names, taken_at=NOW,
+                             pod_groups=groups)
     policies = policy.parse_all(cluster.priority_classes, default_threshold_percent=5.0)
     wanted = demands(cluster) if demands else reclaim.demands_from_snapshot(cluster)
     return reclaim.plan(cluster=cluster, policies=policies, assessments=assessments, demands=wanted,

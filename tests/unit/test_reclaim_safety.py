@@ -247,6 +247,35 @@ def test_native_podgroup_disruption_mode(
     assert reason in reason_of(plan, "team-a/p-0")
 
 
+def podgroup(name: str = "pg", *, disruption: str | None, gang: bool = False) -> Raw:
+    """A native scheduling.k8s.io/v1beta1 PodGroup (field names as in k8s.io/api v0.37.2)."""
+    spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": 2}} if gang else {"basic": {}}}
+    if disruption:
+        spec["disruptionMode"] = {disruption: {}}
+    return {"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": "team-a"}, "spec": spec}
+
+
+@pytest.mark.parametrize(
+    ("group", "evicted", "reason"),
+    [
+        pytest.param(podgroup(disruption="all"), set(), "gang team-a/pg is reclaimed only as a whole",
+                     id="basic-policy-disruption-all-is-one-unit"),
+        pytest.param(podgroup(disruption=None), {"team-a/p-0"}, "reclaimed for team-b/want",
+                     id="basic-policy-unset-mode-is-single-as-the-api-defaults"),
+        pytest.param(podgroup(disruption="single", gang=True), {"team-a/p-0"}, "reclaimed for team-b/want",
+                     id="gang-policy-disruption-single-pods-go-alone"),
+        pytest.param(podgroup(disruption=None, gang=True), set(), "is reclaimed only as a whole",
+                     id="gang-policy-unset-mode-stays-whole"),
+    ],
+)
+def test_podgroup_disruption_mode_read_from_the_snapshot(group: Raw, evicted: set[str], reason: str) -> None:
+    pods = [member("p-0", node="n1"), member("p-1", node="n2"), pending("want")]
+    plan = run(TWO, pods, {**idle("team-a/p-0"), **busy("team-a/p-1")}, groups=[group])
+    assert {e.pod for e in plan.evictions} == evicted
+    assert reason in reason_of(plan, "team-a/p-0")
+
+
 def gang_of_four(size: int = 4) -> list[Raw]:
     labels = {**gang("big"), "gpu-steward.io/gang-size": str(size)}
     return [running(f"big-{i}", node="n1", labels=labels) for i in range(size)]
