@@ -53,6 +53,7 @@ SCRIPT = pathlib.Path(__file__).resolve()
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "reclaim_cycle.json"
 PREFIX = policy.PREFIX
 NOW = 1_800_000_000.0
+SCRAPE_SECONDS = 60.0  # the stand-in's DCGM scrape interval
 STARTED = "2027-01-13T00:00:00Z"  # two days before NOW: past every toleration and window
 GOALS = {"cycle_seconds": 2.0, "peak_rss_mb": 300.0}
 SCALE = ((1000, 10000), (2000, 20000), (3000, 30000), (5000, 50000))
@@ -79,7 +80,7 @@ PENDING = ((1, None, 10000), (2, None, 10000), (0, "1g.10gb", 4000), (4, None, 1
 def _node(name: str, allocatable: dict[str, str], annotations: dict[str, str]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}, "annotations": annotations},
-            "spec": {}, "status": {"allocatable": {"cpu": "64", "memory": "512Gi", **allocatable},
+            "spec": {}, "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110", **allocatable},
                                    "conditions": [{"type": "Ready", "status": "True"}]}}
 
 
@@ -121,8 +122,9 @@ def synthetic_cluster(*, nodes: int, pods: int, pending: int) -> dict[str, list[
             if i % 400 < 4 else {}
         body = _pod(f"p-{i:06d}", namespace=f"team-{i % 50}", limits=limits, node=node,
                     priority=CLASSES[class_name][0], class_name=class_name, created=STARTED, labels=labels)
-        if i % 2:
-            body["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": f"rs-{i // 10}", "controller": True}]
+        # Half in ReplicaSets of ten, half Jobs of their own (bare pods are never evicted by default).
+        owner = ("ReplicaSet", f"rs-{i // 10}") if i % 2 else ("Job", f"job-{i}")
+        body["metadata"]["ownerReferences"] = [{"kind": owner[0], "name": owner[1], "controller": True}]
         running.append(body)
     waiting = []
     for i in range(pending):
@@ -145,9 +147,10 @@ def synthetic_cluster(*, nodes: int, pods: int, pending: int) -> dict[str, list[
 
 
 class FakePrometheus:
-    """Answers like Prometheus would the reclaim query: 5 statistics per pod and kind of device, for every
+    """Answers like Prometheus would the reclaim query: 7 statistics per pod and kind of device, for every
     pod with DCGM series (the query cannot filter by pod), or `util` alone for a pod at or above the
-    query's `below_percent` when it has one; sample counts follow the queried window."""
+    query's `below_percent` when it has one; sample counts follow the queried window, and a few pods
+    have a gap of half of it (not idle for want of coverage)."""
 
     def __init__(self, pods: Sequence[dict[str, Any]], *, interval_seconds: float) -> None:
         self.queries = 0
@@ -172,8 +175,11 @@ class FakePrometheus:
             kind = "gpu" if "nvidia.com/gpu" in limits else "mig"
             devices = float(sum(int(v) for v in limits.values()))
             util = 1.0 + i % 4 if i % 3 == 0 else 20.0 + i % 70  # a third idle
-            samples = window / self._interval * (0.5 if i % 37 == 0 else 1.0)  # a few with gaps
-            stats = {"util": util, "samples": samples, "series": devices, "valid": devices, "last": NOW - 20}
+            gappy = i % 37 == 0
+            samples = window / self._interval * (0.5 if gappy else 1.0)
+            gap = window / 2 / (window / samples) if gappy else 1.0  # in observed scrape intervals
+            stats = {"util": util, "samples": samples, "devices": devices, "valid": devices, "last": NOW - 20,
+                     "lag": -0.5, "gap": gap}
             if below is not None and util >= below:
                 stats = {"util": util}
             for stat, value in stats.items():
@@ -217,7 +223,7 @@ def run_size(*, nodes: int, pods: int, pending: int, cycles: int, freeze: bool =
     rss_built = _rss_mb()
     if freeze:
         gc.freeze()  # what a long-running process may do once synced: the collector skips these objects
-    prometheus = FakePrometheus(raw["pods"], interval_seconds=settings.Reclaim().sample_interval_seconds)
+    prometheus = FakePrometheus(raw["pods"], interval_seconds=SCRAPE_SECONDS)
     scenarios = {}
     for scenario, reclaim_settings in SCENARIOS.items():
         config = settings.load(overrides={"descheduler": {"reclaim": {"dry_run": True, **reclaim_settings}}})

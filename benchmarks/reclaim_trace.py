@@ -8,14 +8,15 @@ series (labels pod, namespace, Hostname, gpu) into a real Prometheus (promtool b
 is replayed cycle by cycle, each cycle querying Prometheus at that cycle's trace time (`time=`).
 
 Replay model (the trace records neither placement nor owners, so this is chosen and stated):
-- each trace pod holds one GPU on its own 1-GPU node, is a bare pod (no workload cooldown), lives
-  from its first to its last sample and is scheduled at its first sample;
+- each trace pod holds one GPU on its own 1-GPU node, is owned by a Deployment of its own (no shared
+  workload cooldown; a bare pod would never be evicted), lives from its first to its last sample and is
+  scheduled at its first sample;
 - demand is always present: a standing queue of (per-cycle limit + 1) pending 1-GPU pods at priority
   100,000 (on-demand mode), so every GPU a policy frees is taken; an evicted pod is gone for the rest
   of the replay and its node holds the preemptor from then on;
 - gpu-steward rows run the real `ReclaimLoop.cycle()` (screening, one PromQL query per window, the
   fail-closed assessment, the planner, limits and cooldowns, the dry-run evictor) with the default
-  settings except `sample_interval_seconds` = the trace's cadence; baselines read the same Prometheus:
+  settings (coverage is judged by time, on the cadence the data shows); baselines read the same Prometheus:
   * ReclaimIdleResource plugin semantics: `scalar(avg_over_time(util[window]))` per pod, NaN (no
     samples) read as 0, so missing data is idle; exempt while scheduled < max(toleration, window) ago;
     evicted when the average is <= the threshold;
@@ -39,7 +40,7 @@ Scoring (pure functions below; one yardstick for every policy, whatever its own 
   and screening allows it. The share is reclaimed-within-reclaimable / reclaimable: <= 100 %.
   Idle time reclaimed outside it (early, on an average that hid a burst) counts in the absolute hours;
 - decided on missing data: at the eviction, the policy's window held fewer samples than
-  `min_coverage` of what the cadence puts in it, or its newest sample was older than
+  `MIN_COVERAGE` (90 %) of what the cadence puts in it, or its newest sample was older than
   `max_sample_age_seconds` (instant decisions: only the latter).
 Goals for the chart's default tiers: >= 80 % of reclaimable idle GPU-hours, <= 5 % of evictions
 regretted, no eviction on missing data. Printed, never asserted.
@@ -70,6 +71,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import yaml
+from PIL import Image, ImageDraw
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout; the tests package is not installed
@@ -85,6 +87,8 @@ VALUES = ROOT / "charts" / "gpu-steward" / "values.yaml"
 IDLE_PERCENT = 5.0  # the yardstick: a sample below this is idle
 REGRET_SECONDS = 600.0  # an eviction followed by a busy sample this soon is regretted
 GOALS = {"reclaimed_share_min": 0.80, "regretted_share_max": 0.05, "missing_data_evictions": 0}
+CLAIRVOYANT_GOAL = 0.60  # the default policy's reclaimed GPU-h against the clairvoyant regret-free reclaim
+DEFAULT_PNG = ROOT / "benchmarks" / "results" / "reclaim_trace_curve.png"
 SWEEP_WINDOWS = (300, 600, 1800, 3600, 7200, 10800)
 SWEEP_THRESHOLDS = (1.0, 5.0)
 NAMESPACE = "genai"
@@ -207,6 +211,12 @@ def what_if(windows: Sequence[int], *, threshold_percent: float) -> list[Policy]
             for w in windows]
 
 
+def plugin_sweep(windows: Sequence[int], *, threshold_percent: float) -> list[Policy]:
+    """The ReclaimIdleResource plugin's semantics at the sweep's windows: its reclaimed-vs-regret curve."""
+    return [Policy(f"plugin semantics, window {w}s, <{threshold_percent:g}%", "plugin", w, threshold_percent, 0)
+            for w in windows]
+
+
 def baselines(tiers: Sequence[Policy]) -> list[Policy]:
     out = []
     for tier in tiers:
@@ -321,6 +331,17 @@ def aftermath(pod: PodTrace, slot: int, *, step: float) -> Aftermath:
     )
 
 
+def clairvoyant_hours(trace: Trace) -> float:
+    """The clairvoyant regret-free reclaim: each pod evicted right after its last busy sample, so it frees
+    every idle sample after it and never regrets (a pod never busy is evicted at its first sample)."""
+    idle = 0
+    for pod in trace.pods.values():
+        busy = [s for s in pod.slots if pod.samples[s] >= IDLE_PERCENT]
+        last = busy[-1] if busy else -1
+        idle += sum(1 for s in pod.slots if s > last and pod.samples[s] < IDLE_PERCENT)
+    return idle * trace.step / 3600
+
+
 @dataclasses.dataclass(frozen=True)
 class Eviction:
     pod: str
@@ -397,6 +418,7 @@ def _running(name: str, *, node: str, since: float, priority: int, class_name: s
             body["spec"]["priorityClassName"] = class_name
         body["status"] = {"phase": "Running", "startTime": _iso(since), "conditions": [
             {"type": "PodScheduled", "status": "True", "lastTransitionTime": _iso(since)}]}
+        body["metadata"]["ownerReferences"] = [{"kind": "Deployment", "name": name, "controller": True}]
 
     return builders.pod(name, namespace=NAMESPACE, gpus=1, node=node, phase="Running", created=_iso(since),
                         mutate=status)
@@ -593,10 +615,12 @@ class Runner:
 # --- the run --------------------------------------------------------------------------------------
 
 
+MIN_COVERAGE = 0.9  # the yardstick's "enough data": this share of the samples the cadence puts in a window
+
+
 def yardstick(trace: Trace, config: settings.Settings) -> Yardstick:
-    """"Enough data" as the settings define it for our loop, measured on the trace's cadence."""
-    reclaim = config.descheduler.reclaim
-    return Yardstick(trace.step, reclaim.max_sample_age_seconds, reclaim.min_coverage)
+    """"Enough data", one bar for every policy, measured on the trace's cadence."""
+    return Yardstick(trace.step, config.descheduler.reclaim.max_sample_age_seconds, MIN_COVERAGE)
 
 
 def load_trace(path: pathlib.Path, *, pods: int | None, hours: float | None) -> Trace:
@@ -643,17 +667,21 @@ def run(trace: Trace, rules: Sequence[Policy], *, interval_seconds: float) -> di
             backfill_seconds = _perf() - started
             config = settings.load(overrides={
                 "prometheus": {"url": server.url, "timeout_seconds": 30},
-                "descheduler": {"reclaim": {"mode": "on-demand", "dry_run": True,
-                                            "sample_interval_seconds": trace.step}},
+                "descheduler": {"reclaim": {"mode": "on-demand", "dry_run": True}},
             })
             runners, queries, cycles = asyncio.run(
                 replay(trace, rules, interval_slots=interval_slots, config=config, wall=wall))
         finally:
             server.stop()
     stick = yardstick(trace, config)
+    clairvoyant = clairvoyant_hours(trace)
     rows = []
     for runner in runners:
         result = score(trace, runner.rule, runner.evictions, yardstick=stick)
+        goals = result.goals() if runner.rule.tier and runner.rule.kind == "gpu-steward" else None
+        of_clairvoyant = result.reclaimed_hours / clairvoyant if clairvoyant else None  # None: nothing to free
+        if goals is not None and of_clairvoyant is not None:
+            goals["clairvoyant_share"] = of_clairvoyant >= CLAIRVOYANT_GOAL
         rows.append({
             "policy": dataclasses.asdict(runner.rule),
             "evictions": result.evictions, "regretted": result.regretted,
@@ -663,7 +691,8 @@ def run(trace: Trace, rules: Sequence[Policy], *, interval_seconds: float) -> di
             "reclaimed_share": round(result.reclaimed_share, 4),
             "idle_gpu_hours_freed": round(result.idle_reclaimed_hours, 3),
             "busy_gpu_hours_lost": round(result.busy_lost_hours, 3),
-            "goals_met": result.goals() if runner.rule.tier and runner.rule.kind == "gpu-steward" else None,
+            "of_clairvoyant": None if of_clairvoyant is None else round(of_clairvoyant, 4),
+            "goals_met": goals,
             "decision_seconds": round(runner.seconds, 2), "fail_closed_pod_cycles": runner.fail_closed,
             "eviction_details": list(result.details),
         })
@@ -673,12 +702,13 @@ def run(trace: Trace, rules: Sequence[Policy], *, interval_seconds: float) -> di
         "trace": {"pods": len(trace.pods), "hours": round(trace.slots * trace.step / 3600, 2),
                   "step_seconds": trace.step, "samples": sum(len(p.slots) for p in trace.pods.values()),
                   "gpu_hours_observed": round(total, 2), "idle_gpu_hours_observed": round(idle, 2)},
+        "clairvoyant_gpu_hours": round(clairvoyant, 3),
         "cycles": cycles, "cycle_interval_seconds": interval_slots * trace.step,
         "promql_queries": queries.sent, "promql_seconds": round(queries.seconds, 2),
         "backfill_and_start_seconds": round(backfill_seconds, 2), "wall_seconds": round(_perf() - started, 1),
         "yardstick": {"idle_below_percent": IDLE_PERCENT, "regret_within_seconds": REGRET_SECONDS,
                       **dataclasses.asdict(stick)},
-        "goals": GOALS,
+        "goals": {**GOALS, "clairvoyant_share_min": CLAIRVOYANT_GOAL},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "prometheus": _version(),
                     "load_average": {"before": [round(x, 2) for x in load_before],
                                      "after": [round(x, 2) for x in os.getloadavg()]}},
@@ -717,9 +747,10 @@ def table(result: Mapping[str, Any]) -> str:
         f"reclaim quality: {t['pods']} pods x {t['hours']} h of the GenAI trace ({t['samples']} samples, "
         f"one per {t['step_seconds']:g}s; {t['idle_gpu_hours_observed']:.1f} of {t['gpu_hours_observed']:.1f} "
         f"GPU-h idle <{IDLE_PERCENT:g}%), {result['cycles']} cycles every {result['cycle_interval_seconds']:g}s, "
-        f"{result['promql_queries']} PromQL queries",
+        f"{result['promql_queries']} PromQL queries; "
+        f"clairvoyant regret-free reclaim {result['clairvoyant_gpu_hours']:.1f} GPU-h",
         f"{'policy':40} {'evict':>5} {'regret':>11} {'missing':>7} {'reclaimed GPU-h':>15} {'of reclaimable':>14} "
-        f"{'idle freed':>10} {'busy lost':>9}  goals",
+        f"{'of clairv.':>10} {'idle freed':>10} {'busy lost':>9}  goals",
     ]
     for row in result["policies"]:
         goals = row["goals_met"]
@@ -729,11 +760,68 @@ def table(result: Mapping[str, Any]) -> str:
             f"{row['policy']['name']:40} {row['evictions']:>5} {row['regretted']:>4} ({row['regretted_share']:>4.0%})"
             f" {row['missing_data_evictions']:>7} {row['reclaimed_gpu_hours']:>15.1f} "
             f"{row['reclaimed_share']:>6.0%} of {row['reclaimable_gpu_hours']:>5.1f} "
+            f"{'-' if row['of_clairvoyant'] is None else format(row['of_clairvoyant'], '.0%'):>10} "
             f"{row['idle_gpu_hours_freed']:>9.1f}h {row['busy_gpu_hours_lost'] * 60:>7.0f}min  {verdict}")
     lines.append(recommendation(result["policies"]))
     lines.append(f"wall {result['wall_seconds']}s (backfill + start {result['backfill_and_start_seconds']}s, "
                  f"PromQL {result['promql_seconds']}s); load average {result['machine']['load_average']}")
     return "\n".join(lines)
+
+
+CURVES = {  # series of the reclaimed-vs-regret picture: which rows, in which colour
+    "gpu-steward, fixed windows (peak <5%)": (lambda p: p["kind"] == "gpu-steward" and p["threshold_percent"] == 5.0,
+                                              (0, 90, 200)),
+    "ReclaimIdleResource plugin semantics (average)": (lambda p: p["kind"] == "plugin", (200, 60, 0)),
+}
+
+
+def draw_curve(result: Mapping[str, Any], path: pathlib.Path) -> None:
+    """Reclaimed GPU-h as a share of the clairvoyant regret-free reclaim (y) against the share of evictions
+    regretted (x), one point per window, a line per kind of policy; the goal's corner shaded."""
+    width, height, left, bottom, top, right = 820, 520, 70, 60, 60, 260
+    rows = [r for r in result["policies"] if r["of_clairvoyant"] is not None
+            and (r["goals_met"] is not None or any(selects(r["policy"]) for selects, _ in CURVES.values()))]
+    xmax = max([r["regretted_share"] for r in rows] + [0.1]) * 100
+    ymax = max([r["of_clairvoyant"] for r in rows] + [1.0]) * 100
+    sx, sy = (width - left - right) / xmax, (height - bottom - top) / ymax
+
+    def at(regret: float, share: float) -> tuple[float, float]:
+        return left + regret * 100 * sx, height - bottom - share * 100 * sy
+
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    draw.rectangle([*at(0, ymax / 100), *at(GOALS["regretted_share_max"], CLAIRVOYANT_GOAL)], fill=(220, 245, 220))
+    draw.text((left, 12), f"reclaimed vs regret, {result['trace']['pods']} pods x {result['trace']['hours']} h; "
+              f"clairvoyant {result['clairvoyant_gpu_hours']:.1f} GPU-h = 100%", fill="black")
+    draw.text((left, 30), "green: the goal (>= 60% of clairvoyant, <= 5% regretted)", fill=(0, 120, 0))
+    draw.line([*at(0, 0), *at(xmax / 100, 0)], fill="black")
+    draw.line([*at(0, 0), *at(0, ymax / 100)], fill="black")
+    for tick in range(0, int(xmax) + 1, 10):
+        x, y = at(tick / 100, 0)
+        draw.text((x - 8, y + 6), f"{tick}%", fill="black")
+    for tick in range(0, int(ymax) + 1, 50):
+        x, y = at(0, tick / 100)
+        draw.text((x - 40, y - 6), f"{tick}%", fill="black")
+    draw.text((left + 120, height - 25), "evictions regretted (busy again within 10 min)", fill="black")
+    draw.text((8, top - 20), "reclaimed GPU-h / clairvoyant", fill="black")
+    legend = top
+    for name, (selects, colour) in CURVES.items():
+        points = sorted((r["policy"]["window_seconds"], at(r["regretted_share"], r["of_clairvoyant"]))
+                        for r in rows if selects(r["policy"]) and r["policy"]["window_seconds"])
+        if len(points) > 1:
+            draw.line([p for _, p in points], fill=colour, width=2)
+        for window, (x, y) in points:
+            draw.ellipse([x - 4, y - 4, x + 4, y + 4], fill=colour)
+            draw.text((x + 6, y - 12), f"{window // 60}m", fill=colour)
+        draw.text((width - right + 15, legend), name, fill=colour)
+        legend += 18
+    for row in rows:
+        if row["goals_met"] is not None:
+            x, y = at(row["regretted_share"], row["of_clairvoyant"])
+            draw.rectangle([x - 5, y - 5, x + 5, y + 5], outline="black", width=2)
+            draw.text((x + 8, y + 2), row["policy"]["name"], fill="black")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path)
 
 
 def main() -> None:
@@ -747,12 +835,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="CI-sized: 10 pods, 3 hours, chart tiers only")
     parser.add_argument("--tiers-only", action="store_true", help="no window/threshold sweep")
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
+    parser.add_argument("--png", type=pathlib.Path, default=None,
+                        help=f"write the reclaimed-vs-regret curve here (a full run: {DEFAULT_PNG.relative_to(ROOT)})")
     args = parser.parse_args()
     if args.quick:
         args.pods, args.hours = args.pods or 10, args.hours or 3.0
     tiers = chart_tiers(yaml.safe_load(VALUES.read_text()))
     swept = not (args.quick or args.tiers_only)
     rules = distinct([*tiers, *(sweep(SWEEP_WINDOWS, SWEEP_THRESHOLDS) if swept else []), *baselines(tiers),
+                      *(plugin_sweep(SWEEP_WINDOWS, threshold_percent=IDLE_PERCENT) if swept else []),
                       *what_if(SWEEP_WINDOWS if swept else [t.window_seconds for t in tiers],
                                threshold_percent=IDLE_PERCENT)])
     trace = load_trace(args.trace, pods=args.pods, hours=args.hours)
@@ -762,6 +853,10 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"results: {args.out}")
+    png = args.png or (None if args.quick else DEFAULT_PNG)
+    if png is not None:
+        draw_curve(result, png)
+        print(f"curve: {png}")
 
 
 if __name__ == "__main__":

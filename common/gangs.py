@@ -36,6 +36,7 @@ class PodGroup:
     namespace: str
     name: str
     min_count: int | None  # the gang policy's minCount; None: no gang policy (basic)
+    disruption: str | None = None  # `spec.disruptionMode`: "all" (its pods go together), "single", None: unset
 
     @property
     def key(self) -> str:
@@ -50,7 +51,9 @@ def pod_group(raw: Mapping[str, Any]) -> PodGroup:
         # The API server validates minCount >= 1; a gang policy without one still holds the pods together.
         number = gang.get("minCount")
         min_count = number if isinstance(number, int) and not isinstance(number, bool) and number > 0 else 1
-    return PodGroup(meta.get("namespace") or "default", meta.get("name") or "", min_count)
+    mode = (raw.get("spec") or {}).get("disruptionMode")
+    disruption = next((m for m in ("all", "single") if isinstance(mode, Mapping) and m in mode), None)
+    return PodGroup(meta.get("namespace") or "default", meta.get("name") or "", min_count, disruption)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -381,6 +381,9 @@ class PrometheusLabels(Model):
         default="GPU_I_PROFILE", description="DCGM label with the MIG profile (e.g. 1g.10gb)."
     )
     mig_instance: str = pydantic.Field(default="GPU_I_ID", description="DCGM label with the MIG GPU instance id.")
+    uuid: str = pydantic.Field(
+        default="UUID", description="DCGM label with the GPU's UUID: with the index, what makes series one device."
+    )
 
 
 class Prometheus(Model):
@@ -417,15 +420,56 @@ class Prometheus(Model):
 
 
 class Cooldowns(Model):
-    preemptor_seconds: float = pydantic.Field(default=30, ge=0, description="No new reclaim for the same pod.")
+    preemptor_seconds: float = pydantic.Field(
+        default=180,
+        ge=0,
+        description="No new reclaim for the same pending pod or gang (seconds). It must outlast one reclaim "
+        "cycle (60 s) plus the victims' termination grace period (Kubernetes' default 30 s; checkpointing "
+        "jobs often take longer) plus the scheduler binding the pod: 180 s. Victims still terminating count "
+        "as freeing their GPUs for the pod they were evicted for in any case, so a longer grace period alone "
+        "causes no second eviction.",
+    )
     node_seconds: float = pydantic.Field(default=300, ge=0, description="No new reclaim on the same node.")
     workload_seconds: float = pydantic.Field(default=900, ge=0, description="Owner (Job/ReplicaSet) spared.")
 
 
 class EvictionLimits(Model):
-    per_cycle: int = pydantic.Field(default=10, ge=0, description="Most evictions in one cycle.")
-    per_node: int = pydantic.Field(default=2, ge=0, description="Most evictions per node in one cycle.")
-    per_namespace: int = pydantic.Field(default=5, ge=0, description="Most evictions per namespace in one cycle.")
+    """Limits count decisions: a single pod, or a whole gang (evicted together or not at all: splitting a gang
+    to fit a limit is the one outcome worse than either). A gang counts once in the cycle, once on each node
+    and in each namespace it has members in."""
+
+    per_cycle: int = pydantic.Field(default=10, ge=0, description="Most eviction decisions in one cycle.")
+    per_node: int = pydantic.Field(default=2, ge=0, description="Most eviction decisions touching one node in a cycle.")
+    per_namespace: int = pydantic.Field(
+        default=5, ge=0, description="Most eviction decisions touching one namespace in a cycle."
+    )
+
+
+class Conventions(Model):
+    """Eviction conventions operators rely on (kubernetes-sigs/descheduler's DefaultEvictor, Cluster Autoscaler,
+    Karpenter). A pod annotated `cluster-autoscaler.kubernetes.io/safe-to-evict: "true"` or carrying
+    `descheduler.alpha.kubernetes.io/evict` is exempt from the bare-pod and local-storage protections, as in
+    those tools."""
+
+    evict_bare_pods: bool = pydantic.Field(
+        default=False,
+        description="Evict pods with no controller owner. Off: nothing would recreate them, so eviction is deletion.",
+    )
+    evict_local_storage_pods: bool = pydantic.Field(
+        default=False,
+        description="Evict pods with hostPath or emptyDir volumes (their data is lost with the pod).",
+    )
+    memory_emptydir_is_local_storage: bool = pydantic.Field(
+        default=False,
+        description="Count emptyDir volumes with medium Memory as local storage (the descheduler does). Off: "
+        "GPU pods mount one as /dev/shm for data loaders almost always; it holds no data worth keeping.",
+    )
+    honour_safe_to_evict: bool = pydantic.Field(
+        default=True, description='Never evict pods annotated cluster-autoscaler.kubernetes.io/safe-to-evict: "false".'
+    )
+    honour_do_not_disrupt: bool = pydantic.Field(
+        default=True, description='Never evict pods annotated karpenter.sh/do-not-disrupt: "true".'
+    )
 
 
 class LeaderElection(Model):
@@ -479,11 +523,25 @@ class Reclaim(Model):
         "ReclaimIdleResource plugin's rule). On bursty serving pods the average evicts many pods that are busy "
         "again within minutes (benchmarks/RESULTS.md, Reclaim quality); peak is the safer default.",
     )
-    min_coverage: Fraction = pydantic.Field(
-        default=0.9, description="Share of the idle window that must have samples before a pod can be idle."
+    max_gap_intervals: float = pydantic.Field(
+        default=2.0,
+        gt=0,
+        description="Coverage by time: a pod is idle only if no device has a stretch of its idle window without "
+        "a sample longer than this many of its own observed scrape intervals (window / samples), counting from "
+        "the window's start. The interval is read from the data, so one value holds at 10 s, 15 s, 30 s or 60 s "
+        "scrapes; 2 forgives one missed scrape.",
     )
-    sample_interval_seconds: Seconds = pydantic.Field(
-        default=60, description="Expected DCGM scrape interval, for the coverage check."
+    max_scrape_interval_seconds: Seconds = pydantic.Field(
+        default=60,
+        description="Coverage by time: the longest scrape interval believed (seconds). A device's observed "
+        "interval is its window over its samples, so a few samples spread over a window would otherwise pass for "
+        "a slow scrape and excuse long gaps; sparser data is judged against this interval instead.",
+    )
+    coverage_step_seconds: Seconds = pydantic.Field(
+        default=10,
+        description="Resolution (seconds) of the subqueries that find gaps and the first sample; finer for short "
+        "windows (at least 10 steps a window), coarser for long ones (at most 120 steps: the query's cost grows "
+        "with steps x GPUs). Gaps are measured to within one step.",
     )
     max_sample_age_seconds: Seconds = pydantic.Field(
         default=180, description="A pod whose newest DCGM sample is older than this is not idle (stale data)."
@@ -498,6 +556,7 @@ class Reclaim(Model):
         description="Lease (in leader_election.lease_namespace) whose annotation holds the cooldowns.",
     )
     limits: EvictionLimits = EvictionLimits()
+    conventions: Conventions = Conventions()
     retry_backoff_initial_seconds: Seconds = pydantic.Field(
         default=60, description="After a failed eviction (not 429/404) the pod waits this long, doubling."
     )

@@ -1,7 +1,7 @@
 """The evictor: the only way the descheduler removes a pod. It owns safety and limits.
 
-- Limits (per cycle, node, namespace: `reclaim.Budget`) and the retry backoff are checked before any
-  API call; only accepted evictions are charged.
+- Limits (per cycle, node, namespace, counted in decisions: `limits.Budget`) and the retry backoff are
+  checked before any API call; only accepted evictions are charged, a gang once.
 - Eviction subresource: `policy/v1`, or `policy/v1beta1` when discovery shows the server lacks v1.
   The body carries a UID precondition, so a new pod that took the old one's name is never hit.
 - Answers: 201 evicted; 429 a PodDisruptionBudget blocks it (skipped, no backoff: the PDB is the
@@ -22,7 +22,7 @@ from typing import Protocol
 from kubernetes_asyncio import client
 
 from common import kube, settings
-from descheduler import reclaim
+from descheduler import limits, reclaim
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class Evictor:
     ) -> list[Outcome]:
         """Evict in plan order under a fresh budget; a unit stops at its first member not evicted.
         `record` is awaited after each outcome, before the next call (the caller's bookkeeping)."""
-        budget = reclaim.Budget(self._config.limits)
+        budget = limits.Budget(self._config.limits)
         outcomes: list[Outcome] = []
         broken: dict[str, str] = {}  # unit -> the member that was not evicted
         for eviction in evictions:
@@ -133,8 +133,8 @@ class Evictor:
                 await record(outcome)
         return outcomes
 
-    async def evict(self, eviction: reclaim.Eviction, *, budget: reclaim.Budget, now: float) -> Outcome:
-        slot = [(eviction.namespace, eviction.node)]
+    async def evict(self, eviction: reclaim.Eviction, *, budget: limits.Budget, now: float) -> Outcome:
+        slot = [(eviction.unit, eviction.namespace, eviction.node)]
         identity = eviction.uid or eviction.pod
         failures, not_before = self._failures.get(identity, (0, 0.0))
         if now < not_before:

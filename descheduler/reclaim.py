@@ -7,27 +7,32 @@ each with its reason, plus what each demand got. No I/O, no clock.
 
 Rules, in order:
 1. Screening: protections (never DaemonSet, mirror, system-critical, terminating, opted-out pods or
-   nodes reconfiguring MIG), a reclaimable class policy, scheduled for longer than both toleration and
-   idle window, idle by its assessment (fail closed), no workload or node cooldown.
+   nodes reconfiguring MIG) and the operators' conventions (bare pods, local storage, safe-to-evict,
+   do-not-disrupt: `protections`), a reclaimable class policy, scheduled for longer than both toleration
+   and idle window, idle by its assessment (fail closed), no workload or node cooldown, not already
+   leaving (evicted by us in an earlier cycle).
 2. Gangs are units: a gang member is a victim only with every running member of its gang, and only
    if all of them passed screening. Running members that request no GPU (an MPI launcher) go with
    their gang: screened by the protections only (their idleness and class policy say nothing about
    GPUs, the GPU members' do), evicted after its GPU members, never a victim alone or for a gang of
-   no GPU members.
-3. on-demand: demands by priority (desc) then age; a demand takes nothing if it is cooling down, has
-   preemptionPolicy Never, or already fits somewhere. Each member (largest first) goes to the node
+   no GPU members. A native PodGroup with `disruptionMode: single` is no unit: its pods go alone.
+3. on-demand: demands by priority (desc) then age; a demand takes nothing if kube-scheduler's message
+   or nomination rules it out (`Demand.ignored`), it is cooling down, has preemptionPolicy Never, or
+   already fits somewhere — counting pods already leaving as gone (terminating ones for anyone, those we
+   evicted for a pending demand for that demand only). Each member (largest first) goes to the node
    whose minimal victim set is cheapest; all members must be placed or the demand takes nothing.
    A victim unit qualifies if the demand's priority >= its minimum-preemptable-priority and it frees
    what the member needs: the same MIG profile for MIG members; full GPUs on a node without MIG
-   partitions for full-GPU members, forming one NVLink domain that holds the member when the node's
-   topology is known. Minimal set: units by GPUs (desc) then priority (asc) until it fits, then drop
-   any unit not needed (highest priority first). Exact, without a search of every node: nodes that
-   cannot hold the member even with every eligible unit evicted are screened out (by count, then
-   NVLink), the rest are searched by a lower bound of their cost; untouched nodes are screened once
-   per cycle for each kind of member.
+   partitions for full-GPU members. Whether the member then fits is the one capacity model's answer
+   (`common.capacity.Room`): GPUs in one NVLink domain when the node's topology is known, CPU, memory,
+   pod slots and every other resource on that node. Minimal set: units by GPUs (desc) then priority
+   (asc) until it fits, then drop any unit not needed (highest priority first). Exact, without a search
+   of every node: nodes that cannot hold the member even with every eligible unit evicted are screened
+   out (by count, then the capacity model), the rest are searched by a lower bound of their cost;
+   untouched nodes are screened once per cycle for each kind of member.
    always: every idle unit is evicted, no preemptor needed.
-4. Limits (per cycle, per node, per namespace) are charged per unit; a unit that would cross one
-   is spared with the limit as its reason.
+4. Limits (per cycle, per node, per namespace) count decisions (`limits`: a gang once); a unit that
+   would cross one is spared with the limit as its reason, which names the gang it spares.
 """
 
 from __future__ import annotations
@@ -41,12 +46,13 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Any
 
-from common import fit, gangs, gpu, placement, settings, snapshot, timestamps
-from descheduler import cooldowns, policy, protections, utilisation
+from common import capacity, fit, gangs, gpu, placement, settings, snapshot, timestamps
+from descheduler import cooldowns, limits, policy, protections, unschedulable, utilisation
 
 NEVER = "Never"
 MAX_REASONS = 3  # why a demand cannot be served: the first few nodes' reasons
 GANG = "gang:"  # prefix of gang keys, so that a gang never collides with a pod of the same name
+SINGLE, ALL = "single", "all"  # a native PodGroup's `spec.disruptionMode` (scheduling.k8s.io/v1beta1)
 
 
 # --- Demand: what pending work needs --------------------------------------------------------------
@@ -57,6 +63,7 @@ class Member:
     pod: str  # namespace/name
     request: gpu.GpuRequest
     spec: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # what fit.why_not reads
+    requests: Mapping[str, int] = dataclasses.field(default_factory=dict)  # every resource (`Pod.requests`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,27 +76,42 @@ class Demand:
     preemption_policy: str
     created: str  # RFC 3339: older first among equal priorities
     gang: str | None = None
+    ignored: str | None = None  # why it is no reclaim demand after all (recorded, never served)
 
 
-def _unschedulable(pod: snapshot.Pod) -> bool:
+def _unschedulable(pod: snapshot.Pod) -> Mapping[str, Any] | None:
+    """The pod's PodScheduled=False condition if its reason is Unschedulable."""
     for condition in (pod.raw.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
-            return bool(condition.get("reason") == "Unschedulable")
-    return False
+            return condition if condition.get("reason") == "Unschedulable" else None
+    return None
+
+
+def _ignored(pod: snapshot.Pod, condition: Mapping[str, Any]) -> str | None:
+    nominated = (pod.raw.get("status") or {}).get("nominatedNodeName")
+    if nominated:
+        return f"kube-scheduler already preempted for it on {nominated} (status.nominatedNodeName)"
+    if pod.scheduler_name != gangs.DEFAULT_SCHEDULER:
+        return None  # another scheduler's message says nothing we can read
+    return unschedulable.why_not_a_demand(condition.get("message"))
 
 
 def demands_from_snapshot(cluster: snapshot.Snapshot) -> list[Demand]:
     """Pending GPU pods the scheduler found no room for (PodScheduled=False, Unschedulable), each alone.
+    Those it already preempted for (`status.nominatedNodeName`), or whose kube-scheduler message names
+    more than a GPU shortage (`descheduler.unschedulable`), come with the reason they are `ignored`.
 
     Gated gangs are not here: the gang controller knows when one is complete and waits only for GPUs
     and feeds it through `gang_demand()`.
     """
-    return [
-        _demand(pod.key, [pod], gang=None)
-        for pod in cluster.pods.values()
-        if not pod.node_name and not pod.deleting and pod.phase == "Pending" and pod.request.any
-        and not pod.scheduling_gates and _unschedulable(pod)
-    ]
+    out = []
+    for pod in cluster.pods.values():
+        if pod.node_name or pod.deleting or pod.phase != "Pending" or not pod.request.any or pod.scheduling_gates:
+            continue
+        condition = _unschedulable(pod)
+        if condition is not None:
+            out.append(_demand(pod.key, [pod], gang=None, ignored=_ignored(pod, condition)))
+    return out
 
 
 def gang_demand(gang: str, members: Sequence[snapshot.Pod]) -> Demand:
@@ -98,14 +120,15 @@ def gang_demand(gang: str, members: Sequence[snapshot.Pod]) -> Demand:
     return _demand(f"{GANG}{gang}", members, gang=gang)
 
 
-def _demand(key: str, pods: Sequence[snapshot.Pod], *, gang: str | None) -> Demand:
+def _demand(key: str, pods: Sequence[snapshot.Pod], *, gang: str | None, ignored: str | None = None) -> Demand:
     return Demand(
         key=key,
-        members=tuple(Member(p.key, p.request, p.raw.get("spec") or {}) for p in pods),
+        members=tuple(Member(p.key, p.request, p.raw.get("spec") or {}, p.requests) for p in pods),
         priority=min(p.priority for p in pods),
         preemption_policy=NEVER if any(p.preemption_policy == NEVER for p in pods) else "PreemptLowerPriority",
         created=min(p.created for p in pods),
         gang=gang,
+        ignored=ignored,
     )
 
 
@@ -166,43 +189,6 @@ class Plan:
         }
 
 
-# --- Limits ---------------------------------------------------------------------------------------
-
-
-class Budget:
-    """Eviction limits of one cycle; shared by the planner and the evictor (which re-checks before
-    each API call)."""
-
-    def __init__(self, limits: settings.EvictionLimits) -> None:
-        self._limits = limits
-        self._total = 0
-        self._node: collections.Counter[str] = collections.Counter()
-        self._namespace: collections.Counter[str] = collections.Counter()
-
-    def refuse(self, pods: Iterable[tuple[str, str]]) -> str | None:
-        """Why evicting these (namespace, node) pods would cross a limit, or None."""
-        batch = list(pods)
-        if self._total + len(batch) > self._limits.per_cycle:
-            return f"per-cycle eviction limit {self._limits.per_cycle} reached"
-        for node, count in collections.Counter(n for _, n in batch).items():
-            if self._node[node] + count > self._limits.per_node:
-                return f"per-node eviction limit {self._limits.per_node} reached on {node}"
-        for namespace, count in collections.Counter(ns for ns, _ in batch).items():
-            if self._namespace[namespace] + count > self._limits.per_namespace:
-                return f"per-namespace eviction limit {self._limits.per_namespace} reached in {namespace}"
-        return None
-
-    def spent(self) -> str | None:
-        """Why no eviction at all fits in this cycle any more, or None."""
-        return self.refuse([("", "")]) if self._total >= self._limits.per_cycle else None
-
-    def charge(self, pods: Iterable[tuple[str, str]]) -> None:
-        for namespace, node in pods:
-            self._total += 1
-            self._node[node] += 1
-            self._namespace[namespace] += 1
-
-
 # --- Screening ------------------------------------------------------------------------------------
 
 
@@ -220,12 +206,13 @@ def screen(
     cluster: snapshot.Snapshot,
     policies: Mapping[str, policy.ReclaimPolicy],
     state: cooldowns.State,
-    names: settings.Names,
+    config: settings.Settings,
     now: float,
 ) -> policy.ReclaimPolicy | str:
     """Everything but utilisation: the pod's policy if it may be reclaimed once idle, else why not."""
     node = cluster.nodes.get(pod.node_name or "")
-    reason = protections.why_protected(pod, node=node, names=names)
+    reason = protections.why_protected(pod, node=node, names=config.names,
+                                       conventions=config.descheduler.reclaim.conventions)
     if reason:
         return reason
     found = policy.for_pod(pod, policies)
@@ -253,11 +240,11 @@ def screen_all(
     *,
     policies: Mapping[str, policy.ReclaimPolicy],
     state: cooldowns.State,
-    names: settings.Names,
+    config: settings.Settings,
     now: float,
 ) -> dict[str, policy.ReclaimPolicy | str]:
     """`screen()` of every pod holding GPUs: once per cycle, for `windows_needed()` and `plan()`."""
-    return {pod.key: screen(pod, cluster=cluster, policies=policies, state=state, names=names, now=now)
+    return {pod.key: screen(pod, cluster=cluster, policies=policies, state=state, config=config, now=now)
             for pod in cluster.pods.values() if pod.holds_gpus}
 
 
@@ -306,9 +293,9 @@ class _Unit:
     def on(self, node: str) -> tuple[snapshot.Pod, ...]:
         return self._by_node.get(node, ())
 
-    def slots(self) -> list[tuple[str, str]]:
-        """Every eviction the unit costs, companions included: limits count API evictions."""
-        return [(p.namespace, p.node_name or "") for p in self.pods]
+    def slots(self) -> list[limits.Slot]:
+        """Every eviction the unit makes, companions included; limits count the unit once where it is."""
+        return [(self.key, p.namespace, p.node_name or "") for p in self.pods]
 
 
 # --- Node arithmetic ------------------------------------------------------------------------------
@@ -316,51 +303,23 @@ class _Unit:
 
 @dataclasses.dataclass
 class _NodeState:
-    """What planned evictions free and planned placements claim on one node."""
+    """What planned evictions free and planned placements take on one node."""
 
     freed: set[str] = dataclasses.field(default_factory=set)  # pod keys
-    claimed_full: int = 0
-    claimed_indices: set[int] = dataclasses.field(default_factory=set)
-    claimed_mig: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    taken: list[tuple[Mapping[str, int], placement.Allocation]] = dataclasses.field(default_factory=list)
 
     def copy(self) -> _NodeState:
-        return _NodeState(set(self.freed), self.claimed_full, set(self.claimed_indices),
-                          collections.Counter(self.claimed_mig))
+        return _NodeState(set(self.freed), list(self.taken))
 
 
-def _room(
-    node: snapshot.Node, cluster: snapshot.Snapshot, state: _NodeState, extra_freed: set[str]
-) -> tuple[int, list[list[int]], collections.Counter[str]]:
-    """Free full GPUs, free indices per NVLink domain, free MIG slices by profile."""
-    freed = state.freed | extra_freed
-    staying = [p for p in cluster.pods_on(node.name) if p.key not in freed]
-    full = node.allocatable.full - sum(p.request.full for p in staying) - state.claimed_full
-    used = {i for p in staying for i in p.gpu_indices} | state.claimed_indices
-    mig: collections.Counter[str] = collections.Counter(node.allocatable.mig)
-    for pod in staying:
-        mig.subtract(pod.request.mig)
-    mig.subtract(state.claimed_mig)
-    return full, placement.free_by_domain(node.topology.domains, used), mig
-
-
-def _placement(
-    node: snapshot.Node, request: gpu.GpuRequest, room: tuple[int, list[list[int]], collections.Counter[str]]
-) -> placement.Allocation | str:
-    """Where the member's GPUs would go on the node, or why they do not fit."""
-    full, free_domains, mig = room
-    for profile, count in request.mig.items():
-        if mig[profile] < count:
-            return f"needs {count}x MIG {profile}, {max(0, mig[profile])} free"
-    if not request.full:
-        return placement.Allocation((), ())
-    if full < request.full:
-        return f"needs {request.full} GPU, {max(0, full)} free"
-    allocation = placement.allocate(free_domains, request.full)
-    if allocation is None:
-        return f"needs {request.full} GPU, free indices do not suffice"
-    if node.topology.known and request.full <= node.topology.domain_size and allocation.spanned > 1:
-        return f"needs {request.full} GPU in one NVLink domain"
-    return allocation
+def _room(node: snapshot.Node, cluster: snapshot.Snapshot, state: _NodeState,
+          extra_freed: Set[str] = frozenset()) -> capacity.Room:
+    """The node's room in the one capacity model once the freed pods are gone, less what earlier members
+    of this plan took: every resource (CPU, memory, pod slots...), GPUs per NVLink domain, MIG slices."""
+    room = capacity.Room.of(node, cluster=cluster, leaving=state.freed | extra_freed)
+    for requests, allocation in state.taken:
+        room.take(requests, allocation)
+    return room
 
 
 def _helps(unit: _Unit, node: str, request: gpu.GpuRequest) -> bool:
@@ -395,7 +354,7 @@ def _minimal_set(
 ) -> _Choice | str:
     def attempt(units: Iterable[_Unit]) -> placement.Allocation | str:
         freed = {c.pod.key for u in units for c in u.candidates}
-        return _placement(node, member.request, _room(node, cluster, state, freed))
+        return _room(node, cluster, state, freed).place(member.requests, member.request)
 
     ordered = sorted(eligible, key=lambda u: (-_gpus(u, node.name), u.priority, u.key))
     taken: list[_Unit] = []
@@ -428,16 +387,26 @@ def plan(
     config: settings.Settings,
     now: float,
     screened: Screened | None = None,
+    leaving: Mapping[str, str | None] | None = None,
+    pod_groups: Mapping[str, str] | None = None,
 ) -> Plan:
-    """`screened`: `screen_all()` of these same inputs, when the caller has it already."""
-    names = config.names
+    """`screened`: `screen_all()` of these same inputs, when the caller has it already.
+    `leaving`: pods the loop evicted in its last cycles -> the demand they were evicted for (None: mode
+    always), whether or not the snapshot shows them terminating yet. They are never victims again, and
+    their GPUs are that demand's while it is pending (as kube-scheduler nominates a preemptor): it fits
+    there and takes nothing more. Terminating pods, and those evicted for no pending demand, free their
+    GPUs for the first demand that fits. `pod_groups`: native PodGroups' `spec.disruptionMode` by
+    "namespace/name" (`single` or `all`); default: as the snapshot's PodGroups say (`disruption_modes`)."""
     reclaim = config.descheduler.reclaim
+    leaving = leaving or {}
     if screened is None:
-        screened = screen_all(cluster, policies=policies, state=state, names=names, now=now)
+        screened = screen_all(cluster, policies=policies, state=state, config=config, now=now)
     spared: dict[str, str] = {}
     candidates: dict[str, _Candidate] = {}
     for key in sorted(screened):
         pod, found = cluster.pods[key], screened[key]
+        if key in leaving:
+            found = f"already leaving: {_evicted_for(leaving[key])}"
         if isinstance(found, str):
             spared[pod.key] = found
             continue
@@ -447,12 +416,13 @@ def plan(
             continue
         candidates[pod.key] = _Candidate(pod, found, assessment)
 
-    units = _units(cluster, candidates, spared, names=names)
+    modes = disruption_modes(cluster) if pod_groups is None else pod_groups
+    units = _units(cluster, candidates, spared, config=config, pod_groups=modes)
     for unit in units:
         for candidate in unit.candidates:
             spared[candidate.pod.key] = f"idle ({candidate.assessment.reason}) but no pending pod can use its GPUs"
 
-    budget = Budget(reclaim.limits)
+    budget = limits.Budget(reclaim.limits)
     evictions: list[Eviction] = []
     outcomes: list[DemandOutcome] = []
     if reclaim.mode == "always":
@@ -464,9 +434,8 @@ def plan(
             budget.charge(unit.slots())
             evictions += _evict(unit, None, "mode always, no preemptor needed", spared)
     else:
-        evictions, outcomes = _on_demand(
-            cluster=cluster, units=units, demands=demands, state=state, budget=budget, spared=spared, now=now
-        )
+        evictions, outcomes = _on_demand(cluster=cluster, units=units, demands=demands, state=state, budget=budget,
+                                         spared=spared, leaving=_leaving(cluster, leaving, demands), now=now)
     return Plan(
         evictions=tuple(evictions),
         spared=tuple(Spared(k, v) for k, v in sorted(spared.items())),
@@ -474,6 +443,26 @@ def plan(
         candidates=len(candidates),
         idle_gpus=sum(c.pod.request.full + sum(c.pod.request.mig.values()) for c in candidates.values()),
     )
+
+
+def _evicted_for(demand: str | None) -> str:
+    return f"evicted for {demand}" if demand else "evicted (mode always)"
+
+
+Leaving = Mapping[str | None, Mapping[str, Mapping[str, str]]]  # demand (None: anyone) -> node -> pod -> why
+
+
+def _leaving(cluster: snapshot.Snapshot, evicted: Mapping[str, str | None], demands: Sequence[Demand]) -> Leaving:
+    """Whose GPUs pods already leaving free: the pending demand they were evicted for, else anyone's."""
+    pending = {d.key for d in demands}
+    out: dict[str | None, dict[str, dict[str, str]]] = collections.defaultdict(lambda: collections.defaultdict(dict))
+    for pod in cluster.pods.values():
+        if not pod.holds_gpus or not (pod.deleting or pod.key in evicted):
+            continue
+        demand = evicted.get(pod.key)
+        why = _evicted_for(demand) if pod.key in evicted else "terminating"
+        out[demand if demand in pending else None][pod.node_name or ""][pod.key] = why
+    return out
 
 
 def _nodes(unit: _Unit) -> set[str]:
@@ -485,22 +474,23 @@ def _units(
     candidates: Mapping[str, _Candidate],
     spared: dict[str, str],
     *,
-    names: settings.Names,
+    config: settings.Settings,
+    pod_groups: Mapping[str, str],
 ) -> list[_Unit]:
     """Single pods, and gangs whose every running GPU member is a candidate and none of whose running
     members without GPUs is protected; those go with their gang (a gang holding no GPU is no unit)."""
     singles: list[_Unit] = []
     gang_members: dict[str, list[snapshot.Pod]] = collections.defaultdict(list)
     for pod in sorted(cluster.pods.values(), key=lambda p: p.key):
-        gang = gangs.identify(pod.raw, names=names, pod_groups=cluster.pod_groups) if pod.bound else None
+        gang = _reclaimed_with(pod, cluster=cluster, config=config, pod_groups=pod_groups) if pod.bound else None
         if gang is not None:
-            gang_members[gang.key].append(pod)
+            gang_members[gang].append(pod)
         elif pod.key in candidates:
             singles.append(_Unit(pod.key, (candidates[pod.key],)))
     units = singles
     for gang_key, members in gang_members.items():
         blockers = [(p.key, why) for p in members
-                    if (why := _blocks(p, candidates=candidates, spared=spared, cluster=cluster, names=names))]
+                    if (why := _blocks(p, candidates=candidates, spared=spared, cluster=cluster, config=config))]
         if blockers:
             blocker, why = blockers[0]
             whole = f"gang {gang_key} is reclaimed only as a whole: {blocker} is not reclaimable ({why})"
@@ -514,17 +504,42 @@ def _units(
 
 def _blocks(
     pod: snapshot.Pod, *, candidates: Mapping[str, _Candidate], spared: Mapping[str, str],
-    cluster: snapshot.Snapshot, names: settings.Names,
+    cluster: snapshot.Snapshot, config: settings.Settings,
 ) -> str | None:
     """Why this running gang member keeps its whole gang from being reclaimed, or None."""
     if pod.request.any:
         return None if pod.key in candidates else spared.get(pod.key, "not screened")
-    return protections.why_protected(pod, node=cluster.nodes.get(pod.node_name or ""), names=names)
+    return protections.why_protected(pod, node=cluster.nodes.get(pod.node_name or ""), names=config.names,
+                                     conventions=config.descheduler.reclaim.conventions)
+
+
+def disruption_modes(cluster: snapshot.Snapshot) -> dict[str, str]:
+    """The native PodGroups' `spec.disruptionMode` the snapshot knows, by "namespace/name"."""
+    return {key: group.disruption for key, group in cluster.pod_groups.items() if group.disruption}
+
+
+def _reclaimed_with(pod: snapshot.Pod, *, cluster: snapshot.Snapshot, config: settings.Settings,
+                    pod_groups: Mapping[str, str]) -> str | None:
+    """The gang the pod is reclaimed with (None: alone). A native PodGroup's `disruptionMode` decides first:
+    `all` keeps its pods together whatever its scheduling policy, `single` lets them go one by one; else
+    the gang conventions (`gangs.identify`: a PodGroup the snapshot does not know counts as a gang)."""
+    group = ((pod.raw.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
+    mode = pod_groups.get(f"{pod.namespace}/{group}") if group else None
+    if mode == ALL:
+        return f"{pod.namespace}/{group}"
+    if mode == SINGLE:
+        return None
+    gang = gangs.identify(pod.raw, names=config.names, pod_groups=cluster.pod_groups)
+    return gang.key if gang else None
+
+
+def _whole(unit: str) -> str:
+    return f"; spares the whole gang {unit.removeprefix(GANG)}" if unit.startswith(GANG) else ""
 
 
 def _spare(unit: _Unit, reason: str, spared: dict[str, str]) -> None:
     for candidate in unit.candidates:
-        spared[candidate.pod.key] = f"idle but spared: {reason}"
+        spared[candidate.pod.key] = f"idle but spared: {reason}{_whole(unit.key)}"
 
 
 def _evict(unit: _Unit, demand: Demand | None, why: str, spared: dict[str, str]) -> list[Eviction]:
@@ -558,8 +573,9 @@ def _on_demand(
     units: Sequence[_Unit],
     demands: Sequence[Demand],
     state: cooldowns.State,
-    budget: Budget,
+    budget: limits.Budget,
     spared: dict[str, str],
+    leaving: Leaving,
     now: float,
 ) -> tuple[list[Eviction], list[DemandOutcome]]:
     by_node: dict[str, list[_Unit]] = collections.defaultdict(list)
@@ -568,7 +584,10 @@ def _on_demand(
             by_node[node].append(unit)
     index = _Index(cluster, by_node)
     taken: set[str] = set()
+    # Pods already leaving free their GPUs for their demand, else the first that fits: one eviction, one demand.
     nodes: dict[str, _NodeState] = collections.defaultdict(_NodeState)
+    for name, pods in leaving.get(None, {}).items():
+        nodes[name].freed |= set(pods)
     evictions: list[Eviction] = []
     outcomes: list[DemandOutcome] = []
     for demand in sorted(demands, key=lambda d: (-d.priority, d.created, d.key)):
@@ -582,24 +601,28 @@ def _on_demand(
         if until is not None:
             outcomes.append(outcome(False, f"preemptor cooldown for {until - now:.0f}s more"))
             continue
+        if demand.ignored:
+            outcomes.append(outcome(False, demand.ignored))
+            continue
         if demand.preemption_policy == NEVER:
             outcomes.append(outcome(False, "preemptionPolicy Never: takes no GPUs from others"))
             continue
         trial = {name: s.copy() for name, s in nodes.items()}
+        reserved = leaving.get(demand.key, {})
+        for name, pods in reserved.items():
+            trial.setdefault(name, _NodeState()).freed |= set(pods)
         chosen: list[tuple[Member, _Choice]] = []
         trial_taken = set(taken)
         failure = None
         ordered = sorted(demand.members, key=lambda m: (-m.request.full, -sum(m.request.mig.values()), m.pod))
         for member in ordered:
-            best = _best_node(index, member, demand, trial, trial_taken, budget)
+            best = _best_node(index, member, demand, trial, trial_taken, budget, spared)
             if isinstance(best, str):
                 failure = f"{member.pod}: {best}"
                 break
             node_state = trial.setdefault(best.node, _NodeState())
             node_state.freed |= {c.pod.key for u in best.units for c in u.candidates}
-            node_state.claimed_full += member.request.full
-            node_state.claimed_indices |= set(best.allocation.indices)
-            node_state.claimed_mig.update(member.request.mig)
+            node_state.taken.append((member.requests, best.allocation))
             trial_taken |= {u.key for u in best.units}
             chosen.append((member, best))
         if failure is not None:
@@ -608,7 +631,11 @@ def _on_demand(
         victims = [u for _, c in chosen for u in c.units]
         where = ", ".join(sorted({c.node for _, c in chosen}))
         if not victims:
-            outcomes.append(outcome(False, f"fits without evictions on {where}; left to the scheduler"))
+            here = [{**leaving.get(None, {}).get(c.node, {}), **reserved.get(c.node, {})} for _, c in chosen]
+            going = sorted({f"{k} ({why})" for pods in here for k, why in pods.items()})
+            said = (f"fits on {where} once the pods already leaving there are gone: {', '.join(going)}; "
+                    "no new eviction") if going else f"fits without evictions on {where}; left to the scheduler"
+            outcomes.append(outcome(False, said))
             nodes.update(trial)
             continue
         refused = budget.refuse(s for u in victims for s in u.slots())
@@ -661,12 +688,15 @@ def _needs(request: gpu.GpuRequest) -> dict[str, int]:
 
 
 def _option(
-    node: snapshot.Node, request: gpu.GpuRequest, units: Sequence[_Unit], free: Mapping[str, int],
+    node: snapshot.Node, member: Member, units: Sequence[_Unit], free: Mapping[str, int],
     cluster: snapshot.Snapshot, state: _NodeState,
 ) -> _Option | str | None:
     """The node's option if evicting all of `units` lets the member fit; else why not (None: too few
     devices by count). Bound: any victim set frees at least each kind's shortfall in GPUs, needs at
-    least the fewest units covering it, and so evicts at least the that-many-th lowest priority."""
+    least the fewest units covering it, and so evicts at least the that-many-th lowest priority.
+    Counts suffice for the bound; the exact check is the capacity model's (NVLink domains and actual
+    indices, CPU, memory, pod slots and every other resource on this node)."""
+    request = member.request
     short = fewest = 0
     for kind, need in _needs(request).items():
         deficit = need - free.get(kind, 0)
@@ -678,36 +708,32 @@ def _option(
         if not covered or covered[-1] < deficit:
             return None
         short, fewest = short + deficit, max(fewest, bisect.bisect_left(covered, deficit) + 1)
-    if request.full:  # counts suffice; the NVLink domains and actual indices must too
-        freed = {p.key for u in units for p in u.on(node.name)}
-        placed = _placement(node, request, _room(node, cluster, state, freed))
-        if isinstance(placed, str):
-            return f"{node.name}: {placed} even after evicting every eligible idle pod"
+    freed = {p.key for u in units for p in u.on(node.name)}
+    placed = _room(node, cluster, state, freed).place(member.requests, request)
+    if isinstance(placed, str):
+        return f"{node.name}: {placed} even after evicting every eligible idle pod"
     # No shortfall: the empty set costs (0, 0, 0) and any other at least one GPU more.
     floor = sorted(u.priority for u in units)[fewest - 1] if fewest else 0
     return _Option((short, fewest, floor, node.name), tuple(units), free)
 
 
 def _screen(
-    index: _Index, name: str, request: gpu.GpuRequest, priority: int, *,
+    index: _Index, name: str, member: Member, priority: int, *,
     state: _NodeState | None = None, taken: Set[str] = frozenset(),
 ) -> _Option | str | None:
     """The node's option for a member of `priority`, or why it cannot hold it (None: nothing to say).
     `state` None: a node no demand of this cycle has touched, read straight from the snapshot."""
+    request = member.request
     node = index.cluster.nodes[name]
     if request.full and node.allocatable.mig:
         return f"{name}: partitioned by MIG, a full-GPU pod needs a node without MIG slices"
     idle_here = [u for u in index.by_node.get(name, ()) if u.key not in taken]
     present = [u for u in idle_here if _helps(u, name, request)]
     allowed = [u for u in present if priority >= u.minimum_preemptable]
-    if state is None:
-        state = _NodeState()
-        free = {"": node.allocatable.full - node.requested_full}
-        free.update({p: node.allocatable.mig.get(p, 0) - node.mig_used.get(p, 0) for p in request.mig})
-    else:
-        full, _, mig = _room(node, index.cluster, state, set())
-        free = {"": full, **mig}
-    found = _option(node, request, allowed, free, index.cluster, state)
+    state = state or _NodeState()
+    room = _room(node, index.cluster, state)
+    free = {"": room.free_gpus, **{p: room.free.get(gpu.MIG_PREFIX + p, 0) for p in request.mig}}
+    found = _option(node, member, allowed, free, index.cluster, state)
     if found is None and idle_here:
         return _short(name, request, idle_here, present, allowed)
     return found
@@ -762,14 +788,14 @@ class _Index:
         priority may take). Not `evicting` (the budget is spent): only nodes that hold it as they are."""
         request = member.request
         fit_key = fit.key(member.spec)
-        key = (fit_key, request.full, tuple(sorted(request.mig.items())),
+        key = (fit_key, request.full, tuple(sorted(request.mig.items())), tuple(sorted(member.requests.items())),
                bisect.bisect_right(self._floors, priority), evicting)
         kept = self._untouched.get(key) if fit_key is not None else None
         if kept is None:
             maybe = self._may_hold(request, evicting=evicting)
             options = []
             for name in self.nodes_for(member.spec):
-                found = _screen(self, name, request, priority) if name in maybe else None
+                found = _screen(self, name, member, priority) if name in maybe else None
                 if isinstance(found, _Option):
                     options.append(found)
             kept = sorted(options)
@@ -784,7 +810,8 @@ def _best_node(
     demand: Demand,
     trial: dict[str, _NodeState],
     taken: set[str],
-    budget: Budget,
+    budget: limits.Budget,
+    spared: dict[str, str],
 ) -> _Choice | str:
     """The node with the cheapest minimal victim set for the member, searched exactly but not node by
     node: nodes that cannot hold it even with every eligible idle pod evicted are screened out by
@@ -796,8 +823,8 @@ def _best_node(
 
     def screen_node(name: str) -> _Option | str | None:
         if name not in touched:
-            return _screen(index, name, request, demand.priority)
-        return _screen(index, name, request, demand.priority, state=trial.get(name) or _NodeState(), taken=taken)
+            return _screen(index, name, member, demand.priority)
+        return _screen(index, name, member, demand.priority, state=trial.get(name) or _NodeState(), taken=taken)
 
     spent = budget.spent()
     fresh = [o for o in map(screen_node, touched.intersection(names)) if isinstance(o, _Option)]
@@ -813,9 +840,12 @@ def _best_node(
         limited = {u.key: budget.refuse(u.slots()) for u in option.units}
         eligible = [u for u in option.units if limited[u.key] is None]
         if len(eligible) < len(option.units):  # limits take some units away: screen again without them
-            why = "".join(sorted({f" ({w})" for w in limited.values() if w}))
-            found = _option(node, request, eligible, option.free, cluster, state)
+            why = "".join(sorted({f" ({w}{_whole(k)})" for k, w in limited.items() if w}))
+            found = _option(node, member, eligible, option.free, cluster, state)
             if not isinstance(found, _Option):
+                for unit in option.units:
+                    if limited[unit.key]:
+                        _spare(unit, limited[unit.key] or "", spared)
                 failures.append((found or _short(node.name, request, option.units, option.units, option.units)) + why)
                 continue
             if best is not None and found.bound > best.cost():

@@ -28,6 +28,7 @@ from descheduler import cooldown_store, cooldowns, evictor, gang_release, policy
 logger = logging.getLogger(__name__)
 
 POLICY_INVALID = "ReclaimPolicyInvalid"
+WOULD_EVICT = "IdleGPUReclaimWouldEvict"  # dry-run: its own reason, so alerts on IdleGPUReclaimed stay quiet
 
 
 class Querier(Protocol):
@@ -105,6 +106,10 @@ class ReclaimLoop:
         self._metrics = Metrics(registry if registry is not None else prometheus_client.CollectorRegistry())
         self._memory = cooldowns.State()  # dry-run / offline cooldowns
         self._reported: set[tuple[str, str]] = set()  # (class, problem) already reported
+        # Pods evicted (or, in dry-run, that would have been) -> (the demand they were evicted for, until when
+        # it is remembered: the preemptor cooldown). Until the snapshot shows them gone their GPUs are that
+        # demand's and they are never victims again; a new leader starts empty but sees terminating pods.
+        self._leaving: dict[str, tuple[str | None, float]] = {}
 
     @property
     def _persist(self) -> bool:
@@ -145,15 +150,17 @@ class ReclaimLoop:
         if self._persist and self._api is not None:
             state = await cooldown_store.load(self._api, config=self._config)
         lap("policies")
-        screened = reclaim.screen_all(cluster, policies=policies, state=state, names=self._config.names, now=now)
+        screened = reclaim.screen_all(cluster, policies=policies, state=state, config=self._config, now=now)
         wanted = reclaim.windows_needed(screened)
         lap("screen")
         assessments, queries, errors = await self._measure(cluster, wanted, policies, now=now)
         lap("measure")
         demands = reclaim.demands_from_snapshot(cluster) + gang_demands(cluster, config=self._config, now=now)
         lap("demands")
+        self._leaving = {k: v for k, v in self._leaving.items() if v[1] > now}
         plan = reclaim.plan(cluster=cluster, policies=policies, assessments=assessments, demands=demands,
-                            state=state, config=self._config, now=now, screened=screened)
+                            state=state, config=self._config, now=now, screened=screened,
+                            leaving={k: demand for k, (demand, _) in self._leaving.items()})
         lap("plan")
         self._metrics.candidates.set(plan.candidates)
         self._metrics.idle_gpus.set(plan.idle_gpus)
@@ -196,7 +203,7 @@ class ReclaimLoop:
             self._metrics.queries.inc()
             try:
                 promql = utilisation.query(window, config=self._config.prometheus,
-                                           statistic=self._config.descheduler.reclaim.idle_statistic,
+                                           reclaim=self._config.descheduler.reclaim,
                                            below_percent=max(thresholds.values(), default=0.0))
                 rows = await self._prometheus.query(promql, time=now)
             except prometheus.PrometheusError as exc:
@@ -230,7 +237,7 @@ class ReclaimLoop:
                    outcome.detail)
         table: dict[evictor.Result, tuple[events.EventType, str, str]] = {
             evictor.Result.EVICTED: ("Normal", "IdleGPUReclaimed", f"Evicted: {eviction.reason}"),
-            evictor.Result.WOULD_EVICT: ("Normal", "IdleGPUReclaimed", f"Would evict (dry-run): {eviction.reason}"),
+            evictor.Result.WOULD_EVICT: ("Normal", WOULD_EVICT, f"Would evict (dry-run): {eviction.reason}"),
             evictor.Result.BLOCKED: ("Warning", "EvictionBlocked", f"Not evicted: {outcome.detail}"),
             evictor.Result.FAILED: ("Warning", "EvictionFailed", f"Eviction failed: {outcome.detail}"),
         }
@@ -268,6 +275,8 @@ class ReclaimLoop:
         done = [o.eviction for o in outcomes if o.result in evictor.SUCCESS]
         if not done:
             return
+        remember = now + self._config.descheduler.reclaim.cooldowns.preemptor_seconds
+        self._leaving.update({e.pod: (e.preemptor, remember) for e in done})
         fresh = cooldowns.record(
             cooldowns.State(),
             preemptors=sorted({e.preemptor for e in done if e.preemptor}),

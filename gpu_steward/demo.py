@@ -226,8 +226,9 @@ def _gpu_steward(
         "descheduler": {
             "leader_election": {"lease_namespace": "gpu-steward", "lease_duration_seconds": 6,
                                 "renew_deadline_seconds": 4, "retry_period_seconds": 1},
-            "reclaim": {"interval_seconds": 5, "sample_interval_seconds": SCRAPE_SECONDS,
-                        "max_sample_age_seconds": 20},
+            # The notebook is a bare pod, as JupyterHub starts them: allowed to go (off by default).
+            "reclaim": {"interval_seconds": 5, "max_sample_age_seconds": 20,
+                        "conventions": {"evict_bare_pods": True}},
             "gangs": {"resync_seconds": 2},
         },
     }

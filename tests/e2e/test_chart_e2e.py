@@ -271,7 +271,7 @@ def descheduler(release: Release, prometheus_factory: prometheus.StartPrometheus
         "prometheus": {"url": dcgm.url, "occupancy_refresh_seconds": 1},
         "descheduler": {
             "leader_election": {"lease_duration_seconds": 6, "renew_deadline_seconds": 4, "retry_period_seconds": 1},
-            "reclaim": {"interval_seconds": 1, "sample_interval_seconds": 1,
+            "reclaim": {"interval_seconds": 1, "conventions": {"evict_bare_pods": True},  # the test's pods are bare
                         "cooldowns": {"preemptor_seconds": 0, "node_seconds": 0, "workload_seconds": 0}},
             "gangs": {"resync_seconds": 1},
         },

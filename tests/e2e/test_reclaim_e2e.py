@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from common import gpu, settings
-from descheduler import policy
+from descheduler import policy, unschedulable
 from gpu_steward import localcluster
 from tests.e2e import conftest
 from tests.support import kube, prometheus
@@ -110,8 +110,8 @@ def test_idle_pod_is_evicted_for_a_pending_pod_and_a_disruption_budget_blocks_an
     dcgm = prometheus_factory(dcgm_history(cluster, namespace), now=time.time() + AHEAD_SECONDS)
     descheduler = descheduler_factory({
         "prometheus": {"url": dcgm.url, "occupancy_refresh_seconds": 1},
-        "descheduler": {"reclaim": {"sample_interval_seconds": 1,
-                                    "cooldowns": {"node_seconds": 0, "workload_seconds": 0}}},
+        "descheduler": {"reclaim": {"cooldowns": {"node_seconds": 0, "workload_seconds": 0},
+                                    "conventions": {"evict_bare_pods": True}}},  # the test's pods are bare
     })
     # A pending pod of the same priority for each node: the scheduler cannot preempt for them.
     for name, node in (("want-free", free_node), ("want-guarded", guarded_node)):
@@ -153,3 +153,32 @@ def test_idle_pod_is_evicted_for_a_pending_pod_and_a_disruption_budget_blocks_an
         ("Normal", "GPUReclaimTriggered", "want-free"),
         ("Warning", "EvictionBlocked", "idle-guarded"),
     }
+
+
+def unschedulable_message(cluster: localcluster.LocalCluster, namespace: str, name: str) -> str | None:
+    for condition in (kube.pods(cluster, namespace).get(name, {}).get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+            return str(condition.get("message") or "") or None
+    return None
+
+
+def test_kube_scheduler_messages_read_as_demands_or_not(
+    gpu_cluster: conftest.GpuCluster, plain_namespace: str,
+) -> None:
+    """The scheduler's own Unschedulable messages on 1.37: a pod short of GPUs only is a reclaim demand; one
+    short of CPU too is not (freeing GPUs would not let it run)."""
+    cluster = gpu_cluster.cluster
+    too_many_gpus = kube.pod("gpus-only", namespace=plain_namespace, gpus=64)
+    cpu_too = kube.pod("cpu-too", namespace=plain_namespace, gpus=64)
+    cpu_too["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "100000"
+    for pod in (too_many_gpus, cpu_too):
+        cluster.kubectl("create", "-f", "-", input=json.dumps(pod))
+    gpus_only = kube.poll("gpus-only unschedulable",
+                          lambda: unschedulable_message(cluster, plain_namespace, "gpus-only"))
+    both = kube.poll("cpu-too unschedulable", lambda: unschedulable_message(cluster, plain_namespace, "cpu-too"))
+    read = unschedulable.read(gpus_only)
+    assert read is not None and read.gpu_short and not read.other, gpus_only
+    assert unschedulable.why_not_a_demand(gpus_only) is None, gpus_only
+    said = unschedulable.why_not_a_demand(both)
+    assert said is not None and said.startswith("kube-scheduler reports more than a GPU shortage ("), both
+    assert "Insufficient cpu" in said, both

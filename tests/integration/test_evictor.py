@@ -185,13 +185,26 @@ async def test_limits_checked_before_any_call_and_gangs_stop_together(
             eviction("g-1", node="n3", unit="gang:team-a/g")]
     outcomes = await the_evictor.evict_plan(plan, now=NOW)
     assert [(o.eviction.pod, o.result, o.detail) for o in outcomes][1:] == [
-        ("team-a/b", evictor.Result.LIMITED, "per-node eviction limit 1 reached on n1"),
+        ("team-a/b", evictor.Result.LIMITED, "per-node limit of 1 eviction decisions reached on n1"),
         ("team-a/g-0", evictor.Result.BLOCKED,
          "a PodDisruptionBudget blocks the eviction: HTTP 429: Cannot evict pod as it would violate the pod's "
          "disruption budget."),
         ("team-a/g-1", evictor.Result.SKIPPED, "gang member team-a/g-0 was not evicted"),
     ]
     assert [e["metadata"]["name"] for e in api.evictions] == ["a", "g-0"]
+
+
+async def test_a_gang_is_one_decision_for_the_limits(fake: tuple[FakeApi, client.ApiClient]) -> None:
+    """Charging pod by pod, a limit of 1 would stop a gang after its first member: a split gang."""
+    _, api_client = fake
+    config = settings.load(overrides={"descheduler": {"reclaim": {"limits": {"per_node": 1, "per_cycle": 1}}}})
+    the_evictor = evictor.Evictor(evictor.ApiEvictionClient(api_client, timeout_seconds=5),
+                                  config=config.descheduler.reclaim)
+    gang = [eviction(f"g-{i}", unit="gang:team-a/g") for i in range(4)]
+    outcomes = await the_evictor.evict_plan([*gang, eviction("a")], now=NOW)
+    assert [(o.eviction.pod, o.result) for o in outcomes] == [
+        *((f"team-a/g-{i}", evictor.Result.EVICTED) for i in range(4)), ("team-a/a", evictor.Result.LIMITED)]
+    assert outcomes[-1].detail == "per-cycle limit of 1 eviction decisions reached"
 
 
 def _cluster(config: settings.Settings) -> source.StaticSource:
@@ -224,7 +237,7 @@ class IdleFor:
     test_reclaim_prometheus.py); here the API side is under test."""
 
     async def query(self, promql: str, *, time: float | None = None) -> list[dict[str, Any]]:
-        stats = {"util": 1.0, "samples": 60.0, "series": 1.0, "valid": 1.0, "last": NOW - 10}
+        stats = {"util": 1.0, "samples": 60.0, "devices": 1.0, "valid": 1.0, "last": NOW - 10, "lag": -1.0, "gap": 1.0}
         return [{"metric": {"gs_namespace": "team-a", "gs_pod": "idle", "gs_host": "n1", "gs_stat": f"gpu_{k}"},
                  "value": [NOW, str(v)]} for k, v in stats.items()]
 
@@ -248,7 +261,7 @@ async def test_cycle_evicts_posts_events_and_persists_cooldowns(
     assert told == {
         ("PriorityClass", "broken", "Warning", "ReclaimPolicyInvalid"):
             f"PriorityClass broken not reclaimable: {p_key('resource-idle-seconds')}='soon' is not an integer",
-        ("Pod", "idle", "Normal", "IdleGPUReclaimed"):
+        ("Pod", "idle", "Normal", "IdleGPUReclaimWouldEvict" if dry_run else "IdleGPUReclaimed"):
             f"{verb}: peak GPU utilisation 1.0% < 5% over 3600s; reclaimed for team-b/want (priority 10000)",
         ("Pod", "want", "Normal", "GPUReclaimTriggered"):
             f"{verb} 1 idle GPU pod(s) for this pod (priority 10000): team-a/idle",
@@ -259,7 +272,7 @@ async def test_cycle_evicts_posts_events_and_persists_cooldowns(
     if dry_run:
         assert stored.until == {}  # a dry-run writes nothing
     else:
-        assert stored.until == {"preemptor:team-b/want": NOW + 30, "node:n1": NOW + 300,
+        assert stored.until == {"preemptor:team-b/want": NOW + 180, "node:n1": NOW + 300,
                                 "workload:team-a/Job/nb": NOW + 900}
         # A new leader (a fresh loop) reads them back: the same pod is not hit again.
         again = reclaim_loop.ReclaimLoop(config=config, cluster=_cluster(config), prometheus=IdleFor(),

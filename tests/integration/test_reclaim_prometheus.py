@@ -59,6 +59,7 @@ def cluster_pods() -> list[dict[str, Any]]:
                 cls: str = "hourly") -> dict[str, Any]:
         def mutate(body: dict[str, Any]) -> None:
             body["spec"].update(priorityClassName=cls, priority=1000)
+            body["metadata"]["ownerReferences"] = [{"kind": "Job", "name": name, "controller": True}]
 
         return builders.pod(name, namespace="team-a", gpus=gpus, mig=mig, node=node, phase="Running",
                             created="2020-01-01T00:00:00Z", mutate=mutate)
@@ -112,7 +113,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServe
         pytest.param("multi-idle", True, "GPU utilisation 4.0% < 10%", id="multi-gpu-all-idle-max"),
         pytest.param("mig-idle", True, "GPU utilisation 2.0% < 10%", id="mig-ratio-times-100"),
         pytest.param("mig-busy", False, "GPU utilisation 50.0% >= 10%", id="mig-busy"),
-        pytest.param("gappy", False, "DCGM_FI_DEV_GPU_UTIL: 30 samples over 3600s, need 54 (90% coverage)",
+        pytest.param("gappy", False, "DCGM_FI_DEV_GPU_UTIL: coverage: first sample ~1830s after the window's start",
                      id="coverage-gap"),
         pytest.param("stale", False, "no sample within Prometheus' lookback (stale)", id="stale"),
         pytest.param("elsewhere", False, "DCGM series come from n9, not the pod's node n1", id="other-host"),
@@ -130,8 +131,8 @@ async def test_assess_against_real_prometheus(
     client = prometheus.Client(settings.Prometheus(url=server.url))
     try:
         rows = await client.query(utilisation.query(
-            HOUR, config=config.prometheus, statistic=config.descheduler.reclaim.idle_statistic,
-            below_percent=below_percent), time=server.now)
+            HOUR, config=config.prometheus, reclaim=config.descheduler.reclaim, below_percent=below_percent),
+            time=server.now)
     finally:
         client.close()
     cluster = build(config, server.now)
@@ -153,7 +154,7 @@ async def test_window_statistic_on_a_bursty_pod(server: PrometheusServer, statis
     config = settings.load(overrides={"descheduler": {"reclaim": {"idle_statistic": statistic}}})
     client = prometheus.Client(settings.Prometheus(url=server.url))
     try:
-        rows = await client.query(utilisation.query(HOUR, config=config.prometheus, statistic=statistic),
+        rows = await client.query(utilisation.query(HOUR, config=config.prometheus, reclaim=config.descheduler.reclaim),
                                   time=server.now)
     finally:
         client.close()
@@ -216,3 +217,109 @@ async def test_prometheus_down_evicts_nothing_and_says_so() -> None:
     assert all("cannot reach" in e for e in cycle.prometheus_errors)
     assert {s.reason.split(":")[0] for s in cycle.plan.spared} == {"not idle"}
     assert "Prometheus query failed: cannot reach" in {s.pod: s.reason for s in cycle.plan.spared}["team-a/idle"]
+
+
+# --- Coverage by time, at the scrape intervals dcgm-exporter is run with -------------------------------
+
+TEN_MINUTES = 600
+
+
+def scraped(every: float, *, start: float = 900, end: float = 5, value: float = 1.0,
+            missing: tuple[float, float] | None = None) -> list[tuple[float, float]]:
+    """A sample every `every` seconds from `start` to `end` seconds ago, none in `missing` (from, to ago)."""
+    samples = []
+    ago = end
+    while ago <= start:
+        if missing is None or not missing[1] <= ago <= missing[0]:
+            samples.append((ago, value))
+        ago += every
+    return samples
+
+
+def copy(job: str) -> dict[str, str]:
+    """Labels of a second scrape of the same exporter (another job): another series, the same device."""
+    return {"job": job, "instance": f"{job}:9400"}
+
+
+COVERAGE_HISTORY = [
+    *(Series(UTIL, dcgm("0", pod=f"steady-{every}", host="n3"), scraped(every)) for every in (10, 15, 30, 60)),
+    # The issue's case: scraped every 15 s but measured only for the last 150 s of the window.
+    Series(UTIL, dcgm("1", pod="late-15", host="n3"), scraped(15, start=150)),
+    Series(UTIL, dcgm("2", pod="late-60", host="n3"), scraped(60, start=150)),
+    Series(UTIL, dcgm("3", pod="hole-15", host="n3"), scraped(15, missing=(400, 160))),
+    Series(UTIL, dcgm("4", pod="hole-30", host="n3"), scraped(30, missing=(300, 200))),
+    Series(UTIL, dcgm("5", pod="missed-one-60", host="n3"), scraped(60, missing=(250, 200))),
+    Series(UTIL, dcgm("6", pod="long-hole-60", host="n3"), scraped(60, start=4000, missing=(2400, 1200))),
+    # Six samples spread over the hour: not a 10-minute scrape to trust, a series with 10-minute holes.
+    Series(UTIL, dcgm("7", pod="sparse", host="n3"), scraped(600, start=3590)),
+    # dcgm-exporter scraped by two jobs: every device has two series.
+    Series(UTIL, {**dcgm("0", pod="twice-one-gpu", host="n4"), **copy("a")}, scraped(15)),
+    Series(UTIL, {**dcgm("0", pod="twice-one-gpu", host="n4"), **copy("b")}, scraped(15)),
+    *(Series(UTIL, {**dcgm(gpu, pod="twice-both-gpus", host="n4"), **copy(job)}, scraped(15))
+      for gpu in ("1", "2") for job in ("a", "b")),
+    Series(UTIL, {**dcgm("3", pod="twice-one-copy-late", host="n4"), **copy("a")}, scraped(15)),
+    Series(UTIL, {**dcgm("3", pod="twice-one-copy-late", host="n4"), **copy("b")}, scraped(15, start=100)),
+    # No UUID label (older exporters): the GPU index on the host is the device.
+    Series(UTIL, {**{k: v for k, v in dcgm("4", pod="no-uuid", host="n4").items() if k != "UUID"}, **copy("a")},
+           scraped(30)),
+    Series(UTIL, {**{k: v for k, v in dcgm("4", pod="no-uuid", host="n4").items() if k != "UUID"}, **copy("b")},
+           scraped(30)),
+    Series(UTIL, dcgm("5", pod="busy-late", host="n4"), scraped(15, start=150, value=70.0)),
+]
+
+
+@pytest.fixture(scope="module")
+def coverage_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    started = start_prometheus(tmp_path_factory.mktemp("prometheus-coverage"), COVERAGE_HISTORY)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def coverage_pod(name: str, *, node: str, gpus: int = 1) -> snapshot.Pod:
+    raw = builders.pod(name, namespace="team-a", gpus=gpus, node=node, phase="Running")
+    cluster = snapshot.build(nodes=[builders.gpu_node(node, gpus=8)], pods=[raw], priority_classes=[],
+                             names=settings.load().names, taken_at=0)
+    return cluster.pods[f"team-a/{name}"]
+
+
+@pytest.mark.parametrize(
+    ("pod", "node", "gpus", "window", "idle", "reason"),
+    [
+        *(pytest.param(f"steady-{every}", "n3", 1, TEN_MINUTES, True, "peak GPU utilisation 1.0% < 10% over 600s",
+                       id=f"covered-at-{every}s-scrape") for every in (10, 15, 30, 60)),
+        pytest.param("late-15", "n3", 1, TEN_MINUTES, False, "coverage: first sample ~", id="issue-15s-last-150s"),
+        pytest.param("late-60", "n3", 1, TEN_MINUTES, False, "coverage: first sample ~", id="60s-last-150s"),
+        pytest.param("hole-15", "n3", 1, TEN_MINUTES, False, "coverage: ~", id="15s-scrape-4-minute-hole"),
+        pytest.param("hole-30", "n3", 1, TEN_MINUTES, False, "without a sample within the 600s window",
+                     id="30s-scrape-3-missed"),
+        pytest.param("missed-one-60", "n3", 1, TEN_MINUTES, True, "1.0% < 10%", id="60s-scrape-one-missed-is-fine"),
+        pytest.param("long-hole-60", "n3", 1, HOUR, False, "without a sample within the 3600s window",
+                     id="hole-longer-than-prometheus-lookback"),
+        pytest.param("sparse", "n3", 1, HOUR, False, "observed scrape interval (~60s), at most 2x",
+                     id="sparse-samples-are-no-slow-scrape"),
+        pytest.param("twice-one-gpu", "n4", 2, TEN_MINUTES, False, "only 1 of 2 devices report",
+                     id="2-gpu-pod-one-gpu-scraped-twice-is-not-2-gpus"),
+        pytest.param("twice-both-gpus", "n4", 2, TEN_MINUTES, True, "1.0% < 10%", id="every-gpu-scraped-twice"),
+        pytest.param("twice-one-copy-late", "n4", 1, TEN_MINUTES, True, "1.0% < 10%",
+                     id="one-full-copy-covers-the-device"),
+        pytest.param("no-uuid", "n4", 1, TEN_MINUTES, True, "1.0% < 10%", id="no-uuid-label-index-is-the-device"),
+        pytest.param("busy-late", "n4", 1, TEN_MINUTES, False, "70.0% >= 10%", id="busy-needs-no-coverage"),
+    ],
+)
+@pytest.mark.parametrize("below_percent", [None, 10.0], ids=["every-row", "busy-pods-util-only"])
+async def test_coverage_by_time_at_several_scrape_intervals(
+    coverage_server: PrometheusServer, config: settings.Settings, pod: str, node: str, gpus: int, window: int,
+    idle: bool, reason: str, below_percent: float | None,
+) -> None:
+    client = prometheus.Client(settings.Prometheus(url=coverage_server.url))
+    try:
+        promql = utilisation.query(window, config=config.prometheus, reclaim=config.descheduler.reclaim,
+                                   below_percent=below_percent)
+        rows = await client.query(promql, time=coverage_server.now)
+    finally:
+        client.close()
+    result = utilisation.assess(coverage_pod(pod, node=node, gpus=gpus), readings=utilisation.parse(rows),
+                                window_seconds=window, threshold_percent=10, config=config, now=coverage_server.now)
+    assert (result.idle, reason in result.reason) == (idle, True), result.reason

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from common import fit, settings, snapshot, topology
-from descheduler import cooldowns, policy, reclaim, utilisation
+from descheduler import cooldowns, limits, policy, reclaim, utilisation
 from tests import builders
 
 P = policy.PREFIX
@@ -42,17 +42,21 @@ def running(
     priority: int = 1000,
     namespace: str = "team-a",
     created: str = TWO_HOURS_AGO,
-    owner: tuple[str, str] | None = None,
+    owner: tuple[str, str] | None = ("Job", ""),
     labels: dict[str, str] | None = None,
     annotations: dict[str, str] | None = None,
     deleting: bool = False,
+    volumes: list[Raw] | None = None,
 ) -> Raw:
+    """A running pod owned by a Job of its own name (`owner=None`: a bare pod)."""
     def mutate(body: Raw) -> None:
         body["spec"].update(priorityClassName=cls, priority=priority)
         body["status"]["conditions"] = [
             {"type": "PodScheduled", "status": "True", "lastTransitionTime": created}]
         if owner:
-            body["metadata"]["ownerReferences"] = [{"kind": owner[0], "name": owner[1], "controller": True}]
+            body["metadata"]["ownerReferences"] = [{"kind": owner[0], "name": owner[1] or name, "controller": True}]
+        if volumes:
+            body["spec"]["volumes"] = volumes
         if deleting:
             body["metadata"]["deletionTimestamp"] = "2026-11-21T11:59:00Z"
 
@@ -78,7 +82,8 @@ def gang(name: str) -> dict[str, str]:
 
 def mig_node(name: str, *, profiles: dict[str, int], state: str = "success") -> Raw:
     def mutate(body: Raw) -> None:
-        body["status"]["allocatable"] = {f"nvidia.com/mig-{p}": str(c) for p, c in profiles.items()}
+        body["status"]["allocatable"] = {**{f"nvidia.com/mig-{p}": str(c) for p, c in profiles.items()},
+                                         "cpu": "64", "memory": "512Gi", "pods": "110"}
         body["metadata"]["labels"][topology.MIG_CONFIG_STATE_LABEL] = state
 
     return builders.gpu_node(name, gpus=1, topology="none", mutate=mutate)
@@ -113,13 +118,18 @@ def run(
     overrides: dict[str, Any] | None = None,
     state: cooldowns.State = NO_COOLDOWNS,
     demands: Callable[[snapshot.Snapshot], list[reclaim.Demand]] | None = None,
+    leaving: Mapping[str, str | None] | None = None,
+    pod_groups: Mapping[str, str] | None = None,
+    groups: Sequence[Raw] = (),
 ) -> reclaim.Plan:
+    """`groups`: native PodGroup objects in the snapshot; `pod_groups`: disruption modes given to the planner."""
     config = settings.load(overrides=overrides or {})
-    cluster = snapshot.build(nodes=nodes, pods=pods, priority_classes=CLASSES, names=config.names, taken_at=NOW)
+    cluster = snapshot.build(nodes=nodes, pods=pods, priority_classes=CLASSES, names=config.names, taken_at=NOW,
+                             pod_groups=groups)
     policies = policy.parse_all(cluster.priority_classes, default_threshold_percent=5.0)
     wanted = demands(cluster) if demands else reclaim.demands_from_snapshot(cluster)
     return reclaim.plan(cluster=cluster, policies=policies, assessments=assessments, demands=wanted,
-                        state=state, config=config, now=NOW)
+                        state=state, config=config, now=NOW, leaving=leaving, pod_groups=pod_groups)
 
 
 def reason_of(result: reclaim.Plan, pod: str) -> str:
@@ -416,11 +426,11 @@ LIMIT_PODS = [
     [
         pytest.param({"per_cycle": 10, "per_node": 2, "per_namespace": 5}, 4, None, id="within-limits"),
         pytest.param({"per_cycle": 3, "per_node": 2, "per_namespace": 5}, 2,
-                     "per-cycle eviction limit 3 reached", id="per-cycle"),
+                     "per-cycle limit of 3 eviction decisions reached", id="per-cycle"),
         pytest.param({"per_cycle": 10, "per_node": 1, "per_namespace": 5}, 0,
-                     "per-node eviction limit 1 reached on n", id="per-node"),
+                     "per-node limit of 1 eviction decisions reached on n", id="per-node"),
         pytest.param({"per_cycle": 10, "per_node": 2, "per_namespace": 1}, 2,
-                     "per-namespace eviction limit 1 reached in team-", id="per-namespace"),
+                     "per-namespace limit of 1 eviction decisions reached in team-", id="per-namespace"),
     ],
 )
 def test_limits(limits: dict[str, int], evictions: int, reason: str | None) -> None:
@@ -438,7 +448,7 @@ def test_spent_cycle_budget_is_the_reason_for_later_demands() -> None:
                  overrides={"descheduler": {"reclaim": {"limits": {"per_cycle": 2}}}})
     assert [(o.demand, o.served, o.reason) for o in result.demands] == [
         ("team-b/w1", True, "2 idle pod(s) evicted on n1"),
-        ("team-b/w2", False, "no node can hold it: team-b/w2: per-cycle eviction limit 2 reached"),
+        ("team-b/w2", False, "no node can hold it: team-b/w2: per-cycle limit of 2 eviction decisions reached"),
     ]
 
 
@@ -449,7 +459,7 @@ def test_windows_needed_groups_screened_pods_by_idle_window() -> None:
     cluster = snapshot.build(nodes=[builders.gpu_node("n1", gpus=4)], pods=pods, priority_classes=CLASSES,
                              names=config.names, taken_at=NOW)
     policies = policy.parse_all(cluster.priority_classes, default_threshold_percent=5.0)
-    screened = reclaim.screen_all(cluster, policies=policies, state=NO_COOLDOWNS, names=config.names, now=NOW)
+    screened = reclaim.screen_all(cluster, policies=policies, state=NO_COOLDOWNS, config=config, now=NOW)
     assert {k: v if isinstance(v, str) else v.class_name for k, v in screened.items()} == {
         "team-a/a": "batch", "team-a/b": "yielding", "team-a/c": "PriorityClass sticky sets no idle window",
         "team-a/d": "already terminating",
@@ -464,7 +474,7 @@ def test_mode_always_needs_no_preemptor_and_honours_limits() -> None:
                  overrides={"descheduler": {"reclaim": {"mode": "always", "limits": {"per_cycle": 1}}}})
     assert evicted(result) == {("team-a/a", None)}
     assert reason_of(result, "team-a/a").endswith("mode always, no preemptor needed")
-    assert reason_of(result, "team-a/b") == "idle but spared: per-cycle eviction limit 1 reached"
+    assert reason_of(result, "team-a/b") == "idle but spared: per-cycle limit of 1 eviction decisions reached"
     assert reason_of(result, "team-a/c") == "PriorityClass sticky sets no idle window"
 
 
@@ -481,8 +491,15 @@ ALWAYS = {"descheduler": {"reclaim": {"mode": "always"}}}
         ),
         pytest.param(
             [*IDLE_GANG, launcher()], idle("team-a/g-0", "team-a/g-1"),
-            {"descheduler": {"reclaim": {"mode": "always", "limits": {"per_cycle": 2}}}}, set(), "team-a/g-0",
-            "idle but spared: per-cycle eviction limit 2 reached", id="launcher-eviction-counts-against-limits",
+            {"descheduler": {"reclaim": {"mode": "always", "limits": {"per_cycle": 1, "per_node": 1}}}},
+            {"team-a/g-0", "team-a/g-1", "team-a/g-launcher"}, "team-a/g-0", "mode always",
+            id="a-gang-with-its-launcher-is-one-decision",
+        ),
+        pytest.param(
+            [*IDLE_GANG, launcher()], idle("team-a/g-0", "team-a/g-1"),
+            {"descheduler": {"reclaim": {"mode": "always", "limits": {"per_cycle": 0}}}}, set(), "team-a/g-0",
+            "idle but spared: per-cycle limit of 0 eviction decisions reached; spares the whole gang team-a/g",
+            id="a-limit-spares-the-whole-gang-and-says-so",
         ),
     ],
 )
@@ -534,7 +551,7 @@ def test_gated_pods_are_not_single_demands() -> None:
 
 def reference_best_node(
     index: Any, member: reclaim.Member, demand: reclaim.Demand, trial: dict[str, Any], taken: set[str],
-    budget: reclaim.Budget,
+    budget: limits.Budget, spared: dict[str, str],
 ) -> Any:
     """The rule as written: every allowed node gets the full minimal-victim-set search; cheapest wins."""
     cluster, request = index.cluster, member.request
@@ -622,7 +639,10 @@ def test_fast_search_decides_as_the_plain_one(seed: int, most_nodes: int, monkey
                      state=state, demands=demands)
         # A demand nobody can serve lists a few nodes' reasons; which few is the search's business.
         outcomes = [(o.demand, o.served, o.victims, o.reason if o.served else None) for o in result.demands]
-        return result.evictions, result.spared, outcomes
+        # So does whether an idle pod left alone is told a limit kept it from a node the search looked at.
+        spared = [(s.pod, "idle, left" if s.reason.startswith(("idle (", "idle but spared: per-")) else s.reason)
+                  for s in result.spared]
+        return result.evictions, spared, outcomes
 
     fast = decide()
     monkeypatch.setattr(reclaim, "_best_node", reference_best_node)

@@ -220,3 +220,18 @@ def test_replayed_cluster_gives_an_evicted_pods_gpu_to_the_preemptor() -> None:
         "reclaim-idle-resource.scheduling.x-k8s.io/resource-idle-usage-threshold": "5",
         "reclaim-idle-resource.scheduling.x-k8s.io/toleration-seconds": "0",
     }
+
+
+@pytest.mark.parametrize(
+    ("samples", "idle_slots"),
+    [
+        pytest.param({**run(0, 3, BUSY), **run(4, 9)}, 6, id="idle-after-the-last-busy-sample"),
+        pytest.param({**run(0, 2), **run(3, 3, BUSY), **run(4, 5), **run(6, 6, BUSY), **run(7, 8)}, 2,
+                     id="idle-between-bursts-is-not-regret-free"),
+        pytest.param(run(0, 4), 5, id="never-busy-from-its-first-sample"),
+        pytest.param(run(0, 4, BUSY), 0, id="busy-to-the-end"),
+    ],
+)
+def test_clairvoyant_regret_free_reclaim(samples: dict[int, float], idle_slots: int) -> None:
+    trace = rt.Trace(step=STEP, slots=max(samples) + 1, pods={"p": pod(samples)})
+    assert rt.clairvoyant_hours(trace) == pytest.approx(idle_slots * STEP / 3600)
