@@ -198,8 +198,9 @@ WriteLease = Callable[[str], None]
 
 
 def gated_for_release(cluster: localcluster.LocalCluster, namespace: str) -> bool:
-    """Whether a plain 1-GPU pod would be created with our gate now (a server-side dry run)."""
-    probe = kube.pod("release-probe", namespace=namespace, gpus=1)
+    """Whether a plain 2-GPU pod (governed: admission.release_min_gpus is 2) would be created with our gate now
+    (a server-side dry run)."""
+    probe = kube.pod("release-probe", namespace=namespace, gpus=2)
     done = cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(probe))
     return NAMES.gate in kube.gates(json.loads(done.stdout))
 
@@ -287,7 +288,7 @@ def test_a_controller_that_stops_renewing_its_lease_stops_the_gating(
     kube.poll("the webhook stops gating without renewals", lambda: not gated_for_release(cluster, namespace),
               timeout_seconds=stale + 30, interval_seconds=1)
 
-    stored = create_and_read(cluster, kube.pod("after-the-controller", namespace=namespace, gpus=1))
+    stored = create_and_read(cluster, kube.pod("after-the-controller", namespace=namespace, gpus=2))
     assert kube.gates(stored) == []
     record = decision(stored) or ""
     assert "not placed at release: controller down" in record and f"ago (over {stale:g}s))" in record, record
@@ -314,7 +315,7 @@ def test_pod_created_with_node_name_is_accepted_without_gate_or_affinity(
     if not labels:
         controller_seen_alive(cluster, namespace, controller_lease)
     node = gpu_cluster.node_names[0]
-    pod = kube.pod("bound", namespace=namespace, gpus=1, labels=labels)
+    pod = kube.pod("bound", namespace=namespace, gpus=2, labels=labels)
     pod["spec"]["nodeName"] = node
 
     stored = create_and_read(cluster, pod)

@@ -152,8 +152,9 @@ def test_gang_that_cannot_fit_stays_fully_gated_until_it_can_then_all_of_it_bind
     kube.poll("blocker bound", lambda: kube.pods(cluster, namespace)["blocker"]["spec"].get("nodeName"))
 
     create_members(cluster, namespace, "big", size=8, gpus=4, members=range(8))
-    # Its nodes: every GPU node its members may use (admission adds no required term), the 2-GPU ones included.
-    capacity = f"gang {namespace}/big: complete; waiting for 4 more free GPUs (32 needed, 28 free on its nodes)"
+    # Its nodes: the GPU nodes its members could ever run on (the capacity model: a 2-GPU node never holds a
+    # 4-GPU member), so the four 8-GPU nodes, one of them taken by the blocker.
+    capacity = f"gang {namespace}/big: complete; waiting for 8 more free GPUs (32 needed, 24 free on its nodes)"
     waiting_told(cluster, namespace, "big", count=8, says=re.compile(re.escape(capacity)))
     hold_gated(cluster, namespace, "big", count=8)
     cluster.kubectl("delete", "pod", "blocker", "-n", namespace, "--wait=true")
