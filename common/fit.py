@@ -230,8 +230,8 @@ def _requirements_key(requirements: Any) -> tuple[Any, ...] | None:
 
 
 def _required_affinity_key(required: Any) -> Any:
-    """What `why_not` reads of the required node affinity, hashable. Every GPU pod in strict placement
-    carries one (our NVLink expression), so the usual shape takes a fast path; any other is frozen whole."""
+    """What `why_not` reads of the required node affinity, hashable. Pods often carry one in the usual shape (a
+    node pool, our release pin), so that shape takes a fast path; any other is frozen whole."""
     if required is None:
         return None
     if type(required) is dict and type(terms := required.get("nodeSelectorTerms")) is list:

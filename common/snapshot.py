@@ -130,7 +130,6 @@ class Node:
     requested_full: int  # full GPUs requested by pods bound here (>= len(used) when over-committed)
     mig_used: Mapping[str, int]
     pods: tuple[str, ...]  # keys of GPU pods bound here
-    labelled_domain_size: int | None = None  # the `<prefix>nvlink-domain-size` label, if a positive int
     resources: Mapping[str, int] = dataclasses.field(default_factory=dict)  # allocatable, every resource
     requested: Mapping[str, int] = dataclasses.field(default_factory=dict)  # held by pods, `pods` = their count
     reserved: tuple[str, ...] = ()  # keys of GPU pods holding GPUs here but not bound yet
@@ -193,11 +192,6 @@ class Snapshot:
             node = self.nodes[name]
             groups.setdefault(node.gpu_state, []).append(node)
         return {state: tuple(group) for state, group in groups.items()}
-
-    @functools.cached_property
-    def labelled_domain_sizes(self) -> frozenset[int]:
-        """Values of the `<prefix>nvlink-domain-size` label across nodes (what a required term can match)."""
-        return frozenset(n.labelled_domain_size for n in self.nodes.values() if n.labelled_domain_size)
 
     def pods_on(self, node: str) -> list[Pod]:
         return [self.pods[k] for k in self.nodes[node].pods] if node in self.nodes else []
@@ -350,7 +344,6 @@ def build(
             requested_full=sum(p.request.full for p in resident),
             mig_used=mig_used,
             pods=tuple(p.key for p in resident if not p.reserved),
-            labelled_domain_size=topology.positive_int((meta.get("labels") or {}).get(names.nvlink_domain_size)),
             resources=resources.node_allocatable(raw),
             requested={**resources.add(*holders), resources.PODS: len(holders)},
             reserved=tuple(p.key for p in resident if p.reserved),
@@ -371,7 +364,7 @@ def build(
         parsed=parsed,
     )
     # Derived views are computed here, where the shell builds (off the request path), not on first use.
-    _ = built.nodes_by_gpu_state, built.labelled_domain_sizes
+    _ = built.nodes_by_gpu_state
     return built
 
 

@@ -14,9 +14,11 @@ expectations): they hold the node they were pinned to and are not planned again,
 never promised twice and a burst of single pods is released pass after pass without waiting for the
 watch to catch up.
 
-Each member is released by one patch (pin + remove our gate), members concurrently, at most
-`descheduler.gangs.max_concurrent_patches` calls in flight. A failure leaves a started gang whose
-rest the next pass releases (see `gang_release`, "already started"); pins already set are kept.
+A single pod is released by one patch: its pin, its placement record and the removal of our gate. A gang's
+members are all pinned first, then all un-gated, so a failure while pinning releases none; a failure while
+un-gating leaves a started gang whose rest the next pass releases (see `gang_release`, "already started"),
+keeping the pins already set. Calls run concurrently, at most `descheduler.gangs.max_concurrent_patches`
+in flight.
 """
 
 from __future__ import annotations
@@ -76,15 +78,12 @@ def _release_kind(decision: gang_release.Decision) -> str:
 
 
 async def _all(calls: Iterable[Awaitable[None]]) -> None:
-    """Run the calls concurrently; all of them finish, then the first API failure (if any) is raised."""
-    results = await asyncio.gather(*calls, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException) and not isinstance(result, kube.ApiError | aiohttp.ClientError |
-                                                                  TimeoutError):
-            raise result
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
+    """Run the calls concurrently; once all have finished, raise the first unexpected error, else the first API
+    failure (if any)."""
+    failed = [r for r in await asyncio.gather(*calls, return_exceptions=True) if isinstance(r, BaseException)]
+    unexpected = [e for e in failed if not isinstance(e, kube.ApiError | aiohttp.ClientError | TimeoutError)]
+    if unexpected or failed:
+        raise (unexpected or failed)[0]
 
 
 def _pod_path(key: str) -> str:

@@ -217,11 +217,11 @@ def fields(*requirements: dict[str, Any]) -> dict[str, Any]:
                      id="fields-other-key-not-excluded"),
         pytest.param(required(fields(name_is("Exists"))), None, id="fields-exists-not-excluded"),
         pytest.param(required(fields(name_is("In", "a", "b"))), None, id="fields-two-values-not-excluded"),
-        # the webhook's own NVLink expression, ANDed into the user's term (affinity.add_required)
+        # a user's term with a label selector and a Gt on our domain-size label, ANDed
         pytest.param(required(labels(expr(PRODUCT, "In", "H100"), expr(SIZE, "Gt", "3"))), None,
-                     id="merged-nvlink-expression-met"),
+                     id="selector-and-domain-size-met"),
         pytest.param(required(labels(expr(PRODUCT, "In", "H100"), expr(SIZE, "Gt", "7"))),
-                     f"{NO_MATCH} (term 1: {SIZE} Gt [7])", id="merged-nvlink-expression-unmet"),
+                     f"{NO_MATCH} (term 1: {SIZE} Gt [7])", id="selector-and-domain-size-unmet"),
         pytest.param(required(labels(expr(PRODUCT, "In", "A100"), expr(SIZE, "Gt", "3")),
                               {**fields(name_is("In", "n")), **labels(expr(SIZE, "Gt", "3"))}), None,
                      id="merged-nvlink-expression-in-every-term"),
