@@ -48,6 +48,7 @@ sys.path.append(str(ROOT))  # after site-packages: an installed gpu-steward wins
 
 from common import settings, snapshot, source  # noqa: E402
 from descheduler import evictor, policy, reclaim, reclaim_loop  # noqa: E402
+from gpu_steward import cmd_descheduler  # noqa: E402
 
 SCRIPT = pathlib.Path(__file__).resolve()
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "reclaim_cycle.json"
@@ -250,7 +251,8 @@ def _scenario(cluster: snapshot.Snapshot, prometheus: FakePrometheus, *, config:
     with _capturing(reclaim, "plan", inputs):  # the planner's inputs, to time it alone below
         for _ in range(cycles + 1):
             loop = reclaim_loop.ReclaimLoop(config=config, cluster=source.StaticSource(cluster), prometheus=prometheus,
-                                            evictions=evictor.DryRunClient(), api=None, clock=lambda: NOW)
+                                            evictions=evictor.DryRunClient(), api=None, clock=lambda: NOW,
+                                            gang_demands=cmd_descheduler.gang_demands(config))
             before, started, used = prometheus.queries, time.perf_counter(), time.process_time()
             results.append(asyncio.run(loop.cycle()))
             wall.append(time.perf_counter() - started)

@@ -566,7 +566,7 @@ class Reclaim(Model):
 
 
 class Gangs(Model):
-    """Gang release (see descheduler/gang_release.py for the rules)."""
+    """Gang release (see descheduler/release/planning.py for the rules)."""
 
     enabled: bool = pydantic.Field(default=True, description="Run the gang-release loop (off: gated pods stay gated).")
     resync_seconds: Seconds = pydantic.Field(

@@ -23,7 +23,7 @@ import prometheus_client
 from kubernetes_asyncio import client
 
 from common import events, prometheus, settings, snapshot, source
-from descheduler import cooldown_store, cooldowns, evictor, gang_release, policy, reclaim, utilisation
+from descheduler import cooldown_store, cooldowns, evictor, policy, reclaim, utilisation
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +63,9 @@ class Cycle:
     seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)  # duration of each phase
 
 
-def gang_demands(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float) -> list[reclaim.Demand]:
-    """Complete gated gangs that wait only for GPUs, as the gang controller sees them."""
-    waiting = gang_release.plan(cluster, config=config, now=now).demand
-    return [reclaim.gang_demand(d.gang, d.members) for d in waiting]
+GangDemands = Callable[[snapshot.Snapshot, float], Sequence[reclaim.Demand]]
+"""(snapshot, now) -> complete gated gangs that wait only for GPUs, as the release controller sees them. Wired in
+by the process (`gpu_steward.cmd_descheduler.gang_demands`): reclaim does not import release (import-linter)."""
 
 
 def _threshold(pod: snapshot.Pod, *, policies: Mapping[str, policy.ReclaimPolicy]) -> float:
@@ -96,8 +95,10 @@ class ReclaimLoop:
         api: client.ApiClient | None,
         registry: prometheus_client.CollectorRegistry | None = None,
         clock: Callable[[], float] = time.time,
+        gang_demands: GangDemands | None = None,
     ) -> None:
         self._config = config
+        self._gang_demands = gang_demands
         self._cluster = cluster
         self._prometheus = prometheus
         self._evictor = evictor.Evictor(evictions, config=config.descheduler.reclaim)
@@ -155,7 +156,9 @@ class ReclaimLoop:
         lap("screen")
         assessments, queries, errors = await self._measure(cluster, wanted, policies, now=now)
         lap("measure")
-        demands = reclaim.demands_from_snapshot(cluster) + gang_demands(cluster, config=self._config, now=now)
+        demands = reclaim.demands_from_snapshot(cluster)
+        if self._gang_demands is not None:
+            demands += self._gang_demands(cluster, now)
         lap("demands")
         self._leaving = {k: v for k, v in self._leaving.items() if v[1] > now}
         plan = reclaim.plan(cluster=cluster, policies=policies, assessments=assessments, demands=demands,

@@ -2,7 +2,7 @@
 reclaim, nor the other way round.
 
     failures = supervisor.Failures(registry)
-    await supervisor.keep_running("gangs", lambda: gang_controller.run(...), failures=failures, cfg=cfg)
+    await supervisor.keep_running("gangs", lambda: controller.run(...), failures=failures, cfg=cfg)
 
 Each failure is logged with its traceback, counted in `gpu_steward_descheduler_loop_failures_total{loop}`,
 and the loop is started again after a doubling, jittered wait (`descheduler.loop_restart_*`). The wait

@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 import prometheus_client
 
-from common import buildinfo, httpserver, settings, source
-from descheduler import evictor, health, reclaim_loop, supervisor
+from common import buildinfo, httpserver, settings, snapshot, source
+from descheduler import evictor, health, reclaim, reclaim_loop, supervisor
+from descheduler.release import planning
 from gpu_steward import cmdline
 
 if TYPE_CHECKING:
@@ -231,6 +232,17 @@ async def _serving(
         yield
 
 
+def gang_demands(config: settings.Settings) -> reclaim_loop.GangDemands:
+    """What reclaim may free capacity for besides pending pods: the complete gated gangs the release planner finds
+    waiting only for GPUs. Wired here, in the process, so that release and reclaim never import each other."""
+
+    def waiting(cluster: snapshot.Snapshot, now: float) -> list[reclaim.Demand]:
+        return [reclaim.gang_demand(s.gang, s.members)
+                for s in planning.plan(cluster, config=config, now=now).shortages]
+
+    return waiting
+
+
 async def _work(
     *, config: settings.Settings, cluster: source.StaticSource | feeder.Feeder, once: bool, dcgm: Any, api: Any,
     registry: prometheus_client.CollectorRegistry,
@@ -242,13 +254,14 @@ async def _work(
     )
     if isinstance(cluster, source.StaticSource):
         loop = reclaim_loop.ReclaimLoop(config=config, cluster=cluster, prometheus=dcgm, evictions=client, api=None,
-                                        registry=registry)
+                                        registry=registry, gang_demands=gang_demands(config))
         if once:
             return await loop.cycle()
         await loop.run()
         return None
 
-    from descheduler import gang_controller, leader
+    from descheduler import leader
+    from descheduler.release import controller
 
     live = cluster
     async with asyncio.TaskGroup() as tg:
@@ -261,9 +274,9 @@ async def _work(
                     published.clear()
             live.unsubscribe(published)
             loop = reclaim_loop.ReclaimLoop(config=config, cluster=live, prometheus=dcgm, evictions=client, api=api,
-                                            registry=registry)
+                                            registry=registry, gang_demands=gang_demands(config))
 
-            gang_metrics = gang_controller.Metrics(registry)
+            gang_metrics = controller.Metrics(registry)
             failures = supervisor.Failures(registry)
 
             async def lead() -> None:
@@ -272,7 +285,7 @@ async def _work(
                 changes = live.subscribe()
 
                 def gangs() -> Coroutine[Any, Any, None]:
-                    return gang_controller.run(config=config, source=live, api=api, changes=changes,
+                    return controller.run(config=config, source=live, api=api, changes=changes,
                                                metrics=gang_metrics)
 
                 try:

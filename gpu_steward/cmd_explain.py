@@ -16,7 +16,7 @@ import yaml
 
 from admission import mutation, scoring
 from common import gpu, resources, settings, snapshot, source
-from descheduler import release_place
+from descheduler.release import layout
 from gpu_steward import cmdline
 
 Release = list[tuple[str, bool, str]]
@@ -75,7 +75,7 @@ def _release(admitted: dict[str, Any], cluster: snapshot.Snapshot, *, config: se
     meta.setdefault("name", meta.get("generateName", "pod") + "(new)")
     pod = snapshot.build(nodes=[], pods=[admitted], names=config.names, taken_at=None).pods.get(
         f"{meta.get('namespace') or 'default'}/{meta['name']}")
-    return release_place.explain(pod, cluster, scoring=config.scoring) if pod is not None else []
+    return layout.explain(pod, cluster, scoring=config.scoring) if pod is not None else []
 
 
 def read_pod(name: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from common import feeder, kube, settings, snapshot, source
-from descheduler import gang_release
+from descheduler.release import planning
 from gpu_steward import cmdline
 
 
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, kube.ApiError, TimeoutError) as exc:
         print(f"gangs: {exc}", file=sys.stderr)
         return 2
-    result = gang_release.plan(cluster, config=config, now=now)
+    result = planning.plan(cluster, config=config, now=now)
     print(json.dumps(as_json(result), indent=2) if args.output == "json" else as_text(result))
     return 0
 
@@ -67,7 +67,7 @@ async def _live(config: settings.Settings) -> snapshot.Snapshot:
         await api.close()
 
 
-def as_json(result: gang_release.Plan) -> dict[str, Any]:
+def as_json(result: planning.ReleasePlan) -> dict[str, Any]:
     return {
         "gangs": [
             {
@@ -87,11 +87,11 @@ def as_json(result: gang_release.Plan) -> dict[str, Any]:
             }
             for d in result.decisions
         ],
-        "demand": [{"gang": d.gang, "nodes": list(d.nodes), "missing_gpus": d.missing_gpus} for d in result.demand],
+        "demand": [{"gang": d.gang, "nodes": list(d.nodes), "missing_gpus": d.missing_gpus} for d in result.shortages],
     }
 
 
-def as_text(result: gang_release.Plan) -> str:
+def as_text(result: planning.ReleasePlan) -> str:
     if not result.decisions:
         return "no gangs"
     lines = []

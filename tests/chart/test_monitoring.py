@@ -16,7 +16,8 @@ import yaml
 
 from admission import metrics as admission_metrics
 from common import feeder
-from descheduler import evictor, gang_controller, reclaim_loop
+from descheduler import evictor, reclaim_loop
+from descheduler.release import controller
 from tests.chart import helm
 
 METRIC = re.compile(r"\b(gpu_steward_[a-z0-9_]*[a-z0-9])\b(?:\{([^}]*)\})?")
@@ -35,7 +36,7 @@ def exported() -> dict[str, set[str]]:
     registry = prometheus_client.CollectorRegistry()
     admission_metrics.Metrics(snapshot_age=lambda: None, registry=registry)
     feeder._Metrics(registry)
-    gang_controller.Metrics(registry)
+    controller.Metrics(registry)
     reclaim_loop.Metrics(registry)
     names: dict[str, set[str]] = {}
     for family in registry.collect():

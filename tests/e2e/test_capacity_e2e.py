@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from common import capacity, fit, gpu, placement, resources, settings, snapshot
-from descheduler import gang_patch
+from descheduler.release import patches
 from gpu_steward import localcluster
 from tests.e2e import conftest
 from tests.support import kube
@@ -127,7 +127,7 @@ def test_capacity_model_agrees_with_kube_scheduler(
 def test_one_patch_pins_and_ungates_and_the_pod_binds_there(
     gpu_cluster: conftest.GpuCluster, plain_namespace: str, required_terms: list[dict[str, Any]] | None
 ) -> None:
-    """gang_patch.release: our pin and the removal of our gate in one JSON patch, as the release controller sends
+    """patches.release: our pin and the removal of our gate in one JSON patch, as the release controller sends
     it (guarded by the resourceVersion test), is accepted while the pod is gated, and the pod binds there."""
     cluster = gpu_cluster.cluster
     target = "kwok-8g2d-2"
@@ -138,12 +138,12 @@ def test_one_patch_pins_and_ungates_and_the_pod_binds_there(
     # second replica with an older view would send it, is refused whole by its resourceVersion test.
     cluster.kubectl("annotate", "pod", "solo", "-n", plain_namespace, "example.com/touched=yes")
     refused = cluster.kubectl("patch", "pod", "solo", "-n", plain_namespace, "--type=json", "-p",
-                              json.dumps(gang_patch.release(stale, gate=NAMES.gate, node="kwok-8g2d-3")), check=False)
+                              json.dumps(patches.release(stale, gate=NAMES.gate, node="kwok-8g2d-3")), check=False)
     assert refused.returncode != 0, refused.stdout
     still = cluster.kubectl_json("get", "pod", "solo", "-n", plain_namespace)
     assert kube.gates(still) == [NAMES.gate] and snapshot.pinned_node(still) is None, "nothing of it applied"
 
-    ops = gang_patch.release(still, gate=NAMES.gate, node=target)
+    ops = patches.release(still, gate=NAMES.gate, node=target)
     assert ops[0]["op"] == "test" and any(o["op"] == "remove" for o in ops)
     done = cluster.kubectl("patch", "pod", "solo", "-n", plain_namespace, "--type=json", "-p", json.dumps(ops),
                            check=False)

@@ -1,7 +1,7 @@
 """Gang release planning: which gated gangs may start now, where, and why the others wait.
 
 Pure: a `Snapshot`, the settings and `now` in, decisions with their reasons out. The shell
-(`descheduler.gang_controller`) applies them. Rules, in the order they are checked:
+(`descheduler.release.controller`) applies them. Rules, in the order they are checked:
 
 - A gated pod (our gate) that names no gang is a gang of one: the webhook gated it so that it is placed
   exactly at release (`admission.release`), and it goes through every rule below like any gang.
@@ -22,7 +22,7 @@ Pure: a `Snapshot`, the settings and `now` in, decisions with their reasons out.
 - A complete gang whose members still carry another controller's gate (e.g. Kueue's admission)
   waits for it: planning now could pin it to capacity that is gone when the other gate lifts.
 - Complete gangs are queued by priority (highest member priority), then creation (oldest member),
-  and each is placed on what the gangs before it left (`descheduler.release_place`, on the one
+  and each is placed on what the gangs before it left (`descheduler.release.layout`, on the one
   capacity model `common.capacity`: GPUs per NVLink domain, CPU, memory, pod slots and every other
   requested resource; bound, terminating, nominated and released-but-unbound pods all hold theirs).
   Pods this controller released that the snapshot does not show yet (`assumed`) hold their node too.
@@ -55,7 +55,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from common import capacity, gangs, gpu, settings, snapshot, timestamps
-from descheduler import release_place
+from descheduler.release import layout
 
 EventType = Literal["Normal", "Warning"]
 
@@ -89,7 +89,7 @@ class Waiting(enum.StrEnum):
 
 
 @dataclasses.dataclass(frozen=True)
-class Member:
+class MemberStatus:
     key: str
     uid: str
     gated: bool  # carries our gate
@@ -104,7 +104,7 @@ class Decision:
     message: str  # why, for the Event and the CLI
     event_type: EventType | None  # None: no event
     event_reason: str | None
-    members: tuple[Member, ...]
+    members: tuple[MemberStatus, ...]
     size: int | None = None
     priority: int = 0
     created: str = ""  # the oldest member's creation time
@@ -128,7 +128,7 @@ class Decision:
 
 
 @dataclasses.dataclass(frozen=True)
-class Demand:
+class Shortage:
     """A complete gang waiting only for free GPUs: what the idle-reclaim loop may free capacity for."""
 
     gang: str
@@ -140,19 +140,16 @@ class Demand:
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class ReleasePlan:
     decisions: tuple[Decision, ...]  # invalid first, then by queue order
-    demand: tuple[Demand, ...]
-
-
-Placement = release_place.Placement
+    shortages: tuple[Shortage, ...]  # complete gangs waiting only for GPUs: what reclaim may free capacity for
 
 
 def place(members: Sequence[snapshot.Pod], *, cluster: snapshot.Snapshot,
-          scoring: settings.Scoring | None = None) -> Placement | None:
+          scoring: settings.Scoring | None = None) -> layout.Layout | None:
     """Whether these pods fit the cluster all at once (e.g. for reclaim: after evicting some pods)."""
-    candidates = {p.key: release_place.candidates(p, cluster) for p in members}
-    result = release_place.place(members, candidates, release_place.rooms(cluster), frozenset(cluster.nodes),
+    candidates = {p.key: layout.candidates(p, cluster) for p in members}
+    result = layout.place(members, candidates, layout.rooms(cluster), frozenset(cluster.nodes),
                                  scoring=scoring or settings.Scoring())
     return None if result is None else result[0]
 
@@ -160,8 +157,8 @@ def place(members: Sequence[snapshot.Pod], *, cluster: snapshot.Snapshot,
 # --- the planner ---------------------------------------------------------------------------------
 
 
-def _member(pod: snapshot.Pod, *, gate: str, node: str | None = None) -> Member:
-    return Member(pod.key, pod.uid, gate in pod.scheduling_gates, pod.request, pod.node_name or node)
+def _member(pod: snapshot.Pod, *, gate: str, node: str | None = None) -> MemberStatus:
+    return MemberStatus(pod.key, pod.uid, gate in pod.scheduling_gates, pod.request, pod.node_name or node)
 
 
 def _present(pod: snapshot.Pod) -> bool:
@@ -217,7 +214,7 @@ class _Gang:
         event_type: EventType,
         event_reason: str,
         *,
-        members: tuple[Member, ...],
+        members: tuple[MemberStatus, ...],
         waiting: Waiting | None = None,
         mark: tuple[str, ...] = (),
     ) -> Decision:
@@ -312,7 +309,7 @@ def _ungoverned(pod: snapshot.Pod) -> str | None:
 
 
 def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
-         assumed: Mapping[str, str] = {}) -> Plan:
+         assumed: Mapping[str, str] = {}) -> ReleasePlan:
     """`assumed`: pods this controller released (pod key -> pinned node, or "" unpinned) that the snapshot
     may not show released yet: they hold their node and are not planned again."""
     names, cfg = config.names, config.descheduler.gangs
@@ -328,8 +325,8 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
         else:
             decisions.append(early)
 
-    rooms = release_place.rooms(cluster, assumed={k: n for k, n in assumed.items() if n})
-    demand: list[Demand] = []
+    rooms = layout.rooms(cluster, assumed={k: n for k, n in assumed.items() if n})
+    shortages: list[Shortage] = []
     reserved: set[str] = set()  # nodes the blocked gangs ahead may use (backfill off)
     blockers: list[str] = []
     everywhere = frozenset(cluster.nodes)
@@ -341,9 +338,9 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
             decisions.append(gang.decide(Action.RELEASE, message, "Normal", RELEASED,
                                          members=tuple(_member(p, gate=gate) for p in gang.members)))
             continue
-        candidates = {p.key: release_place.candidates(p, cluster) for p in placing}
+        candidates = {p.key: layout.candidates(p, cluster) for p in placing}
         reachable: frozenset[str] = frozenset().union(*candidates.values())
-        placed = release_place.place(placing, candidates, rooms, everywhere if cfg.backfill else everywhere - reserved,
+        placed = layout.place(placing, candidates, rooms, everywhere if cfg.backfill else everywhere - reserved,
                                      scoring=config.scoring)
         if placed is not None:
             chosen, trial = placed
@@ -356,31 +353,31 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
         waited = gang.waited(mark=mark, now=now)
         limit = cfg.max_wait_seconds if gang.single else cfg.gang_max_wait_seconds
         if waited > limit:
-            message, _, _ = release_place.shortfall(placing, candidates, rooms, cluster)
+            message, _, _ = layout.shortfall(placing, candidates, rooms, cluster)
             message = (f"not placed within {limit:g}s ({message}); released unpinned so that kube-scheduler's "
                        "preemption and cluster autoscalers can act on it")
             decisions.append(gang.decide(Action.RELEASE_ALONE, message, "Warning", UNPLACED, members=members))
             continue
         unmarked = () if gang.single else tuple(p.key for p in gang.members if mark not in p.annotations)
         never = False
-        if not cfg.backfill and reserved & reachable and release_place.place(
+        if not cfg.backfill and reserved & reachable and layout.place(
                 placing, candidates, rooms, everywhere, scoring=config.scoring):
             message = (f"complete; fits, but queued behind {', '.join(blockers)} (backfill off: "
                        "the nodes they could use are kept for them)")
             decisions.append(gang.decide(Action.WAIT, message, "Normal", WAITING, members=members,
                                          waiting=Waiting.QUEUED, mark=unmarked))
         else:
-            message, missing, never = release_place.shortfall(placing, candidates, rooms, cluster)
+            message, missing, never = layout.shortfall(placing, candidates, rooms, cluster)
             if never:
                 message += "; reserves no node"
             decisions.append(gang.decide(Action.WAIT, message, "Warning" if never else "Normal", WAITING,
                                          members=members, waiting=Waiting.CAPACITY, mark=unmarked))
             if not never:
-                demand.append(Demand(gang.key, gang.priority, gang.created, placing, tuple(sorted(reachable)),
+                shortages.append(Shortage(gang.key, gang.priority, gang.created, placing, tuple(sorted(reachable)),
                                      missing))
         # A gang that can never fit would hold its nodes forever; none holds them past the reservation bound. A single
         # pod holds none: like the stock scheduler, smaller pods may use what a larger one waits for.
         if not never and not gang.single and waited <= cfg.reservation_seconds:
             reserved |= reachable
             blockers.append(gang.key)
-    return Plan(tuple(decisions) + tuple(idle), tuple(demand))
+    return ReleasePlan(tuple(decisions) + tuple(idle), tuple(shortages))

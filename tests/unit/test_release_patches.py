@@ -9,7 +9,7 @@ import jsonpatch
 import pytest
 
 from common import settings
-from descheduler import gang_patch
+from descheduler.release import patches
 
 GATE = settings.Names().gate
 KUEUE_GATE = "kueue.x-k8s.io/admission"
@@ -66,14 +66,14 @@ def required(*terms: dict[str, Any]) -> dict[str, Any]:
     ],
 )
 def test_tighten(before: dict[str, Any], after: dict[str, Any]) -> None:
-    patch = gang_patch.tighten(before, nodes=["n1"])
+    patch = patches.tighten(before, nodes=["n1"])
     assert patch[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "7"}
     assert jsonpatch.apply_patch(before, patch) == after
-    assert gang_patch.tighten(after, nodes=["n1"]) == [], "a second pass changes nothing"
+    assert patches.tighten(after, nodes=["n1"]) == [], "a second pass changes nothing"
 
 
 def test_tighten_fails_on_a_pod_changed_since_planning() -> None:
-    patch = gang_patch.tighten(pod(rv="7"), nodes=["n1"])
+    patch = patches.tighten(pod(rv="7"), nodes=["n1"])
     with pytest.raises(jsonpatch.JsonPatchTestFailed):
         jsonpatch.apply_patch(pod(rv="8"), patch)
 
@@ -91,19 +91,19 @@ def test_ungate_removes_only_our_gate(gates: list[str], remaining: list[str]) ->
     before = pod(affinity=required({"matchFields": [PIN]}), gates=gates)
     expected = copy.deepcopy(before)
     expected["spec"]["schedulingGates"] = [{"name": g} for g in remaining]
-    patch = gang_patch.ungate(before, gate=GATE)
+    patch = patches.ungate(before, gate=GATE)
     assert (patch == []) is (GATE not in gates)
     assert jsonpatch.apply_patch(before, patch) == expected
 
 
 def test_ungate_fails_rather_than_remove_a_shifted_gate() -> None:
-    patch = gang_patch.ungate(pod(gates=[KUEUE_GATE, GATE]), gate=GATE)
+    patch = patches.ungate(pod(gates=[KUEUE_GATE, GATE]), gate=GATE)
     shifted = pod(gates=[GATE, KUEUE_GATE])  # as read by someone else a moment later
     with pytest.raises(jsonpatch.JsonPatchException):
         jsonpatch.apply_patch(shifted, patch)
 
 
 def test_mark_is_a_merge_patch_of_one_annotation() -> None:
-    assert gang_patch.mark(annotation="gpu-steward.io/gang-complete-since", value="2026-11-21T12:00:00Z") == {
+    assert patches.mark(annotation="gpu-steward.io/gang-complete-since", value="2026-11-21T12:00:00Z") == {
         "metadata": {"annotations": {"gpu-steward.io/gang-complete-since": "2026-11-21T12:00:00Z"}}
     }

@@ -2,7 +2,7 @@
 
 Runs inside the descheduler process under its leader election:
 
-    await gang_controller.run(config=cfg, source=feeder, api=api, changes=feeder.subscribe(),
+    await controller.run(config=cfg, source=feeder, api=api, changes=feeder.subscribe(),
                               registry=registry)
 
 It wakes on every snapshot the feeder publishes and at least every `descheduler.gangs.resync_seconds`.
@@ -16,7 +16,7 @@ watch to catch up.
 
 A single pod is released by one patch: its pin, its placement record and the removal of our gate. A gang's
 members are all pinned first, then all un-gated, so a failure while pinning releases none; a failure while
-un-gating leaves a started gang whose rest the next pass releases (see `gang_release`, "already started"),
+un-gating leaves a started gang whose rest the next pass releases (see `planning`, "already started"),
 keeping the pins already set. Calls run concurrently, at most `descheduler.gangs.max_concurrent_patches`
 in flight.
 """
@@ -34,14 +34,14 @@ import prometheus_client
 from kubernetes_asyncio import client
 
 from common import events, kube, settings, snapshot, source, timestamps
-from descheduler import gang_patch, gang_release
+from descheduler.release import patches, planning
 
 logger = logging.getLogger(__name__)
 
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600)
-RELEASING = (gang_release.Action.RELEASE, gang_release.Action.RESUME, gang_release.Action.RELEASE_ALONE)
+RELEASING = (planning.Action.RELEASE, planning.Action.RESUME, planning.Action.RELEASE_ALONE)
 
 
 class Metrics:
@@ -70,11 +70,11 @@ class Metrics:
         )
 
 
-def _release_kind(decision: gang_release.Decision) -> str:
-    if decision.action is gang_release.Action.RELEASE_ALONE:
-        return {gang_release.ORPHANED: "orphaned", gang_release.UNPLACED: "unplaced"}.get(
+def _release_kind(decision: planning.Decision) -> str:
+    if decision.action is planning.Action.RELEASE_ALONE:
+        return {planning.ORPHANED: "orphaned", planning.UNPLACED: "unplaced"}.get(
             decision.event_reason or "", "invalid")
-    return "resumed" if decision.action is gang_release.Action.RESUME else "released"
+    return "resumed" if decision.action is planning.Action.RESUME else "released"
 
 
 async def _all(calls: Iterable[Awaitable[None]]) -> None:
@@ -112,7 +112,7 @@ class Controller:
         self._assumed: dict[str, tuple[str, float]] = {}  # pod key -> (pinned node or "", when released)
         self._calls = asyncio.Semaphore(config.descheduler.gangs.max_concurrent_patches)
 
-    async def reconcile(self, *, now: float) -> gang_release.Plan | None:
+    async def reconcile(self, *, now: float) -> planning.ReleasePlan | None:
         """One pass; None when the snapshot cannot be trusted (stale)."""
         cluster = self._source.snapshot
         age = cluster.age(now)
@@ -121,7 +121,7 @@ class Controller:
             return None
         self._forget_seen(cluster, now=now)
         started = time.perf_counter()
-        result = gang_release.plan(cluster, config=self._config, now=now,
+        result = planning.plan(cluster, config=self._config, now=now,
                                    assumed={key: node for key, (node, _) in self._assumed.items()})
         planned = time.perf_counter()
         await asyncio.gather(*(self._apply_safely(d, cluster, now=now) for d in result.decisions))
@@ -144,35 +144,35 @@ class Controller:
             if key in cluster.pods and gate in cluster.pods[key].scheduling_gates and now - at < patience
         }
 
-    async def _apply_safely(self, decision: gang_release.Decision, cluster: snapshot.Snapshot, *, now: float) -> None:
+    async def _apply_safely(self, decision: planning.Decision, cluster: snapshot.Snapshot, *, now: float) -> None:
         try:
             await self._apply(decision, cluster, now=now)
         except (kube.ApiError, aiohttp.ClientError, TimeoutError) as exc:
             self._metrics.failures.inc()
             logger.warning("gang %s: %s stopped: %s; retrying on the next pass", decision.gang, decision.action, exc)
 
-    async def _apply(self, decision: gang_release.Decision, cluster: snapshot.Snapshot, *, now: float) -> None:
-        if decision.action is gang_release.Action.NONE:
+    async def _apply(self, decision: planning.Decision, cluster: snapshot.Snapshot, *, now: float) -> None:
+        if decision.action is planning.Action.NONE:
             return
         if decision.action in RELEASING:
             await self._release(decision, cluster, now=now)
             return
         for key in decision.mark:
-            await self._patch(key, gang_patch.mark(annotation=gang_release.complete_mark(self._config.names),
+            await self._patch(key, patches.mark(annotation=planning.complete_mark(self._config.names),
                                                    value=_rfc3339(now)), content_type=MERGE_PATCH)
-        if decision.action is gang_release.Action.TIMED_OUT and any(
-            self._posted.get(m.key, ("", ""))[0] != gang_release.INCOMPLETE for m in decision.members if m.gated
+        if decision.action is planning.Action.TIMED_OUT and any(
+            self._posted.get(m.key, ("", ""))[0] != planning.INCOMPLETE for m in decision.members if m.gated
         ):
             self._metrics.timeouts.inc()
         await self._tell(decision, only_changes=True)
 
-    async def _release(self, decision: gang_release.Decision, cluster: snapshot.Snapshot, *, now: float) -> None:
+    async def _release(self, decision: planning.Decision, cluster: snapshot.Snapshot, *, now: float) -> None:
         gate, pins = self._config.names.gate, decision.pins
         if len(decision.ungate) > 1 and pins:
             # Several members: pin them all before any is un-gated, so a failure half-way releases none (the
             # next pass re-plans them, honouring pins already set) and a started gang always has its pins.
             await _all(self._patch(key, patch, content_type=JSON_PATCH) for key, node in pins.items()
-                       if (patch := gang_patch.tighten(cluster.pods[key].raw, nodes=[node])))
+                       if (patch := patches.tighten(cluster.pods[key].raw, nodes=[node])))
 
         # A single pod's placement is recorded on the pod in the same patch (no Event call: it is on the hot path
         # of every governed pod); a gang's release gets Events, one per member.
@@ -180,8 +180,8 @@ class Controller:
 
         async def one(key: str) -> None:
             pod = cluster.pods[key].raw
-            patch = (gang_patch.release(pod, gate=gate, node=pins.get(key), record=record)
-                     if len(decision.ungate) == 1 else gang_patch.ungate(pod, gate=gate))
+            patch = (patches.release(pod, gate=gate, node=pins.get(key), record=record)
+                     if len(decision.ungate) == 1 else patches.ungate(pod, gate=gate))
             if patch:
                 await self._patch(key, patch, content_type=JSON_PATCH)
                 self._assumed[key] = (pins.get(key, ""), now)
@@ -190,7 +190,7 @@ class Controller:
         logger.info("%s %s: %s: %s", "pod" if decision.single else "gang", decision.gang, decision.action,
                     decision.message)
         self._metrics.releases.labels(_release_kind(decision)).inc()
-        if decision.action is not gang_release.Action.RELEASE_ALONE:
+        if decision.action is not planning.Action.RELEASE_ALONE:
             newest = max((cluster.pods[m.key].created for m in decision.members), default="")
             started = timestamps.epoch(newest)
             if started is not None:
@@ -203,7 +203,7 @@ class Controller:
             await kube.request(self._api, "PATCH", _pod_path(key), body=body, content_type=content_type,
                                timeout_seconds=self._config.kubernetes.request_timeout_seconds)
 
-    async def _tell(self, decision: gang_release.Decision, *, only_changes: bool) -> None:
+    async def _tell(self, decision: planning.Decision, *, only_changes: bool) -> None:
         """One Event per member (gated ones, for a gang that releases: they are the ones it concerns)."""
         if decision.event_type is None or decision.event_reason is None:
             return
@@ -230,11 +230,11 @@ class Controller:
             if posted:
                 self._posted[member.key] = said
 
-    def _count(self, result: gang_release.Plan) -> None:
-        counts = dict.fromkeys((w.value for w in gang_release.Waiting), 0)
+    def _count(self, result: planning.ReleasePlan) -> None:
+        counts = dict.fromkeys((w.value for w in planning.Waiting), 0)
         counts["timed-out"] = 0
         for decision in result.decisions:
-            if decision.action is gang_release.Action.TIMED_OUT:
+            if decision.action is planning.Action.TIMED_OUT:
                 counts["timed-out"] += 1
             elif decision.waiting is not None:
                 counts[decision.waiting.value] += 1

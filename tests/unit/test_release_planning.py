@@ -1,4 +1,4 @@
-"""The gang-release planner: decisions and their reasons, for every rule in descheduler/gang_release.py."""
+"""The gang-release planner: decisions and their reasons, for every rule in descheduler/release/planning.py."""
 
 from __future__ import annotations
 
@@ -10,21 +10,22 @@ from typing import Any
 import pytest
 
 from common import settings, snapshot
-from descheduler import gang_patch, gang_release, reclaim_loop
+from descheduler.release import patches, planning
+from gpu_steward import cmd_descheduler
 from tests import builders
 
 NAMES = settings.Names()
 GATE = NAMES.gate
 KUEUE_GATE = "kueue.x-k8s.io/admission"
-MARK = gang_release.complete_mark(NAMES)
+MARK = planning.complete_mark(NAMES)
 NOW = datetime.datetime(2026, 11, 21, 12, 0, tzinfo=datetime.UTC).timestamp()
 RECENT = "2026-11-21T11:59:00Z"  # a minute before NOW
 LONG_AGO = "2026-11-21T10:00:00Z"  # two hours before NOW
 EARLIER = "2026-11-21T11:58:20Z"  # before RECENT, within the default reservation bound (120 s)
 SPLIT_8 = [range(4), range(4, 8)]  # an 8-GPU node with two NVLink domains of 4
 
-A = gang_release.Action
-W = gang_release.Waiting
+A = planning.Action
+W = planning.Waiting
 
 
 def config(**gangs: Any) -> settings.Settings:
@@ -61,7 +62,7 @@ def member(
             pod["metadata"]["ownerReferences"] = [{"kind": "Job", "name": owner, "controller": True}]
         if pin:
             spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchFields": [gang_patch.pin_requirement([pin])]}]}}}
+                "nodeSelectorTerms": [{"matchFields": [patches.pin_requirement([pin])]}]}}}
         if selector:
             spec["nodeSelector"] = dict(selector)
 
@@ -88,19 +89,19 @@ def cluster(
 
 @dataclasses.dataclass(frozen=True)
 class Want:
-    action: gang_release.Action
+    action: planning.Action
     reason: str | None
     says: str  # a fragment of the message
     pins: Mapping[str, str] | None = None  # pod name -> node (RELEASE)
-    waiting: gang_release.Waiting | None = None
+    waiting: planning.Waiting | None = None
     ungate: Sequence[str] | None = None  # pod names
 
 
-def outcome(plan: gang_release.Plan) -> dict[str, gang_release.Decision]:
+def outcome(plan: planning.ReleasePlan) -> dict[str, planning.Decision]:
     return {d.gang: d for d in plan.decisions}
 
 
-def check(decision: gang_release.Decision, want: Want) -> None:
+def check(decision: planning.Decision, want: Want) -> None:
     assert (decision.action, decision.event_reason, decision.waiting) == (want.action, want.reason, want.waiting)
     assert want.says in decision.message
     if want.pins is not None:
@@ -120,18 +121,18 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
     [
         pytest.param(
             [EIGHT], gang("train", 2), config(),
-            {"team/train": Want(A.WAIT, gang_release.WAITING, "2 of 4 members present", waiting=W.INCOMPLETE)},
+            {"team/train": Want(A.WAIT, planning.WAITING, "2 of 4 members present", waiting=W.INCOMPLETE)},
             id="incomplete-waits",
         ),
         pytest.param(
             [EIGHT], gang("train", 4, gpus=2), config(),
-            {"team/train": Want(A.RELEASE, gang_release.RELEASED, "4 members on 1 node(s) (big): one node",
+            {"team/train": Want(A.RELEASE, planning.RELEASED, "4 members on 1 node(s) (big): one node",
                                 pins={f"train-{i}": "big" for i in range(4)}, ungate=[f"train-{i}" for i in range(4)])},
             id="complete-and-fits-releases-all",
         ),
         pytest.param(
             [EIGHT], [*gang("train", 2, size=2, gpus=4), running("busy", node="big", gpus=4)], config(),
-            {"team/train": Want(A.WAIT, gang_release.WAITING, "waiting for 4 more free GPUs (8 needed, 4 free",
+            {"team/train": Want(A.WAIT, planning.WAITING, "waiting for 4 more free GPUs (8 needed, 4 free",
                                 waiting=W.CAPACITY, ungate=[])},
             id="complete-does-not-fit-releases-none",
         ),
@@ -139,7 +140,7 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
             [EIGHT, builders.gpu_node("small", gpus=4)],
             [member("m-4", gpus=4), member("m-2", gpus=2), member("m-1a", gpus=1), member("m-1b", gpus=1)],
             config(),
-            {"team/train": Want(A.RELEASE, gang_release.RELEASED, "each member within one NVLink domain",
+            {"team/train": Want(A.RELEASE, planning.RELEASED, "each member within one NVLink domain",
                                 pins={"m-4": "big", "m-2": "big", "m-1a": "big", "m-1b": "big"})},
             id="mixed-gpu-counts-packed-on-one-node",
         ),
@@ -149,7 +150,7 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
              builders.gpu_node("n2", gpus=4, labels={"nvidia.com/gpu.clique": "Y"}),
              builders.gpu_node("n3", gpus=4, labels={"accelerator.topograph.run/domain": "Y"})],
             gang("train", 2, size=2, gpus=4), config(),
-            {"team/train": Want(A.RELEASE, gang_release.RELEASED, "one multi-node NVLink domain Y",
+            {"team/train": Want(A.RELEASE, planning.RELEASED, "one multi-node NVLink domain Y",
                                 pins={"train-0": "n2", "train-1": "n3"})},
             id="one-multi-node-clique-preferred",
         ),
@@ -158,9 +159,9 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
             [*gang("older", 2, size=2, gpus=4, created="2026-11-21T11:50:00Z"),
              *gang("urgent", 2, size=2, gpus=4, priority=100_000)],
             config(),
-            {"team/urgent": Want(A.RELEASE, gang_release.RELEASED, "one node",
+            {"team/urgent": Want(A.RELEASE, planning.RELEASED, "one node",
                                  pins={"urgent-0": "big", "urgent-1": "big"}),
-             "team/older": Want(A.WAIT, gang_release.WAITING, "waiting for 8 more free GPUs", waiting=W.CAPACITY)},
+             "team/older": Want(A.WAIT, planning.WAITING, "waiting for 8 more free GPUs", waiting=W.CAPACITY)},
             id="queue-higher-priority-first",
         ),
         pytest.param(
@@ -168,16 +169,16 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
             [*gang("second", 2, size=2, gpus=4, created="2026-11-21T11:30:00Z"),
              *gang("first", 2, size=2, gpus=4, created="2026-11-21T11:00:00Z")],
             config(),
-            {"team/first": Want(A.RELEASE, gang_release.RELEASED, "one node"),
-             "team/second": Want(A.WAIT, gang_release.WAITING, "waiting for 8 more free GPUs", waiting=W.CAPACITY)},
+            {"team/first": Want(A.RELEASE, planning.RELEASED, "one node"),
+             "team/second": Want(A.WAIT, planning.WAITING, "waiting for 8 more free GPUs", waiting=W.CAPACITY)},
             id="queue-same-priority-oldest-first",
         ),
         pytest.param(
             [EIGHT],
             [*LARGE_BLOCKED, *gang("small", 2, size=2, gpus=1)],
             config(backfill=False),
-            {"team/large": Want(A.WAIT, gang_release.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
-             "team/small": Want(A.WAIT, gang_release.WAITING, "fits, but queued behind team/large",
+            {"team/large": Want(A.WAIT, planning.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
+             "team/small": Want(A.WAIT, planning.WAITING, "fits, but queued behind team/large",
                                 waiting=W.QUEUED, ungate=[])},
             id="backfill-off-small-gang-waits-behind-blocked-large-one",
         ),
@@ -185,8 +186,8 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
             [EIGHT],
             [*LARGE_BLOCKED, *gang("small", 2, size=2, gpus=1)],
             config(backfill=True),
-            {"team/large": Want(A.WAIT, gang_release.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
-             "team/small": Want(A.RELEASE, gang_release.RELEASED, "one node",
+            {"team/large": Want(A.WAIT, planning.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
+             "team/small": Want(A.RELEASE, planning.RELEASED, "one node",
                                 pins={"small-0": "big", "small-1": "big"})},
             id="backfill-on-small-gang-starts",
         ),
@@ -195,49 +196,49 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
             [*gang("large", 2, size=2, gpus=4, created=EARLIER, selector={"kubernetes.io/hostname": "big"}),
              running("busy", node="big", gpus=2), *gang("elsewhere", 2, size=2, gpus=1, selector={"pool": "b"})],
             config(backfill=False),
-            {"team/large": Want(A.WAIT, gang_release.WAITING, "waiting for 2 more", waiting=W.CAPACITY),
-             "team/elsewhere": Want(A.RELEASE, gang_release.RELEASED, "one node",
+            {"team/large": Want(A.WAIT, planning.WAITING, "waiting for 2 more", waiting=W.CAPACITY),
+             "team/elsewhere": Want(A.RELEASE, planning.RELEASED, "one node",
                                     pins={"elsewhere-0": "other-pool", "elsewhere-1": "other-pool"})},
             id="backfill-off-gang-on-nodes-the-blocked-one-cannot-use-starts",
         ),
         pytest.param(
             [EIGHT], [member("bad", size="four")], config(),
-            {"team/bad": Want(A.RELEASE_ALONE, gang_release.INVALID, "'four' is not a positive integer",
+            {"team/bad": Want(A.RELEASE_ALONE, planning.INVALID, "'four' is not a positive integer",
                               ungate=["bad"])},
             id="invalid-size-released-with-warning",
         ),
         pytest.param(
             [EIGHT], [member("nameless", labels={})], config(),
-            {"team/nameless": Want(A.RELEASE, gang_release.RELEASED, "placed on big: NVLink score",
+            {"team/nameless": Want(A.RELEASE, planning.RELEASED, "placed on big: NVLink score",
                                    pins={"nameless": "big"}, ungate=["nameless"])},
             id="gated-pod-without-gang-is-placed-as-a-gang-of-one",
         ),
         pytest.param(
             [EIGHT], [member("nameless", labels={}, gpus=0)], config(),
-            {"team/nameless": Want(A.RELEASE_ALONE, gang_release.INVALID, "names no gang and requests no GPU",
+            {"team/nameless": Want(A.RELEASE_ALONE, planning.INVALID, "names no gang and requests no GPU",
                                    ungate=["nameless"])},
             id="gate-without-gang-labels-or-gpus-released-with-warning",
         ),
         pytest.param(
             [EIGHT], [member("p-0", gang="p", size=2), member("p-1", gang="p", size=3)], config(),
-            {"team/p-0": Want(A.RELEASE_ALONE, gang_release.INVALID, "members disagree on the gang size (2, 3)"),
-             "team/p-1": Want(A.RELEASE_ALONE, gang_release.INVALID, "members disagree on the gang size (2, 3)")},
+            {"team/p-0": Want(A.RELEASE_ALONE, planning.INVALID, "members disagree on the gang size (2, 3)"),
+             "team/p-1": Want(A.RELEASE_ALONE, planning.INVALID, "members disagree on the gang size (2, 3)")},
             id="members-disagreeing-on-size-released-with-warning",
         ),
         pytest.param(
             [EIGHT], gang("train", 2, annotations={MARK: "2026-11-21T11:59:30Z"}), config(),
-            {"team/train": Want(A.RELEASE_ALONE, gang_release.ORPHANED, "was complete, now 2 of 4",
+            {"team/train": Want(A.RELEASE_ALONE, planning.ORPHANED, "was complete, now 2 of 4",
                                 ungate=["train-0", "train-1"])},
             id="orphaned-members-released-with-warning",
         ),
         pytest.param(
             [EIGHT], gang("train", 2, annotations={MARK: "2026-11-21T11:59:30Z"}, owner="job"), config(),
-            {"team/train": Want(A.WAIT, gang_release.WAITING, "2 of 4 members present", waiting=W.INCOMPLETE)},
+            {"team/train": Want(A.WAIT, planning.WAITING, "2 of 4 members present", waiting=W.INCOMPLETE)},
             id="lost-members-with-an-owner-wait-for-it-to-recreate-them",
         ),
         pytest.param(
             [EIGHT], gang("train", 2, created=LONG_AGO), config(timeout_seconds=600),
-            {"team/train": Want(A.TIMED_OUT, gang_release.INCOMPLETE, "2 of 4 members present after more than 600s",
+            {"team/train": Want(A.TIMED_OUT, planning.INCOMPLETE, "2 of 4 members present after more than 600s",
                                 waiting=W.INCOMPLETE, ungate=[])},
             id="incomplete-past-timeout-warns-and-stays-gated",
         ),
@@ -247,13 +248,13 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
             [member("t-0", gang="t", gated=False, node="big"), member("t-1", gang="t", gated=False, node="big"),
              member("t-2", gang="t", pin="big"), member("t-3", gang="t", pin="big")],
             config(),
-            {"team/t": Want(A.RESUME, gang_release.RELEASED, "2 of 4 members already released", ungate=["t-2", "t-3"])},
+            {"team/t": Want(A.RESUME, planning.RELEASED, "2 of 4 members already released", ungate=["t-2", "t-3"])},
             id="restart-half-released-gang-resumes",
         ),
         pytest.param(
             # One member never gated (webhook was down) and the gang is still incomplete: keep waiting.
             [EIGHT], [member("t-0", gang="t", gated=False, node="big"), member("t-1", gang="t")], config(),
-            {"team/t": Want(A.WAIT, gang_release.WAITING, "2 of 4 members present", waiting=W.INCOMPLETE)},
+            {"team/t": Want(A.WAIT, planning.WAITING, "2 of 4 members present", waiting=W.INCOMPLETE)},
             id="started-but-incomplete-gang-waits",
         ),
         pytest.param(
@@ -261,12 +262,12 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
             [EIGHT, builders.gpu_node("also", gpus=8, domains=SPLIT_8)],
             [member("t-0", gang="t", size=2, pin="also"), member("t-1", gang="t", size=2, pin="also")],
             config(),
-            {"team/t": Want(A.RELEASE, gang_release.RELEASED, "(also)", pins={"t-0": "also", "t-1": "also"})},
+            {"team/t": Want(A.RELEASE, planning.RELEASED, "(also)", pins={"t-0": "also", "t-1": "also"})},
             id="restart-after-pinning-keeps-the-pins",
         ),
         pytest.param(
             [EIGHT], [*gang("k", 1, size=2), member("k-9", gang="k", size=2, gates=[KUEUE_GATE])], config(),
-            {"team/k": Want(A.WAIT, gang_release.WAITING, f"other controllers' gates: {KUEUE_GATE}",
+            {"team/k": Want(A.WAIT, planning.WAITING, f"other controllers' gates: {KUEUE_GATE}",
                             waiting=W.OTHER_GATES, ungate=[])},
             id="another-controllers-gate-waited-for",
         ),
@@ -275,13 +276,13 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
             [EIGHT],
             [member("early", gang="e", size=1, gated=False, gpus=8, pin="big"), *gang("late", 2, size=2, gpus=1)],
             config(),
-            {"team/late": Want(A.WAIT, gang_release.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
+            {"team/late": Want(A.WAIT, planning.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
              "team/e": Want(A.NONE, None, "no member gated by us")},
             id="released-unbound-pods-hold-their-pinned-node",
         ),
         pytest.param(
             [EIGHT], gang("train", 2, size=2, gpus=16), config(),
-            {"team/train": Want(A.WAIT, gang_release.WAITING, "can run on no node as the cluster stands (requests "
+            {"team/train": Want(A.WAIT, planning.WAITING, "can run on no node as the cluster stands (requests "
                                 "more than the node has: nvidia.com/gpu 16 > 8); reserves no node",
                                 waiting=W.CAPACITY)},
             id="gang-larger-than-its-nodes-says-it-can-never-fit",
@@ -295,12 +296,12 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
         # Members without GPUs (an MPI launcher counted in the gang size) count, are un-gated, never placed.
         pytest.param(
             [EIGHT], gang("j", 4, size=5, gpus=2), config(),
-            {"team/j": Want(A.WAIT, gang_release.WAITING, "4 of 5 members present", waiting=W.INCOMPLETE, ungate=[])},
+            {"team/j": Want(A.WAIT, planning.WAITING, "4 of 5 members present", waiting=W.INCOMPLETE, ungate=[])},
             id="gpu-workers-wait-for-their-launcher",
         ),
         pytest.param(
             [EIGHT], [*gang("j", 4, size=5, gpus=2), LAUNCHER], config(),
-            {"team/j": Want(A.RELEASE, gang_release.RELEASED, "4 members on 1 node(s) (big): one node; each member "
+            {"team/j": Want(A.RELEASE, planning.RELEASED, "4 members on 1 node(s) (big): one node; each member "
                             "within one NVLink domain; un-gated with them, not pinned (no GPU): team/j-launcher",
                             pins={f"j-{i}": "big" for i in range(4)},
                             ungate=["j-launcher", *(f"j-{i}" for i in range(4))])},
@@ -309,7 +310,7 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
         pytest.param(
             [EIGHT], [*gang("j", 4, size=5, gpus=2), member("j-launcher", gang="j", size=5, gpus=0,
                                                             selector={"pool": "cpu"})], config(),
-            {"team/j": Want(A.RELEASE, gang_release.RELEASED, "not pinned (no GPU): team/j-launcher",
+            {"team/j": Want(A.RELEASE, planning.RELEASED, "not pinned (no GPU): team/j-launcher",
                             pins={f"j-{i}": "big" for i in range(4)})},
             id="launcher-for-cpu-nodes-needs-no-gpu-node",
         ),
@@ -317,19 +318,19 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
             [EIGHT], [*gang("j", 2, size=5, gpus=4), running("busy", node="big", gpus=4),
                       member("j-2", gang="j", size=5, gpus=0), member("j-3", gang="j", size=5, gpus=0), LAUNCHER],
             config(),
-            {"team/j": Want(A.WAIT, gang_release.WAITING, "waiting for 4 more free GPUs (8 needed, 4 free",
+            {"team/j": Want(A.WAIT, planning.WAITING, "waiting for 4 more free GPUs (8 needed, 4 free",
                             waiting=W.CAPACITY, ungate=[])},
             id="members-without-gpus-need-no-room",
         ),
         pytest.param(
             [EIGHT], gang("cpu", 2, size=3, gpus=0), config(),
-            {"team/cpu": Want(A.WAIT, gang_release.WAITING, "2 of 3 members present", waiting=W.INCOMPLETE)},
+            {"team/cpu": Want(A.WAIT, planning.WAITING, "2 of 3 members present", waiting=W.INCOMPLETE)},
             id="gang-without-gpus-waits-until-complete",
         ),
         pytest.param(
             [EIGHT], [*LARGE_BLOCKED, *gang("cpu", 2, size=2, gpus=0)], config(backfill=False),
-            {"team/large": Want(A.WAIT, gang_release.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
-             "team/cpu": Want(A.RELEASE, gang_release.RELEASED, "no member to place: all 2 un-gated together, "
+            {"team/large": Want(A.WAIT, planning.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
+             "team/cpu": Want(A.RELEASE, planning.RELEASED, "no member to place: all 2 un-gated together, "
                               "unpinned", pins={}, ungate=["cpu-0", "cpu-1"])},
             id="gang-without-gpus-released-when-complete-never-queued-behind-gpu-gangs",
         ),
@@ -341,7 +342,7 @@ def test_plan(
     cfg: settings.Settings,
     expected: Mapping[str, Want],
 ) -> None:
-    decisions = outcome(gang_release.plan(cluster(nodes, pods), config=cfg, now=NOW))
+    decisions = outcome(planning.plan(cluster(nodes, pods), config=cfg, now=NOW))
     assert set(decisions) == set(expected)
     for key, want in expected.items():
         check(decisions[key], want)
@@ -350,8 +351,8 @@ def test_plan(
 def test_demand_lists_only_gangs_waiting_for_capacity() -> None:
     pods = [*LARGE_BLOCKED, *gang("small", 2, size=2, gpus=1),
             *gang("partial", 1, size=3)]
-    result = gang_release.plan(cluster([EIGHT], pods), config=config(), now=NOW)
-    assert [(d.gang, d.nodes, d.missing_gpus, sorted(p.name for p in d.members)) for d in result.demand] == [
+    result = planning.plan(cluster([EIGHT], pods), config=config(), now=NOW)
+    assert [(d.gang, d.nodes, d.missing_gpus, sorted(p.name for p in d.members)) for d in result.shortages] == [
         ("team/large", ("big",), 2, ["large-0", "large-1"])
     ]
 
@@ -361,13 +362,13 @@ def test_demand_lists_only_gangs_waiting_for_capacity() -> None:
     [
         pytest.param(
             [builders.gpu_node("x1", gpus=4), builders.gpu_node("x2", gpus=4)], 2,
-            Want(A.RELEASE, gang_release.RELEASED, "each member within one NVLink domain",
+            Want(A.RELEASE, planning.RELEASED, "each member within one NVLink domain",
                  pins={"train-0": "x1", "train-1": "x2"}),
             id="members-go-where-one-domain-holds-each",
         ),
         pytest.param(
             [], 1,
-            Want(A.WAIT, gang_release.WAITING, "4 GPUs free on its nodes but no simultaneous placement with each "
+            Want(A.WAIT, planning.WAITING, "4 GPUs free on its nodes but no simultaneous placement with each "
                  "member inside one NVLink domain and its other requests met (needs 4 GPU in one NVLink domain)",
                  waiting=W.CAPACITY),
             id="split-free-gpus-are-not-enough",
@@ -378,7 +379,7 @@ def test_one_nvlink_domain_per_member(extra_nodes: list[dict[str, Any]], size: i
     """DCGM says GPUs 0,1 and 4,5 of "big" are taken: 4 free there, but no domain holds a 4-GPU member."""
     pods = [*gang("train", size, size=size, gpus=4), running("a", node="big", gpus=2), running("b", node="big", gpus=2)]
     occupancy = {"big": {0: "other/a", 1: "other/a", 4: "other/b", 5: "other/b"}}
-    decisions = outcome(gang_release.plan(cluster([EIGHT, *extra_nodes], pods, occupancy), config=config(), now=NOW))
+    decisions = outcome(planning.plan(cluster([EIGHT, *extra_nodes], pods, occupancy), config=config(), now=NOW))
     check(decisions["team/train"], want)
 
 
@@ -386,10 +387,10 @@ def test_demand_for_reclaim_holds_only_the_members_that_need_gpus() -> None:
     """The launcher (priority 0, no tier) is not placed: it must not make the gang's demand yield to anything."""
     pods = [*gang("j", 4, size=5, gpus=2), LAUNCHER, running("busy", node="big", gpus=4)]
     snap = cluster([EIGHT], pods)
-    [waiting] = gang_release.plan(snap, config=config(), now=NOW).demand
+    [waiting] = planning.plan(snap, config=config(), now=NOW).shortages
     assert (waiting.gang, sorted(p.name for p in waiting.members), waiting.missing_gpus) == (
         "team/j", [f"j-{i}" for i in range(4)], 4)
-    [demand] = reclaim_loop.gang_demands(snap, config=config(), now=NOW)
+    [demand] = cmd_descheduler.gang_demands(config())(snap, NOW)
     assert (demand.key, demand.priority, len(demand.members)) == ("gang:team/j", 10_000, 4)
 
 
@@ -397,7 +398,7 @@ def test_waiting_gangs_ask_for_the_complete_mark_once() -> None:
     pods = [*gang("large", 2, size=2, gpus=4, created="2026-11-21T11:50:00Z"), running("busy", node="big", gpus=2),
             member("done-0", gang="done", size=2, gpus=8, annotations={MARK: "x"}),
             member("done-1", gang="done", size=2, gpus=8)]
-    decisions = outcome(gang_release.plan(cluster([EIGHT], pods), config=config(), now=NOW))
+    decisions = outcome(planning.plan(cluster([EIGHT], pods), config=config(), now=NOW))
     assert decisions["team/large"].mark == ("team/large-0", "team/large-1")
     assert decisions["team/done"].mark == ("team/done-1",)
 
@@ -406,9 +407,9 @@ def test_place_for_reclaim_without_and_with_the_victims() -> None:
     pods = [*gang("train", 2, size=2, gpus=4), running("idle", node="big", gpus=8)]
     full = cluster([EIGHT], pods)
     members = [full.pods["team/train-0"], full.pods["team/train-1"]]
-    assert gang_release.place(members, cluster=full) is None
+    assert planning.place(members, cluster=full) is None
     freed = cluster([EIGHT], pods[:2])
-    placed = gang_release.place(members, cluster=freed)
+    placed = planning.place(members, cluster=freed)
     assert placed is not None and dict(placed.nodes) == {"team/train-0": "big", "team/train-1": "big"}
 
 
@@ -436,5 +437,5 @@ def test_placement_honours_required_node_affinity(terms: list[dict[str, Any]] | 
     nodes = [builders.gpu_node(name, gpus=8, domains=SPLIT_8, labels={"pool": pool})
              for name, pool in (("big-a", "a"), ("big-b", "b"))]
     snap = cluster(nodes, pods)
-    placed = gang_release.place([snap.pods["team/train-0"], snap.pods["team/train-1"]], cluster=snap)
+    placed = planning.place([snap.pods["team/train-0"], snap.pods["team/train-1"]], cluster=snap)
     assert (None if placed is None else set(placed.nodes.values())) == (None if placed_on is None else {placed_on})

@@ -26,7 +26,7 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from common import kube, settings, snapshot, timestamps
-from descheduler import gang_controller, gang_release
+from descheduler.release import controller, planning
 from tests import builders
 
 NAMES = settings.Names()
@@ -276,12 +276,12 @@ def config(**gangs: Any) -> settings.Settings:
     return settings.Settings(descheduler=settings.Descheduler(gangs=settings.Gangs(**gangs)))
 
 
-def controller(
+def make_controller(
     server: FakeApiServer, api: client.ApiClient, cfg: settings.Settings, *, clock: Callable[[], float] = time.time
-) -> gang_controller.Controller:
-    return gang_controller.Controller(
+) -> controller.Controller:
+    return controller.Controller(
         config=cfg, source=StoreSource(server, NODES, clock=clock), api=api,
-        metrics=gang_controller.Metrics(prometheus_client.CollectorRegistry()),
+        metrics=controller.Metrics(prometheus_client.CollectorRegistry()),
     )
 
 
@@ -294,9 +294,9 @@ async def running(
     if notify:
         server.changed = changes.set
     registry = prometheus_client.CollectorRegistry()
-    task = asyncio.create_task(gang_controller.run(
+    task = asyncio.create_task(controller.run(
         config=cfg, source=StoreSource(server, NODES, clock=time.time), api=api, changes=changes,
-        metrics=gang_controller.Metrics(registry)))
+        metrics=controller.Metrics(registry)))
     try:
         yield registry
     finally:
@@ -323,7 +323,7 @@ async def test_eight_member_gang_is_pinned_then_released_together(
     cfg = config(resync_seconds=0.2 if not notify else 60)
     async with running(server, api, cfg, notify=notify) as registry:
         await create_gang(api, size=8, gpus=1)
-        await until(server, lambda: sum(e["reason"] == gang_release.RELEASED for e in server.events) == 8)
+        await until(server, lambda: sum(e["reason"] == planning.RELEASED for e in server.events) == 8)
         pods = await gang_pods(api)
     assert [gates_of(p) for p in pods] == [[]] * 8
     assert_all_or_nothing(pods)
@@ -332,8 +332,8 @@ async def test_eight_member_gang_is_pinned_then_released_together(
     kinds = [kind for _, kind in server.patches]
     assert kinds == ["pin"] * 8 + ["ungate"] * 8, "every member pinned before any is un-gated"
     # Woken by each creation, the controller said GangWaiting once per member before the release.
-    expected = [gang_release.WAITING, gang_release.RELEASED] if notify else [gang_release.RELEASED]
-    assert all(server.reasons(p["metadata"]["name"]) in (expected, [gang_release.RELEASED]) for p in pods)
+    expected = [planning.WAITING, planning.RELEASED] if notify else [planning.RELEASED]
+    assert all(server.reasons(p["metadata"]["name"]) in (expected, [planning.RELEASED]) for p in pods)
     assert server.reasons("train-0") == expected
     assert registry.get_sample_value("gpu_steward_gang_releases_total", {"kind": "released"}) == 1
     assert registry.get_sample_value("gpu_steward_gang_wait_seconds_count") == 1
@@ -345,7 +345,7 @@ async def test_failure_while_pinning_releases_none_and_the_next_pass_finishes(
     server, api = fake
     await create_gang(api, size=4, gpus=2)
     server.failing = {(f"{NAMESPACE}/train-2", "pin")}
-    ctl = controller(server, api, config())
+    ctl = make_controller(server, api, config())
     await ctl.reconcile(now=time.time())
     pods = await gang_pods(api)
     assert [gates_of(p) for p in pods] == [[GATE]] * 4
@@ -361,13 +361,13 @@ async def test_restart_mid_release_resumes_from_the_cluster(fake: tuple[FakeApiS
     server, api = fake
     await create_gang(api, size=4, gpus=2)
     server.failing = {(f"{NAMESPACE}/train-2", "ungate")}
-    await controller(server, api, config()).reconcile(now=time.time())
+    await make_controller(server, api, config()).reconcile(now=time.time())
     assert [gates_of(p) for p in await gang_pods(api)] == [[], [], [GATE], []]
     server.failing = set()
-    fresh = controller(server, api, config())  # a new process: nothing remembered
+    fresh = make_controller(server, api, config())  # a new process: nothing remembered
     plan = await fresh.reconcile(now=time.time())
     assert plan is not None and [(d.action, d.event_reason) for d in plan.decisions] == [
-        (gang_release.Action.RESUME, gang_release.RELEASED)
+        (planning.Action.RESUME, planning.RELEASED)
     ]
     assert [gates_of(p) for p in await gang_pods(api)] == [[]] * 4
 
@@ -380,12 +380,12 @@ async def test_invalid_member_released_alone_and_other_gates_kept(
     pod["metadata"]["labels"][NAMES.gang_size] = "two"
     pod["spec"]["schedulingGates"].insert(0, {"name": KUEUE_GATE})
     server.put(pod)
-    await controller(server, api, config()).reconcile(now=time.time())
+    await make_controller(server, api, config()).reconcile(now=time.time())
     stored = server.pods[f"{NAMESPACE}/odd"]
     assert gates_of(stored) == [KUEUE_GATE]
     assert snapshot.pinned_node(stored) is None, "released alone: no pin"
     [event] = server.events
-    assert (event["type"], event["reason"]) == ("Warning", gang_release.INVALID)
+    assert (event["type"], event["reason"]) == ("Warning", planning.INVALID)
     assert "'two' is not a positive integer" in event["message"]
 
 
@@ -398,11 +398,11 @@ async def test_waiting_and_timeout_events_are_posted_once(fake: tuple[FakeApiSer
     created = timestamps.epoch("2026-11-21T10:00:00Z")
     assert created is not None
     clock = [created]
-    ctl = controller(server, api, config(timeout_seconds=600), clock=lambda: clock[0])
+    ctl = make_controller(server, api, config(timeout_seconds=600), clock=lambda: clock[0])
     for clock[0] in (created + 60, created + 120, created + 700, created + 800):
         assert await ctl.reconcile(now=clock[0]) is not None
     reasons = server.reasons("part-0")
-    assert reasons == [gang_release.WAITING, gang_release.INCOMPLETE]
+    assert reasons == [planning.WAITING, planning.INCOMPLETE]
     assert all(gates_of(p) == [GATE] for p in await gang_pods(api, name="part"))
 
 
@@ -435,7 +435,7 @@ async def test_fake_server_enforces_the_gated_pod_rules(
     server.put(pod)
     try:
         await kube.request(api, "PATCH", f"/api/v1/namespaces/{NAMESPACE}/pods/w", body=patch,
-                           content_type=gang_controller.JSON_PATCH, timeout_seconds=TIMEOUT)
+                           content_type=controller.JSON_PATCH, timeout_seconds=TIMEOUT)
         answered = 200
     except kube.ApiError as exc:
         answered = exc.status
@@ -448,10 +448,10 @@ async def test_gang_with_a_launcher_without_gpus_waits_for_it_then_is_released_t
     """An MPI job: 4 GPU workers and a launcher without GPUs, all counted in the gang size (5)."""
     server, api = fake
     await create_gang(api, name="mpi", size=5, gpus=2, members=4)
-    ctl = controller(server, api, config())
+    ctl = make_controller(server, api, config())
     plan = await ctl.reconcile(now=time.time())
     assert plan is not None and [(d.action, d.message) for d in plan.decisions] == [
-        (gang_release.Action.WAIT, "4 of 5 members present")]
+        (planning.Action.WAIT, "4 of 5 members present")]
     assert [k for _, k in server.patches] == [], "the workers are held for their launcher"
 
     launcher = gang_member("mpi-launcher", gang="mpi", size=5, gpus=0, namespace=NAMESPACE, gated=True)
@@ -465,9 +465,9 @@ async def test_gang_with_a_launcher_without_gpus_waits_for_it_then_is_released_t
     kinds = [(key.split("/")[1], kind) for key, kind in server.patches if kind != "mark"]
     assert sorted(kinds[:4]) == [(f"mpi-{i}", "pin") for i in range(4)], "every worker pinned before any un-gating"
     assert sorted(kinds[4:]) == [(name, "ungate") for name in ("mpi-0", "mpi-1", "mpi-2", "mpi-3", "mpi-launcher")]
-    [released] = {e["message"] for e in server.events if e["reason"] == gang_release.RELEASED}
+    [released] = {e["message"] for e in server.events if e["reason"] == planning.RELEASED}
     assert released.endswith("; un-gated with them, not pinned (no GPU): team/mpi-launcher")
-    assert server.reasons("mpi-launcher") == [gang_release.RELEASED]
+    assert server.reasons("mpi-launcher") == [planning.RELEASED]
 
 
 def single(name: str, *, gpus: int) -> Json:
@@ -500,9 +500,9 @@ async def test_single_pods_are_pinned_and_released_in_one_patch_never_twice_whil
     server, api = fake
     for i in range(20):
         server.put(single(f"solo-{i:02d}", gpus=1), notify=False)
-    ctl = gang_controller.Controller(
+    ctl = controller.Controller(
         config=config(), source=FrozenSource(server, NODES, clock=time.time), api=api,
-        metrics=gang_controller.Metrics(prometheus_client.CollectorRegistry()))
+        metrics=controller.Metrics(prometheus_client.CollectorRegistry()))
     for _ in range(3):
         await ctl.reconcile(now=time.time())
     released = [p for p in server.pods.values() if not gates_of(p)]
@@ -511,7 +511,7 @@ async def test_single_pods_are_pinned_and_released_in_one_patch_never_twice_whil
     assert len(server.patches) == 16, "no pod released twice"
     per_node = collections.Counter(snapshot.pinned_node(p) for p in released)
     assert per_node == {"gpu-0": 8, "gpu-1": 8}
-    assert {e["reason"] for e in server.events} == {gang_release.WAITING}, (
+    assert {e["reason"] for e in server.events} == {planning.WAITING}, (
         "a single pod's placement is recorded on the pod, in the same patch; only the 4 that wait get Events")
     assert len(server.events) == 4
     for pod in released:
@@ -524,10 +524,10 @@ async def test_single_pod_that_cannot_be_placed_is_released_unpinned_after_its_m
 ) -> None:
     server, api = fake
     server.put(single("huge", gpus=16))  # no node has 16 GPUs
-    ctl = controller(server, api, config(max_wait_seconds=60))
+    ctl = make_controller(server, api, config(max_wait_seconds=60))
     await ctl.reconcile(now=time.time())
     assert gates_of(server.pods[f"{NAMESPACE}/huge"]) == [GATE], "waits within its bound"
     await ctl.reconcile(now=time.time() + 61)
     stored = server.pods[f"{NAMESPACE}/huge"]
     assert gates_of(stored) == [] and snapshot.pinned_node(stored) is None
-    assert server.reasons("huge")[-1] == gang_release.UNPLACED
+    assert server.reasons("huge")[-1] == planning.UNPLACED

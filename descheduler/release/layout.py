@@ -20,7 +20,7 @@ from common import capacity, fit, nvlink_score, placement, settings, snapshot
 
 
 @dataclasses.dataclass(frozen=True)
-class Placement:
+class Layout:
     nodes: Mapping[str, str]  # pod key -> node
     clique: str | None  # the multi-node NVLink domain holding the whole gang, if one does
     spanning: tuple[str, ...]  # members that span several NVLink domains (larger than any)
@@ -69,7 +69,7 @@ def candidates(pod: snapshot.Pod, cluster: snapshot.Snapshot) -> frozenset[str]:
     Pods alike in what the filters read and in their requests (a Job's pods) are answered once per snapshot."""
     spec = pod.raw.get("spec") or {}
     shape = fit.key(spec)
-    key = ("release_place.candidates", shape, tuple(sorted(pod.requests.items())))
+    key = ("layout.candidates", shape, tuple(sorted(pod.requests.items())))
     found: frozenset[str] | None = cluster.memo.get(key) if shape is not None else None
     if found is None:
         found = frozenset(name for name, node in cluster.nodes.items()
@@ -183,7 +183,7 @@ def place(
     allowed: frozenset[str],
     *,
     scoring: settings.Scoring,
-) -> tuple[Placement, dict[str, capacity.Room]] | None:
+) -> tuple[Layout, dict[str, capacity.Room]] | None:
     """The best simultaneous placement within `allowed` nodes, and the rooms it leaves (None: none fits)."""
     usable = frozenset(n for n in allowed if n in rooms)
     if len(members) == 1:
@@ -194,7 +194,7 @@ def place(
         _, name, choice, why = found
         room = rooms[name].copy()
         room.take(pod.requests, choice)
-        return Placement({pod.key: name}, None, (pod.key,) if choice.spanned > 1 else (), why), {name: room}
+        return Layout({pod.key: name}, None, (pod.key,) if choice.spanned > 1 else (), why), {name: room}
     everyone = frozenset.intersection(*(candidates[p.key] for p in members)) & usable if members else usable
     cliques: dict[str, set[str]] = {}
     for name in usable:
@@ -202,7 +202,7 @@ def place(
         if clique:
             cliques.setdefault(clique, set()).add(name)
     options = [frozenset([n]) for n in sorted(everyone)] + [frozenset(n) for _, n in sorted(cliques.items())]
-    best: tuple[tuple[int, int, int, str], Placement, dict[str, capacity.Room]] | None = None
+    best: tuple[tuple[int, int, int, str], Layout, dict[str, capacity.Room]] | None = None
     for nodes in [*options, usable]:
         result = _greedy(members, candidates, rooms, nodes)
         if result is None:
@@ -215,7 +215,7 @@ def place(
         leftover = sum(trial[n].free_gpus for n in used)
         rank = (0 if together else 1, len(used), leftover, ",".join(used))
         if best is None or rank < best[0]:
-            best = (rank, Placement(assigned, clique, tuple(spanning)), trial)
+            best = (rank, Layout(assigned, clique, tuple(spanning)), trial)
     return None if best is None else (best[1], best[2])
 
 
