@@ -439,3 +439,192 @@ def test_placement_honours_required_node_affinity(terms: list[dict[str, Any]] | 
     snap = cluster(nodes, pods)
     placed = planning.place([snap.pods["team/train-0"], snap.pods["team/train-1"]], cluster=snap)
     assert (None if placed is None else set(placed.nodes.values())) == (None if placed_on is None else {placed_on})
+
+
+# --- The documented rules, each as a row that matches, one that does not, one on the boundary ---------------------
+
+ONE_DOMAIN_8 = builders.gpu_node("big", gpus=8)
+
+
+def solo(name: str, *, gpus: int, created: str = RECENT, priority: int = 10_000) -> dict[str, Any]:
+    """A single pod we gated for placement at release (names no gang): a gang of one."""
+    return member(name, labels={}, gpus=gpus, created=created, priority=priority)
+
+
+def leaving(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["metadata"]["deletionTimestamp"] = "2026-11-21T11:59:50Z"
+    return pod
+
+
+def phase(pod: dict[str, Any], value: str) -> dict[str, Any]:
+    pod["status"]["phase"] = value
+    return pod
+
+
+def anti_affinity(pod: dict[str, Any], *, required: list[Any] | None = None, preferred: bool = False) -> dict[str, Any]:
+    term = {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "kubernetes.io/hostname"}
+    rule: dict[str, Any] = {}
+    if required is not None:
+        rule["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    if preferred:
+        rule["preferredDuringSchedulingIgnoredDuringExecution"] = [{"weight": 10, "podAffinityTerm": term}]
+    pod["spec"]["affinity"] = {"podAntiAffinity": rule}
+    return pod
+
+
+ANTI_TERM = {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "kubernetes.io/hostname"}
+
+
+def blocked_large(mark: str) -> list[dict[str, Any]]:
+    """A 2x4-GPU gang seen complete at `mark` that does not fit "big" while 2 of its GPUs are busy."""
+    return [*gang("large", 2, size=2, gpus=4, created=LONG_AGO, annotations={MARK: mark}),
+            running("busy", node="big", gpus=2)]
+
+
+QUEUED_SMALL = Want(A.WAIT, planning.WAITING, "fits, but queued behind team/large", waiting=W.QUEUED, ungate=[])
+STARTED_SMALL = Want(A.RELEASE, planning.RELEASED, "one node", pins={"small-0": "big", "small-1": "big"})
+
+
+@pytest.mark.parametrize(
+    ("nodes", "pods", "cfg", "expected", "shortages"),
+    [
+        # With backfill off, a blocked single pod never holds back a smaller gang (single pods reserve nothing).
+        pytest.param(
+            [EIGHT], [solo("solo", gpus=8, created=EARLIER), running("busy", node="big", gpus=2),
+                      *gang("small", 2, size=2, gpus=1)], config(backfill=False),
+            {"team/solo": Want(A.WAIT, planning.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
+             "team/small": STARTED_SMALL},
+            ["team/solo"],
+            id="backfill-off/blocked-single-pod-holds-back-no-gang/match",
+        ),
+        pytest.param(
+            [EIGHT], [member("one-0", gang="one", size=1, gpus=8, created=EARLIER), running("busy", node="big", gpus=2),
+                      *gang("small", 2, size=2, gpus=1)], config(backfill=False),
+            {"team/one": Want(A.WAIT, planning.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
+             "team/small": Want(A.WAIT, planning.WAITING, "queued behind team/one", waiting=W.QUEUED)},
+            ["team/one"],
+            id="backfill-off/blocked-gang-of-size-one-does-hold-back/no-match",
+        ),
+        pytest.param(
+            # Just created, of the highest priority: it still reserves nothing, for a gang or for a single pod.
+            [EIGHT], [solo("solo", gpus=8, created="2026-11-21T12:00:00Z", priority=100_000),
+                      running("busy", node="big", gpus=2), *gang("small", 2, size=2, gpus=1),
+                      solo("tiny", gpus=1, created="2026-11-21T12:00:00Z")], config(backfill=False),
+            {"team/solo": Want(A.WAIT, planning.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
+             "team/small": STARTED_SMALL,
+             "team/tiny": Want(A.RELEASE, planning.RELEASED, "placed on big", pins={"tiny": "big"})},
+            ["team/solo"],
+            id="backfill-off/fresh-high-priority-single-pod-reserves-nothing/boundary",
+        ),
+        # No reservation outlives descheduler.gangs.reservation_seconds (120 s by default, from the complete mark).
+        pytest.param(
+            [EIGHT], [*blocked_large("2026-11-21T11:59:00Z"), *gang("small", 2, size=2, gpus=1)],
+            config(backfill=False),
+            {"team/large": Want(A.WAIT, planning.WAITING, "waiting for 2 more", waiting=W.CAPACITY),
+             "team/small": QUEUED_SMALL},
+            ["team/large"],
+            id="reservation/within-the-bound-holds/match",
+        ),
+        pytest.param(
+            [EIGHT], [*blocked_large("2026-11-21T11:57:00Z"), *gang("small", 2, size=2, gpus=1)],
+            config(backfill=False),
+            {"team/large": Want(A.WAIT, planning.WAITING, "waiting for 2 more", waiting=W.CAPACITY),
+             "team/small": STARTED_SMALL},
+            ["team/large"],
+            id="reservation/past-the-bound-holds-nothing/no-match",
+        ),
+        pytest.param(
+            [EIGHT], [*blocked_large("2026-11-21T11:58:00Z"), *gang("small", 2, size=2, gpus=1)],
+            config(backfill=False),
+            {"team/small": QUEUED_SMALL},
+            ["team/large"],
+            id="reservation/exactly-at-the-bound-still-holds/boundary",
+        ),
+        pytest.param(
+            [EIGHT], [*blocked_large("2026-11-21T11:57:59Z"), *gang("small", 2, size=2, gpus=1)],
+            config(backfill=False),
+            {"team/small": STARTED_SMALL},
+            ["team/large"],
+            id="reservation/one-second-past-the-bound-holds-nothing/boundary",
+        ),
+        # A member with required pod anti-affinity is never pinned (the capacity model does not evaluate it).
+        pytest.param(
+            [EIGHT],
+            [member("t-0", size=2, gpus=4), anti_affinity(member("t-1", size=2, gpus=4), required=[ANTI_TERM])],
+            config(),
+            {"team/train": Want(A.RELEASE, planning.RELEASED,
+                                "un-gated with them, not pinned: team/t-1 (required podAntiAffinity (not modelled))",
+                                pins={"t-0": "big"}, ungate=["t-0", "t-1"])},
+            [],
+            id="anti-affinity/required-member-unpinned/match",
+        ),
+        pytest.param(
+            [EIGHT], [member("t-0", size=2, gpus=4), anti_affinity(member("t-1", size=2, gpus=4), preferred=True)],
+            config(),
+            {"team/train": Want(A.RELEASE, planning.RELEASED, "one node", pins={"t-0": "big", "t-1": "big"})},
+            [],
+            id="anti-affinity/preferred-only-is-pinned/no-match",
+        ),
+        pytest.param(
+            [EIGHT], [member("t-0", size=2, gpus=4), anti_affinity(member("t-1", size=2, gpus=4), required=[])],
+            config(),
+            {"team/train": Want(A.RELEASE, planning.RELEASED, "one node", pins={"t-0": "big", "t-1": "big"})},
+            [],
+            id="anti-affinity/empty-required-list-is-no-rule/boundary",
+        ),
+        # A terminating member does not count as present.
+        pytest.param(
+            [EIGHT], [member("t-0", size=2, gpus=2), leaving(member("t-1", size=2, gpus=2))], config(),
+            {"team/train": Want(A.WAIT, planning.WAITING, "1 of 2 members present", waiting=W.INCOMPLETE, ungate=[])},
+            [],
+            id="present/terminating-member-not-counted/match",
+        ),
+        pytest.param(
+            [EIGHT], [member("t-0", size=2, gpus=2), member("t-1", size=2, gpus=2)], config(),
+            {"team/train": Want(A.RELEASE, planning.RELEASED, "one node", pins={"t-0": "big", "t-1": "big"})},
+            [],
+            id="present/both-members-alive-released/no-match",
+        ),
+        pytest.param(
+            # Finished (Failed) is no more present than terminating; a started member that is running is.
+            [EIGHT], [member("t-0", size=3, gpus=2), phase(member("t-1", size=3, gpus=2, gated=False), "Failed"),
+                      member("t-2", size=3, gpus=2, gated=False, node="big")], config(),
+            {"team/train": Want(A.WAIT, planning.WAITING, "2 of 3 members present", waiting=W.INCOMPLETE)},
+            [],
+            id="present/failed-member-not-counted-running-one-is/boundary",
+        ),
+        # A gang that can never fit as the cluster stands (3x3 GPUs, one 8-GPU node) says so and asks reclaim for
+        # nothing: no eviction could ever make room for it.
+        pytest.param(
+            [ONE_DOMAIN_8], gang("g", 3, size=3, gpus=3), config(),
+            {"team/g": Want(A.WAIT, planning.WAITING, "needs 9 GPUs but the nodes it may use have 8 in all: it can "
+                            "never fit as the cluster stands; reserves no node", waiting=W.CAPACITY)},
+            [],
+            id="never-fits/3x3-on-one-8-gpu-node-no-demand/match",
+        ),
+        pytest.param(
+            [ONE_DOMAIN_8], [*gang("g", 2, size=2, gpus=3), running("busy", node="big", gpus=4)], config(),
+            {"team/g": Want(A.WAIT, planning.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY)},
+            ["team/g"],
+            id="never-fits/2x3-waits-for-gpus-with-demand/no-match",
+        ),
+        pytest.param(
+            [builders.gpu_node("nine", gpus=9)], [*gang("g", 3, size=3, gpus=3), running("busy", node="nine", gpus=1)],
+            config(),
+            {"team/g": Want(A.WAIT, planning.WAITING, "waiting for 1 more free GPUs", waiting=W.CAPACITY)},
+            ["team/g"],
+            id="never-fits/3x3-on-a-9-gpu-node-can-fit-later/boundary",
+        ),
+    ],
+)
+def test_documented_rule(
+    nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: settings.Settings,
+    expected: dict[str, Want], shortages: list[str],
+) -> None:
+    result = planning.plan(cluster(nodes, pods), config=cfg, now=NOW)
+    decisions = outcome(result)
+    for key, want in expected.items():
+        check(decisions[key], want)
+    assert [s.gang for s in result.shortages] == shortages
+    never = [d.gang for d in result.decisions if d.event_type == "Warning" and "never fit" in d.message]
+    assert never == [g for g, w in expected.items() if "never fit" in w.says]
