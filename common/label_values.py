@@ -13,6 +13,8 @@ to both. Pure: no I/O.
 - `integer`: the same spelling with an optional `-` (e.g. a PriorityClass's `toleration-seconds`), within
   int64.
 - `choice`: one of an enum's values, exactly.
+- `stamped`: `<RFC 3339 time> <text>` (the release record `gpu-steward.io/release`: when and where a pod was
+  released): the time as unix seconds (None when absent or unreadable) and the text.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import enum
 import re
 from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
+
+from common import timestamps
 
 ON = frozenset({"", "true", "yes", "on", "1"})
 OFF = frozenset({"false", "no", "off", "0"})
@@ -83,3 +87,16 @@ def choice(raw: str | None, kind: type[E], *, key: str, default: E) -> Parsed[E]
             return Parsed(member)
     allowed = ", ".join(str(m.value) for m in kind)
     return Parsed(default, f"{key}={raw!r} is not one of {allowed}; using {default.value}")
+
+
+def stamp(at: str, text: str) -> str:
+    """The `stamped` spelling: an RFC 3339 time, one blank, the text."""
+    return f"{at} {text}"
+
+
+def stamped(raw: str | None) -> tuple[float | None, str]:
+    if raw is None:
+        return None, ""
+    at, _, text = raw.partition(" ")
+    when = timestamps.epoch(at) if "T" in at else None
+    return (when, text) if when is not None else (None, raw)

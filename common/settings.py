@@ -606,6 +606,13 @@ class Gangs(Model):
         "at most this long (from when it was ready), so a gang that fits nowhere soon does not stall the "
         "queue; a gang that can never fit as the cluster stands reserves nothing (seconds).",
     )
+    pin_deadline_seconds: Seconds = pydantic.Field(
+        default=60,
+        description="A pod released pinned to a node that is not bound this long after its release while "
+        "kube-scheduler reports it Unschedulable is recovered (at once when its node is gone or cordoned): "
+        "re-created by its controller where that costs nothing, else re-created by us or reported "
+        "(docs/placement.md, Recovery) (seconds).",
+    )
 
 
 class Descheduler(Model):

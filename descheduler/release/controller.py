@@ -33,8 +33,8 @@ import aiohttp
 import prometheus_client
 from kubernetes_asyncio import client
 
-from common import events, kube, settings, snapshot, source, timestamps
-from descheduler.release import patches, planning
+from common import events, kube, label_values, settings, snapshot, source, timestamps
+from descheduler.release import patches, planning, recoverer
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ class Metrics:
         self.failures = prometheus_client.Counter(
             "gpu_steward_gang_release_failures", "Releases stopped by an API error (retried).", registry=registry
         )
+        self.recovery = recoverer.Metrics(registry)
 
 
 def _release_kind(decision: planning.Decision) -> str:
@@ -111,6 +112,7 @@ class Controller:
         self._posted: dict[str, tuple[str, str]] = {}  # pod key -> what its last Event said (see _tell)
         self._assumed: dict[str, tuple[str, float]] = {}  # pod key -> (pinned node or "", when released)
         self._calls = asyncio.Semaphore(config.descheduler.gangs.max_concurrent_patches)
+        self._recoverer = recoverer.Recoverer(config=config, api=api, metrics=metrics.recovery)
 
     async def reconcile(self, *, now: float) -> planning.ReleasePlan | None:
         """One pass; None when the snapshot cannot be trusted (stale)."""
@@ -132,6 +134,7 @@ class Controller:
         self._count(result)
         live = {m.key for d in result.decisions for m in d.members}
         self._posted = {k: v for k, v in self._posted.items() if k in live}
+        await self._recoverer.run(cluster, now=now)
         return result
 
     def _forget_seen(self, cluster: snapshot.Snapshot, *, now: float) -> None:
@@ -174,14 +177,15 @@ class Controller:
             await _all(self._patch(key, patch, content_type=JSON_PATCH) for key, node in pins.items()
                        if (patch := patches.tighten(cluster.pods[key].raw, nodes=[node])))
 
-        # A single pod's placement is recorded on the pod in the same patch (no Event call: it is on the hot path
-        # of every governed pod); a gang's release gets Events, one per member.
-        record = (self._config.names.release, decision.message) if decision.single else None
+        # Every release is recorded on the pod in the same patch that un-gates it: when (what pin recovery counts its
+        # deadline from, `recovery`) and where and why. A single pod gets no Event call (it is on the hot path of
+        # every governed pod); a gang's release gets Events, one per member.
+        record = (self._config.names.release, label_values.stamp(_rfc3339(now), decision.message))
+        single = len(decision.ungate) == 1
 
         async def one(key: str) -> None:
             pod = cluster.pods[key].raw
-            patch = (patches.release(pod, gate=gate, node=pins.get(key), record=record)
-                     if len(decision.ungate) == 1 else patches.ungate(pod, gate=gate))
+            patch = patches.release(pod, gate=gate, node=pins.get(key) if single else None, record=record)
             if patch:
                 await self._patch(key, patch, content_type=JSON_PATCH)
                 self._assumed[key] = (pins.get(key, ""), now)
@@ -195,7 +199,7 @@ class Controller:
             started = timestamps.epoch(newest)
             if started is not None:
                 self._metrics.wait_seconds.observe(max(0.0, now - started))
-        if record is None or decision.event_type == "Warning":
+        if not decision.single or decision.event_type == "Warning":
             await self._tell(decision, only_changes=False)
 
     async def _patch(self, key: str, body: object, *, content_type: str) -> None:

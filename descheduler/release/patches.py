@@ -97,3 +97,53 @@ def ungate(pod: Mapping[str, Any], *, gate: str) -> Patch:
 def mark(*, annotation: str, value: str) -> dict[str, Any]:
     """A merge patch setting one annotation (allowed at any time, gated or not)."""
     return {"metadata": {"annotations": {annotation: value}}}
+
+
+SERVER_SET = ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+              "generation", "managedFields", "selfLink")
+
+
+def recreation(pod: Mapping[str, Any], *, ours: Sequence[str]) -> dict[str, Any]:
+    """The pod as its creator wrote it, to create it again: without status, without what the API server set in its
+    metadata, without our annotations `ours` and without our pin (a term the pin alone made is dropped whole)."""
+    body: dict[str, Any] = copy.deepcopy(dict(pod))
+    body.pop("status", None)
+    meta = body.setdefault("metadata", {})
+    for key in SERVER_SET:
+        meta.pop(key, None)
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in ours}
+    if annotations:
+        meta["annotations"] = annotations
+    else:
+        meta.pop("annotations", None)
+    spec = body.get("spec") or {}
+    spec.pop("nodeName", None)
+    affinity = spec.get("affinity") or {}
+    node_affinity = affinity.get("nodeAffinity") or {}
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    terms = []
+    for term in required.get("nodeSelectorTerms") or []:
+        fields = [f for f in term.get("matchFields") or [] if not _is_pin(f)]
+        if len(fields) == len(term.get("matchFields") or []):
+            terms.append(term)
+            continue
+        if fields:
+            term["matchFields"] = fields
+        else:
+            term.pop("matchFields", None)
+        if term:
+            terms.append(term)
+    if terms:
+        required["nodeSelectorTerms"] = terms
+    elif required:
+        node_affinity.pop("requiredDuringSchedulingIgnoredDuringExecution", None)
+        if not node_affinity:
+            affinity.pop("nodeAffinity", None)
+        if not affinity:
+            spec.pop("affinity", None)
+    return body
+
+
+def _is_pin(requirement: Mapping[str, Any]) -> bool:
+    return (requirement.get("key") == "metadata.name" and requirement.get("operator") == "In"
+            and len(requirement.get("values") or []) == 1)

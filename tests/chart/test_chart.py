@@ -252,9 +252,9 @@ def check_defaults(objects: Objects) -> None:
     assert _one(objects, "RoleBinding", f"{PREFIX}-webhook")["roleRef"]["name"] == f"{PREFIX}-webhook"
     # events get + patch: a repeated Event is aggregated (common/events.py), as client-go's recorder does.
     assert _rules(objects, "ClusterRole", f"{PREFIX}-descheduler") == [
-        (("",), ("nodes", "namespaces"), READ), (("",), ("pods",), (*READ, "patch")),
+        (("",), ("nodes", "namespaces"), READ), (("",), ("pods",), (*READ, "patch", "create", "delete")),
         (("scheduling.k8s.io",), ("priorityclasses", "podgroups"), READ), (("",), ("pods/eviction",), ("create",)),
-        (("",), ("events",), ("create", "get", "patch"))]
+        (("batch",), ("jobs",), ("get",)), (("",), ("events",), ("create", "get", "patch"))]
     assert _rules(objects, "ClusterRole", f"{PREFIX}-release-gates") == [(("",), ("pods",), ("get", "list", "patch"))]
     # Uninstall: a pre-delete hook with objects of its own, deleted when it succeeded.
     job = _one(objects, "Job", f"{PREFIX}-release-gates")
@@ -268,7 +268,8 @@ def check_defaults(objects: Objects) -> None:
     assert pod["containers"][0]["args"] == ["release-gates"]
     assert _env(pod["containers"][0]) == {"GPU_STEWARD_NAMES__PREFIX": "gpu-steward.io/"}
     assert _rules(objects, "Role", f"{PREFIX}-descheduler") == [
-        (("coordination.k8s.io",), ("leases",), ("get", "create", "update"))]
+        (("coordination.k8s.io",), ("leases",), ("get", "create", "update")),
+        (("",), ("configmaps",), ("get", "list", "create", "delete"))]  # pin recovery's journal
     assert _rules(objects, "ClusterRole", f"{PREFIX}-labeler") == [(("",), ("nodes",), ("get", "patch"))]
 
     classes = {o["metadata"]["name"]: o for o in objects if o["kind"] == "PriorityClass"}
@@ -357,8 +358,14 @@ def check_custom_settings(objects: Objects) -> None:
 
 
 def check_reclaim_off(objects: Objects) -> None:
+    """Pin recovery (gang release) still evicts the stuck pods their controllers re-create."""
     rules = _rules(objects, "ClusterRole", f"{PREFIX}-descheduler")
-    assert not [r for r in rules if "pods/eviction" in r[1]]
+    assert [r for r in rules if "pods/eviction" in r[1]] == [(("",), ("pods/eviction",), ("create",))]
+
+
+def check_reclaim_and_release_off(objects: Objects) -> None:
+    rules = _rules(objects, "ClusterRole", f"{PREFIX}-descheduler")
+    assert not [r for r in rules if "pods/eviction" in r[1] or "jobs" in r[1]]
 
 
 def check_service_monitors(objects: Objects) -> None:
@@ -468,6 +475,8 @@ SCENARIOS = [
                  check_excluded_namespaces, id="excluded-namespaces"),
     pytest.param({"settings": CUSTOM}, check_custom_settings, id="custom-settings"),
     pytest.param({"settings": {"descheduler": {"reclaim": {"enabled": False}}}}, check_reclaim_off, id="reclaim-off"),
+    pytest.param({"settings": {"descheduler": {"reclaim": {"enabled": False}, "gangs": {"enabled": False}}}},
+                 check_reclaim_and_release_off, id="reclaim-and-release-off"),
     pytest.param({"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prom"}}}, check_service_monitors,
                  id="service-monitors"),
     pytest.param({"descheduler": {"metricsPort": 0}, "serviceMonitor": {"enabled": True}},

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from common import gpu, settings
+from common import gpu, label_values, settings
 from gpu_steward import localcluster
 from tests.e2e import conftest
 from tests.support import kube
@@ -191,4 +191,5 @@ def test_pods_gated_while_no_controller_runs_are_placed_when_one_starts(
     bound_together(cluster, ns, "pair", size=2)
     placed = kube.poll("solo bound", lambda: (p := kube.pods(cluster, ns)["solo"])["spec"].get("nodeName") and p)
     assert pinned_node(placed) == [placed["spec"]["nodeName"]], "bound where the release pinned it"
-    assert placed["metadata"]["annotations"][NAMES.release].startswith(f"placed on {placed['spec']['nodeName']}: ")
+    assert label_values.stamped(placed["metadata"]["annotations"][NAMES.release])[1].startswith(
+        f"placed on {placed['spec']['nodeName']}: ")

@@ -25,7 +25,7 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from common import kube, settings, snapshot, timestamps
+from common import kube, label_values, settings, snapshot, timestamps
 from descheduler.release import controller, planning
 from tests import builders
 
@@ -230,7 +230,8 @@ class FakeApiServer:
 def _patch_kind(body: Any) -> str:
     if isinstance(body, dict):
         return "mark"
-    paths = [op["path"] for op in body if op["op"] != "test"]
+    # The release record (an annotation) rides along with every un-gating: not a kind of its own.
+    paths = [op["path"] for op in body if op["op"] != "test" and not op["path"].startswith("/metadata/annotations")]
     gates = [p.startswith("/spec/schedulingGates") for p in paths]
     return "ungate" if all(gates) else "release" if any(gates) else "pin"
 
@@ -515,7 +516,8 @@ async def test_single_pods_are_pinned_and_released_in_one_patch_never_twice_whil
         "a single pod's placement is recorded on the pod, in the same patch; only the 4 that wait get Events")
     assert len(server.events) == 4
     for pod in released:
-        record = pod["metadata"]["annotations"][NAMES.release]
+        at, record = label_values.stamped(pod["metadata"]["annotations"][NAMES.release])
+        assert at is not None, "when it was released: what pin recovery counts from"
         assert record.startswith(f"placed on {snapshot.pinned_node(pod)}: NVLink score ")
 
 

@@ -112,3 +112,24 @@ def test_skip_means_the_same_to_webhook_and_descheduler(raw: str, where: str) ->
     webhook_skips = admitted.skipped is not None and admitted.skipped.startswith(f"opted out with {SKIP}")
     assert webhook_skips == (spared is not None)
     assert webhook_skips is (raw.strip().lower() not in {"off", "false", "no", "0"})
+
+
+NOON = 1795262400.0  # 2026-11-21T12:00:00Z
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        pytest.param("2026-11-21T12:00:00Z placed on big: NVLink score 90", (NOON, "placed on big: NVLink score 90"),
+                     id="time-and-text"),
+        pytest.param("placed on big: NVLink score 90", (None, "placed on big: NVLink score 90"),
+                     id="text-only-from-an-older-release"),
+        pytest.param("2026-11-21T12:00:00Z", (NOON, ""), id="time-without-text-boundary"),
+        pytest.param("2026-13-21T12:00:00Z x", (None, "2026-13-21T12:00:00Z x"), id="unreadable-time-kept-as-text"),
+        pytest.param(None, (None, ""), id="absent"),
+    ],
+)
+def test_stamped(raw: str | None, expected: tuple[float | None, str]) -> None:
+    assert label_values.stamped(raw) == expected
+    if expected[0] is not None and raw is not None:
+        assert label_values.stamp(raw.partition(" ")[0], expected[1]).strip() == raw

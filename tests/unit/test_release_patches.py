@@ -107,3 +107,39 @@ def test_mark_is_a_merge_patch_of_one_annotation() -> None:
     assert patches.mark(annotation="gpu-steward.io/gang-complete-since", value="2026-11-21T12:00:00Z") == {
         "metadata": {"annotations": {"gpu-steward.io/gang-complete-since": "2026-11-21T12:00:00Z"}}
     }
+
+
+def _pinned(term: dict[str, Any] | None) -> dict[str, Any]:
+    body = pod(rv="9")
+    body["metadata"].update(uid="u-1", creationTimestamp="2026-11-21T12:00:00Z", managedFields=[{"x": 1}],
+                            annotations={"gpu-steward.io/release": "2026-11-21T12:00:00Z placed on n1", "team": "a"})
+    body["status"] = {"phase": "Pending"}
+    if term is not None:
+        body["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [term]}}}
+    return body
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        pytest.param({"matchFields": [patches.pin_requirement(["n1"])]}, None, id="term-made-by-the-pin-dropped"),
+        pytest.param({"matchExpressions": [ZONE], "matchFields": [patches.pin_requirement(["n1"])]},
+                     {"matchExpressions": [ZONE]}, id="users-term-keeps-its-own-requirements"),
+        pytest.param({"matchExpressions": [ZONE]}, {"matchExpressions": [ZONE]}, id="no-pin-nothing-removed"),
+        pytest.param({"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1", "n2"]}]},
+                     {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1", "n2"]}]},
+                     id="users-set-of-nodes-is-not-our-pin-boundary"),
+    ],
+)
+def test_recreation_is_the_pod_as_written_minus_our_pin(before: dict[str, Any], after: dict[str, Any] | None) -> None:
+    body = patches.recreation(_pinned(before), ours=["gpu-steward.io/release"])
+    assert "status" not in body
+    assert body["metadata"] == {"name": "w-0", "namespace": "team", "annotations": {"team": "a"}}
+    assert body["spec"]["unknownField"] == {"kept": True}
+    affinity = body["spec"].get("affinity")
+    if after is None:
+        assert affinity is None
+    else:
+        assert affinity == {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [after]}}}

@@ -1,0 +1,240 @@
+"""Closing the loop on every pin: which released, pinned pods are stuck, and what recovers them.
+
+Pure: a `Snapshot`, the settings, `now` and what the shell read of the Jobs concerned in; recoveries with their
+reasons out. The shell (`descheduler.release.controller`) acts on them. A pin is ours when the pod carries our
+release record (`names.release`: `<time> <where and why>`, written by the patch that un-gates it) and a required
+`metadata.name In [node]` term. Nothing is kept in memory: every pass derives it all from the pods, so a restart or
+a new leader finds the same stuck pins. Rules:
+
+- A pinned pod is stuck when it is not bound, not gated, not being deleted and
+  - its node is gone (`node-gone`), or cordoned or not ready (`node-cordoned`): at once;
+  - kube-scheduler reports it Unschedulable (condition PodScheduled False, reason Unschedulable) and more than
+    `descheduler.gangs.pin_deadline_seconds` have passed since its release (`unschedulable`). Within the deadline,
+    or before the scheduler has said so, it is left alone. A record without a time counts from the pod's creation.
+- Recovered as a unit: a stuck gang member brings every member of its gang that is pinned, released and not bound
+  (they are re-planned together, never half-placed by an old plan); members already bound are left running.
+- How, by what re-creates each pod of the unit:
+  - a controller that re-creates a deleted pod at no cost: ReplicaSet, StatefulSet, ReplicationController; a Job
+    whose pod failure policy ignores DisruptionTarget, or with retries to spare (`backoffLimit` minus its failed
+    pods at least the unit's pods of that Job: the Job controller counts a deleted unfinished pod as failed) —
+    `evict`: the Eviction API deletes it (marking it DisruptionTarget); its controller re-creates it, our webhook
+    gates it again and release places it afresh;
+  - no owner (a bare pod) — `recreate`: the same pod (name, labels, annotations, spec) minus our pin and our
+    release record is created again once the old one is gone (the shell journals it first, so a restart between the
+    deletion and the creation loses nothing);
+  - any other owner (a Job without retries to spare or that could not be read, Argo Workflows, Tekton, a kind we
+    do not know) — `report`: deleting it would cost the workload a failed attempt. A Warning Event on the pod and
+    its owner says what the user can do; the pod is left as it is.
+  A unit with any pod to `report` is reported as a whole: a gang is never half recovered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from common import gangs, label_values, settings, snapshot, timestamps
+
+FREE_OWNERS = frozenset({"ReplicaSet", "StatefulSet", "ReplicationController"})
+JOB = "Job"
+DEFAULT_BACKOFF_LIMIT = 6  # batch/v1 Job's default
+
+RECOVERED = "PinRecovered"
+STUCK = "PinStuck"
+
+
+class Cause(enum.StrEnum):
+    NODE_GONE = "node-gone"
+    NODE_CORDONED = "node-cordoned"
+    UNSCHEDULABLE = "unschedulable"
+
+
+class How(enum.StrEnum):
+    EVICT = "evict"  # its controller re-creates it at no cost
+    RECREATE = "recreate"  # a bare pod: we create it again, minus our pin
+    REPORT = "report"  # deleting would cost the workload: a Warning, nothing else
+
+
+@dataclasses.dataclass(frozen=True)
+class JobFacts:
+    """What decides whether deleting one of a Job's pods costs it an attempt."""
+
+    retries_left: int  # backoffLimit minus failed pods (per index with backoffLimitPerIndex)
+    ignores_disruption: bool  # a podFailurePolicy rule Ignore on condition DisruptionTarget
+
+
+def job_facts(job: Mapping[str, Any]) -> JobFacts:
+    spec, status = job.get("spec") or {}, job.get("status") or {}
+    per_index = spec.get("backoffLimitPerIndex")
+    if per_index is not None:
+        # Each index has its own budget; a pending pod's index has not failed yet as far as we can tell cheaply.
+        left = int(per_index)
+    else:
+        limit = spec.get("backoffLimit")
+        left = (DEFAULT_BACKOFF_LIMIT if limit is None else int(limit)) - int(status.get("failed") or 0)
+    ignores = any(
+        rule.get("action") == "Ignore"
+        and any(c.get("type") == "DisruptionTarget" and c.get("status", "True") == "True"
+                for c in rule.get("onPodConditions") or ())
+        for rule in (spec.get("podFailurePolicy") or {}).get("rules") or ()
+    )
+    return JobFacts(max(0, left), ignores)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stuck:
+    """One pinned pod of a unit."""
+
+    key: str
+    uid: str
+    node: str  # the node it is pinned to
+    cause: Cause | None  # None: not stuck itself, recovered with its gang
+    how: How
+    owner: tuple[str, str] | None  # (kind, name) of its controller
+    why: str  # for `how`
+
+
+@dataclasses.dataclass(frozen=True)
+class Recovery:
+    unit: str  # the gang key, or the pod key
+    cause: Cause  # of the first stuck pod
+    how: How  # the unit's: REPORT if any pod is to be reported
+    pods: tuple[Stuck, ...]
+    message: str  # the Event and the CLI line
+
+    @property
+    def acting(self) -> bool:
+        return self.how is not How.REPORT
+
+
+def owner(pod: snapshot.Pod) -> tuple[str, str] | None:
+    return (pod.owner_kind, pod.owner_name or "") if pod.owner_kind else None
+
+
+def released_at(pod: snapshot.Pod, *, names: settings.Names) -> float | None:
+    """When our release un-gated this pod (None: we did not, as far as the pod says)."""
+    record = pod.annotations.get(names.release)
+    if record is None:
+        return None
+    at, _ = label_values.stamped(record)
+    return at
+
+
+def _pinned(pod: snapshot.Pod, *, names: settings.Names) -> str | None:
+    """The node our release pinned this pod to, while it waits to be bound."""
+    if (pod.node_name or pod.deleting or pod.phase != "Pending" or names.gate in pod.scheduling_gates
+            or names.release not in pod.annotations):
+        return None
+    return snapshot.pinned_node(pod.raw)
+
+
+def _unschedulable(pod: snapshot.Pod) -> bool:
+    conditions = (pod.raw.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+               for c in conditions if isinstance(c, Mapping))
+
+
+def cause(pod: snapshot.Pod, node: str, cluster: snapshot.Snapshot, *, names: settings.Names,
+          cfg: settings.Gangs, now: float) -> tuple[Cause, str] | None:
+    """Why this pinned pod is stuck, and how we know; None when it is not (yet)."""
+    found = cluster.nodes.get(node)
+    if found is None:
+        return Cause.NODE_GONE, f"its node {node} is gone"
+    if not found.schedulable:
+        return Cause.NODE_CORDONED, f"its node {node} is cordoned or not ready"
+    since = released_at(pod, names=names)
+    if since is None:
+        since = timestamps.epoch(pod.created)
+    waited = now - since if since is not None else 0.0
+    if _unschedulable(pod) and waited > cfg.pin_deadline_seconds:
+        return Cause.UNSCHEDULABLE, (f"kube-scheduler reports it Unschedulable {waited:.0f}s after its release "
+                                     f"(deadline {cfg.pin_deadline_seconds:g}s)")
+    return None
+
+
+def _how(pod: snapshot.Pod, *, jobs: Mapping[str, JobFacts], unit_pods_of_job: int) -> tuple[How, str]:
+    kind = pod.owner_kind
+    if kind is None:
+        return How.RECREATE, "a bare pod: created again as it was, without our pin"
+    if kind in FREE_OWNERS:
+        return How.EVICT, f"its {kind} {pod.owner_name} re-creates it"
+    if kind == JOB:
+        facts = jobs.get(f"{pod.namespace}/{pod.owner_name}")
+        if facts is None:
+            return How.REPORT, f"its Job {pod.owner_name} could not be read"
+        if facts.ignores_disruption:
+            return How.EVICT, f"its Job {pod.owner_name} re-creates it (its podFailurePolicy ignores DisruptionTarget)"
+        if facts.retries_left >= unit_pods_of_job:
+            return How.EVICT, (f"its Job {pod.owner_name} re-creates it ({facts.retries_left} retries left, "
+                               f"{unit_pods_of_job} used)")
+        return How.REPORT, (f"its Job {pod.owner_name} has {facts.retries_left} retries left: deleting "
+                            f"{unit_pods_of_job} pod(s) would fail it")
+    return How.REPORT, f"its owner {kind} {pod.owner_name} may count a deleted pod as a failure"
+
+
+def _unit_key(pod: snapshot.Pod, cluster: snapshot.Snapshot, *, names: settings.Names) -> str:
+    gang = gangs.identify(pod.raw, names=names, pod_groups=cluster.pod_groups)
+    return f"gang:{gang.key}" if gang is not None and gang.size is not None else f"pod:{pod.key}"
+
+
+def assess(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
+           jobs: Mapping[str, JobFacts] = {}) -> tuple[Recovery, ...]:
+    """Every unit with a stuck pin, by unit key. `jobs`: namespace/name -> facts, for the Jobs owning pinned pods
+    (`jobs_to_read`); a Job missing from it is reported, never evicted."""
+    names, cfg = config.names, config.descheduler.gangs
+    pinned: dict[str, list[tuple[snapshot.Pod, str]]] = {}
+    for pod in sorted(cluster.pods.values(), key=lambda p: p.key):
+        node = _pinned(pod, names=names)
+        if node is not None:
+            pinned.setdefault(_unit_key(pod, cluster, names=names), []).append((pod, node))
+    out: list[Recovery] = []
+    for unit, members in sorted(pinned.items()):
+        causes = {pod.key: found for pod, node in members
+                  if (found := cause(pod, node, cluster, names=names, cfg=cfg, now=now)) is not None}
+        if not causes:
+            continue
+        per_job: dict[str, int] = {}
+        for pod, _ in members:
+            if pod.owner_kind == JOB:
+                job = f"{pod.namespace}/{pod.owner_name}"
+                per_job[job] = per_job.get(job, 0) + 1
+        stuck: list[Stuck] = []
+        for pod, node in members:
+            how, why = _how(pod, jobs=jobs, unit_pods_of_job=per_job.get(f"{pod.namespace}/{pod.owner_name}", 0))
+            found = causes.get(pod.key)
+            stuck.append(Stuck(pod.key, pod.uid, node, found[0] if found else None, how, owner(pod), why))
+        first = next(s for s in stuck if s.cause is not None)
+        how = How.REPORT if any(s.how is How.REPORT for s in stuck) else How.EVICT
+        out.append(Recovery(unit.partition(":")[2], first.cause or Cause.UNSCHEDULABLE,
+                            how if how is How.REPORT else _acting(stuck), tuple(stuck),
+                            _message(unit, stuck, causes)))
+    return tuple(out)
+
+
+def _acting(stuck: Sequence[Stuck]) -> How:
+    return How.RECREATE if all(s.how is How.RECREATE for s in stuck) else How.EVICT
+
+
+def _message(unit: str, stuck: Sequence[Stuck], causes: Mapping[str, tuple[Cause, str]]) -> str:
+    kind, _, key = unit.partition(":")
+    first = next(s for s in stuck if s.key in causes)
+    what = f"pinned to {first.node}, not bound: {causes[first.key][1]}"
+    if kind == "gang":
+        what = f"gang {key}: {first.key} {what}"
+    blocked = [s for s in stuck if s.how is How.REPORT]
+    if blocked:
+        return (f"{what}; left as it is: {blocked[0].why}. To recover, delete the pod"
+                f"{'s' if len(stuck) > 1 else ''} ({', '.join(s.key for s in stuck)}) and create "
+                f"{'them' if len(stuck) > 1 else 'it'} again (without the node affinity on metadata.name)")
+    done = "; ".join(f"{s.key}: {s.why}" for s in stuck)
+    together = f" with the {len(stuck) - 1} other unbound member(s)" if len(stuck) > 1 else ""
+    return f"{what}; recovered{together}: {done}"
+
+
+def jobs_to_read(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float) -> tuple[str, ...]:
+    """namespace/name of the Jobs owning pods of a stuck unit: what the shell reads before `assess`."""
+    found = assess(cluster, config=config, now=now)
+    return tuple(sorted({f"{s.key.partition('/')[0]}/{s.owner[1]}" for r in found for s in r.pods
+                         if s.owner is not None and s.owner[0] == JOB}))
