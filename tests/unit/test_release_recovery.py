@@ -1,0 +1,225 @@
+"""Pin recovery (descheduler/release/recovery.py): which pinned pods are stuck, why, and what recovers them.
+
+One row per documented rule: a match, a no-match, a boundary; each asserts the decision and its reason.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from common import settings, snapshot
+from descheduler.release import patches, recovery
+from tests import builders
+
+NAMES = settings.Names()
+NOW = datetime.datetime(2026, 11, 21, 12, 0, tzinfo=datetime.UTC).timestamp()
+C, H = recovery.Cause, recovery.How
+
+
+def at(seconds_before: float) -> str:
+    return datetime.datetime.fromtimestamp(NOW - seconds_before, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def pinned(
+    name: str,
+    *,
+    node: str = "n1",
+    released: float | None = 10,  # seconds before NOW; None: no time in the record
+    record: bool = True,
+    unschedulable: bool = False,
+    owner: tuple[str, str] | None = ("ReplicaSet", "rs"),
+    gang: tuple[str, int] | None = None,
+    bound: bool = False,
+    gated: bool = False,
+    deleting: bool = False,
+    created: str = "2026-11-21T11:00:00Z",
+) -> dict[str, Any]:
+    labels = {NAMES.gang_name: gang[0], NAMES.gang_size: str(gang[1])} if gang else {}
+    annotations = {}
+    if record:
+        annotations[NAMES.release] = (f"{at(released)} placed on {node}: why" if released is not None
+                                      else f"placed on {node}: why")
+
+    def mutate(pod: dict[str, Any]) -> None:
+        spec, meta = pod["spec"], pod["metadata"]
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [patches.pin_requirement([node])]}]}}}
+        meta["uid"] = f"uid-{name}"
+        if owner:
+            meta["ownerReferences"] = [{"kind": owner[0], "name": owner[1], "controller": True,
+                                        "apiVersion": "apps/v1", "uid": "o-1"}]
+        if gated:
+            spec["schedulingGates"] = [{"name": NAMES.gate}]
+        if deleting:
+            meta["deletionTimestamp"] = at(1)
+        if unschedulable:
+            pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                            "message": "0/2 nodes are available: 1 node(s) didn't satisfy plugin(s) "
+                                                       "[NodeAffinity]"}]
+
+    return builders.pod(name, namespace="team", gpus=4, node=node if bound else None,
+                        phase="Running" if bound else "Pending", labels=labels, annotations=annotations,
+                        created=created, mutate=mutate)
+
+
+N1 = builders.gpu_node("n1", gpus=8)
+N2 = builders.gpu_node("n2", gpus=8)
+CORDONED = builders.gpu_node("n1", gpus=8, mutate=lambda n: n["spec"].update(unschedulable=True))
+
+
+def assess(nodes: Sequence[dict[str, Any]], pods: Sequence[dict[str, Any]], *,
+           jobs: Mapping[str, recovery.JobFacts] | None = None, deadline: float = 60) -> dict[str, recovery.Recovery]:
+    config = settings.Settings(descheduler=settings.Descheduler(gangs=settings.Gangs(pin_deadline_seconds=deadline)))
+    cluster = snapshot.build(nodes=nodes, pods=pods, names=NAMES, taken_at=NOW)
+    return {r.unit: r for r in recovery.assess(cluster, config=config, now=NOW, jobs=jobs or {})}
+
+
+# --- when a pin is stuck -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("nodes", "pod", "want", "says"),
+    [
+        pytest.param([N2], pinned("p"), C.NODE_GONE, "its node n1 is gone", id="node-gone/match"),
+        pytest.param([N1], pinned("p"), None, "", id="node-there-within-deadline/no-match"),
+        pytest.param([CORDONED], pinned("p"), C.NODE_CORDONED, "its node n1 is cordoned",
+                     id="node-cordoned-at-once/boundary"),
+        pytest.param([N1], pinned("p", released=61, unschedulable=True), C.UNSCHEDULABLE,
+                     "Unschedulable 61s after its release (deadline 60s)", id="unschedulable-past-deadline/match"),
+        pytest.param([N1], pinned("p", released=30, unschedulable=True), None, "",
+                     id="unschedulable-within-deadline/no-match"),
+        pytest.param([N1], pinned("p", released=60, unschedulable=True), None, "",
+                     id="unschedulable-exactly-at-deadline/boundary"),
+        pytest.param([N1], pinned("p", released=600), None, "", id="past-deadline-but-not-reported-unschedulable"),
+        pytest.param([N1], pinned("p", released=None, unschedulable=True, created=at(61)), C.UNSCHEDULABLE,
+                     "Unschedulable 61s", id="record-without-time-counts-from-creation"),
+        pytest.param([N2], pinned("p", record=False), None, "", id="not-released-by-us-never-touched"),
+        pytest.param([N2], pinned("p", gated=True), None, "", id="still-gated-not-released"),
+        pytest.param([N2], pinned("p", bound=True), None, "", id="bound-is-done"),
+        pytest.param([N2], pinned("p", deleting=True), None, "", id="already-leaving"),
+    ],
+)
+def test_when_a_pin_is_stuck(nodes: list[dict[str, Any]], pod: dict[str, Any], want: recovery.Cause | None,
+                             says: str) -> None:
+    found = assess(nodes, [pod])
+    if want is None:
+        assert found == {}
+        return
+    [item] = found.values()
+    assert (item.unit, item.cause, item.how) == ("team/p", want, H.EVICT)
+    assert says in item.message and "recovered: team/p: its ReplicaSet rs re-creates it" in item.message
+
+
+# --- how it is recovered, by what re-creates it ------------------------------------------------------------------
+
+GONE = [N2]  # every pin below is to n1: gone
+
+
+def job(name: str = "j") -> tuple[str, str]:
+    return ("Job", name)
+
+
+@pytest.mark.parametrize(
+    ("pods", "jobs", "how", "says"),
+    [
+        pytest.param([pinned("p", owner=("ReplicaSet", "rs"))], {}, H.EVICT, "its ReplicaSet rs re-creates it",
+                     id="replicaset-evicted"),
+        pytest.param([pinned("p", owner=("StatefulSet", "db"))], {}, H.EVICT, "its StatefulSet db re-creates it",
+                     id="statefulset-evicted"),
+        pytest.param([pinned("p", owner=None)], {}, H.RECREATE, "a bare pod: created again as it was",
+                     id="bare-pod-recreated"),
+        pytest.param([pinned("p", owner=("Workflow", "wf"))], {}, H.REPORT,
+                     "left as it is: its owner Workflow wf may count a deleted pod as a failure. To recover, delete "
+                     "the pod (team/p) and create it again", id="unknown-owner-reported-with-what-to-do"),
+        pytest.param([pinned("p", owner=job())], {"team/j": recovery.JobFacts(1, False)}, H.EVICT,
+                     "its Job j re-creates it (1 retries left, 1 used)", id="job-with-a-retry-to-spare/match"),
+        pytest.param([pinned("p", owner=job())], {"team/j": recovery.JobFacts(0, False)}, H.REPORT,
+                     "its Job j has 0 retries left: deleting 1 pod(s) would fail it",
+                     id="job-without-retries/no-match"),
+        pytest.param([pinned(f"p{i}", owner=job(), gang=("g", 2)) for i in range(2)],
+                     {"team/j": recovery.JobFacts(1, False)}, H.REPORT, "its Job j has 1 retries left: deleting 2",
+                     id="job-with-fewer-retries-than-stuck-pods/boundary"),
+        pytest.param([pinned("p", owner=job())], {"team/j": recovery.JobFacts(0, True)}, H.EVICT,
+                     "podFailurePolicy ignores DisruptionTarget", id="job-ignoring-disruption-evicted"),
+        pytest.param([pinned("p", owner=job())], {}, H.REPORT, "its Job j could not be read",
+                     id="job-not-read-is-never-evicted"),
+    ],
+)
+def test_how_it_is_recovered(pods: list[dict[str, Any]], jobs: dict[str, recovery.JobFacts], how: recovery.How,
+                             says: str) -> None:
+    [item] = assess(GONE, pods, jobs=jobs).values()
+    assert item.how is how and item.acting is (how is not H.REPORT)
+    assert says in item.message, item.message
+
+
+# --- a gang is recovered as a whole -------------------------------------------------------------------------------
+
+
+def test_a_stuck_member_brings_its_unbound_pinned_gang_and_leaves_running_members() -> None:
+    pods = [pinned("g-0", node="n1", gang=("g", 3)), pinned("g-1", node="n2", gang=("g", 3)),
+            pinned("g-2", node="n2", gang=("g", 3), bound=True)]
+    [item] = assess([N2], pods).values()
+    assert item.unit == "team/g" and item.how is H.EVICT
+    assert [(p.key, p.cause) for p in item.pods] == [("team/g-0", C.NODE_GONE), ("team/g-1", None)]
+    assert item.message.startswith("gang team/g: team/g-0 pinned to n1, not bound: its node n1 is gone; "
+                                   "recovered with the 1 other unbound member(s)")
+
+
+def test_a_gang_with_one_member_that_would_cost_is_reported_whole() -> None:
+    pods = [pinned("g-0", gang=("g", 2)), pinned("g-1", gang=("g", 2), owner=("Workflow", "wf"))]
+    [item] = assess(GONE, pods).values()
+    assert item.how is H.REPORT and not item.acting
+    assert "To recover, delete the pods (team/g-0, team/g-1) and create them again" in item.message
+
+
+def test_a_gang_of_bare_pods_is_recreated_and_mixed_owners_evict_the_owned() -> None:
+    bare = [pinned(f"b-{i}", gang=("b", 2), owner=None) for i in range(2)]
+    assert assess(GONE, bare)["team/b"].how is H.RECREATE
+    mixed = [pinned("m-0", gang=("m", 2), owner=None), pinned("m-1", gang=("m", 2))]
+    item = assess(GONE, mixed)["team/m"]
+    assert item.how is H.EVICT and [p.how for p in item.pods] == [H.RECREATE, H.EVICT]
+
+
+def test_healthy_gang_members_are_not_touched() -> None:
+    pods = [pinned("g-0", node="n2", gang=("g", 2)), pinned("g-1", node="n2", gang=("g", 2))]
+    assert assess([N2], pods) == {}
+
+
+def test_jobs_to_read_are_those_of_stuck_units_only() -> None:
+    pods = [pinned("a", owner=job("stuck")), pinned("b", node="n2", owner=job("fine"))]
+    config = settings.Settings()
+    cluster = snapshot.build(nodes=[N2], pods=pods, names=NAMES, taken_at=NOW)
+    assert recovery.jobs_to_read(cluster, config=config, now=NOW) == ("team/stuck",)
+
+
+# --- what a Job's spec and status say ----------------------------------------------------------------------------
+
+IGNORE_DISRUPTION = {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]}
+
+
+@pytest.mark.parametrize(
+    ("job_body", "want"),
+    [
+        pytest.param({}, recovery.JobFacts(6, False), id="defaults-backoff-limit-6"),
+        pytest.param({"spec": {"backoffLimit": 3}, "status": {"failed": 1}}, recovery.JobFacts(2, False),
+                     id="limit-minus-failed"),
+        pytest.param({"spec": {"backoffLimit": 0}}, recovery.JobFacts(0, False), id="no-retries"),
+        pytest.param({"spec": {"backoffLimit": 1}, "status": {"failed": 3}}, recovery.JobFacts(0, False),
+                     id="over-spent-is-zero"),
+        pytest.param({"spec": {"backoffLimitPerIndex": 2, "backoffLimit": 0}}, recovery.JobFacts(2, False),
+                     id="per-index-budget"),
+        pytest.param({"spec": {"backoffLimit": 0, "podFailurePolicy": IGNORE_DISRUPTION}}, recovery.JobFacts(0, True),
+                     id="ignores-disruption"),
+        pytest.param({"spec": {"podFailurePolicy": {"rules": [{"action": "FailJob", "onPodConditions": [
+            {"type": "DisruptionTarget"}]}]}}}, recovery.JobFacts(6, False), id="fails-on-disruption-not-ignoring"),
+        pytest.param({"spec": {"podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [
+            {"type": "DisruptionTarget", "status": "False"}]}]}}}, recovery.JobFacts(6, False),
+            id="ignores-only-condition-false-boundary"),
+    ],
+)
+def test_job_facts(job_body: dict[str, Any], want: recovery.JobFacts) -> None:
+    assert recovery.job_facts(job_body) == want
