@@ -3,7 +3,8 @@ a gang of one), its members, its state, and what it waits for.
 
 Offline from a saved state (`kubectl get nodes,pods,priorityclasses,namespaces -A -o json`), or live
 (one full list through the feeder, no watch kept). Read-only: it shows the gang controller's plan
-for this moment; it changes nothing.
+for this moment, and every pinned pod that is stuck (pin recovery: why, and what the controller does about it;
+Jobs are not read here, so their pods show as reported); it changes nothing.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import json
 import pathlib
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from common import feeder, kube, settings, snapshot, source
-from descheduler.release import planning
+from descheduler.release import planning, recovery
 from gpu_steward import cmdline
 
 
@@ -45,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"gangs: {exc}", file=sys.stderr)
         return 2
     result = planning.plan(cluster, config=config, now=now)
-    print(json.dumps(as_json(result), indent=2) if args.output == "json" else as_text(result))
+    stuck = recovery.assess(cluster, config=config, now=now)
+    print(json.dumps(as_json(result, stuck), indent=2) if args.output == "json" else as_text(result, stuck))
     return 0
 
 
@@ -67,7 +70,7 @@ async def _live(config: settings.Settings) -> snapshot.Snapshot:
         await api.close()
 
 
-def as_json(result: planning.ReleasePlan) -> dict[str, Any]:
+def as_json(result: planning.ReleasePlan, stuck: Sequence[recovery.Recovery] = ()) -> dict[str, Any]:
     return {
         "gangs": [
             {
@@ -88,13 +91,20 @@ def as_json(result: planning.ReleasePlan) -> dict[str, Any]:
             for d in result.decisions
         ],
         "demand": [{"gang": d.gang, "nodes": list(d.nodes), "missing_gpus": d.missing_gpus} for d in result.shortages],
+        "stuck_pins": [
+            {"unit": r.unit, "cause": r.cause.value, "recovery": r.how.value, "why": r.message,
+             "pods": [{"pod": p.key, "node": p.node, "cause": p.cause.value if p.cause else None,
+                       "recovery": p.how.value} for p in r.pods]}
+            for r in stuck
+        ],
     }
 
 
-def as_text(result: planning.ReleasePlan) -> str:
+def as_text(result: planning.ReleasePlan, stuck: Sequence[recovery.Recovery] = ()) -> str:
+    lines = [f"stuck pin {r.unit}  {r.cause.value}  {'recovering: ' if r.acting else ''}{r.how.value}"
+             f"\n  why: {r.message}" for r in stuck]
     if not result.decisions:
-        return "no gangs"
-    lines = []
+        return "\n".join([*lines, "no gangs"])
     for d in result.decisions:
         size = f"{len(d.members)}/{d.size}" if d.size else f"{len(d.members)}"
         state = f"{d.action.value}" + (f" ({d.waiting.value})" if d.waiting else "")

@@ -122,12 +122,34 @@ def test_alert_rules_pass_promtool(tmp_path: pathlib.Path) -> None:
     path.write_text(yaml.safe_dump(rule_group()))
     result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 6 rules found" in result.stdout
+    assert "SUCCESS: 7 rules found" in result.stdout
 
 
 @pytest.mark.parametrize("alert", ["GpuStewardWebhookErrors", "GpuStewardReclaimBlocked",
-                                   "GpuStewardPrometheusUnreachable", "GpuStewardGangsWaitingTooLong"])
+                                   "GpuStewardPrometheusUnreachable", "GpuStewardGangsWaitingTooLong",
+                                   "GpuStewardPinsStuck"])
 def test_the_issue_s_alerts_exist_with_a_description(alert: str) -> None:
     rules = {r["alert"]: r for r in rule_group()["groups"][0]["rules"]}
     assert rules[alert]["annotations"]["summary"] and rules[alert]["annotations"]["description"]
     assert "{{ $value" not in rules[alert]["annotations"]["summary"]  # Helm left Prometheus' templates intact
+
+
+def test_stuck_pins_alert_after_five_minutes_and_not_for_a_pin_recovered_at_once(tmp_path: pathlib.Path) -> None:
+    """`promtool test rules`: a pin stuck for 6 minutes fires GpuStewardPinsStuck; one gone after a pass never does."""
+    group = rule_group()
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump(group))
+    labels = next(r["labels"] for r in group["groups"][0]["rules"] if r.get("alert") == "GpuStewardPinsStuck")
+    tests = {"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [{"series": 'gpu_steward_pins_stuck{job="d", pod="a"}', "values": "0 1 1 1 1 1 1 1 1 0 0"},
+                         {"series": 'gpu_steward_pins_stuck{job="d", pod="b"}', "values": "0 0 0 0 0 0 0 0 0 0 0"}],
+        "alert_rule_test": [{"eval_time": "4m", "alertname": "GpuStewardPinsStuck", "exp_alerts": []},
+                            {"eval_time": "7m", "alertname": "GpuStewardPinsStuck",
+                             "exp_alerts": [{"exp_labels": labels}]},
+                            {"eval_time": "10m", "alertname": "GpuStewardPinsStuck", "exp_alerts": []}],
+    }]}
+    path = tmp_path / "test.yaml"
+    path.write_text(yaml.safe_dump(tests))
+    result = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -69,3 +69,29 @@ def test_a_gated_single_pod_is_shown_as_a_gang_of_one(
     assert shown["team/huge"]["why"].startswith("not placed within 300s (complete; team/huge can run on no node")
     assert cli.main(["gangs", "--cluster", str(path)]) == 0
     assert "pod (placed at release) team/solo  members 1/1" in capsys.readouterr().out
+
+
+def test_a_stuck_pin_is_a_line_with_its_cause_and_recovery(tmp_path: pathlib.Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A pod released pinned to a node that is gone: `gangs` says so, and what the controller does about it."""
+
+    def mutate(pod: dict[str, Any]) -> None:
+        pod["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": "web-1", "controller": True}]
+        pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gone"]}]}]}}}
+
+    pod = builders.pod("infer", namespace="team", gpus=4, mutate=mutate,
+                       annotations={NAMES.release: "2026-11-21T10:00:00Z placed on gone: NVLink score 90"})
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps({"kind": "List", "items": [builders.gpu_node("big", gpus=8), pod]}))
+    assert cli.main(["gangs", "--cluster", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "stuck pin team/infer  node-gone  recovering: evict",
+        "  why: pinned to gone, not bound: its node gone is gone; recovered: team/infer: its ReplicaSet web-1 "
+        "re-creates it",
+        "no gangs",
+    ]
+    assert cli.main(["gangs", "--cluster", str(path), "--output", "json"]) == 0
+    [stuck] = json.loads(capsys.readouterr().out)["stuck_pins"]
+    assert (stuck["unit"], stuck["cause"], stuck["recovery"]) == ("team/infer", "node-gone", "evict")
+    assert stuck["pods"] == [{"pod": "team/infer", "node": "gone", "cause": "node-gone", "recovery": "evict"}]
