@@ -25,8 +25,7 @@ from typing import Any
 
 import aiohttp
 
-from common import settings
-from descheduler.release import patches
+from common import gate_patch, settings
 from gpu_steward import cmdline
 
 JSON_PATCH = "application/json-patch+json"
@@ -103,7 +102,7 @@ async def release(config: settings.Settings, *, namespace: str | None, dry_run: 
     try:
         try:
             gated = [pod async for pod in _pods(api, namespace=namespace, timeout_seconds=timeout)
-                     if patches.ungate(pod, gate=gate)]
+                     if gate_patch.ungate(pod, gate=gate)]
         except kube.ApiError as exc:
             raise _ListError(str(exc)) from exc
         for pod in gated:
@@ -144,7 +143,7 @@ async def release_pod(api: Any, pod: dict[str, Any], *, gate: str, timeout_secon
 
     path = f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}"
     attempt = 1
-    while patch := patches.ungate(pod, gate=gate):
+    while patch := gate_patch.ungate(pod, gate=gate):
         try:
             await kube.request(api, "PATCH", path, body=patch, content_type=JSON_PATCH, timeout_seconds=timeout_seconds)
             return True

@@ -23,7 +23,9 @@ from typing import Any
 
 import jsonpatch
 
-Patch = list[dict[str, Any]]
+from common import gate_patch
+
+Patch = gate_patch.Patch
 
 
 def pin_requirement(nodes: Sequence[str]) -> dict[str, Any]:
@@ -66,32 +68,12 @@ def release(pod: Mapping[str, Any], *, gate: str, node: str | None,
     where and why, so that a single pod's placement needs no Event call) and remove our gate; [] when there is
     nothing to do. Guarded by the resourceVersion the plan read when it pins."""
     pin = tighten(pod, nodes=[node]) if node else []
-    gates = ungate(pod, gate=gate)
+    gates = gate_patch.ungate(pod, gate=gate)
     if not gates:
         return pin
     if record is not None:
-        annotations = (pod.get("metadata") or {}).get("annotations")
-        key, value = record
-        pointer = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
-        note = ({"op": "add", "path": pointer, "value": value} if annotations
-                else {"op": "add", "path": "/metadata/annotations", "value": {key: value}})
-        pin = [*pin, note]
+        pin = [*pin, gate_patch.annotate(pod, key=record[0], value=record[1])]
     return [*pin, *gates]
-
-
-def ungate(pod: Mapping[str, Any], *, gate: str) -> Patch:
-    """A patch removing `gate` and only it; [] when the pod does not carry it.
-
-    Written out rather than diffed: a diff of [ours, kueue] -> [kueue] may come out as "rename
-    element 0, drop element 1". The `test` makes the removal fail rather than hit another
-    controller's gate should the list have shifted since the pod was read.
-    """
-    gates = (pod.get("spec") or {}).get("schedulingGates") or []
-    for i, entry in enumerate(gates):
-        if entry.get("name") == gate:
-            path = f"/spec/schedulingGates/{i}"
-            return [{"op": "test", "path": f"{path}/name", "value": gate}, {"op": "remove", "path": path}]
-    return []
 
 
 def mark(*, annotation: str, value: str) -> dict[str, Any]:

@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from common import gate_patch, settings
 from common import kube as kube_client
-from common import settings
-from descheduler.release import patches
 from gpu_steward import cmd_release_gates, localcluster
 from tests.e2e.conftest import REPO
 from tests.support import kube
@@ -115,7 +114,7 @@ async def test_a_gate_list_that_moved_is_read_again_never_removing_the_wrong_gat
                           "-p", '[{"op": "remove", "path": "/spec/schedulingGates/0"}]')
     path = f"/api/v1/namespaces/{plain_namespace}/pods/p"
     with pytest.raises(kube_client.ApiError) as refused:  # the stale patch's `test` fails: nothing removed
-        await kube_client.request(kube_api, "PATCH", path, body=patches.ungate(stale, gate=names.gate),
+        await kube_client.request(kube_api, "PATCH", path, body=gate_patch.ungate(stale, gate=names.gate),
                                   content_type=cmd_release_gates.JSON_PATCH, timeout_seconds=10)
     assert refused.value.status == 422
     assert gates_of(control_plane, plain_namespace) == {"p": [names.gate]}

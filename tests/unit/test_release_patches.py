@@ -8,7 +8,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from common import settings
+from common import gate_patch, settings
 from descheduler.release import patches
 
 GATE = settings.Names().gate
@@ -91,13 +91,13 @@ def test_ungate_removes_only_our_gate(gates: list[str], remaining: list[str]) ->
     before = pod(affinity=required({"matchFields": [PIN]}), gates=gates)
     expected = copy.deepcopy(before)
     expected["spec"]["schedulingGates"] = [{"name": g} for g in remaining]
-    patch = patches.ungate(before, gate=GATE)
+    patch = gate_patch.ungate(before, gate=GATE)
     assert (patch == []) is (GATE not in gates)
     assert jsonpatch.apply_patch(before, patch) == expected
 
 
 def test_ungate_fails_rather_than_remove_a_shifted_gate() -> None:
-    patch = patches.ungate(pod(gates=[KUEUE_GATE, GATE]), gate=GATE)
+    patch = gate_patch.ungate(pod(gates=[KUEUE_GATE, GATE]), gate=GATE)
     shifted = pod(gates=[GATE, KUEUE_GATE])  # as read by someone else a moment later
     with pytest.raises(jsonpatch.JsonPatchException):
         jsonpatch.apply_patch(shifted, patch)

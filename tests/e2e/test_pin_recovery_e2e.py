@@ -1,0 +1,160 @@
+"""Pin recovery end to end (descheduler/release/recovery.py): a pod released pinned to a node that then cannot take
+it — deleted, cordoned, or taken by a pod that was never gated — ends Running (or an ordinary Pending pod without
+our pin) within the bound, with an Event that says what happened, on the real 1.37.2 control plane.
+
+The race itself (the node changes between our pin and the binding) is made deterministic: each test writes the
+release exactly as the controller does (`patches.release`, with its time-stamped record) after breaking the node,
+and only then starts the real descheduler process, which has to find the stuck pin from the cluster alone.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from common import label_values, settings, snapshot
+from descheduler.release import patches, recovery
+from gpu_steward import localcluster
+from tests.e2e import conftest
+from tests.support import kube
+
+pytestmark = pytest.mark.e2e
+
+NAMES = settings.Names()
+DEADLINE_SECONDS = 3
+RECOVERY = {"descheduler": {"reclaim": {"enabled": False}, "gangs": {"pin_deadline_seconds": DEADLINE_SECONDS}}}
+
+
+@pytest.fixture
+def spare_node(control_plane: localcluster.LocalCluster) -> Iterator[str]:
+    """An 8-GPU kwok node of this test's own (two NVLink domains of 4), deleted afterwards if still there."""
+    node = localcluster.gpu_nodes("1x8g2d", names=NAMES, name_prefix=f"spare-{secrets.token_hex(3)}")[0]
+    control_plane.add_nodes([node])
+    name = str(node["metadata"]["name"])
+    try:
+        yield name
+    finally:
+        control_plane.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
+
+
+def release_by_hand(cluster: localcluster.LocalCluster, namespace: str, name: str, *, node: str | None) -> None:
+    """What the release controller writes: the pin (if any), the time-stamped record, our gate removed."""
+    pod = kube.pods(cluster, namespace)[name]
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    record = (NAMES.release, label_values.stamp(now, f"placed on {node}: by the test" if node else "unpinned"))
+    patch = patches.release(pod, gate=NAMES.gate, node=node, record=record)
+    cluster.kubectl("patch", "pod", name, "-n", namespace, "--type=json", "-p", json.dumps(patch))
+
+
+def replica_set(name: str, *, namespace: str, gpus: int) -> dict[str, Any]:
+    template = kube.pod("x", namespace=namespace, gpus=gpus, labels={"app": name}, gates=[NAMES.gate])
+    return {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}}, "spec": template["spec"]}}}
+
+
+def running(cluster: localcluster.LocalCluster, namespace: str, name: str) -> dict[str, Any]:
+    def bound() -> dict[str, Any] | None:
+        pod = kube.pods(cluster, namespace).get(name)
+        return pod if pod and pod["spec"].get("nodeName") and pod["status"].get("phase") == "Running" else None
+
+    return kube.poll(f"{name} running", bound, timeout_seconds=DEADLINE_SECONDS + 30)
+
+
+def told(cluster: localcluster.LocalCluster, namespace: str, *, kind: str, name: str) -> list[str]:
+    return [e["message"] for e in kube.events(cluster, namespace, reason=recovery.RECOVERED)
+            if e["involvedObject"].get("kind") == kind and e["involvedObject"].get("name") == name]
+
+
+def test_replicaset_pod_pinned_to_a_deleted_node_is_replaced_and_runs(
+    gpu_cluster: conftest.GpuCluster, descheduler_factory: conftest.StartDescheduler, plain_namespace: str,
+    spare_node: str,
+) -> None:
+    cluster, ns = gpu_cluster.cluster, plain_namespace
+    kube.wait_gpus_free(cluster)
+    cluster.kubectl("create", "-f", "-", input=json.dumps(replica_set("web", namespace=ns, gpus=4)))
+    [first] = kube.poll("the ReplicaSet's pod", lambda: list(kube.pods(cluster, ns)))
+    cluster.kubectl("delete", "node", spare_node, "--wait=true")  # an autoscaler's scale-down, say
+    release_by_hand(cluster, ns, first, node=spare_node)
+
+    descheduler_factory(RECOVERY)
+
+    def replaced() -> str | None:
+        names = [n for n in kube.pods(cluster, ns) if n != first]
+        return names[0] if names and first not in kube.pods(cluster, ns) else None
+
+    second = kube.poll("the stuck pod replaced by its ReplicaSet", replaced, timeout_seconds=30)
+    placed = running(cluster, ns, second)
+    assert snapshot.pinned_node(placed) == placed["spec"]["nodeName"] != spare_node, "placed afresh by our release"
+    [said] = told(cluster, ns, kind="Pod", name=first)
+    assert said == (f"pinned to {spare_node}, not bound: its node {spare_node} is gone; recovered: {ns}/{first}: "
+                    "its ReplicaSet web re-creates it")
+    assert told(cluster, ns, kind="ReplicaSet", name="web") == [said], "the owner is told too"
+
+
+def test_bare_pod_pinned_to_a_cordoned_node_is_created_again_without_the_pin(
+    gpu_cluster: conftest.GpuCluster, descheduler_factory: conftest.StartDescheduler, plain_namespace: str,
+    spare_node: str,
+) -> None:
+    cluster, ns = gpu_cluster.cluster, plain_namespace
+    kube.wait_gpus_free(cluster)
+    labels, annotations = {"team": "vision"}, {"owner.example.com/ticket": "GPU-42"}
+    solo = kube.pod("solo", namespace=ns, gpus=4, labels=labels, annotations=annotations, gates=[NAMES.gate])
+    cluster.kubectl("create", "-f", "-", input=json.dumps(solo))
+    before = kube.pods(cluster, ns)["solo"]
+    cluster.kubectl("cordon", spare_node)  # a drain begins
+    release_by_hand(cluster, ns, "solo", node=spare_node)
+
+    descheduler_factory(RECOVERY)
+
+    again = kube.poll("solo created again", lambda: (p := kube.pods(cluster, ns).get("solo")) and
+                      p["metadata"]["uid"] != before["metadata"]["uid"] and p)
+    placed = running(cluster, ns, "solo")
+    assert placed["metadata"]["uid"] == again["metadata"]["uid"]
+    assert placed["spec"]["nodeName"] != spare_node and "affinity" not in placed["spec"], "our pin is gone"
+    # Nothing its creator wrote is lost: labels, annotations, the container as written.
+    assert placed["metadata"]["labels"] == labels
+    assert placed["metadata"]["annotations"] == annotations, "our record went with our pin"
+    assert placed["spec"]["containers"][0]["resources"] == before["spec"]["containers"][0]["resources"]
+    [said] = told(cluster, ns, kind="Pod", name="solo")
+    assert said.endswith(f"its node {spare_node} is cordoned or not ready; recovered: {ns}/solo: a bare pod: "
+                         "created again as it was, without our pin"), said
+    journals = cluster.kubectl_json("get", "configmaps", "-n", conftest.DESCHEDULER_NAMESPACE, "-l",
+                                    f"{NAMES.prefix}recreate=true")["items"]
+    assert [j["metadata"]["name"] for j in journals] == [], "the journal is settled"
+
+
+def test_gang_split_by_a_node_taken_by_a_never_gated_pod_ends_running_together(
+    gpu_cluster: conftest.GpuCluster, descheduler_factory: conftest.StartDescheduler, plain_namespace: str,
+    spare_node: str,
+) -> None:
+    """One member bound, the other pinned to a node a pod that was never gated took first: the scheduler says
+    Unschedulable; past the deadline the stuck member is re-created without its pin and the gang runs whole."""
+    cluster, ns = gpu_cluster.cluster, plain_namespace
+    kube.wait_gpus_free(cluster)
+    taker = kube.pod("taker", namespace=ns, gpus=8, node_selector={"kubernetes.io/hostname": spare_node})
+    cluster.kubectl("create", "-f", "-", input=json.dumps(taker))
+    running(cluster, ns, "taker")
+    labels = {NAMES.gang_name: "pair", NAMES.gang_size: "2"}
+    for i in range(2):
+        member = kube.pod(f"pair-{i}", namespace=ns, gpus=4, labels=labels, gates=[NAMES.gate])
+        cluster.kubectl("create", "-f", "-", input=json.dumps(member))
+    release_by_hand(cluster, ns, "pair-1", node=None)
+    running(cluster, ns, "pair-1")
+    release_by_hand(cluster, ns, "pair-0", node=spare_node)
+    kube.poll("pair-0 reported Unschedulable", lambda: kube.scheduled_reason(kube.pods(cluster, ns)["pair-0"])
+              == "Unschedulable")
+
+    descheduler_factory(RECOVERY)
+
+    placed = running(cluster, ns, "pair-0")
+    assert placed["spec"]["nodeName"] != spare_node and "affinity" not in placed["spec"]
+    [said] = told(cluster, ns, kind="Pod", name="pair-0")
+    assert said.startswith(f"gang {ns}/pair: {ns}/pair-0 pinned to {spare_node}, not bound: kube-scheduler reports "
+                           "it Unschedulable"), said
+    assert kube.pods(cluster, ns)["pair-1"]["status"]["phase"] == "Running", "the running member was left alone"
