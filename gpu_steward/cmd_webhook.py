@@ -116,6 +116,7 @@ async def _main(*, config: settings.Settings, context: ssl.SSLContext, static: s
 
 async def _live(*, config: settings.Settings, context: ssl.SSLContext, stop: asyncio.Future[Any]) -> None:
     # Imported here: the Kubernetes client takes over a second to import and `--cluster` never needs it.
+    from admission import gate_lifter
     from common import feeder, kube, prometheus
 
     registry = prometheus_client.CollectorRegistry()
@@ -128,6 +129,9 @@ async def _live(*, config: settings.Settings, context: ssl.SSLContext, stop: asy
             "server": _serve(config=config, snapshots=live, context=context, registry=registry,
                              controller=lambda: live.controller_seen_at),
         }
+        # No gate of ours outlives the release controller: lifted past its bound while the Lease is stale.
+        tasks["gate-lifter"] = gate_lifter.run(config=config, source=live, api=api, registry=registry,
+                                               controller=lambda: live.controller_seen_at)
         if config.webhook.managed_tls.enabled:
             from admission import certmanager
 

@@ -240,9 +240,10 @@ def check_defaults(objects: Objects) -> None:
     # Least privilege, per component.
     assert _rules(objects, "ClusterRole", f"{PREFIX}-webhook") == [
         (("",), ("nodes", "pods", "namespaces"), READ),
+        (("",), ("pods",), ("patch",)),  # the gate lifter (admission/gate_lifter.py)
         (("scheduling.k8s.io",), ("priorityclasses", "podgroups"), READ),
         (("admissionregistration.k8s.io",), ("mutatingwebhookconfigurations",), ("get", "update"))]
-    assert _one(objects, "ClusterRole", f"{PREFIX}-webhook")["rules"][2]["resourceNames"] == [PREFIX]
+    assert _one(objects, "ClusterRole", f"{PREFIX}-webhook")["rules"][3]["resourceNames"] == [PREFIX]
     # The leader Lease, watched to gate for release only while the controller lives; the TLS Secret.
     role = _one(objects, "Role", f"{PREFIX}-webhook")["rules"]
     assert role == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list", "watch"]},

@@ -1,0 +1,78 @@
+"""The webhook's gate lifter: no gate of ours outlives the release controller (`admission.orphaned_gates`).
+
+Runs in every webhook replica beside the server, every `descheduler.gangs.resync_seconds`, on the replica's own
+snapshot and Lease watch: one JSON patch per due pod removes our gate (only ours, guarded by a `test`) and writes
+why into `gpu-steward.io/release`. Replicas racing on the same pod are harmless: the loser's `test` fails (422) or
+the pod is gone (404). Each lift is a log line and `gpu_steward_admission_gates_lifted_total`. Needs `patch` on pods
+(the chart grants it to the webhook).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import aiohttp
+import prometheus_client
+from kubernetes_asyncio import client
+
+from admission import orphaned_gates
+from common import gate_patch, kube, label_values, settings, source
+
+logger = logging.getLogger(__name__)
+TOLERATED = (404, 409, 422)  # gone, changed, or lifted by another replica first
+
+
+async def run(
+    *,
+    config: settings.Settings,
+    source: source.SnapshotSource,
+    api: client.ApiClient,
+    controller: Callable[[], float | None],
+    registry: prometheus_client.CollectorRegistry | None = None,
+    clock: Callable[[], float] = time.time,
+) -> None:
+    """Lift due gates until cancelled. `controller`: when the descheduler's Lease was last seen renewed."""
+    lifted = prometheus_client.Counter(
+        "gpu_steward_admission_gates_lifted",
+        "Pods whose gpu-steward gate the webhook lifted because no release controller ran past their bound.",
+        registry=registry if registry is not None else prometheus_client.CollectorRegistry())
+    watching_since = clock()
+    while True:
+        await asyncio.sleep(config.descheduler.gangs.resync_seconds)
+        if not source.synced:
+            continue
+        now = clock()
+        cluster = source.snapshot
+        for lift in orphaned_gates.due(cluster, config=config, now=now, seen_at=controller(),
+                                       watching_since=watching_since):
+            logger.warning("%s: %s", lift.unit, lift.why)
+            for key in lift.pods:
+                if await _lift(api, config=config, pod=cluster.pods[key].raw, key=key, why=lift.why, now=now):
+                    lifted.inc()
+
+
+async def _lift(api: client.ApiClient, *, config: settings.Settings, pod: Mapping[str, Any], key: str, why: str,
+                now: float) -> bool:
+    ungate = gate_patch.ungate(pod, gate=config.names.gate)
+    if not ungate:
+        return False
+    stamp = datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    record = gate_patch.annotate(pod, key=config.names.release, value=label_values.stamp(stamp, why))
+    namespace, _, name = key.partition("/")
+    try:
+        await kube.request(api, "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", body=[record, *ungate],
+                           content_type="application/json-patch+json",
+                           timeout_seconds=config.kubernetes.request_timeout_seconds)
+    except kube.ApiError as exc:
+        if exc.status not in TOLERATED:
+            logger.warning("gate of %s not lifted: %s; retried next time", key, exc)
+        return False
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        logger.warning("gate of %s not lifted: %s; retried next time", key, exc)
+        return False
+    return True
