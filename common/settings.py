@@ -613,6 +613,12 @@ class Gangs(Model):
         "re-created by its controller where that costs nothing, else re-created by us or reported "
         "(docs/placement.md, Recovery) (seconds).",
     )
+    incomplete_event_grace_seconds: Seconds = pydantic.Field(
+        default=10,
+        description="An incomplete gang gets its GangWaiting Event only once it has stayed incomplete this long "
+        "(from its first member's creation): members created in a burst are not told they wait for each other "
+        "(seconds).",
+    )
 
 
 class Descheduler(Model):

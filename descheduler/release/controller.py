@@ -178,8 +178,7 @@ class Controller:
                        if (patch := patches.tighten(cluster.pods[key].raw, nodes=[node])))
 
         # Every release is recorded on the pod in the same patch that un-gates it: when (what pin recovery counts its
-        # deadline from, `recovery`) and where and why. A single pod gets no Event call (it is on the hot path of
-        # every governed pod); a gang's release gets Events, one per member.
+        # deadline from, `recovery`) and where and why; then one short Event per released pod says where and why.
         record = (self._config.names.release, label_values.stamp(_rfc3339(now), decision.message))
         single = len(decision.ungate) == 1
 
@@ -199,8 +198,7 @@ class Controller:
             started = timestamps.epoch(newest)
             if started is not None:
                 self._metrics.wait_seconds.observe(max(0.0, now - started))
-        if not decision.single or decision.event_type == "Warning":
-            await self._tell(decision, only_changes=False)
+        await self._tell(decision, only_changes=False)  # one Event per release, a single pod's too
 
     async def _patch(self, key: str, body: object, *, content_type: str) -> None:
         async with self._calls:
@@ -211,7 +209,8 @@ class Controller:
         """One Event per member (gated ones, for a gang that releases: they are the ones it concerns)."""
         if decision.event_type is None or decision.event_reason is None:
             return
-        message = decision.message if decision.single else f"gang {decision.gang}: {decision.message}"
+        text = decision.summary or decision.message
+        message = text if decision.single else f"gang {decision.gang}: {text}"
         # A waiting gang is re-told only when what it waits for changes, not on every count.
         said = (decision.event_reason, decision.waiting.value if decision.waiting else message)
         for member in decision.members:

@@ -25,11 +25,12 @@ class Layout:
     clique: str | None  # the multi-node NVLink domain holding the whole gang, if one does
     spanning: tuple[str, ...]  # members that span several NVLink domains (larger than any)
     why: str = ""  # a gang of one: its score and what decided
+    short: str = ""  # a gang of one: its score and what is left, for its Event
 
-    def describe(self) -> str:
+    def describe(self, *, short: bool = False) -> str:
         used = sorted(set(self.nodes.values()))
         if len(self.nodes) == 1 and self.why:
-            return f"placed on {used[0]}: {self.why}"
+            return f"placed on {used[0]}: {self.short if short and self.short else self.why}"
         where = f"{len(self.nodes)} members on {len(used)} node(s) ({', '.join(used)})"
         if len(used) == 1:
             why = "one node"
@@ -96,8 +97,9 @@ def _score(room: capacity.Room, need: int, scoring: settings.Scoring, scores: Sc
 
 
 def _evaluate(pod: snapshot.Pod, room: capacity.Room, scoring: settings.Scoring, scores: Scores,
-              ) -> tuple[_Rank, placement.Allocation, str] | str:
-    """A gang of one on one node: its rank (lower is better), where its GPUs land and why; or why it does not fit."""
+              ) -> tuple[_Rank, placement.Allocation, str, str] | str:
+    """A gang of one on one node: its rank (lower is better), where its GPUs land, why and why in short; or why it
+    does not fit."""
     choice = room.place(pod.requests, pod.request)
     if not isinstance(choice, placement.Allocation):
         return choice
@@ -107,17 +109,18 @@ def _evaluate(pod: snapshot.Pod, room: capacity.Room, scoring: settings.Scoring,
     domain_left = min((len(room.domains[d]) for d in choice.domains), default=0) - need
     left = f"{room.free_gpus - need} GPUs left free there"
     why = f"NVLink score {points:g} ({score.explain()}); {left}" if score is not None else left
-    return (-points, room.free_gpus - need, domain_left, name), choice, why
+    short = f"NVLink score {points:g}; {left}" if score is not None else left
+    return (-points, room.free_gpus - need, domain_left, name), choice, why, short
 
 
 def _one(pod: snapshot.Pod, names: frozenset[str], rooms: Rooms, scoring: settings.Scoring,
-         ) -> tuple[_Rank, str, placement.Allocation, str] | None:
-    best: tuple[_Rank, str, placement.Allocation, str] | None = None
+         ) -> tuple[_Rank, str, placement.Allocation, str, str] | None:
+    best: tuple[_Rank, str, placement.Allocation, str, str] | None = None
     scores: Scores = {}
     for name in sorted(names):
         found = _evaluate(pod, rooms[name], scoring, scores)
         if not isinstance(found, str) and (best is None or found[0] < best[0]):
-            best = (found[0], name, found[1], found[2])
+            best = (found[0], name, found[1], found[2], found[3])
     return best
 
 
@@ -191,10 +194,10 @@ def place(
         found = _one(pod, candidates[pod.key] & usable, rooms, scoring)
         if found is None:
             return None
-        _, name, choice, why = found
+        _, name, choice, why, short = found
         room = rooms[name].copy()
         room.take(pod.requests, choice)
-        return Layout({pod.key: name}, None, (pod.key,) if choice.spanned > 1 else (), why), {name: room}
+        return Layout({pod.key: name}, None, (pod.key,) if choice.spanned > 1 else (), why, short), {name: room}
     everyone = frozenset.intersection(*(candidates[p.key] for p in members)) & usable if members else usable
     cliques: dict[str, set[str]] = {}
     for name in usable:

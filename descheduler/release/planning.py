@@ -88,6 +88,20 @@ class Waiting(enum.StrEnum):
     QUEUED = "queued"
 
 
+# What the user can do, at the end of every waiting message (Event and `gpu-steward gangs`).
+TO_DO = {
+    Waiting.INCOMPLETE: "create its missing members, or delete its pods to give it up",
+    Waiting.OTHER_GATES: "it starts once those controllers lift their gates (Kueue: once it admits the workload)",
+    Waiting.QUEUED: "it starts after them, or set descheduler.gangs.backfill to let it pass",
+    Waiting.CAPACITY: "it starts as GPUs free up (idle reclaim may free them for it), or ask for fewer GPUs",
+}
+NEVER_TO_DO = "ask for fewer GPUs or less of each resource, or add nodes it can use"
+
+
+def to_do(message: str, what: str) -> str:
+    return f"{message}; what to do: {what}"
+
+
 @dataclasses.dataclass(frozen=True)
 class MemberStatus:
     key: str
@@ -111,6 +125,7 @@ class Decision:
     waiting: Waiting | None = None
     mark: tuple[str, ...] = ()  # members to annotate with complete_mark()
     single: bool = False  # a gated pod that names no gang (a gang of one)
+    summary: str = ""  # the Event's text when shorter than `message` (a single pod's release)
 
     @property
     def ungate(self) -> tuple[str, ...]:
@@ -211,15 +226,16 @@ class _Gang:
         self,
         action: Action,
         message: str,
-        event_type: EventType,
-        event_reason: str,
+        event_type: EventType | None,
+        event_reason: str | None,
         *,
         members: tuple[MemberStatus, ...],
         waiting: Waiting | None = None,
         mark: tuple[str, ...] = (),
+        summary: str = "",
     ) -> Decision:
         return Decision(self.key, action, message, event_type, event_reason, members,
-                        self.size, self.priority, self.created, waiting, mark, self.single)
+                        self.size, self.priority, self.created, waiting, mark, self.single, summary)
 
 
 def _group(
@@ -292,12 +308,17 @@ def _before_queue(gang: _Gang, *, names: settings.Names, cfg: settings.Gangs, no
         if age > cfg.timeout_seconds:
             message = (f"{present} after more than {cfg.timeout_seconds:g}s (the timeout); kept gated: "
                        "a partial gang is never released")
-            return gang.decide(Action.TIMED_OUT, message, "Warning", INCOMPLETE, members=members,
-                               waiting=Waiting.INCOMPLETE)
-        return gang.decide(Action.WAIT, present, "Normal", WAITING, members=members, waiting=Waiting.INCOMPLETE)
+            return gang.decide(Action.TIMED_OUT, to_do(message, TO_DO[Waiting.INCOMPLETE]), "Warning", INCOMPLETE,
+                               members=members, waiting=Waiting.INCOMPLETE)
+        # No Event while a gang may still be arriving (members created in a burst): only once it has stayed
+        # incomplete for the grace.
+        told = age >= cfg.incomplete_event_grace_seconds
+        return gang.decide(Action.WAIT, to_do(present, TO_DO[Waiting.INCOMPLETE]), "Normal" if told else None,
+                           WAITING if told else None, members=members, waiting=Waiting.INCOMPLETE)
     foreign = sorted({g for p in gated for g in p.scheduling_gates if g != gate})
     if foreign:
-        message = f"complete; waiting for other controllers' gates: {', '.join(foreign)}"
+        message = to_do(f"complete; waiting for other controllers' gates: {', '.join(foreign)}",
+                        TO_DO[Waiting.OTHER_GATES])
         unmarked = tuple(p.key for p in gated if mark not in p.annotations)
         return gang.decide(Action.WAIT, message, "Normal", WAITING, members=members,
                            waiting=Waiting.OTHER_GATES, mark=unmarked)
@@ -347,7 +368,7 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
             rooms.update(trial)
             members = tuple(_member(p, gate=gate, node=chosen.nodes.get(p.key)) for p in gang.members)
             decisions.append(gang.decide(Action.RELEASE, chosen.describe() + gang.unpinned(), "Normal", RELEASED,
-                                         members=members))
+                                         members=members, summary=chosen.describe(short=True) + gang.unpinned()))
             continue
         members = tuple(_member(p, gate=gate) for p in gang.members)
         waited = gang.waited(mark=mark, now=now)
@@ -362,14 +383,14 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
         never = False
         if not cfg.backfill and reserved & reachable and layout.place(
                 placing, candidates, rooms, everywhere, scoring=config.scoring):
-            message = (f"complete; fits, but queued behind {', '.join(blockers)} (backfill off: "
-                       "the nodes they could use are kept for them)")
+            message = to_do(f"complete; fits, but queued behind {', '.join(blockers)} (backfill off: "
+                            "the nodes they could use are kept for them)", TO_DO[Waiting.QUEUED])
             decisions.append(gang.decide(Action.WAIT, message, "Normal", WAITING, members=members,
                                          waiting=Waiting.QUEUED, mark=unmarked))
         else:
             message, missing, never = layout.shortfall(placing, candidates, rooms, cluster)
-            if never:
-                message += "; reserves no node"
+            message = to_do(message + "; reserves no node", NEVER_TO_DO) if never else to_do(
+                message, TO_DO[Waiting.CAPACITY])
             decisions.append(gang.decide(Action.WAIT, message, "Warning" if never else "Normal", WAITING,
                                          members=members, waiting=Waiting.CAPACITY, mark=unmarked))
             if not never:

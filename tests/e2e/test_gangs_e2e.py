@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from common import gpu, label_values, settings
+from descheduler.release import planning
 from gpu_steward import localcluster
 from tests.e2e import conftest
 from tests.support import kube
@@ -111,8 +112,10 @@ def test_gang_stays_gated_until_complete_then_is_released_and_bound_together(
     launcher = "train-launcher"
 
     create_members(cluster, namespace, "train", size=5, gpus=2, members=range(4))
-    # Each member is told how many were present when the controller first saw it waiting (told once).
-    incomplete = re.compile(f"gang {re.escape(gang_name)}: [1234] of 5 members present")
+    # Each member is told how many were present when the controller first saw it waiting (told once), once the
+    # gang has stayed incomplete for descheduler.gangs.incomplete_event_grace_seconds.
+    to_do = re.escape(f"; what to do: {planning.TO_DO[planning.Waiting.INCOMPLETE]}")
+    incomplete = re.compile(f"gang {re.escape(gang_name)}: [1234] of 5 members present{to_do}")
     waiting_told(cluster, namespace, "train", count=4, says=incomplete)
     hold_gated(cluster, namespace, "train", count=4)  # every GPU worker is there; the launcher is not
     labels = {NAMES.gang_name: "train", NAMES.gang_size: "5"}
@@ -155,6 +158,7 @@ def test_gang_that_cannot_fit_stays_fully_gated_until_it_can_then_all_of_it_bind
     # Its nodes: the GPU nodes its members could ever run on (the capacity model: a 2-GPU node never holds a
     # 4-GPU member), so the four 8-GPU nodes, one of them taken by the blocker.
     capacity = f"gang {namespace}/big: complete; waiting for 8 more free GPUs (32 needed, 24 free on its nodes)"
+    capacity = planning.to_do(capacity, planning.TO_DO[planning.Waiting.CAPACITY])
     waiting_told(cluster, namespace, "big", count=8, says=re.compile(re.escape(capacity)))
     hold_gated(cluster, namespace, "big", count=8)
     cluster.kubectl("delete", "pod", "blocker", "-n", namespace, "--wait=true")

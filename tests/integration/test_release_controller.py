@@ -15,6 +15,7 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
@@ -332,10 +333,9 @@ async def test_eight_member_gang_is_pinned_then_released_together(
     assert len(nodes) == 1 and nodes <= {"gpu-0", "gpu-1"}, "one node holds the whole gang (8 GPUs)"
     kinds = [kind for _, kind in server.patches]
     assert kinds == ["pin"] * 8 + ["ungate"] * 8, "every member pinned before any is un-gated"
-    # Woken by each creation, the controller said GangWaiting once per member before the release.
-    expected = [planning.WAITING, planning.RELEASED] if notify else [planning.RELEASED]
-    assert all(server.reasons(p["metadata"]["name"]) in (expected, [planning.RELEASED]) for p in pods)
-    assert server.reasons("train-0") == expected
+    # Woken by each creation, the controller saw the gang incomplete, but members created in a burst are not told
+    # they wait for each other (descheduler.gangs.incomplete_event_grace_seconds): one Event each, the release.
+    assert all(server.reasons(p["metadata"]["name"]) == [planning.RELEASED] for p in pods)
     assert registry.get_sample_value("gpu_steward_gang_releases_total", {"kind": "released"}) == 1
     assert registry.get_sample_value("gpu_steward_gang_wait_seconds_count") == 1
 
@@ -452,7 +452,7 @@ async def test_gang_with_a_launcher_without_gpus_waits_for_it_then_is_released_t
     ctl = make_controller(server, api, config())
     plan = await ctl.reconcile(now=time.time())
     assert plan is not None and [(d.action, d.message) for d in plan.decisions] == [
-        (planning.Action.WAIT, "4 of 5 members present")]
+        (planning.Action.WAIT, planning.to_do("4 of 5 members present", planning.TO_DO[planning.Waiting.INCOMPLETE]))]
     assert [k for _, k in server.patches] == [], "the workers are held for their launcher"
 
     launcher = gang_member("mpi-launcher", gang="mpi", size=5, gpus=0, namespace=NAMESPACE, gated=True)
@@ -512,13 +512,16 @@ async def test_single_pods_are_pinned_and_released_in_one_patch_never_twice_whil
     assert len(server.patches) == 16, "no pod released twice"
     per_node = collections.Counter(snapshot.pinned_node(p) for p in released)
     assert per_node == {"gpu-0": 8, "gpu-1": 8}
-    assert {e["reason"] for e in server.events} == {planning.WAITING}, (
-        "a single pod's placement is recorded on the pod, in the same patch; only the 4 that wait get Events")
-    assert len(server.events) == 4
+    told = collections.Counter(e["reason"] for e in server.events)
+    assert told == {planning.RELEASED: 16, planning.WAITING: 4}, "one Event per release; the 4 that wait are told"
     for pod in released:
         at, record = label_values.stamped(pod["metadata"]["annotations"][NAMES.release])
         assert at is not None, "when it was released: what pin recovery counts from"
-        assert record.startswith(f"placed on {snapshot.pinned_node(pod)}: NVLink score ")
+        node = snapshot.pinned_node(pod)
+        assert record.startswith(f"placed on {node}: NVLink score ")
+        [event] = [e["message"] for e in server.events if e["involvedObject"]["name"] == pod["metadata"]["name"]]
+        assert re.fullmatch(f"placed on {node}: NVLink score [0-9.]+; [0-7] GPUs left free there", event), (
+            "the Event is short: where, the score, what is left")
 
 
 async def test_single_pod_that_cannot_be_placed_is_released_unpinned_after_its_max_wait(

@@ -628,3 +628,46 @@ def test_documented_rule(
     assert [s.gang for s in result.shortages] == shortages
     never = [d.gang for d in result.decisions if d.event_type == "Warning" and "never fit" in d.message]
     assert never == [g for g, w in expected.items() if "never fit" in w.says]
+
+
+# --- Events: no Event before a gang may be complete; every waiting message ends with what the user can do ----------
+
+
+def seconds_ago(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(NOW - seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@pytest.mark.parametrize(
+    ("age", "told"),
+    [
+        pytest.param(11, True, id="incomplete-past-the-grace-is-told/match"),
+        pytest.param(2, False, id="incomplete-within-the-grace-is-not-told/no-match"),
+        pytest.param(10, True, id="incomplete-exactly-the-grace-is-told/boundary"),
+    ],
+)
+def test_an_incomplete_gang_is_told_only_after_the_grace(age: float, told: bool) -> None:
+    [decision] = planning.plan(cluster([EIGHT], gang("train", 2, created=seconds_ago(age))), config=config(),
+                               now=NOW).decisions
+    assert (decision.action, decision.waiting) == (A.WAIT, W.INCOMPLETE)
+    assert (decision.event_type, decision.event_reason) == (("Normal", planning.WAITING) if told else (None, None))
+
+
+@pytest.mark.parametrize(
+    ("pods", "cfg", "gang_key", "what"),
+    [
+        pytest.param(gang("train", 2), config(), "team/train", planning.TO_DO[W.INCOMPLETE], id="incomplete"),
+        pytest.param(gang("train", 2, created=LONG_AGO), config(timeout_seconds=600), "team/train",
+                     planning.TO_DO[W.INCOMPLETE], id="incomplete-past-the-timeout"),
+        pytest.param([*gang("k", 1, size=2), member("k-9", gang="k", size=2, gates=[KUEUE_GATE])], config(),
+                     "team/k", planning.TO_DO[W.OTHER_GATES], id="other-gates"),
+        pytest.param([*LARGE_BLOCKED, *gang("small", 2, size=2, gpus=1)], config(backfill=False), "team/small",
+                     planning.TO_DO[W.QUEUED], id="queued"),
+        pytest.param(LARGE_BLOCKED, config(), "team/large", planning.TO_DO[W.CAPACITY], id="capacity"),
+        pytest.param(gang("g", 3, size=3, gpus=3), config(), "team/g", planning.NEVER_TO_DO, id="never-fits"),
+    ],
+)
+def test_every_waiting_message_ends_with_what_to_do(pods: list[dict[str, Any]], cfg: settings.Settings,
+                                                    gang_key: str, what: str) -> None:
+    decisions = outcome(planning.plan(cluster([ONE_DOMAIN_8 if gang_key == "team/g" else EIGHT], pods), config=cfg,
+                                      now=NOW))
+    assert decisions[gang_key].message.endswith(f"; what to do: {what}"), decisions[gang_key].message
