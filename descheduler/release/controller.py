@@ -73,7 +73,7 @@ class Metrics:
 
 def _release_kind(decision: planning.Decision) -> str:
     if decision.action is planning.Action.RELEASE_ALONE:
-        return {planning.ORPHANED: "orphaned", planning.UNPLACED: "unplaced"}.get(
+        return {planning.ORPHANED: "orphaned", planning.UNPLACED: "unplaced", planning.PREEMPTING: "preempting"}.get(
             decision.event_reason or "", "invalid")
     return "resumed" if decision.action is planning.Action.RESUME else "released"
 

@@ -250,3 +250,28 @@ def shortfall(
                       and isinstance(got := rooms[n].place(p.requests, p.request), str)})[:3]
     return (f"complete; {free} GPUs free on its nodes but no simultaneous placement with each member inside "
             f"one NVLink domain and its other requests met ({'; '.join(reasons)})", 0, False)
+
+
+def preemptible(pod: snapshot.Pod, candidates: frozenset[str], cluster: snapshot.Snapshot) -> str | None:
+    """Where kube-scheduler's own preemption could make room for this pod now (None: nowhere, or it may not
+    preempt): a schedulable node among its candidates that would hold it once the GPU pods there of lower priority
+    are gone (the victims the scheduler may choose; a pod's domains do not matter to it). Says the node with the
+    fewest such pods. Conservative: pods without GPUs are not counted as freeing CPU or memory."""
+    if pod.preemption_policy == "Never":
+        return None
+    best: tuple[int, str] | None = None
+    for name in sorted(candidates):
+        node = cluster.nodes.get(name)
+        if node is None or not node.schedulable:
+            continue
+        lower = {k for k in (*node.pods, *node.reserved)
+                 if k in cluster.pods and cluster.pods[k].priority < pod.priority}
+        if not lower:
+            continue
+        room = capacity.Room.of(node, cluster=cluster, leaving=lower)
+        if isinstance(room.place(pod.requests, pod.request, one_domain=False), placement.Allocation) and (
+                best is None or len(lower) < best[0]):
+            best = (len(lower), name)
+    if best is None:
+        return None
+    return f"preempting lower-priority pods on {best[1]} would make room ({best[0]} there)"

@@ -475,6 +475,18 @@ def anti_affinity(pod: dict[str, Any], *, required: list[Any] | None = None, pre
 ANTI_TERM = {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "kubernetes.io/hostname"}
 
 
+def ranked(pod: dict[str, Any], *, priority: int, policy: str | None = None) -> dict[str, Any]:
+    pod["spec"]["priority"] = priority
+    if policy:
+        pod["spec"]["preemptionPolicy"] = policy
+    return pod
+
+
+def busy_above(name: str, *, node: str, gpus: int) -> dict[str, Any]:
+    """A running pod no gated pod here may preempt (a higher priority)."""
+    return ranked(running(name, node=node, gpus=gpus), priority=1_000_000)
+
+
 def blocked_large(mark: str) -> list[dict[str, Any]]:
     """A 2x4-GPU gang seen complete at `mark` that does not fit "big" while 2 of its GPUs are busy."""
     return [*gang("large", 2, size=2, gpus=4, created=LONG_AGO, annotations={MARK: mark}),
@@ -490,7 +502,7 @@ STARTED_SMALL = Want(A.RELEASE, planning.RELEASED, "one node", pins={"small-0": 
     [
         # With backfill off, a blocked single pod never holds back a smaller gang (single pods reserve nothing).
         pytest.param(
-            [EIGHT], [solo("solo", gpus=8, created=EARLIER), running("busy", node="big", gpus=2),
+            [EIGHT], [solo("solo", gpus=8, created=EARLIER), busy_above("busy", node="big", gpus=2),
                       *gang("small", 2, size=2, gpus=1)], config(backfill=False),
             {"team/solo": Want(A.WAIT, planning.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
              "team/small": STARTED_SMALL},
@@ -508,7 +520,7 @@ STARTED_SMALL = Want(A.RELEASE, planning.RELEASED, "one node", pins={"small-0": 
         pytest.param(
             # Just created, of the highest priority: it still reserves nothing, for a gang or for a single pod.
             [EIGHT], [solo("solo", gpus=8, created="2026-11-21T12:00:00Z", priority=100_000),
-                      running("busy", node="big", gpus=2), *gang("small", 2, size=2, gpus=1),
+                      busy_above("busy", node="big", gpus=2), *gang("small", 2, size=2, gpus=1),
                       solo("tiny", gpus=1, created="2026-11-21T12:00:00Z")], config(backfill=False),
             {"team/solo": Want(A.WAIT, planning.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
              "team/small": STARTED_SMALL,
@@ -671,3 +683,37 @@ def test_every_waiting_message_ends_with_what_to_do(pods: list[dict[str, Any]], 
     decisions = outcome(planning.plan(cluster([ONE_DOMAIN_8 if gang_key == "team/g" else EIGHT], pods), config=cfg,
                                       now=NOW))
     assert decisions[gang_key].message.endswith(f"; what to do: {what}"), decisions[gang_key].message
+
+
+# --- preemption-aware release: a single pod that only kube-scheduler's preemption can place is released at once -----
+
+
+@pytest.mark.parametrize(
+    ("pods", "want"),
+    [
+        pytest.param([solo("urgent", gpus=8), running("low", node="big", gpus=4)],
+                     Want(A.RELEASE_ALONE, planning.PREEMPTING, "fits no node now; preempting lower-priority pods on "
+                          "big would make room (1 there): released unpinned at once", pins={}, ungate=["urgent"]),
+                     id="lower-priority-pods-in-the-way/match"),
+        pytest.param([ranked(solo("urgent", gpus=8), priority=10_000, policy="Never"),
+                      running("low", node="big", gpus=4)],
+                     Want(A.WAIT, planning.WAITING, "waiting for 4 more free GPUs", waiting=W.CAPACITY, ungate=[]),
+                     id="preemption-policy-never-waits/no-match"),
+        pytest.param([solo("urgent", gpus=8), ranked(running("peer", node="big", gpus=4), priority=10_000)],
+                     Want(A.WAIT, planning.WAITING, "waiting for 4 more free GPUs", waiting=W.CAPACITY, ungate=[]),
+                     id="equal-priority-is-never-preempted/boundary"),
+        pytest.param([solo("urgent", gpus=8), running("low", node="big", gpus=4),
+                      busy_above("high", node="big", gpus=2)],
+                     Want(A.WAIT, planning.WAITING, "waiting for 6 more free GPUs", waiting=W.CAPACITY, ungate=[]),
+                     id="not-enough-lower-priority-pods-to-make-room"),
+    ],
+)
+def test_released_at_once_when_only_preemption_can_place_it(pods: list[dict[str, Any]], want: Want) -> None:
+    decisions = outcome(planning.plan(cluster([EIGHT], pods), config=config(), now=NOW))
+    check(decisions["team/urgent"], want)
+
+
+def test_a_gang_does_not_preempt_member_by_member() -> None:
+    pods = [*gang("g", 2, size=2, gpus=4), running("low", node="big", gpus=4)]
+    decisions = outcome(planning.plan(cluster([EIGHT], pods), config=config(), now=NOW))
+    check(decisions["team/g"], Want(A.WAIT, planning.WAITING, "waiting for 4 more free GPUs", waiting=W.CAPACITY))
