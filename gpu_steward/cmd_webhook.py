@@ -1,7 +1,9 @@
 """`gpu-steward webhook`: serve the mutating admission webhook over TLS.
 
 Live, the cluster snapshot comes from `common.feeder` (list+watch, DCGM occupancy); with
-`--cluster STATE.json` it is a fixed file, for offline replay, demos and tests. The server and the
+`--cluster STATE.json` it is a fixed file, for offline replay, demos and tests. Live, the gate lifter
+(`admission.gate_lifter`) also runs: while the descheduler's Lease is stale it lifts our gate from pods past
+their bound, so that no gate outlives its controller. The server and the
 feeder run as named tasks of one TaskGroup; SIGTERM/SIGINT only resolve a future, and the group is
 then cancelled, which stops the listener and closes connections within `SHUTDOWN_SECONDS`.
 """
