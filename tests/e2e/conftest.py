@@ -113,6 +113,18 @@ def gpu_cluster(control_plane: localcluster.LocalCluster, names: settings.Names)
     return GpuCluster(control_plane, GPU_CLUSTER, nodes)
 
 
+@pytest.fixture
+def spare_node(control_plane: localcluster.LocalCluster, names: settings.Names) -> Iterator[str]:
+    """An 8-GPU kwok node of the test's own (two NVLink domains of 4), to cordon, delete or label; deleted after."""
+    node = localcluster.gpu_nodes("1x8g2d", names=names, name_prefix=f"spare-{secrets.token_hex(3)}")[0]
+    control_plane.add_nodes([node])
+    name = str(node["metadata"]["name"])
+    try:
+        yield name
+    finally:
+        control_plane.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
+
+
 def _make_namespace(cluster: localcluster.LocalCluster, *, bypass_webhook: bool) -> Iterator[str]:
     name = f"e2e-{secrets.token_hex(4)}"
     labels = {BYPASS_LABEL: "true"} if bypass_webhook else {}

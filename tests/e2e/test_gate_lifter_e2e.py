@@ -13,7 +13,6 @@ import signal
 import ssl
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 import yaml
@@ -29,17 +28,6 @@ NAMES = settings.Names()
 STALE_SECONDS = 3  # the webhook's admission.controller_stale_seconds (over the e2e Lease's 1 s renewal)
 BOUND_SECONDS = 6  # the webhook's descheduler.gangs.max_wait_seconds
 KUEUE_GATE = "kueue.x-k8s.io/admission"
-
-
-@pytest.fixture
-def pool_node(control_plane: localcluster.LocalCluster) -> Iterator[str]:
-    node = localcluster.gpu_nodes("1x8g2d", names=NAMES, name_prefix=f"pool-{secrets.token_hex(3)}")[0]
-    control_plane.add_nodes([node])
-    name = str(node["metadata"]["name"])
-    try:
-        yield name
-    finally:
-        control_plane.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
 
 
 def start_lifter(cluster: localcluster.LocalCluster, workdir: pathlib.Path,
@@ -68,7 +56,7 @@ def start_lifter(cluster: localcluster.LocalCluster, workdir: pathlib.Path,
 
 def test_gate_is_lifted_once_the_descheduler_is_killed_for_good(
     gpu_cluster: conftest.GpuCluster, descheduler_factory: conftest.StartDescheduler, plain_namespace: str,
-    pool_node: str, tmp_path: pathlib.Path,
+    spare_node: str, tmp_path: pathlib.Path,
 ) -> None:
     cluster, ns = gpu_cluster.cluster, plain_namespace
     kube.wait_gpus_free(cluster)
@@ -103,9 +91,9 @@ def test_gate_is_lifted_once_the_descheduler_is_killed_for_good(
         assert why.startswith("released unpinned by the webhook: the descheduler's Lease last seen renewed"), why
         assert "affinity" not in pods["waiting"]["spec"], "no pin: an ordinary pending pod"
 
-        cluster.kubectl("label", "node", pool_node, f"e2e-pool={pool}")
+        cluster.kubectl("label", "node", spare_node, f"e2e-pool={pool}")
         placed = kube.poll("waiting runs", lambda: (p := kube.pods(cluster, ns)["waiting"])["spec"].get("nodeName")
                            and p)
-        assert placed["spec"]["nodeName"] == pool_node
+        assert placed["spec"]["nodeName"] == spare_node
     finally:
         lifter.stop()

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import secrets
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,18 +26,6 @@ pytestmark = pytest.mark.e2e
 NAMES = settings.Names()
 DEADLINE_SECONDS = 3
 RECOVERY = {"descheduler": {"reclaim": {"enabled": False}, "gangs": {"pin_deadline_seconds": DEADLINE_SECONDS}}}
-
-
-@pytest.fixture
-def spare_node(control_plane: localcluster.LocalCluster) -> Iterator[str]:
-    """An 8-GPU kwok node of this test's own (two NVLink domains of 4), deleted afterwards if still there."""
-    node = localcluster.gpu_nodes("1x8g2d", names=NAMES, name_prefix=f"spare-{secrets.token_hex(3)}")[0]
-    control_plane.add_nodes([node])
-    name = str(node["metadata"]["name"])
-    try:
-        yield name
-    finally:
-        control_plane.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
 
 
 def release_by_hand(cluster: localcluster.LocalCluster, namespace: str, name: str, *, node: str | None) -> None:
