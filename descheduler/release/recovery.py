@@ -149,8 +149,9 @@ def cause(pod: snapshot.Pod, node: str, cluster: snapshot.Snapshot, *, names: se
         since = timestamps.epoch(pod.created)
     waited = now - since if since is not None else 0.0
     if _unschedulable(pod) and waited > cfg.pin_deadline_seconds:
-        return Cause.UNSCHEDULABLE, (f"kube-scheduler reports it Unschedulable {waited:.0f}s after its release "
-                                     f"(deadline {cfg.pin_deadline_seconds:g}s)")
+        # No running count in the text: a reported pin is told again only when what it says changes.
+        return Cause.UNSCHEDULABLE, (f"kube-scheduler reports it Unschedulable more than "
+                                     f"{cfg.pin_deadline_seconds:g}s after its release")
     return None
 
 
