@@ -26,7 +26,7 @@ from gpu_steward import cmdline
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "gangs",
-        help="list gangs, their members and state, and what a waiting gang waits for",
+        help="list gangs, their members and state, what a waiting gang waits for, and stuck pins",
         description="Show the gang controller's view: each gang, its members, its state and why.",
     )
     parser.add_argument("--cluster", type=pathlib.Path, help="cluster state (a Kubernetes List); default: live")
