@@ -445,7 +445,7 @@ def check_monitoring(objects: Objects) -> None:
     assert rule["metadata"]["labels"]["release"] == "kube-prom"
     alerts = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"]}
     assert set(alerts) == {f"GpuSteward{name}" for name in (
-        "WebhookErrors", "SnapshotStale", "GangsWaitingTooLong", "GangReleaseFailing", "ReclaimBlocked",
+        "WebhookErrors", "SnapshotStale", "GangsWaitingTooLong", "PinsStuck", "GangReleaseFailing", "ReclaimBlocked",
         "PrometheusUnreachable")}
     assert alerts["GpuStewardReclaimBlocked"]["for"] == "30m"
     assert alerts["GpuStewardWebhookErrors"]["labels"] == {"severity": "warning", "team": "ml-platform"}

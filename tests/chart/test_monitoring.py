@@ -139,14 +139,16 @@ def test_stuck_pins_alert_after_five_minutes_and_not_for_a_pin_recovered_at_once
     group = rule_group()
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump(group))
-    labels = next(r["labels"] for r in group["groups"][0]["rules"] if r.get("alert") == "GpuStewardPinsStuck")
+    rule = next(r for r in group["groups"][0]["rules"] if r.get("alert") == "GpuStewardPinsStuck")
+    fired = {"exp_labels": rule["labels"],
+             "exp_annotations": {k: v.replace("{{ $value }}", "1") for k, v in rule["annotations"].items()}}
     tests = {"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": [{
         "interval": "1m",
         "input_series": [{"series": 'gpu_steward_pins_stuck{job="d", pod="a"}', "values": "0 1 1 1 1 1 1 1 1 0 0"},
                          {"series": 'gpu_steward_pins_stuck{job="d", pod="b"}', "values": "0 0 0 0 0 0 0 0 0 0 0"}],
         "alert_rule_test": [{"eval_time": "4m", "alertname": "GpuStewardPinsStuck", "exp_alerts": []},
                             {"eval_time": "7m", "alertname": "GpuStewardPinsStuck",
-                             "exp_alerts": [{"exp_labels": labels}]},
+                             "exp_alerts": [fired]},
                             {"eval_time": "10m", "alertname": "GpuStewardPinsStuck", "exp_alerts": []}],
     }]}
     path = tmp_path / "test.yaml"
