@@ -273,6 +273,18 @@ def test_never(spec: dict[str, Any], requests: dict[str, int], expected: str | N
         pytest.param({"topologySpreadConstraints": [{"maxSkew": 1}]},
                      "topologySpreadConstraints DoNotSchedule (not modelled)", id="hard-spread-by-default"),
         pytest.param({"resourceClaims": [{"name": "gpu"}]}, "spec.resourceClaims (not modelled)", id="dra-claims"),
+        pytest.param({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]},
+                     "volume data is persistentVolumeClaim (volume filters not modelled)", id="claim"),
+        pytest.param({"volumes": [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {}}}]},
+                     "volume scratch is ephemeral (volume filters not modelled)", id="generic-ephemeral-claim"),
+        pytest.param({"volumes": [{"name": "disk", "gcePersistentDisk": {"pdName": "d"}}]},
+                     "volume disk is gcePersistentDisk (volume filters not modelled)", id="inline-cloud-disk"),
+        pytest.param({"volumes": [{"name": "odd", "someFutureSource": {}}]},
+                     "volume odd is someFutureSource (volume filters not modelled)", id="unknown-source"),
+        pytest.param({"volumes": [{"name": "cfg", "configMap": {"name": "c"}}, {"name": "tmp", "emptyDir": {}},
+                                  {"name": "tok", "projected": {"sources": []}}, {"name": "x", "csi": {}}]},
+                     None, id="simple-volumes"),
+        pytest.param({"volumes": [{"name": "defaulted"}]}, None, id="no-source-is-emptyDir-boundary"),
     ],
 )
 def test_ungoverned(spec: dict[str, Any], expected: str | None) -> None:
