@@ -96,6 +96,17 @@ def _decision(cluster: localcluster.LocalCluster, namespace: str, name: str) -> 
     return kube.poll(f"scheduler decision for {name}", check, timeout_seconds=30)[0]
 
 
+def _create_and_decide(cluster: localcluster.LocalCluster, pod: dict[str, Any]) -> str:
+    """Create the pod and wait for kube-scheduler: the node it bound the pod to, or "" (unschedulable: then deleted,
+    so the stream goes on)."""
+    meta = pod["metadata"]
+    assert cluster.kubectl("create", "-f", "-", input=json.dumps(pod), check=False).returncode == 0
+    decided = _decision(cluster, meta["namespace"], meta["name"])
+    if not decided:
+        cluster.kubectl("delete", "pod", meta["name"], "-n", meta["namespace"], "--wait=false")
+    return decided
+
+
 def test_capacity_model_agrees_with_kube_scheduler(
     gpu_cluster: conftest.GpuCluster, plain_namespace: str
 ) -> None:
@@ -107,8 +118,7 @@ def test_capacity_model_agrees_with_kube_scheduler(
         for i in range(PODS):
             pod = _random_pod(rng, f"cap-{i:02d}", plain_namespace)
             allowed = _model_allows(cluster, pod)
-            assert cluster.kubectl("create", "-f", "-", input=json.dumps(pod), check=False).returncode == 0
-            decided = _decision(cluster, plain_namespace, pod["metadata"]["name"])
+            decided = _create_and_decide(cluster, pod)
             requests = pod["spec"]["containers"][0]["resources"]["requests"]
             if decided:
                 seen["bound"] += 1
@@ -116,7 +126,6 @@ def test_capacity_model_agrees_with_kube_scheduler(
             else:
                 seen["unschedulable"] += 1
                 assert not allowed, f"{requests}: scheduler found no node, model allowed {allowed}"
-                cluster.kubectl("delete", "pod", pod["metadata"]["name"], "-n", plain_namespace, "--wait=false")
         assert seen["bound"] >= 5 and seen["unschedulable"] >= 3, f"the stream must exercise both answers: {seen}"
     finally:
         cluster.kubectl("delete", "pods", "--all", "-n", plain_namespace, "--wait=false", check=False)
@@ -242,10 +251,7 @@ def test_host_ports_and_existing_anti_affinity_agree_with_kube_scheduler(
             name = pod["metadata"]["name"]
             assert (capacity.ungoverned(pod["spec"]) is None) == judged, "guards are left to kube-scheduler"
             allowed, refused = _model_allows_pod(cluster, pod) if judged else (set(), set())
-            assert cluster.kubectl("create", "-f", "-", input=json.dumps(pod), check=False).returncode == 0
-            decided = _decision(cluster, plain_namespace, name)
-            if not decided:
-                cluster.kubectl("delete", "pod", name, "-n", plain_namespace, "--wait=false")
+            decided = _create_and_decide(cluster, pod)
             if not judged:
                 continue
             seen["host port"] += "host port" in refused

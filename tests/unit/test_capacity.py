@@ -14,6 +14,7 @@ from common import capacity, placement, resources, settings, snapshot
 from tests import builders
 
 NAMES = settings.Names()
+both = builders.both
 EIGHT = [range(4), range(4, 8)]
 
 
@@ -60,14 +61,6 @@ def prefers(*weighted: tuple[str, int], together: bool = False) -> builders.Muta
                 {"key": "metadata.name", "operator": "In", "values": nodes}]}}
         terms = [term([n for n, _ in weighted], weighted[0][1])] if together else [term([n], w) for n, w in weighted]
         pod["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": terms}}
-
-    return mutate
-
-
-def both(*mutators: builders.Mutator) -> builders.Mutator:
-    def mutate(pod: dict[str, Any]) -> None:
-        for m in mutators:
-            m(pod)
 
     return mutate
 

@@ -16,6 +16,7 @@ from descheduler import release_place
 from tests import builders
 
 NAMES = settings.Names()
+both = builders.both
 HOST = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
 
@@ -66,14 +67,6 @@ def pinned_released(node: str) -> builders.Mutator:
 
 def unschedulable(pod: dict[str, Any]) -> None:
     pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
-
-
-def both(*mutators: builders.Mutator) -> builders.Mutator:
-    def mutate(pod: dict[str, Any]) -> None:
-        for m in mutators:
-            m(pod)
-
-    return mutate
 
 
 # --- host ports: which a pod uses ---------------------------------------------------------------------
