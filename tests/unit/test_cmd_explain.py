@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from typing import Any
 
 import pytest
 
@@ -69,14 +70,14 @@ def test_explain_shows_where_release_would_place_the_pod_now(
 
 
 def _host_port(port: int) -> builders.Mutator:
-    def mutate(pod: dict[str, object]) -> None:
-        pod["spec"]["containers"][0]["ports"] = [{"containerPort": 80, "hostPort": port}]  # type: ignore[index]
+    def mutate(pod: dict[str, Any]) -> None:
+        pod["spec"]["containers"][0]["ports"] = [{"containerPort": 80, "hostPort": port}]
 
     return mutate
 
 
-def _guard(pod: dict[str, object]) -> None:
-    pod["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [  # type: ignore[index]
+def _guard(pod: dict[str, Any]) -> None:
+    pod["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "train"}}}]}}
 
 
