@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from common import capacity, hostports, placement, resources, settings, snapshot
+from common import capacity, fit, hostports, placement, resources, settings, snapshot
 from descheduler import release_place
 from tests import builders
 
@@ -26,7 +26,7 @@ def build(nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]],
     return snapshot.build(nodes=nodes, pods=pods, namespaces=namespaces, names=NAMES, taken_at=0.0)
 
 
-def ports(*entries: Mapping[str, Any], init: bool = False, sidecar: bool = False) -> builders.Mutator:
+def ports(*entries: Any, init: bool = False, sidecar: bool = False) -> builders.Mutator:
     def mutate(pod: dict[str, Any]) -> None:
         if init or sidecar:
             extra: dict[str, Any] = {"name": "init", "image": "x", "ports": list(entries)}
@@ -79,6 +79,9 @@ def unschedulable(pod: dict[str, Any]) -> None:
                      id="container-host-port-empty-ip-and-protocol-sanitised"),
         pytest.param(ports({"containerPort": 80}), set(), id="container-port-without-host-port"),
         pytest.param(ports({"containerPort": 80, "hostPort": 0}), set(), id="host-port-zero-boundary"),
+        pytest.param(ports({"containerPort": 80, "hostPort": 1}), {("0.0.0.0", "TCP", 1)}, id="host-port-one-boundary"),
+        pytest.param(ports("junk", {"containerPort": 80, "hostPort": 8080}), {("0.0.0.0", "TCP", 8080)},
+                     id="an-entry-that-is-no-port-is-skipped"),
         pytest.param(ports({"containerPort": 53, "hostPort": 53, "protocol": "UDP", "hostIP": "10.0.0.1"}),
                      {("10.0.0.1", "UDP", 53)}, id="explicit-ip-and-protocol"),
         pytest.param(ports({"containerPort": 80, "hostPort": 9000}, init=True), set(),
@@ -111,6 +114,17 @@ ANY_8080 = ("0.0.0.0", "TCP", 8080)
 def test_host_port_conflicts(wanted: hostports.HostPort, used: set[hostports.HostPort],
                              expected: list[hostports.HostPort]) -> None:
     assert hostports.conflicts([wanted], frozenset(used)) == expected
+
+
+@pytest.mark.parametrize(
+    ("port", "expected"),
+    [
+        pytest.param(ANY_8080, "8080/TCP", id="every-address"),
+        pytest.param(("10.0.0.1", "UDP", 53), "10.0.0.1:53/UDP", id="one-address"),
+    ],
+)
+def test_a_host_port_as_a_reason_says(port: hostports.HostPort, expected: str) -> None:
+    assert hostports.describe(port) == expected
 
 
 # --- NodePorts on the model: which pods hold a node's ports ------------------------------------------
@@ -198,6 +212,8 @@ def guard(*terms: Mapping[str, Any], node: str = "n", namespace: str = "default"
                      HOST_N, id="namespace-selector-selects"),
         pytest.param([guard(term(namespaceSelector={"matchLabels": {"team": "b"}}))], {"app": "web"}, "default",
                      None, id="namespace-selector-replaces-its-own"),
+        pytest.param([guard(term(namespaces=["default"], namespaceSelector={"matchLabels": {"team": "b"}}))],
+                     {"app": "web"}, "default", HOST_N, id="named-and-selected-namespaces-add-up"),
         pytest.param([guard(term(selector=None))], {"app": "web"}, "default", None, id="no-label-selector-no-pod"),
         pytest.param([guard(term(selector={}))], {}, "default", HOST_N, id="empty-label-selector-every-pod"),
         pytest.param([guard(term(selector={"matchExpressions": [
@@ -219,6 +235,28 @@ def test_existing_pods_anti_affinity(guards: list[dict[str, Any]], labels: dict[
     got = capacity.refuses(candidate(labels=labels, namespace=namespace), node)
     assert got == (None if expected is None else
                    f"pod default/guard has required anti-affinity against it ({expected})")
+
+
+@pytest.mark.parametrize(
+    ("selector", "labels", "expected"),
+    [
+        pytest.param(None, {"app": "web"}, False, id="null-selects-nothing"),
+        pytest.param({}, {}, True, id="empty-selects-everything"),
+        pytest.param({"matchLabels": {"app": "web"}}, {"app": "web", "x": "y"}, True, id="match-labels"),
+        pytest.param({"matchLabels": {"app": "web"}}, {"app": "db"}, False, id="match-labels-other-value"),
+        pytest.param({"matchLabels": {"app": "web"}, "matchExpressions": [{"key": "tier", "operator": "Exists"}]},
+                     {"app": "web"}, False, id="labels-and-expressions-are-anded"),
+        pytest.param({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}]},
+                     {"tier": "b"}, True, id="in"),
+        pytest.param({"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}, {"tier": ""}, False,
+                     id="does-not-exist-an-empty-value-exists"),
+        pytest.param({"matchExpressions": [{"key": "tier", "operator": "Gt", "values": ["1"]}]}, {}, True,
+                     id="operator-the-api-server-rejects-counts-as-selecting"),
+        pytest.param("junk", {}, True, id="not-a-selector-counts-as-selecting"),
+    ],
+)
+def test_label_selector(selector: Any, labels: dict[str, str], expected: bool) -> None:
+    assert fit.selector_matches(selector, labels) is expected
 
 
 def zone_node(name: str, zone: str | None, *, gpus: int = 8) -> dict[str, Any]:
