@@ -70,9 +70,9 @@ def refuses(pod: snapshot.Pod, node: snapshot.Node, *, ports: frozenset[hostport
     """Why the pods holding the node rule this pod out (None: they do not): a host port it wants is in use
     (`ports`: those in use, default the node's), or a required anti-affinity term of a pod there, or in the
     same topology domain, selects it."""
-    taken = hostports.conflicts(pod.host_ports, node.host_ports if ports is None else ports)
-    if taken:
-        return f"host port {', '.join(map(hostports.describe, taken))} in use"
+    clash = _port_clash(pod, node.host_ports if ports is None else ports)
+    if clash:
+        return clash
     if node.anti_affinity:
         term = antiaffinity.refusing(node.anti_affinity, namespace=pod.namespace, labels=pod.labels)
         if term is not None:
@@ -80,19 +80,26 @@ def refuses(pod: snapshot.Pod, node: snapshot.Node, *, ports: frozenset[hostport
     return None
 
 
+def _port_clash(pod: snapshot.Pod, used: frozenset[hostports.HostPort]) -> str | None:
+    taken = hostports.conflicts(pod.host_ports, used)
+    return f"host port {', '.join(map(hostports.describe, taken))} in use" if taken else None
+
+
 def never_pod(pod: snapshot.Pod, node: snapshot.Node) -> str | None:
     """`never` for a snapshot pod, the pods holding the node included (`refuses`)."""
     return never(pod.raw.get("spec") or {}, pod.requests, node) or refuses(pod, node)
 
 
-def key(pod: snapshot.Pod) -> tuple[object, ...] | None:
-    """What `never_pod` reads of the pod, hashable, for caches of its answers: pods with equal keys may go to
-    the same nodes. None when the spec holds something unhashable (then do not cache)."""
+def key(pod: snapshot.Pod, cluster: snapshot.Snapshot) -> tuple[object, ...] | None:
+    """What `never_pod` reads of the pod on the cluster's nodes, hashable, for caches of its answers: pods with
+    equal keys may go to the same nodes. Namespace and labels count only where some node carries anti-affinity
+    terms (else a StatefulSet's pods, each labelled with its name, would share nothing). None when the spec holds
+    something unhashable (then do not cache)."""
     shape = fit.key(pod.raw.get("spec") or {})
     if shape is None:
         return None
-    return (shape, tuple(sorted(pod.requests.items())), tuple(sorted(pod.host_ports)), pod.namespace,
-            tuple(sorted(pod.labels.items())))
+    who = (pod.namespace, tuple(sorted(pod.labels.items()))) if cluster.anti_affinity else ()
+    return shape, tuple(sorted(pod.requests.items())), tuple(sorted(pod.host_ports)), who
 
 
 def never(pod_spec: Mapping[str, Any], requests: Mapping[str, int], node: snapshot.Node) -> str | None:
@@ -134,6 +141,8 @@ class Room:
                     back = set(pod.gpu_indices)
                     domains = [sorted({*d, *(i for i in full if i in back)})
                                for d, full in zip(domains, node.topology.domains, strict=True)]
+        # Host ports of leaving pods are kept: the caller that passes `leaving` (reclaim) plans with `place`,
+        # which reads no ports.
         return cls(node, free, domains, node.host_ports)
 
     def copy(self) -> Room:
@@ -176,10 +185,7 @@ class Room:
     def place_pod(self, pod: snapshot.Pod, *, one_domain: bool = True) -> placement.Allocation | str:
         """`place` for a snapshot pod whose filters have been checked (`never_pod`): also refuses it when a
         host port it wants was taken here since (by a pod placed earlier in the plan)."""
-        taken = hostports.conflicts(pod.host_ports, self.ports)
-        if taken:
-            return f"host port {', '.join(map(hostports.describe, taken))} in use"
-        return self.place(pod.requests, pod.request, one_domain=one_domain)
+        return _port_clash(pod, self.ports) or self.place(pod.requests, pod.request, one_domain=one_domain)
 
     def take_pod(self, pod: snapshot.Pod, allocation: placement.Allocation) -> None:
         self.take(pod.requests, allocation, ports=pod.host_ports)

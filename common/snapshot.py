@@ -226,6 +226,11 @@ class Snapshot:
             groups.setdefault(node.gpu_state, []).append(node)
         return {state: tuple(group) for state, group in groups.items()}
 
+    @functools.cached_property
+    def anti_affinity(self) -> bool:
+        """Whether any node carries required anti-affinity terms of the pods holding nodes."""
+        return any(node.anti_affinity for node in self.nodes.values())
+
     def pods_on(self, node: str) -> list[Pod]:
         return [self.pods[k] for k in self.nodes[node].pods] if node in self.nodes else []
 

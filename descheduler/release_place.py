@@ -67,7 +67,7 @@ def rooms(cluster: snapshot.Snapshot, *, assumed: Mapping[str, str] = {}) -> dic
 def candidates(pod: snapshot.Pod, cluster: snapshot.Snapshot) -> frozenset[str]:
     """Nodes the pod could ever run on as they stand: the scheduler's filters and what they offer at all.
     Pods alike in what the filters read and in their requests (a Job's pods) are answered once per snapshot."""
-    shape = capacity.key(pod)
+    shape = capacity.key(pod, cluster)
     key = ("release_place.candidates", shape)
     found: frozenset[str] | None = cluster.memo.get(key) if shape is not None else None
     if found is None:

@@ -312,3 +312,17 @@ def test_a_gang_whose_members_share_a_host_port_goes_on_two_nodes() -> None:
                                 scoring=settings.Scoring())
     assert found is not None
     assert sorted(found[0].nodes.values()) == ["x", "y"], "one node would refuse the second member's port"
+
+
+@pytest.mark.parametrize(
+    ("holders", "same"),
+    [
+        pytest.param([], True, id="no-anti-affinity-anywhere-labels-do-not-split-the-cache"),
+        pytest.param([guard(term())], False, id="anti-affinity-somewhere-labels-count"),
+    ],
+)
+def test_cache_key_reads_labels_only_where_they_can_matter(holders: list[dict[str, Any]], same: bool) -> None:
+    snap = build([NODE], holders)
+    web, db = candidate(labels={"app": "web"}), candidate(labels={"app": "db"})
+    assert (capacity.key(web, snap) == capacity.key(db, snap)) is same
+    assert capacity.key(candidate(mutate=WANTS_8080), snap) != capacity.key(candidate(), snap), "ports always count"
