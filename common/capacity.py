@@ -57,11 +57,11 @@ def ungoverned(pod_spec: Mapping[str, Any]) -> str | None:
         if hard:
             return "topologySpreadConstraints DoNotSchedule (not modelled)"
     for volume in pod_spec.get("volumes") or ():
-        sources = sorted(k for k in volume if k != "name") if isinstance(volume, Mapping) else ["?"]
-        odd = [k for k in sources if k not in SIMPLE_VOLUMES]
+        if not isinstance(volume, Mapping):
+            return "a volume that is no object (volume filters not modelled)"
+        odd = sorted(k for k in volume if k != "name" and k not in SIMPLE_VOLUMES)
         if odd:
-            name = volume.get("name") if isinstance(volume, Mapping) else None
-            return f"volume {name} is {', '.join(odd)} (volume filters not modelled)"
+            return f"volume {volume.get('name')} is {', '.join(odd)} (volume filters not modelled)"
     return None
 
 
