@@ -4,8 +4,10 @@ Two kinds of pods get `<prefix>gang` at creation (gates can be set then and neve
 - members of a gang of two or more, held until the whole gang can start (the gang controller); they are
   gated even while the controller is not seen alive (with a warning): ungated, a gang's members would
   start one by one and hold GPUs while they wait for each other;
-- governed pods: placement `strict`, at least `admission.release_min_gpus` whole GPUs, scheduled by the
-  default scheduler, not a DaemonSet's and held by no other controller's gate. The release controller
+- governed pods: placement `strict`, at least `admission.release_min_gpus` whole GPUs, constraints the
+  capacity model evaluates (`capacity.ungoverned`: not the pod's own required inter-pod affinity, hard topology
+  spread, resource claims or volumes the scheduler filters on), scheduled by the default scheduler, not a
+  DaemonSet's and held by no other controller's gate. The release controller
   places each as a gang of one on fresh state, pins it and removes the gate. They are gated only while
   that controller is seen alive (its leader Lease renewed recently, timed on our clock); otherwise
   nothing would ever lift the gate, so they get preferred terms instead.

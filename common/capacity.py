@@ -3,18 +3,23 @@ reclaim planning all ask it; nothing else in the project counts a node's free re
 
 A node's room is its allocatable resources less what the pods holding it request (`snapshot.Node.requested`:
 bound pods until they are gone, terminating ones included; pods the scheduler nominated to it; pods we pinned
-to it and released but not bound yet), and its free GPU indices per NVLink domain (observed from DCGM where
-present, else the placement policy's estimate, `common.placement`).
+to it and released but not bound yet; pending pods never gated whose heaviest preferred term names it), and
+its free GPU indices per NVLink domain (observed from DCGM where present, else the placement policy's estimate,
+`common.placement`).
 
-A pod may go to a node when kube-scheduler's filters would let it (`fit.why_not`: readiness and cordon,
-taints, nodeSelector, required node affinity) and its requests fit what is free there
-(`resources.shortages`: the NodeResourcesFit filter, pod slots included); its whole GPUs then land where the
-placement policy puts them. Planners take from a `Room` as they plan, so pods placed earlier in one plan
-count against later ones.
+A pod may go to a node when kube-scheduler's filters would let it: those that read the pod and the node
+(`fit.why_not`: readiness and cordon, taints, nodeSelector, required node affinity), those that read the
+pods holding the node (`refuses`: host ports in use, NodePorts; required anti-affinity of pods already
+there or in the same topology domain that selects the pod, InterPodAffinity), and its requests fit what is
+free there (`resources.shortages`: the NodeResourcesFit filter, pod slots included); its whole GPUs then land
+where the placement policy puts them. Planners take from a `Room` as they plan, so pods placed earlier in one
+plan count against later ones (their requests, GPU indices and host ports).
 
-Deliberately not modelled (the scheduler may still refuse a node we would choose, never the reverse for
-what is modelled): inter-pod (anti-)affinity, topology spread, volume and port constraints, dynamic
-resource claims. Such pods are placed by kube-scheduler alone (see `ungoverned`).
+Not modelled, so the pods they concern are placed by kube-scheduler alone (`ungoverned`: never gated for
+placement, released unpinned in a gang): the pod's own required pod affinity and anti-affinity, hard topology
+spread, dynamic resource claims, and every volume the scheduler has a filter for (persistentVolumeClaim,
+ephemeral, and inline cloud or block disks; only `SIMPLE_VOLUMES` are governed). docs/placement.md has the
+table of kube-scheduler 1.37's filters and how each is treated.
 """
 
 from __future__ import annotations
@@ -23,12 +28,17 @@ import dataclasses
 from collections.abc import Mapping, Set
 from typing import Any
 
-from common import fit, gpu, nvlink_score, placement, resources, settings, snapshot
+from common import antiaffinity, fit, gpu, hostports, nvlink_score, placement, resources, settings, snapshot
 
 # Pod spec fields whose scheduler filters the model does not evaluate: a plan for such a pod could pin it
 # where the scheduler then refuses it.
 UNMODELLED_SPEC = ("resourceClaims",)
 UNMODELLED_AFFINITY = ("podAffinity", "podAntiAffinity")
+# Volume sources no kube-scheduler 1.37 filter reads (VolumeBinding, VolumeZone, NodeVolumeLimits and
+# VolumeRestrictions look only at claims, generic ephemeral volumes and in-tree cloud or block disks). Any
+# other source makes the pod ungoverned: an allow-list, so a source we do not know is never pinned.
+SIMPLE_VOLUMES = frozenset({"configMap", "secret", "emptyDir", "downwardAPI", "projected", "hostPath", "nfs",
+                            "image", "csi", "gitRepo"})
 
 
 def ungoverned(pod_spec: Mapping[str, Any]) -> str | None:
@@ -46,7 +56,50 @@ def ungoverned(pod_spec: Mapping[str, Any]) -> str | None:
                 and c.get("whenUnsatisfiable", "DoNotSchedule") == "DoNotSchedule"]
         if hard:
             return "topologySpreadConstraints DoNotSchedule (not modelled)"
+    for volume in pod_spec.get("volumes") or ():
+        if not isinstance(volume, Mapping):
+            return "a volume that is no object (volume filters not modelled)"
+        odd = sorted(k for k in volume if k != "name" and k not in SIMPLE_VOLUMES)
+        if odd:
+            return f"volume {volume.get('name')} is {', '.join(odd)} (volume filters not modelled)"
     return None
+
+
+def refuses(pod: snapshot.Pod, node: snapshot.Node, *, ports: frozenset[hostports.HostPort] | None = None,
+            ) -> str | None:
+    """Why the pods holding the node rule this pod out (None: they do not): a host port it wants is in use
+    (`ports`: those in use, default the node's), or a required anti-affinity term of a pod there, or in the
+    same topology domain, selects it."""
+    clash = _port_clash(pod, node.host_ports if ports is None else ports)
+    if clash:
+        return clash
+    if node.anti_affinity:
+        term = antiaffinity.refusing(node.anti_affinity, namespace=pod.namespace, labels=pod.labels)
+        if term is not None:
+            return term.describe()
+    return None
+
+
+def _port_clash(pod: snapshot.Pod, used: frozenset[hostports.HostPort]) -> str | None:
+    taken = hostports.conflicts(pod.host_ports, used)
+    return f"host port {', '.join(map(hostports.describe, taken))} in use" if taken else None
+
+
+def never_pod(pod: snapshot.Pod, node: snapshot.Node) -> str | None:
+    """`never` for a snapshot pod, the pods holding the node included (`refuses`)."""
+    return never(pod.raw.get("spec") or {}, pod.requests, node) or refuses(pod, node)
+
+
+def key(pod: snapshot.Pod, cluster: snapshot.Snapshot) -> tuple[object, ...] | None:
+    """What `never_pod` reads of the pod on the cluster's nodes, hashable, for caches of its answers: pods with
+    equal keys may go to the same nodes. Namespace and labels count only where some node carries anti-affinity
+    terms (else a StatefulSet's pods, each labelled with its name, would share nothing). None when the spec holds
+    something unhashable (then do not cache)."""
+    shape = fit.key(pod.raw.get("spec") or {})
+    if shape is None:
+        return None
+    who = (pod.namespace, tuple(sorted(pod.labels.items()))) if cluster.anti_affinity else ()
+    return shape, tuple(sorted(pod.requests.items())), tuple(sorted(pod.host_ports)), who
 
 
 def never(pod_spec: Mapping[str, Any], requests: Mapping[str, int], node: snapshot.Node) -> str | None:
@@ -71,6 +124,7 @@ class Room:
     node: snapshot.Node
     free: dict[str, int]  # allocatable less requested, per resource (pod slots under `pods`)
     domains: list[list[int]]  # free full-GPU indices per NVLink domain
+    ports: frozenset[hostports.HostPort] = frozenset()  # host ports in use
 
     @classmethod
     def of(cls, node: snapshot.Node, *, cluster: snapshot.Snapshot | None = None,
@@ -87,10 +141,12 @@ class Room:
                     back = set(pod.gpu_indices)
                     domains = [sorted({*d, *(i for i in full if i in back)})
                                for d, full in zip(domains, node.topology.domains, strict=True)]
-        return cls(node, free, domains)
+        # Host ports of leaving pods are kept: the caller that passes `leaving` (reclaim) plans with `place`,
+        # which reads no ports.
+        return cls(node, free, domains, node.host_ports)
 
     def copy(self) -> Room:
-        return Room(self.node, dict(self.free), [list(d) for d in self.domains])
+        return Room(self.node, dict(self.free), [list(d) for d in self.domains], self.ports)
 
     @property
     def free_gpus(self) -> int:
@@ -119,10 +175,20 @@ class Room:
             return f"needs {request.full} GPU in one NVLink domain"
         return allocation
 
-    def take(self, requests: Mapping[str, int], allocation: placement.Allocation) -> None:
+    def take(self, requests: Mapping[str, int], allocation: placement.Allocation, *,
+             ports: frozenset[hostports.HostPort] = frozenset()) -> None:
         self.free = resources.subtract(self.free, {**requests, resources.PODS: 1})
         taken = set(allocation.indices)
         self.domains = [[i for i in d if i not in taken] for d in self.domains]
+        self.ports |= ports
+
+    def place_pod(self, pod: snapshot.Pod, *, one_domain: bool = True) -> placement.Allocation | str:
+        """`place` for a snapshot pod whose filters have been checked (`never_pod`): also refuses it when a
+        host port it wants was taken here since (by a pod placed earlier in the plan)."""
+        return _port_clash(pod, self.ports) or self.place(pod.requests, pod.request, one_domain=one_domain)
+
+    def take_pod(self, pod: snapshot.Pod, allocation: placement.Allocation) -> None:
+        self.take(pod.requests, allocation, ports=pod.host_ports)
 
 
 def _short(requests: Mapping[str, int], free: Mapping[str, int]) -> str | None:
@@ -139,8 +205,8 @@ def short_of(node: snapshot.Node, requests: Mapping[str, int]) -> str | None:
 
 
 def place_pod(pod: snapshot.Pod, room: Room, *, one_domain: bool = True) -> placement.Allocation | str:
-    """`Room.place` for a snapshot pod, after the filters (`fit.why_not`)."""
-    why = fit.why_not(pod.raw.get("spec") or {}, room.node)
+    """`Room.place_pod` after the filters (`fit.why_not`, `refuses`)."""
+    why = fit.why_not(pod.raw.get("spec") or {}, room.node) or refuses(pod, room.node, ports=room.ports)
     if why:
         return why
     return room.place(pod.requests, pod.request, one_domain=one_domain)

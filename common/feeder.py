@@ -71,8 +71,10 @@ ABSENT_STATUSES = frozenset({403, 404})
 def _stored(kind: str, obj: dict[str, Any], *, names: settings.Names) -> dict[str, Any] | None:
     """What the store keeps of an object (None: nothing). GPU nodes, GPU pods and pods the gang controller
     needs (`gangs.involved`) whole; any other pod that holds a node's resources (bound, or nominated by the
-    scheduler) only as the capacity model reads it (`resources.slim_pod`): CPU, memory and pod slots on GPU
-    nodes are theirs too. Everything else is dropped, so rebuilds stay proportional to what decisions read."""
+    scheduler) only as the capacity model reads it (`resources.slim_pod`): CPU, memory, pod slots and host
+    ports on GPU nodes are theirs too, and their required anti-affinity may rule a GPU node out. Other nodes
+    only by name and labels: a pod's anti-affinity on one covers the GPU nodes in its topology domain (a zone).
+    Everything else is dropped, so rebuilds stay proportional to what decisions read."""
     try:
         if kind == "pods":
             if gpu.pod_request(obj).any or gangs.involved(obj, names=names):
@@ -82,7 +84,10 @@ def _stored(kind: str, obj: dict[str, Any], *, names: settings.Names) -> dict[st
                 return resources.slim_pod(obj)
             return None
         if kind == "nodes":
-            return obj if gpu.node_allocatable(obj).any else None
+            if gpu.node_allocatable(obj).any:
+                return obj
+            meta = obj.get("metadata") or {}
+            return {"metadata": {k: meta[k] for k in ("name", "labels", "resourceVersion") if k in meta}}
     except gpu.QuantityError:
         return obj  # build() reports it as a problem
     return obj

@@ -100,6 +100,29 @@ def _label_requirement(requirement: Mapping[str, Any], labels: Mapping[str, str]
     return None
 
 
+def selector_matches(selector: Any, labels: Mapping[str, str]) -> bool:
+    """Whether a metav1 LabelSelector (`matchLabels` ANDed with `matchExpressions`: In, NotIn, Exists,
+    DoesNotExist, read as for node labels above) selects these labels. None selects nothing, {} everything.
+    A selector the API server would reject counts as selecting: callers use it to rule nodes out, and ruling
+    out one node too many is the safe error."""
+    if selector is None:
+        return False
+    if not isinstance(selector, Mapping):
+        return True
+    match_labels = selector.get("matchLabels") or {}
+    expressions = selector.get("matchExpressions") or []
+    if not isinstance(match_labels, Mapping) or type(expressions) is not list:
+        return True
+    if any(labels.get(key) != value for key, value in match_labels.items()):
+        return False
+    for requirement in expressions:
+        if not isinstance(requirement, Mapping) or requirement.get("operator") in ("Gt", "Lt"):
+            return True
+        if _label_requirement(requirement, labels) is False:
+            return False
+    return True
+
+
 def _field_requirement(requirement: Mapping[str, Any], node_name: str) -> _Met:
     operator, values = requirement.get("operator"), _values(requirement)
     if requirement.get("key") != NAME_FIELD or values is None or len(values) != 1:

@@ -146,13 +146,23 @@ def describe(vector: Vector, names: Iterable[str]) -> str:
 
 def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     """What the capacity model reads of a pod that is no GPU pod or gang member: enough to count what it
-    holds on its node (requests, node, nomination, phase, deletion), so stores of every bound pod stay small."""
+    holds on its node (requests, node, nomination, phase, deletion) and how it rules newcomers out there (its
+    host ports, its required pod anti-affinity), so stores of every bound pod stay small."""
     meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
 
     def resources_only(containers: Any) -> list[dict[str, Any]]:
-        return [{k: c[k] for k in ("resources", "restartPolicy") if k in c}
-                for c in containers or () if isinstance(c, Mapping)]
+        out = []
+        for c in containers or ():
+            if not isinstance(c, Mapping):
+                continue
+            kept = {k: c[k] for k in ("resources", "restartPolicy") if k in c}
+            ports = [p for p in c.get("ports") or () if isinstance(p, Mapping) and p.get("hostPort")]
+            out.append({**kept, "ports": ports} if ports else kept)
+        return out
 
+    affinity = spec.get("affinity") or {}
+    anti = (affinity.get("podAntiAffinity") or {}) if isinstance(affinity, Mapping) else {}
+    required = anti.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(anti, Mapping) else None
     return {
         "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp",
                                           "creationTimestamp") if k in meta},
@@ -160,6 +170,8 @@ def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
             **{k: spec[k] for k in ("nodeName", "priority", "overhead", "resources") if k in spec},
             "containers": resources_only(spec.get("containers")),
             "initContainers": resources_only(spec.get("initContainers")),
+            **({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}}
+               if required else {}),
         },
         "status": {k: status[k] for k in ("phase", "nominatedNodeName") if k in status},
     }

@@ -9,8 +9,11 @@ Where DCGM has not told us a pod's GPU indices, they are estimated with `common.
 
 What a node holds (`Node.requested`, its GPUs in use) counts every pod that will be there until it is gone:
 pods bound to it that are not finished (terminating ones included: they hold their resources through
-their grace period), pods the scheduler nominated to it (its preemption reservation) and pods we pinned
-to it and released that are not bound yet. `common.capacity` answers from that what a pod could get.
+their grace period), pods the scheduler nominated to it (its preemption reservation), pods we pinned
+to it and released that are not bound yet, and pending pods never gated that prefer it above all (about to be
+bound, most likely there). `common.capacity` answers from that what a pod could get. The same
+pods give each node the host ports in use there (`Node.host_ports`) and the required anti-affinity terms that
+cover it (`Node.anti_affinity`: those of pods on it, or on any node, GPU or not, in the same topology domain).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from common import gangs, gpu, placement, resources, settings, topology
+from common import antiaffinity, gangs, gpu, hostports, placement, resources, settings, topology
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 DEFAULT_PREEMPTION_POLICY = "PreemptLowerPriority"
@@ -39,10 +42,26 @@ def pinned_node(raw: Mapping[str, Any]) -> str | None:
     return next(iter(pinned)) if len(pinned) == 1 else None
 
 
+def preferred_node(raw: Mapping[str, Any]) -> str | None:
+    """The one node a pod prefers above all: the node its heaviest preferred term names by
+    `matchFields metadata.name In [node]` (the webhook's preferred terms; the first of equal weights)."""
+    affinity = ((raw.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}
+    best: tuple[int, str] | None = None
+    for term in affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ():
+        named = {v for r in (term.get("preference") or {}).get("matchFields") or ()
+                 if r.get("key") == NAME_FIELD and r.get("operator") == "In" for v in r.get("values") or ()}
+        weight = term.get("weight")
+        if len(named) == 1 and type(weight) is int and (best is None or weight > best[0]):
+            best = (weight, next(iter(named)))
+    return None if best is None else best[1]
+
+
 def _held_on(raw: Mapping[str, Any]) -> str | None:
     """The node whose resources this pod holds: bound and not finished; else nominated by the scheduler;
-    else pinned by us and no longer gated (released, not yet bound) unless the scheduler found that node full.
-    None: it holds nothing."""
+    else, while not gated and until the scheduler finds it unschedulable, the node we pinned it to (released,
+    not yet bound) or, never gated, the node it prefers above all (`preferred_node`: kube-scheduler is about to
+    bind it, most likely there; counting it keeps a pin off that node, the race of a never-gated pod taking a
+    pinned node). None: it holds nothing."""
     spec, status = raw.get("spec") or {}, raw.get("status") or {}
     if status.get("phase") in TERMINAL_PHASES:
         return None
@@ -55,7 +74,7 @@ def _held_on(raw: Mapping[str, Any]) -> str | None:
     if not spec.get("schedulingGates") and not _unschedulable(status):
         # Pinned and released: it holds its node until the scheduler says the node cannot take it (another pod
         # bound there first); from then on it holds nothing, and counting it would hide room that is free.
-        return pinned_node(raw)
+        return pinned_node(raw) or preferred_node(raw)
     return None
 
 
@@ -116,6 +135,16 @@ class Pod:
         """Holds a node's resources without being bound yet (nominated, or pinned and released)."""
         return self.held_on is not None and self.node_name is None
 
+    @functools.cached_property
+    def host_ports(self) -> frozenset[hostports.HostPort]:
+        """The host ports it uses (`common.hostports`)."""
+        return hostports.of_pod(self.raw)
+
+    @functools.cached_property
+    def anti_affinity(self) -> tuple[Mapping[str, Any], ...]:
+        """Its required pod anti-affinity terms as written (`common.antiaffinity`)."""
+        return antiaffinity.required_terms(self.raw)
+
 
 @dataclasses.dataclass(frozen=True)
 class Node:
@@ -133,6 +162,10 @@ class Node:
     resources: Mapping[str, int] = dataclasses.field(default_factory=dict)  # allocatable, every resource
     requested: Mapping[str, int] = dataclasses.field(default_factory=dict)  # held by pods, `pods` = their count
     reserved: tuple[str, ...] = ()  # keys of GPU pods holding GPUs here but not bound yet
+    host_ports: frozenset[hostports.HostPort] = frozenset()  # used by every pod holding it (NodePorts)
+    # Required anti-affinity terms of pods holding this node or another in the same topology domain: a pod they
+    # select cannot come here (InterPodAffinity, existing pods' half; `common.antiaffinity`).
+    anti_affinity: tuple[antiaffinity.Term, ...] = ()
 
     @property
     def gpu_count(self) -> int:
@@ -193,6 +226,11 @@ class Snapshot:
             groups.setdefault(node.gpu_state, []).append(node)
         return {state: tuple(group) for state, group in groups.items()}
 
+    @functools.cached_property
+    def anti_affinity(self) -> bool:
+        """Whether any node carries required anti-affinity terms of the pods holding nodes."""
+        return any(node.anti_affinity for node in self.nodes.values())
+
     def pods_on(self, node: str) -> list[Pod]:
         return [self.pods[k] for k in self.nodes[node].pods] if node in self.nodes else []
 
@@ -209,12 +247,16 @@ class _Held:
 
     held_on: str | None
     requests: Mapping[str, int]
+    namespace: str = "default"
+    host_ports: frozenset[hostports.HostPort] = frozenset()
+    anti_affinity: tuple[Mapping[str, Any], ...] = ()
 
 
 def _parse(raw: Mapping[str, Any], *, names: settings.Names) -> Pod | _Held:
     if gpu.pod_request(raw).any or gangs.involved(raw, names=names):
         return _pod(raw)
-    return _Held(_held_on(raw), resources.pod_requests(raw))
+    return _Held(_held_on(raw), resources.pod_requests(raw), (raw.get("metadata") or {}).get("namespace") or "default",
+                 hostports.of_pod(raw), antiaffinity.required_terms(raw))
 
 
 def _pod(raw: Mapping[str, Any]) -> Pod:
@@ -276,6 +318,7 @@ def build(
     pod_groups: Iterable[Mapping[str, Any]] = (),
 ) -> Snapshot:
     """`previous`: the last snapshot built from the same stores; unchanged objects are reused."""
+    nodes, namespaces = list(nodes), list(namespaces)  # each read twice below
     problems: list[str] = []
     kept: dict[str, Pod] = {}
     parsed: dict[str, tuple[Mapping[str, Any], Pod | _Held]] = {}
@@ -298,6 +341,10 @@ def build(
             kept[entry.key] = entry
         if entry.held_on:
             held.setdefault(entry.held_on, []).append(entry.requests)
+
+    labels_of = {(n.get("metadata") or {}).get("name") or "": (n.get("metadata") or {}).get("labels") or {}
+                 for n in nodes}
+    ports_on, terms_on = _held_ports_and_terms(parsed, labels_of, namespaces)
 
     by_node: dict[str, list[Pod]] = {}
     for pod in kept.values():
@@ -347,6 +394,9 @@ def build(
             resources=resources.node_allocatable(raw),
             requested={**resources.add(*holders), resources.PODS: len(holders)},
             reserved=tuple(p.key for p in resident if p.reserved),
+            host_ports=frozenset(ports_on.get(name, ())),
+            anti_affinity=tuple(t for (key, value), found in terms_on.items()
+                                if (meta.get("labels") or {}).get(key) == value for t in found),
         )
 
     built = Snapshot(
@@ -366,6 +416,35 @@ def build(
     # Derived views are computed here, where the shell builds (off the request path), not on first use.
     _ = built.nodes_by_gpu_state
     return built
+
+
+def _held_ports_and_terms(
+    parsed: Mapping[str, tuple[Mapping[str, Any], Pod | _Held]],
+    labels_of: Mapping[str, Mapping[str, str]],
+    namespaces: Iterable[Mapping[str, Any]],
+) -> tuple[dict[str, set[hostports.HostPort]], dict[tuple[str, str], list[antiaffinity.Term]]]:
+    """Host ports used per node, and the required anti-affinity terms of pods holding nodes by the topology pair
+    (key, value) they cover, from every pod that holds a node (GPU nodes or not: a zone spans both)."""
+    ports_on: dict[str, set[hostports.HostPort]] = {}
+    terms_on: dict[tuple[str, str], list[antiaffinity.Term]] = {}
+    namespace_labels: dict[str, Mapping[str, str]] | None = None
+    for key, (_, entry) in sorted(parsed.items()):
+        node = entry.held_on
+        if node is None:
+            continue
+        if entry.host_ports:
+            ports_on.setdefault(node, set()).update(entry.host_ports)
+        if not entry.anti_affinity:
+            continue
+        if namespace_labels is None:
+            namespace_labels = {(ns.get("metadata") or {}).get("name") or "": (ns.get("metadata") or {}).get(
+                "labels") or {} for ns in namespaces}
+        for raw_term in entry.anti_affinity:
+            term = antiaffinity.resolve(raw_term, owner=key, owner_namespace=entry.namespace,
+                                        node_labels=labels_of.get(node, {}), namespaces=namespace_labels)
+            if term is not None:
+                terms_on.setdefault((term.topology_key, term.topology_value), []).append(term)
+    return ports_on, terms_on
 
 
 def _assign_indices(

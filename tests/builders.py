@@ -106,3 +106,12 @@ def tier_classes() -> list[dict[str, Any]]:
         priority_class("gpu-steward-normal", 10_000),
         priority_class("gpu-steward-scavenger", 100, policy="Never"),
     ]
+
+
+def both(*mutators: Mutator) -> Mutator:
+    """One mutator that applies each of `mutators` in turn."""
+    def mutate(obj: dict[str, Any]) -> None:
+        for m in mutators:
+            m(obj)
+
+    return mutate

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from common import capacity, fit, nvlink_score, placement, settings, snapshot
+from common import capacity, nvlink_score, placement, settings, snapshot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,24 +57,22 @@ def rooms(cluster: snapshot.Snapshot, *, assumed: Mapping[str, str] = {}) -> dic
         pod, room = cluster.pods.get(key), out.get(node)
         if pod is None or room is None or pod.held_on is not None:
             continue
-        choice = room.place(pod.requests, pod.request, one_domain=False)
+        choice = room.place_pod(pod, one_domain=False)
         if isinstance(choice, placement.Allocation):
-            room.take(pod.requests, choice)
+            room.take_pod(pod, choice)
         else:  # over-committed in our view: still keep what it asks off the node
-            room.take(pod.requests, placement.Allocation((), ()))
+            room.take_pod(pod, placement.Allocation((), ()))
     return out
 
 
 def candidates(pod: snapshot.Pod, cluster: snapshot.Snapshot) -> frozenset[str]:
     """Nodes the pod could ever run on as they stand: the scheduler's filters and what they offer at all.
     Pods alike in what the filters read and in their requests (a Job's pods) are answered once per snapshot."""
-    spec = pod.raw.get("spec") or {}
-    shape = fit.key(spec)
-    key = ("layout.candidates", shape, tuple(sorted(pod.requests.items())))
+    shape = capacity.key(pod, cluster)
+    key = ("layout.candidates", shape)
     found: frozenset[str] | None = cluster.memo.get(key) if shape is not None else None
     if found is None:
-        found = frozenset(name for name, node in cluster.nodes.items()
-                          if capacity.never(spec, pod.requests, node) is None)
+        found = frozenset(name for name, node in cluster.nodes.items() if capacity.never_pod(pod, node) is None)
         if shape is not None:
             cluster.memo[key] = found
     return found
@@ -100,7 +98,7 @@ def _evaluate(pod: snapshot.Pod, room: capacity.Room, scoring: settings.Scoring,
               ) -> tuple[_Rank, placement.Allocation, str, str] | str:
     """A gang of one on one node: its rank (lower is better), where its GPUs land, why and why in short; or why it
     does not fit."""
-    choice = room.place(pod.requests, pod.request)
+    choice = room.place_pod(pod)
     if not isinstance(choice, placement.Allocation):
         return choice
     need, name = pod.request.full, room.node.name
@@ -128,11 +126,10 @@ def explain(pod: snapshot.Pod, cluster: snapshot.Snapshot, *, scoring: settings.
             ) -> list[tuple[str, bool, str]]:
     """Where release would place this pod now, as a gang of one: every node as (name, could take it, why), the
     one release would choose first, then the others that could by rank, then those that could not."""
-    spec = pod.raw.get("spec") or {}
     fits: list[tuple[_Rank, str, str]] = []
     refused: list[tuple[str, bool, str]] = []
     for name, room in sorted(rooms(cluster).items()):
-        why_never = capacity.never(spec, pod.requests, room.node)
+        why_never = capacity.never_pod(pod, room.node)
         found = why_never if why_never else _evaluate(pod, room, scoring, {})
         if isinstance(found, str):
             refused.append((name, False, found))
@@ -159,7 +156,7 @@ def _greedy(
             if name not in rooms:
                 continue
             room = trial.get(name) or rooms[name]
-            choice = room.place(pod.requests, pod.request)
+            choice = room.place_pod(pod)
             if not isinstance(choice, placement.Allocation):
                 continue
             fresh = name not in trial
@@ -172,7 +169,7 @@ def _greedy(
         _, name, choice = best
         if name not in trial:
             trial[name] = rooms[name].copy()
-        trial[name].take(pod.requests, choice)
+        trial[name].take_pod(pod, choice)
         nodes[pod.key] = name
         if choice.spanned > 1:
             spanning.append(pod.key)
@@ -196,7 +193,7 @@ def place(
             return None
         _, name, choice, why, short = found
         room = rooms[name].copy()
-        room.take(pod.requests, choice)
+        room.take_pod(pod, choice)
         return Layout({pod.key: name}, None, (pod.key,) if choice.spanned > 1 else (), why, short), {name: room}
     everyone = frozenset.intersection(*(candidates[p.key] for p in members)) & usable if members else usable
     cliques: dict[str, set[str]] = {}
@@ -230,9 +227,7 @@ def shortfall(
     homeless = [p for p in members if not candidates[p.key]]
     if homeless:
         pod = homeless[0]
-        spec = pod.raw.get("spec") or {}
-        reasons = sorted({r for node in cluster.nodes.values()
-                          if (r := capacity.never(spec, pod.requests, node))})[:3]
+        reasons = sorted({r for node in cluster.nodes.values() if (r := capacity.never_pod(pod, node))})[:3]
         detail = f" ({'; '.join(reasons)})" if reasons else " (no GPU node)"
         names = ", ".join(p.key for p in homeless)
         return f"complete; {names} can run on no node as the cluster stands{detail}", 0, True
@@ -247,7 +242,7 @@ def shortfall(
         return f"complete; waiting for {need - free} more free GPUs ({need} needed, {free} free on its nodes)", \
             need - free, False
     reasons = sorted({str(got) for p in members for n in sorted(candidates[p.key]) if n in rooms
-                      and isinstance(got := rooms[n].place(p.requests, p.request), str)})[:3]
+                      and isinstance(got := rooms[n].place_pod(p), str)})[:3]
     return (f"complete; {free} GPUs free on its nodes but no simultaneous placement with each member inside "
             f"one NVLink domain and its other requests met ({'; '.join(reasons)})", 0, False)
 
@@ -269,7 +264,7 @@ def preemptible(pod: snapshot.Pod, candidates: frozenset[str], cluster: snapshot
         if not lower:
             continue
         room = capacity.Room.of(node, cluster=cluster, leaving=lower)
-        if isinstance(room.place(pod.requests, pod.request, one_domain=False), placement.Allocation) and (
+        if isinstance(room.place_pod(pod, one_domain=False), placement.Allocation) and (
                 best is None or len(lower) < best[0]):
             best = (len(lower), name)
     if best is None:

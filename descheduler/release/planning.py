@@ -47,7 +47,7 @@ Pure: a `Snapshot`, the settings and `now` in, decisions with their reasons out.
 - Members that request no GPU (an MPI launcher counted in the gang's size) count toward completeness
   and are un-gated together with the rest, but are neither placed nor pinned: pinning such a pod to a
   GPU node would take a place a GPU pod needs. So are members whose constraints the capacity model does
-  not evaluate (`capacity.ungoverned`: inter-pod affinity, hard topology spread, resource claims): a pin
+  not evaluate (`capacity.ungoverned`: own inter-pod affinity, hard topology spread, claims, volumes): a pin
   could strand them. A gang without any member to place is released as soon as it is complete (and no
   other controller's gate is left).
 """

@@ -283,6 +283,32 @@ async def test_initial_list_then_watch_events(fake_api: FakeApi, running: Runnin
     await running.until(lambda: "team-b" in running.feeder.snapshot.namespaces, "namespace ADDED")
 
 
+async def test_pods_without_gpus_and_nodes_without_gpus_keep_what_rules_gpu_nodes_out(
+        fake_api: FakeApi, running: Running) -> None:
+    """A bound pod without GPUs keeps its host ports and required anti-affinity in its slim copy, and a node
+    without GPUs its labels: its zone carries a guard's anti-affinity onto the GPU nodes of that zone."""
+    seed(fake_api)
+    fake_api.put("nodes", {"metadata": {"name": "cpu-only", "labels": {"zone": "a"}},
+                           "status": {"allocatable": {"cpu": "8"}}})
+    fake_api.put("nodes", builders.gpu_node("gpu-2", gpus=4, labels={"zone": "a"}))
+
+    def guard(pod: dict[str, Any]) -> None:
+        pod["spec"]["containers"][0]["ports"] = [{"containerPort": 80, "hostPort": 9100}]
+        pod["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "zone", "labelSelector": {"matchLabels": {"app": "web"}}}]}}
+
+    fake_api.put("pods", builders.pod("exporter", namespace="team-a", node="gpu-1", phase="Running", mutate=guard))
+    fake_api.put("pods", builders.pod("guard", namespace="team-a", node="cpu-only", phase="Running", mutate=guard))
+    await running.until(lambda: running.feeder.synced and running.feeder.snapshot.nodes["gpu-2"].anti_affinity,
+                        "the guard's zone reaches gpu-2")
+    snap = running.feeder.snapshot
+    assert sorted(snap.nodes) == ["gpu-1", "gpu-2"], "a node without GPUs is no GPU node"
+    assert snap.nodes["gpu-1"].host_ports == {("0.0.0.0", "TCP", 9100)}
+    assert [t.owner for t in snap.nodes["gpu-2"].anti_affinity] == ["team-a/guard"]
+    assert snap.nodes["gpu-1"].anti_affinity == (), "gpu-1 has no zone label: the zone terms miss it"
+    assert "team-a/exporter" not in snap.pods, "kept slim, not as a GPU pod"
+
+
 async def test_node_heartbeats_do_not_rebuild(fake_api: FakeApi, running: Running) -> None:
     seed(fake_api)
     await running.until(lambda: running.feeder.synced, "synced")

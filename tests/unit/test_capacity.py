@@ -14,6 +14,7 @@ from common import capacity, placement, resources, settings, snapshot
 from tests import builders
 
 NAMES = settings.Names()
+both = builders.both
 EIGHT = [range(4), range(4, 8)]
 
 
@@ -52,10 +53,14 @@ def pinned(node: str, *, gated: bool = False) -> builders.Mutator:
     return mutate
 
 
-def both(*mutators: builders.Mutator) -> builders.Mutator:
+def prefers(*weighted: tuple[str, int], together: bool = False) -> builders.Mutator:
+    """Preferred terms naming nodes by metadata.name, as the webhook writes them (`together`: one term for all)."""
     def mutate(pod: dict[str, Any]) -> None:
-        for m in mutators:
-            m(pod)
+        def term(nodes: list[str], weight: int) -> dict[str, Any]:
+            return {"weight": weight, "preference": {"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": nodes}]}}
+        terms = [term([n for n, _ in weighted], weighted[0][1])] if together else [term([n], w) for n, w in weighted]
+        pod["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": terms}}
 
     return mutate
 
@@ -151,6 +156,19 @@ NODE = builders.gpu_node("n", gpus=8, domains=EIGHT)
                      (), id="a-cpu-pod-on-a-gpu-node-holds-cpu-and-a-slot"),
         pytest.param([builders.pod("other", gpus=1, node="elsewhere", phase="Running")], 0, 0, 0, (),
                      id="pods-on-other-nodes-do-not-count"),
+        pytest.param([builders.pod("next", gpus=1, mutate=prefers(("m", 90), ("n", 100), ("o", 100)))], 1, 0, 1,
+                     ("default/next",), id="pending-pod-holds-the-node-it-prefers-above-all"),
+        pytest.param([builders.pod("next", gpus=1, mutate=prefers(("n", 99), ("m", 100)))], 0, 0, 0, (),
+                     id="pending-pod-preferring-another-node-more-holds-nothing-here"),
+        pytest.param([builders.pod("next", gpus=1, mutate=prefers(("n", 100), ("m", 100)))], 1, 0, 1,
+                     ("default/next",), id="equal-weights-the-first-boundary"),
+        pytest.param([builders.pod("next", gpus=1, mutate=both(prefers(("n", 100)), status(conditions=[
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}])))], 0, 0, 0, (),
+                     id="preferring-pod-the-scheduler-refused-holds-nothing"),
+        pytest.param([builders.pod("next", gpus=1, mutate=both(prefers(("n", 100)), lambda p: p["spec"].update(
+            schedulingGates=[{"name": NAMES.gate}])))], 0, 0, 0, (), id="gated-preferring-pod-holds-nothing"),
+        pytest.param([builders.pod("next", gpus=1, mutate=prefers(("n", 100), ("m", 100), together=True))],
+                     0, 0, 0, (), id="a-term-naming-two-nodes-names-none"),
     ],
 )
 def test_what_a_node_holds(pods: list[dict[str, Any]], gpus_held: int, cpu_held: int, slots: int,
@@ -273,6 +291,20 @@ def test_never(spec: dict[str, Any], requests: dict[str, int], expected: str | N
         pytest.param({"topologySpreadConstraints": [{"maxSkew": 1}]},
                      "topologySpreadConstraints DoNotSchedule (not modelled)", id="hard-spread-by-default"),
         pytest.param({"resourceClaims": [{"name": "gpu"}]}, "spec.resourceClaims (not modelled)", id="dra-claims"),
+        pytest.param({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]},
+                     "volume data is persistentVolumeClaim (volume filters not modelled)", id="claim"),
+        pytest.param({"volumes": [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {}}}]},
+                     "volume scratch is ephemeral (volume filters not modelled)", id="generic-ephemeral-claim"),
+        pytest.param({"volumes": [{"name": "disk", "gcePersistentDisk": {"pdName": "d"}}]},
+                     "volume disk is gcePersistentDisk (volume filters not modelled)", id="inline-cloud-disk"),
+        pytest.param({"volumes": [{"name": "odd", "someFutureSource": {}}]},
+                     "volume odd is someFutureSource (volume filters not modelled)", id="unknown-source"),
+        pytest.param({"volumes": [{"name": "cfg", "configMap": {"name": "c"}}, {"name": "tmp", "emptyDir": {}},
+                                  {"name": "tok", "projected": {"sources": []}}, {"name": "x", "csi": {}}]},
+                     None, id="simple-volumes"),
+        pytest.param({"volumes": [{"name": "defaulted"}]}, None, id="no-source-is-emptyDir-boundary"),
+        pytest.param({"volumes": ["junk"]}, "a volume that is no object (volume filters not modelled)",
+                     id="not-an-object"),
     ],
 )
 def test_ungoverned(spec: dict[str, Any], expected: str | None) -> None:

@@ -390,6 +390,15 @@ def with_spec(**fields: Any) -> Callable[[dict], None]:
                          gangs=settings.Gangs(enabled=False))),
                      ALIVE, False, None, "placement at release is off (descheduler.gangs.enabled)",
                      id="release-loop-off"),
+        pytest.param(builders.pod("p", gpus=2, mutate=with_spec(volumes=[
+                         {"name": "data", "persistentVolumeClaim": {"claimName": "data"}}])), CONFIG, ALIVE, False,
+                     None, "volume data is persistentVolumeClaim (volume filters not modelled): placed by "
+                     "kube-scheduler, not at release", id="claim-left-to-kube-scheduler"),
+        pytest.param(builders.pod("p", gpus=2, mutate=with_spec(volumes=[{"name": "cfg", "configMap": {"name": "c"}}])),
+                     CONFIG, ALIVE, True, gating.Release.GATED, "placed at release", id="config-map-still-governed"),
+        pytest.param(builders.pod("p", gpus=2, mutate=lambda p: p["spec"]["containers"][0].update(
+                         ports=[{"containerPort": 80, "hostPort": 8080}])), CONFIG, ALIVE, True, gating.Release.GATED,
+                     "placed at release", id="host-port-is-modelled-so-governed"),
         pytest.param(builders.pod("p", gpus=2, mutate=with_spec(schedulerName="volcano")), CONFIG, ALIVE, False,
                      None, "scheduler volcano places it: not placed at release", id="another-scheduler"),
         pytest.param(builders.pod("p", gpus=2, mutate=lambda p: p["metadata"].update(

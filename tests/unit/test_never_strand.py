@@ -3,7 +3,8 @@ as the user wrote it still accepts it (`fit.why_not`: readiness, taints, nodeSel
 and the mutated pod is one the API server accepts (no gate with spec.nodeName; gates only at creation).
 
 First the issue's examples as regression rows (each failed with the admission-time required
-`nvlink-domain-size Gt` term), then the same property over random clusters and pods (hypothesis).
+`nvlink-domain-size Gt` term), then the same property over random clusters and pods (hypothesis). The same
+property judged by the real kube-scheduler instead of `fit.why_not`: tests/e2e/test_never_strand_e2e.py.
 """
 
 from __future__ import annotations
