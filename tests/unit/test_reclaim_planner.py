@@ -13,6 +13,7 @@ import pytest
 
 from common import fit, settings, snapshot, topology
 from descheduler import cooldowns, limits, policy, reclaim, utilisation
+from descheduler.reclaim import search
 from tests import builders
 
 P = policy.PREFIX
@@ -564,7 +565,7 @@ def reference_best_node(
             and any(p.request.full if request.full else set(p.request.mig) & set(request.mig) for p in u.on(name))
             and demand.priority >= u.minimum_preemptable and budget.refuse(u.slots()) is None
         ]
-        choice = reclaim._minimal_set(node, member, eligible, cluster, trial.get(name) or reclaim._NodeState())
+        choice = search.minimal_set(node, member, eligible, cluster, trial.get(name) or search.NodeState())
         if not isinstance(choice, str) and (best is None or choice.cost() < best.cost()):
             best = choice
     return best or "no node fits"
@@ -645,5 +646,5 @@ def test_fast_search_decides_as_the_plain_one(seed: int, most_nodes: int, monkey
         return result.evictions, spared, outcomes
 
     fast = decide()
-    monkeypatch.setattr(reclaim, "_best_node", reference_best_node)
+    monkeypatch.setattr(search, "best_node", reference_best_node)
     assert fast == decide()
