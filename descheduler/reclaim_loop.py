@@ -155,7 +155,8 @@ class ReclaimLoop:
         lap("screen")
         assessments, queries, errors = await self._measure(cluster, wanted, policies, now=now)
         lap("measure")
-        demands = reclaim.demands_from_snapshot(cluster) + gang_demands(cluster, config=self._config, now=now)
+        demands = (reclaim.demands_from_snapshot(cluster, names=self._config.names)
+                   + gang_demands(cluster, config=self._config, now=now))
         lap("demands")
         self._leaving = {k: v for k, v in self._leaving.items() if v[1] > now}
         plan = reclaim.plan(cluster=cluster, policies=policies, assessments=assessments, demands=demands,

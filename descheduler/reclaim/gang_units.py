@@ -39,7 +39,7 @@ class Unit:
     # Read for every node and demand of a cycle: computed once (units are immutable).
     @functools.cached_property
     def minimum_preemptable(self) -> int:
-        return max(c.policy.minimum_preemptable_priority for c in self.candidates)
+        return max(c.policy.minimum_for(c.pod.priority) for c in self.candidates)
 
     @functools.cached_property
     def priority(self) -> int:

@@ -15,8 +15,10 @@ Rules, in order (each step in its module):
    member (largest first) goes to the node whose minimal victim set is cheapest (`search`); all members must
    be placed or the demand takes nothing.
    always: every idle unit is evicted, no preemptor needed.
-4. Limits (per cycle, per node, per namespace) count decisions (`limits`: a gang once); a unit that would
-   cross one is spared with the limit as its reason, which names the gang it spares.
+4. Limits (per cycle, per node, per namespace) count decisions (`limits`: a gang once), and PodDisruptionBudgets
+   count pods (`allowance`): a unit whose budget allows no disruption is no victim; a demand whose victims
+   together would cross a limit or a budget takes none of them (all or none); a unit that would cross one is
+   spared with the limit or budget as its reason, which names the gang it spares.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 
 from common import settings, snapshot
 from descheduler import cooldowns, limits, policy, utilisation
-from descheduler.reclaim import gang_units, pending, screening, search
+from descheduler.reclaim import allowance, gang_units, pending, screening, search
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +98,8 @@ def plan(
     screened: screening.Screened | None = None,
     leaving: Mapping[str, str | None] | None = None,
     pod_groups: Mapping[str, str] | None = None,
+    refused: Mapping[str, str] | None = None,
+    spent: Sequence[limits.Slot] = (),
 ) -> Plan:
     """`screened`: `screening.screen_all()` of these same inputs, when the caller has it already.
     `leaving`: pods the loop evicted in its last cycles -> the demand they were evicted for (None: mode
@@ -103,7 +107,10 @@ def plan(
     their GPUs are that demand's while it is pending (as kube-scheduler nominates a preemptor): it fits
     there and takes nothing more. Terminating pods, and those evicted for no pending demand, free their
     GPUs for the first demand that fits. `pod_groups`: native PodGroups' `spec.disruptionMode` by
-    "namespace/name" (`single` or `all`); default: as the snapshot's PodGroups say (`disruption_modes`)."""
+    "namespace/name" (`single` or `all`); default: as the snapshot's PodGroups say (`disruption_modes`).
+    `refused`: pods whose eviction the API refused earlier in this cycle -> why (never victims again in it);
+    `spent`: the evictions made earlier in this cycle, counted against the limits (a plan made again after a
+    refusal tries the next candidates within what is left)."""
     reclaim = config.descheduler.reclaim
     leaving = leaving or {}
     if screened is None:
@@ -114,6 +121,8 @@ def plan(
         pod, found = cluster.pods[key], screened[key]
         if key in leaving:
             found = f"already leaving: {_evicted_for(leaving[key])}"
+        elif refused and key in refused:
+            found = f"eviction refused earlier this cycle: {refused[key]}"
         if isinstance(found, str):
             spared[pod.key] = found
             continue
@@ -124,12 +133,19 @@ def plan(
         candidates[pod.key] = gang_units.Candidate(pod, found, assessment)
 
     modes = gang_units.disruption_modes(cluster) if pod_groups is None else pod_groups
-    units = gang_units.build(cluster, candidates, spared, config=config, pod_groups=modes)
-    for unit in units:
+    budget = allowance.Allowance(cluster, reclaim.limits, spent=spent)
+    units = []
+    for unit in gang_units.build(cluster, candidates, spared, config=config, pod_groups=modes):
+        # A PodDisruptionBudget that allows no disruption now makes the unit no victim at all, so that the
+        # search tries its equally idle neighbours instead of a pod the Eviction API would refuse.
+        blocked = budget.disruption_refused([unit])
+        if blocked:
+            gang_units.spare(unit, blocked, spared)
+            continue
+        units.append(unit)
         for candidate in unit.candidates:
             spared[candidate.pod.key] = f"idle ({candidate.assessment.reason}) but no pending pod can use its GPUs"
 
-    budget = limits.Budget(reclaim.limits)
     evictions: list[Eviction] = []
     outcomes: list[DemandOutcome] = []
     if reclaim.mode == "always":
@@ -137,11 +153,11 @@ def plan(
             return u.priority, -sum(search.freed_gpus(u, n) for n in gang_units.nodes_of(u)), u.key
 
         for unit in sorted(units, key=order):
-            refused = budget.refuse(unit.slots())
-            if refused:
-                gang_units.spare(unit, refused, spared)
+            refusal = budget.refuse([unit])
+            if refusal:
+                gang_units.spare(unit, refusal, spared)
                 continue
-            budget.charge(unit.slots())
+            budget.charge([unit])
             evictions += _evict(unit, None, "mode always, no preemptor needed", spared)
     else:
         evictions, outcomes = _on_demand(cluster=cluster, units=units, demands=demands, state=state, budget=budget,
@@ -208,7 +224,7 @@ def _on_demand(
     units: Sequence[gang_units.Unit],
     demands: Sequence[pending.Demand],
     state: cooldowns.State,
-    budget: limits.Budget,
+    budget: allowance.Allowance,
     spared: dict[str, str],
     leaving: Leaving,
     now: float,
@@ -273,13 +289,14 @@ def _on_demand(
             outcomes.append(outcome(False, said))
             nodes.update(trial)
             continue
-        refused = budget.refuse(s for u in victims for s in u.slots())
-        if refused:
-            outcomes.append(outcome(False, refused))
+        # All or none: every victim's limits and PodDisruptionBudgets are checked before any is planned.
+        refusal = budget.refuse(victims)
+        if refusal:
+            outcomes.append(outcome(False, refusal))
             for unit in victims:
-                gang_units.spare(unit, refused, spared)
+                gang_units.spare(unit, refusal, spared)
             continue
-        budget.charge(s for u in victims for s in u.slots())
+        budget.charge(victims)
         nodes.update(trial)
         taken = trial_taken
         why = f"reclaimed for {demand.key} (priority {demand.priority})"

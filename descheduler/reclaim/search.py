@@ -24,8 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Any
 
 from common import capacity, fit, gpu, placement, snapshot
-from descheduler import limits
-from descheduler.reclaim import gang_units, pending
+from descheduler.reclaim import allowance, gang_units, pending
 
 MAX_REASONS = 3  # why a demand cannot be served: the first few nodes' reasons
 
@@ -208,12 +207,16 @@ class Index:
         self._fits: dict[tuple[Any, ...], list[str]] = {}
         self._untouched: dict[tuple[Any, ...], list[Option]] = {}
 
-    def nodes_for(self, spec: Mapping[str, Any]) -> list[str]:
-        """Nodes passing `fit.why_not`, cached per `fit.key` (uncached for a spec without one)."""
-        key = fit.key(spec)
+    def nodes_for(self, member: pending.Member) -> list[str]:
+        """Nodes the capacity model does not rule out for the member however empty (`capacity.never`: the
+        scheduler's filters it models, requests larger than the node), cached per `fit.key` and requests
+        (uncached for a spec without a key)."""
+        spec, requests = member.spec, member.requests
+        fit_key = fit.key(spec)
+        key = None if fit_key is None else (fit_key, tuple(sorted(requests.items())))
         found = self._fits.get(key) if key is not None else None
         if found is None:
-            found = sorted(n for n, node in self.cluster.nodes.items() if not fit.why_not(spec, node))
+            found = sorted(n for n, node in self.cluster.nodes.items() if not capacity.never(spec, requests, node))
             if key is not None:
                 self._fits[key] = found
         return found
@@ -244,7 +247,7 @@ class Index:
         if kept is None:
             maybe = self._may_hold(request, evicting=evicting)
             options = []
-            for name in self.nodes_for(member.spec):
+            for name in self.nodes_for(member):
                 found = _screen(self, name, member, priority) if name in maybe else None
                 if isinstance(found, Option):
                     options.append(found)
@@ -260,7 +263,7 @@ def best_node(
     demand: pending.Demand,
     trial: dict[str, NodeState],
     taken: set[str],
-    budget: limits.Budget,
+    budget: allowance.Allowance,
     spared: dict[str, str],
 ) -> Choice | str:
     """The node with the cheapest minimal victim set for the member, searched exactly but not node by
@@ -268,7 +271,7 @@ def best_node(
     counting, the rest are tried cheapest lower bound first until the bound exceeds the best cost."""
     cluster = index.cluster
     request = member.request
-    names = index.nodes_for(member.spec)
+    names = index.nodes_for(member)
     touched = set(trial).union(*(index.unit_nodes[k] for k in taken))
 
     def screen_node(name: str) -> Option | str | None:
@@ -287,7 +290,7 @@ def best_node(
             break  # spent: this and every later option needs evictions
         node = cluster.nodes[option.node]
         state = trial.get(option.node) or NodeState()
-        limited = {u.key: budget.refuse(u.slots()) for u in option.units}
+        limited = {u.key: budget.refuse([u]) for u in option.units}
         eligible = [u for u in option.units if limited[u.key] is None]
         if len(eligible) < len(option.units):  # limits take some units away: screen again without them
             why = "".join(sorted({f" ({w}{gang_units.whole(k)})" for k, w in limited.items() if w}))
@@ -307,7 +310,13 @@ def best_node(
             best = choice
     if best is not None:
         return best
-    # Why not: what failed on the most promising nodes, else (none was) the first nodes' screening.
+    # Why not: what failed on the most promising nodes, else (none was) the first nodes' screening, else (no
+    # node could ever hold it) the capacity model's reasons.
     said = (r for r in map(screen_node, names) if isinstance(r, str))
-    return "; ".join(failures[:MAX_REASONS] or itertools.islice(said, MAX_REASONS)) \
-        or "no node with reclaimable idle GPUs fits it"
+    never = (f"{n}: {why}" for n, why in ((n, capacity.never(member.spec, member.requests, node))
+                                          for n, node in sorted(cluster.nodes.items())) if why)
+    for reasons in (failures, said, never):
+        joined = "; ".join(itertools.islice(reasons, MAX_REASONS))
+        if joined:
+            return joined
+    return "no node with reclaimable idle GPUs fits it"

@@ -125,15 +125,18 @@ def run(
     leaving: Mapping[str, str | None] | None = None,
     pod_groups: Mapping[str, str] | None = None,
     groups: Sequence[Raw] = (),
+    budgets: Sequence[Raw] = (),
+    refused: Mapping[str, str] | None = None,
 ) -> reclaim.Plan:
-    """`groups`: native PodGroup objects in the snapshot; `pod_groups`: disruption modes given to the planner."""
+    """`groups`: native PodGroup objects in the snapshot; `pod_groups`: disruption modes given to the planner;
+    `budgets`: PodDisruptionBudget objects in the snapshot."""
     config = settings.load(overrides=overrides or {})
     cluster = snapshot.build(nodes=nodes, pods=pods, priority_classes=CLASSES, names=config.names, taken_at=NOW,
-                             pod_groups=groups)
+                             pod_groups=groups, disruption_budgets=budgets)
     policies = policy.parse_all(cluster.priority_classes, default_threshold_percent=5.0)
     wanted = demands(cluster) if demands else reclaim.demands_from_snapshot(cluster)
     return reclaim.plan(cluster=cluster, policies=policies, assessments=assessments, demands=wanted,
-                        state=state, config=config, now=NOW, leaving=leaving, pod_groups=pod_groups)
+                        state=state, config=config, now=NOW, leaving=leaving, pod_groups=pod_groups, refused=refused)
 
 
 def reason_of(result: reclaim.Plan, pod: str) -> str:
@@ -566,7 +569,7 @@ def reference_best_node(
         eligible = [
             u for u in index.by_node.get(name, ()) if u.key not in taken
             and any(p.request.full if request.full else set(p.request.mig) & set(request.mig) for p in u.on(name))
-            and demand.priority >= u.minimum_preemptable and budget.refuse(u.slots()) is None
+            and demand.priority >= u.minimum_preemptable and budget.refuse([u]) is None
         ]
         choice = search.minimal_set(node, member, eligible, cluster, trial.get(name) or search.NodeState())
         if not isinstance(choice, str) and (best is None or choice.cost() < best.cost()):

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from common import snapshot
 from descheduler import reclaim
 from tests import builders
 from tests.unit.test_reclaim_planner import (
@@ -308,3 +309,122 @@ def test_limits_without_requests_count_as_requests(spec: dict[str, Any], served:
     plan = run(ONE, [running("idle", node="n1"), cpu_hog(), want(spec=spec, message=None)], idle("team-a/idle"))
     assert evicted(plan) == (SERVED if served else set())
     assert ("1 idle pod(s) evicted on n1" if served else "Insufficient cpu") in outcome(plan)
+
+
+# --- Item 4: PodDisruptionBudgets in the plan -------------------------------------------------------------
+
+
+def pdb(match: dict[str, str] | None = None, *, allowed: int | None = 0, name: str = "db",
+        namespace: str = "team-a") -> Raw:
+    return builders.disruption_budget(name, namespace=namespace, match={"app": "db"} if match is None else match,
+                                      allowed=allowed)
+
+
+DB = {"app": "db"}
+
+
+@pytest.mark.parametrize(
+    ("budgets", "expected", "about", "reason"),
+    [
+        # Why: the PDB'd pod on n1 was chosen every cycle (n1 sorts first) and refused; n2's was never tried.
+        pytest.param([pdb(allowed=0)], {("team-c/b", WANT)}, "team-a/a",
+                     "idle but spared: PodDisruptionBudget team-a/db allows 0 disruption(s); evicting team-a/a needs 1",
+                     id="why-budget-at-zero-the-equally-idle-neighbour-is-tried"),
+        pytest.param([pdb(allowed=1)], {("team-a/a", WANT)}, "team-a/a", "reclaimed for team-b/want",
+                     id="boundary-budget-allows-one"),
+        pytest.param([pdb({"app": "web"}, allowed=0)], {("team-a/a", WANT)}, "team-a/a", "reclaimed for team-b/want",
+                     id="budget-selecting-other-pods"),
+        pytest.param([pdb(allowed=0, namespace="team-c")], {("team-a/a", WANT)}, "team-a/a",
+                     "reclaimed for team-b/want", id="budget-in-another-namespace"),
+        pytest.param([pdb(allowed=None)], {("team-c/b", WANT)}, "team-a/a", "allows 0 disruption(s)",
+                     id="budget-without-status-allows-none"),
+        pytest.param([pdb({}, allowed=0)], {("team-c/b", WANT)}, "team-a/a", "allows 0 disruption(s)",
+                     id="empty-selector-selects-the-whole-namespace"),
+        pytest.param([pdb(allowed=5), pdb({}, allowed=5, name="all")], {("team-c/b", WANT)}, "team-a/a",
+                     "team-a/a is selected by 2 PodDisruptionBudgets (team-a/all, team-a/db): the Eviction API "
+                     "refuses it", id="two-budgets-on-one-pod-never-evicted"),
+    ],
+)
+def test_a_budget_that_allows_no_disruption_makes_no_victim(budgets: list[Raw], expected: set[tuple[str, str]],
+                                                            about: str, reason: str) -> None:
+    pods = [running("a", node="n1", labels=DB), running("b", node="n2", namespace="team-c"), want()]
+    plan = run(TWO, pods, idle("team-a/a", "team-c/b"), budgets=budgets)
+    assert evicted(plan) == expected
+    assert reason in reason_of(plan, about)
+
+
+def test_a_null_selector_selects_no_pod() -> None:
+    null = pdb(allowed=0)
+    null["spec"]["selector"] = None
+    plan = run(TWO, [running("a", node="n1", labels=DB), running("b", node="n2"), want()],
+               idle("team-a/a", "team-a/b"), budgets=[null])
+    assert evicted(plan) == {("team-a/a", WANT)}
+
+
+TWO_ON_ONE = [builders.gpu_node("n1", gpus=2)]
+
+
+@pytest.mark.parametrize(
+    ("allowed", "labelled", "served", "reason"),
+    [
+        pytest.param(2, ("a", "b"), True, "2 idle pod(s) evicted on n1", id="budget-allows-every-victim"),
+        # Why: the second victim was evicted though the first was refused. Now the demand takes none.
+        pytest.param(1, ("a", "b"), False, "PodDisruptionBudget team-a/db allows 1 disruption(s); evicting "
+                     "team-a/a, team-a/b needs 2", id="why-budget-allows-one-of-two-victims-none-is-planned"),
+        pytest.param(1, ("a",), True, "2 idle pod(s) evicted on n1", id="boundary-one-victim-under-a-budget-of-one"),
+    ],
+)
+def test_a_demands_victims_are_planned_all_or_none(allowed: int, labelled: tuple[str, ...], served: bool,
+                                                   reason: str) -> None:
+    pods = [running(n, node="n1", labels=DB if n in labelled else None) for n in ("a", "b")]
+    plan = run(TWO_ON_ONE, [*pods, pending("want", gpus=2)], idle("team-a/a", "team-a/b"),
+               budgets=[pdb(allowed=allowed)])
+    assert evicted(plan) == ({("team-a/a", WANT), ("team-a/b", WANT)} if served else set())
+    assert reason in outcome(plan)
+
+
+def test_a_budget_is_shared_by_the_demands_of_one_plan() -> None:
+    """One disruption allowed: the first demand takes it, the second is told so (not planned to be refused)."""
+    nodes = [builders.gpu_node("n1", gpus=1), builders.gpu_node("n2", gpus=1)]
+    pods = [running("a", node="n1", labels=DB), running("b", node="n2", labels=DB),
+            want(name="w1", priority=9000), want(name="w2", priority=8000)]
+    plan = run(nodes, pods, idle("team-a/a", "team-a/b"), budgets=[pdb(allowed=1)])
+    assert evicted(plan) == {("team-a/a", "team-b/w1")}
+    assert outcome(plan, "team-b/w2") == (
+        "no node can hold it: team-b/w2: n2: needs 1 GPU, more than is free even after evicting every eligible "
+        "idle pod (PodDisruptionBudget team-a/db allows 1 disruption(s), 1 taken earlier in this plan; evicting "
+        "team-a/b needs 1)")
+
+
+def test_a_pod_refused_earlier_this_cycle_is_no_victim_and_the_next_candidate_is() -> None:
+    plan = run(TWO, [running("a", node="n1"), running("b", node="n2"), want()], idle("team-a/a", "team-a/b"),
+               refused={"team-a/a": "a PodDisruptionBudget blocks the eviction"})
+    assert evicted(plan) == {("team-a/b", WANT)}
+    assert reason_of(plan, "team-a/a") == ("eviction refused earlier this cycle: a PodDisruptionBudget blocks the "
+                                           "eviction")
+
+
+@pytest.mark.parametrize(
+    ("selector", "labels", "selected"),
+    [
+        pytest.param({}, {}, True, id="empty-selects-all"),
+        pytest.param({"matchLabels": {"app": "db"}}, {"app": "db", "x": "1"}, True, id="labels-match"),
+        pytest.param({"matchLabels": {"app": "db"}}, {"app": "web"}, False, id="labels-differ"),
+        pytest.param({"matchExpressions": [{"key": "app", "operator": "In", "values": ["db", "x"]}]},
+                     {"app": "db"}, True, id="in"),
+        pytest.param({"matchExpressions": [{"key": "app", "operator": "In", "values": ["x"]}]},
+                     {"app": "db"}, False, id="not-in-the-values"),
+        pytest.param({"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["db"]}]},
+                     {}, True, id="notin-absent-label"),
+        pytest.param({"matchExpressions": [{"key": "app", "operator": "Exists"}]}, {"app": ""}, True,
+                     id="exists-empty-value"),
+        pytest.param({"matchExpressions": [{"key": "app", "operator": "DoesNotExist"}]}, {"app": "db"}, False,
+                     id="does-not-exist"),
+        pytest.param({"matchLabels": {"app": "db"}, "matchExpressions": [
+            {"key": "tier", "operator": "Exists"}]}, {"app": "db"}, False, id="both-anded"),
+        pytest.param({"matchExpressions": [{"key": "app", "operator": "Near"}]}, {}, True,
+                     id="unreadable-selects-so-it-protects"),
+    ],
+)
+def test_budget_selectors(selector: dict[str, Any], labels: dict[str, str], selected: bool) -> None:
+    assert snapshot.selector_matches(selector, labels) is selected
