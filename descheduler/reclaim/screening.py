@@ -47,7 +47,8 @@ def screen(
     if since is None or now - since <= needed:
         age = "unknown" if since is None else f"{now - since:.0f}s"
         return f"scheduled {age} ago, needs more than {needed}s (toleration and idle window)"
-    for key, what in ((cooldowns.workload_key(pod), "workload"), (cooldowns.node_key(pod.node_name or ""), "node")):
+    for key, what in ((cooldowns.victim_key(pod.key), "refused-eviction"), (cooldowns.workload_key(pod), "workload"),
+                      (cooldowns.node_key(pod.node_name or ""), "node")):
         until = state.active(key, now=now)
         if until is not None:
             return f"{what} cooldown for {until - now:.0f}s more"
