@@ -41,6 +41,8 @@ class Allowance:
         return refused or self.disruption_refused(units)
 
     def disruption_refused(self, units: Sequence[gang_units.Unit]) -> str | None:
+        if not self._by_namespace:
+            return None  # no budget in the cluster: nothing to look up for each of many units
         wanted: dict[str, set[str]] = collections.defaultdict(set)
         found: dict[str, snapshot.DisruptionBudget] = {}
         for pod in (p for u in units for p in u.pods):

@@ -80,14 +80,15 @@ def build(
     members without GPUs is protected; those go with their gang (a gang holding no GPU is no unit)."""
     singles: list[Unit] = []
     gang_members: dict[str, list[snapshot.Pod]] = collections.defaultdict(list)
-    for pod in sorted(cluster.pods.values(), key=lambda p: p.key):
+    for pod in cluster.pods.values():
         gang = _reclaimed_with(pod, cluster=cluster, config=config, pod_groups=pod_groups) if pod.bound else None
         if gang is not None:
             gang_members[gang].append(pod)
         elif pod.key in candidates:
             singles.append(Unit(pod.key, (candidates[pod.key],)))
     units = singles
-    for gang_key, members in gang_members.items():
+    for gang_key, unsorted in gang_members.items():
+        members = sorted(unsorted, key=lambda p: p.key)
         blockers = [(p.key, why) for p in members
                     if (why := _blocks(p, candidates=candidates, spared=spared, cluster=cluster, config=config))]
         if blockers:

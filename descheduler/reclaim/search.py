@@ -179,8 +179,8 @@ def _screen(
     idle_here = [u for u in index.by_node.get(name, ()) if u.key not in taken]
     present = [u for u in idle_here if _helps(u, name, request)]
     allowed = [u for u in present if priority >= u.minimum_preemptable]
+    room = index.fresh(name) if state is None else _room(node, index.cluster, state)  # read, never changed
     state = state or NodeState()
-    room = _room(node, index.cluster, state)
     free = {"": room.free_gpus, **{p: room.free.get(gpu.MIG_PREFIX + p, 0) for p in request.mig}}
     found = _option(node, member, allowed, free, index.cluster, state)
     if found is None and idle_here:
@@ -206,6 +206,14 @@ class Index:
         self._floors = sorted({u.minimum_preemptable for units in by_node.values() for u in units})
         self._fits: dict[tuple[Any, ...], list[str]] = {}
         self._untouched: dict[tuple[Any, ...], list[Option]] = {}
+        self._rooms: dict[str, capacity.Room] = {}
+
+    def fresh(self, name: str) -> capacity.Room:
+        """The node's room as the snapshot has it (shared: read it, never take from it)."""
+        room = self._rooms.get(name)
+        if room is None:
+            room = self._rooms[name] = capacity.Room.of(self.cluster.nodes[name])
+        return room
 
     def nodes_for(self, member: pending.Member) -> list[str]:
         """Nodes the capacity model does not rule out for the member however empty (`capacity.never`: the
