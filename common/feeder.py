@@ -64,6 +64,8 @@ KINDS = (
     Kind("priorityclasses", "/apis/scheduling.k8s.io/v1/priorityclasses"),
     Kind("namespaces", "/api/v1/namespaces"),
     Kind("podgroups", "/apis/scheduling.k8s.io/v1beta1/podgroups", optional=True),
+    # What the Eviction API will refuse: reclaim plans within them (not granted, e.g. to the webhook: none).
+    Kind("poddisruptionbudgets", "/apis/policy/v1/poddisruptionbudgets", optional=True),
 )
 ABSENT_STATUSES = frozenset({403, 404})
 
@@ -440,6 +442,7 @@ class Feeder:
             priority_classes=stores["priorityclasses"],
             namespaces=stores["namespaces"],
             pod_groups=stores["podgroups"],
+            disruption_budgets=stores["poddisruptionbudgets"],
             occupancy=occupancy,
             names=self._config.names,
             taken_at=taken_at,

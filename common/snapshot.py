@@ -216,6 +216,8 @@ class Snapshot:
     parsed: Mapping[str, tuple[Mapping[str, Any], Pod | _Held]] = dataclasses.field(
         default_factory=dict, compare=False, repr=False
     )
+    # PodDisruptionBudgets (policy/v1) by "namespace/name": what the Eviction API will refuse (`DisruptionBudget`).
+    disruption_budgets: Mapping[str, DisruptionBudget] = dataclasses.field(default_factory=dict)
 
     @functools.cached_property
     def nodes_by_gpu_state(self) -> Mapping[tuple[Any, ...], tuple[Node, ...]]:
@@ -316,6 +318,7 @@ def build(
     taken_at: float | None,
     previous: Snapshot | None = None,
     pod_groups: Iterable[Mapping[str, Any]] = (),
+    disruption_budgets: Iterable[Mapping[str, Any]] = (),
 ) -> Snapshot:
     """`previous`: the last snapshot built from the same stores; unchanged objects are reused."""
     nodes, namespaces = list(nodes), list(namespaces)  # each read twice below
@@ -412,6 +415,7 @@ def build(
         pod_groups={group.key: group for group in map(gangs.pod_group, pod_groups)},
         problems=tuple(problems),
         parsed=parsed,
+        disruption_budgets={b.key: b for b in map(disruption_budget, disruption_budgets)},
     )
     # Derived views are computed here, where the shell builds (off the request path), not on first use.
     _ = built.nodes_by_gpu_state
@@ -471,19 +475,19 @@ def _assign_indices(
     return {k: tuple(sorted(v)) for k, v in indices.items()}, used, seen
 
 
-LIST_KINDS = ("List", "NodeList", "PodList", "PriorityClassList", "NamespaceList")
+LIST_KINDS = ("List", "NodeList", "PodList", "PriorityClassList", "NamespaceList", "PodDisruptionBudgetList")
 
 
 def from_list(document: Mapping[str, Any], *, names: settings.Names, taken_at: float | None) -> Snapshot:
     """Build from a Kubernetes `List` (kubectl get ... -o json) of nodes, pods, priorityclasses, namespaces
-    (and podgroups, if listed)."""
+    (and podgroups and poddisruptionbudgets, if listed)."""
     if document.get("kind") not in LIST_KINDS:
         raise ValueError(f"top-level kind is {document.get('kind')!r}; expected one of {', '.join(LIST_KINDS)}")
     items = document.get("items") or []
     if not isinstance(items, list):
         raise ValueError(f"items is a {type(items).__name__}; expected a list of objects")
     buckets: dict[str, list[Mapping[str, Any]]] = {
-        "Node": [], "Pod": [], "PriorityClass": [], "Namespace": [], "PodGroup": []}
+        "Node": [], "Pod": [], "PriorityClass": [], "Namespace": [], "PodGroup": [], "PodDisruptionBudget": []}
     list_kind = str(document.get("kind"))
     for index, item in enumerate(items):
         if not isinstance(item, dict):
@@ -497,6 +501,79 @@ def from_list(document: Mapping[str, Any], *, names: settings.Names, taken_at: f
         priority_classes=buckets["PriorityClass"],
         namespaces=buckets["Namespace"],
         pod_groups=buckets["PodGroup"],
+        disruption_budgets=buckets["PodDisruptionBudget"],
         names=names,
         taken_at=taken_at,
     )
+
+
+# --- PodDisruptionBudgets -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DisruptionBudget:
+    """A policy/v1 PodDisruptionBudget as the Eviction API judges it: an eviction of a pod it selects is refused
+    (HTTP 429) unless `status.disruptionsAllowed` > 0, and each accepted eviction takes one from it."""
+
+    namespace: str
+    name: str
+    selector: Mapping[str, Any] | None  # spec.selector; None selects no pod, {} every pod of the namespace
+    disruptions_allowed: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def selects(self, pod: Pod) -> bool:
+        """A selector we cannot read selects the pod: a budget we misread must protect, never expose."""
+        if pod.namespace != self.namespace or self.selector is None:
+            return False
+        return selector_matches(self.selector, pod.labels)
+
+
+def disruption_budget(raw: Mapping[str, Any]) -> DisruptionBudget:
+    meta, spec, status = raw.get("metadata") or {}, raw.get("spec") or {}, raw.get("status") or {}
+    selector = spec.get("selector")
+    allowed = status.get("disruptionsAllowed")
+    return DisruptionBudget(
+        namespace=meta.get("namespace") or "default",
+        name=meta.get("name") or "",
+        selector=selector if isinstance(selector, Mapping) else None,
+        # No status yet (the disruption controller has not computed it): the API server refuses, so do we.
+        disruptions_allowed=allowed if isinstance(allowed, int) else 0,
+    )
+
+
+def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """metav1.LabelSelector: matchLabels and matchExpressions ANDed; an empty selector matches everything. A
+    malformed selector matches (see `DisruptionBudget.selects`)."""
+    match_labels = selector.get("matchLabels") or {}
+    expressions = selector.get("matchExpressions") or []
+    if not isinstance(match_labels, Mapping) or not isinstance(expressions, list):
+        return True
+    if any(labels.get(k) != v for k, v in match_labels.items()):
+        return False
+    for expression in expressions:
+        if not isinstance(expression, Mapping):
+            return True
+        key, operator, values = expression.get("key"), expression.get("operator"), expression.get("values") or []
+        if not isinstance(key, str):
+            return True
+        if operator == "In":
+            met = labels.get(key) in values
+        elif operator == "NotIn":
+            met = labels.get(key) not in values
+        elif operator == "Exists":
+            met = key in labels
+        elif operator == "DoesNotExist":
+            met = key not in labels
+        else:
+            return True
+        if not met:
+            return False
+    return True
+
+
+def parse_pod(raw: Mapping[str, Any]) -> Pod:
+    """One pod object as the snapshot reads it (no GPU indices): for checks on a pod read live."""
+    return _pod(raw)

@@ -3,7 +3,9 @@
 Where: one `coordination.k8s.io/v1` Lease, `descheduler.reclaim.cooldown_lease_name` in
 `descheduler.leader_election.lease_namespace`, annotation `<prefix>reclaim-cooldown-until` holding a
 JSON object `{"<scope>:<id>": <unix seconds until>}` with scopes `preemptor` (pod or gang key),
-`node` (node name) and `workload` (`namespace/Kind/name` of the victim's controller). One object
+`node` (node name), `workload` (`namespace/Kind/name` of the victim's controller) and `victim` (the key of a
+pod whose eviction a PodDisruptionBudget refused: not picked again while its budget stands, for as long as a
+preemptor cools down, so that its idle neighbours are tried instead). One object
 (instead of annotating pods, nodes and every workload kind) needs RBAC on Leases only — which leader
 election needs anyway — and one write per cycle. Expired entries are dropped on every write.
 
@@ -26,6 +28,10 @@ def preemptor_key(demand: str) -> str:
 
 def node_key(node: str) -> str:
     return f"node:{node}"
+
+
+def victim_key(pod: str) -> str:
+    return f"victim:{pod}"
 
 
 def workload_key(pod: snapshot.Pod) -> str | None:
@@ -77,13 +83,16 @@ def record(
     workloads: Iterable[str],
     config: settings.Cooldowns,
     now: float,
+    refused: Iterable[str] = (),
 ) -> State:
-    """Start the cooldowns caused by evictions made at `now`."""
+    """Start the cooldowns caused by evictions made (or, for `refused` pods, refused by a PodDisruptionBudget)
+    at `now`."""
     fresh: dict[str, float] = {}
     for keys, seconds in (
         ((preemptor_key(p) for p in preemptors), config.preemptor_seconds),
         ((node_key(n) for n in nodes), config.node_seconds),
         (workloads, config.workload_seconds),
+        ((victim_key(p) for p in refused), config.preemptor_seconds),
     ):
         for key in keys:
             if seconds > 0:

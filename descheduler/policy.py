@@ -2,8 +2,10 @@
 
 Prefix `reclaim-idle-resource.scheduling.x-k8s.io/`; both name sets are accepted:
 - `minimum-preemptable-priority`: a pending pod needs at least this priority to take the GPUs of an
-  idle pod of this class. Default: the class value + 1. It may be *lower* than the class value —
-  idleness, not rank, decides.
+  idle pod of this class. Default: the idle pod's own `spec.priority` + 1 (`ReclaimPolicy.minimum_for`),
+  not the class's current value: the value is copied into the pod at admission and a class re-created
+  with a lower value must not let a lower pod take a running one's GPUs. It may be *lower* than the class
+  value — idleness, not rank, decides.
 - `toleration-seconds`: how long after scheduling a pod is safe. Default 0; negative: never reclaimed.
 - `resource-idle-seconds` (alias `gpu-idle-seconds`): the idle window. No window: not reclaimable.
 - `resource-idle-usage-threshold` (alias `gpu-idle-usage-threshold`): utilisation in percent under
@@ -35,11 +37,17 @@ class ReclaimPolicy:
     class_value: int
     reclaimable: bool
     reason: str  # why (not) reclaimable, in words
-    minimum_preemptable_priority: int
+    minimum_preemptable_priority: int | None  # None: the victim's own priority + 1 (`minimum_for`)
     toleration_seconds: int = 0
     idle_seconds: int | None = None
     threshold_percent: float = 0.0
     problem: str | None = None  # an annotation that could not be parsed (report once)
+
+    def minimum_for(self, priority: int) -> int:
+        """The lowest preemptor priority that may take the GPUs of an idle pod of this class whose own
+        `spec.priority` is `priority`."""
+        explicit = self.minimum_preemptable_priority
+        return priority + 1 if explicit is None else explicit
 
 
 class _Bad(ValueError):
@@ -65,7 +73,7 @@ def _first(annotations: Mapping[str, str], keys: tuple[str, ...]) -> str | None:
 def parse(pc: snapshot.PriorityClass, *, default_threshold_percent: float) -> ReclaimPolicy:
     annotations = pc.annotations
     base = ReclaimPolicy(
-        pc.name, pc.value, False, "", pc.value + 1, threshold_percent=default_threshold_percent
+        pc.name, pc.value, False, "", None, threshold_percent=default_threshold_percent
     )
     try:
         minimum = _integer(annotations, MIN_PRIORITY)
@@ -93,7 +101,7 @@ def parse(pc: snapshot.PriorityClass, *, default_threshold_percent: float) -> Re
         )
     policy = dataclasses.replace(
         base,
-        minimum_preemptable_priority=pc.value + 1 if minimum is None else minimum,
+        minimum_preemptable_priority=minimum,
         toleration_seconds=toleration or 0,
         idle_seconds=window,
         threshold_percent=threshold,
@@ -107,9 +115,13 @@ def parse(pc: snapshot.PriorityClass, *, default_threshold_percent: float) -> Re
         reclaimable=True,
         reason=(
             f"PriorityClass {pc.name}: idle below {threshold:g}% for {window}s, "
-            f"after {policy.toleration_seconds}s, for priority >= {policy.minimum_preemptable_priority}"
+            f"after {policy.toleration_seconds}s, for priority {_floor(policy.minimum_preemptable_priority)}"
         ),
     )
+
+
+def _floor(minimum: int | None) -> str:
+    return "above the pod's own" if minimum is None else f">= {minimum}"
 
 
 def parse_all(

@@ -6,6 +6,13 @@ snapshot + one PromQL query per distinct idle window + plan + act + record.
 - Cooldowns are read from (and, after real evictions, merged into) their Lease (`cooldowns`); with no
   API server (offline `--cluster`) or in dry-run they live in memory only.
 - Every outcome goes through `record_outcome()`: one log line, one metric, the Events.
+- Evictions as a transaction: the plan checked every victim's limits and PodDisruptionBudgets before the first
+  call, and the evictor stops a demand at its first victim not evicted. A victim refused anyway (the budget
+  changed, the pod opted out or changed since the snapshot) is left out and the cycle plans again, up to
+  `ROUNDS` plans, so that the next candidate is tried now, not next cycle; a victim a budget refused cools down
+  (`cooldowns`, scope `victim`). A demand whose later victim was refused after earlier ones were evicted is
+  served in part: said (a Warning Event on the demand, a log line) and counted (`..._partial_demands_total`);
+  its evicted victims stay its own (`leaving`), so the next plan takes only what it still lacks.
 - Cancellation (SIGTERM) between two evictions stops the cycle; the cooldowns of the evictions
   already made are still written (shielded), so bookkeeping matches what happened.
 """
@@ -23,12 +30,17 @@ import prometheus_client
 from kubernetes_asyncio import client
 
 from common import events, prometheus, settings, snapshot, source
-from descheduler import cooldown_store, cooldowns, evictor, policy, reclaim, utilisation
+from descheduler import cooldown_store, cooldowns, evictor, limits, policy, reclaim, utilisation
 
 logger = logging.getLogger(__name__)
 
 POLICY_INVALID = "ReclaimPolicyInvalid"
 WOULD_EVICT = "IdleGPUReclaimWouldEvict"  # dry-run: its own reason, so alerts on IdleGPUReclaimed stay quiet
+PARTIAL = "GPUReclaimPartial"
+ROUNDS = 3  # plans per cycle at most: the first, and again after refusals (each round tries new victims only)
+# Not evicted, and not for a reason the next plan would share: plan again without them.
+REFUSED = frozenset({evictor.Result.BLOCKED, evictor.Result.PROTECTED, evictor.Result.CHANGED,
+                     evictor.Result.FAILED, evictor.Result.BACKOFF})
 
 
 class Querier(Protocol):
@@ -52,6 +64,10 @@ class Metrics:
         self.prometheus_errors = prometheus_client.Counter(
             "gpu_steward_reclaim_prometheus_errors", "Failed utilisation queries (pods stay not idle).",
             registry=registry)
+        self.partial = prometheus_client.Counter(
+            "gpu_steward_reclaim_partial_demands",
+            "Demands whose victims were evicted only in part: a later victim was refused after earlier ones went.",
+            registry=registry)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +77,7 @@ class Cycle:
     queries: int
     prometheus_errors: tuple[str, ...]
     seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)  # duration of each phase
+    replans: tuple[reclaim.Plan, ...] = ()  # plans made again in this cycle after refusals (see ROUNDS)
 
 
 GangDemands = Callable[[snapshot.Snapshot, float], Sequence[reclaim.Demand]]
@@ -101,7 +118,7 @@ class ReclaimLoop:
         self._gang_demands = gang_demands
         self._cluster = cluster
         self._prometheus = prometheus
-        self._evictor = evictor.Evictor(evictions, config=config.descheduler.reclaim)
+        self._evictor = evictor.Evictor(evictions, config=config.descheduler.reclaim, names=config.names)
         self._api = api
         self._clock = clock
         self._metrics = Metrics(registry if registry is not None else prometheus_client.CollectorRegistry())
@@ -156,7 +173,7 @@ class ReclaimLoop:
         lap("screen")
         assessments, queries, errors = await self._measure(cluster, wanted, policies, now=now)
         lap("measure")
-        demands = reclaim.demands_from_snapshot(cluster)
+        demands = reclaim.demands_from_snapshot(cluster, names=self._config.names)
         if self._gang_demands is not None:
             demands += self._gang_demands(cluster, now)
         lap("demands")
@@ -175,14 +192,23 @@ class ReclaimLoop:
             logger.warning("reclaim: Prometheus failed (%s); pods measured by it are not idle, so not evicted",
                            "; ".join(errors))
         outcomes: list[evictor.Outcome] = []  # filled as evictions happen, read even after a cancellation
+        leaving = {k: demand for k, (demand, _) in self._leaving.items()}
+
+        def replan(refused: Mapping[str, str], done: Sequence[reclaim.Eviction]) -> reclaim.Plan:
+            return reclaim.plan(cluster=cluster, policies=policies, assessments=assessments, demands=demands,
+                                state=state, config=self._config, now=now, screened=screened,
+                                leaving={**leaving, **{e.pod: e.preemptor for e in done}}, refused=refused,
+                                spent=[(e.unit, e.namespace, e.node) for e in done])
+
+        replans: list[reclaim.Plan] = []
         try:
-            await self._act(plan, outcomes, now=now)
+            await self._act(plan, outcomes, now=now, replan=replan, replans=replans)
         finally:
             await asyncio.shield(self._remember(outcomes, state, now=now))
             lap("act")
             self._metrics.cycle.observe(time.monotonic() - started)
         logger.debug("reclaim cycle phases (s): %s", {k: round(v, 3) for k, v in seconds.items()})
-        return Cycle(plan, tuple(outcomes), queries, tuple(errors), seconds)
+        return Cycle(plan, tuple(outcomes), queries, tuple(errors), seconds, tuple(replans))
 
     async def _measure(
         self,
@@ -220,15 +246,44 @@ class ReclaimLoop:
                                                       threshold_percent=thresholds[key], config=self._config, now=now)
         return assessments, queries, errors
 
-    async def _act(self, plan: reclaim.Plan, outcomes: list[evictor.Outcome], *, now: float) -> None:
+    async def _act(
+        self,
+        plan: reclaim.Plan,
+        outcomes: list[evictor.Outcome],
+        *,
+        now: float,
+        replan: Callable[[Mapping[str, str], Sequence[reclaim.Eviction]], reclaim.Plan],
+        replans: list[reclaim.Plan],
+    ) -> None:
+        """Evict the plan; after refusals plan again without the refused victims (and with what went as gone)
+        and evict the new victims only, `ROUNDS` plans at most, under one limits budget."""
         async def record(outcome: evictor.Outcome) -> None:
             outcomes.append(outcome)
             await self.record_outcome(outcome)
 
-        await self._evictor.evict_plan(plan.evictions, now=now, record=record)
-        for demand in plan.demands:
-            if demand.served:
-                await self._triggered(demand, outcomes)
+        budget = limits.Budget(self._config.descheduler.reclaim.limits)
+        await self._evictor.evict_plan(plan.evictions, now=now, record=record, budget=budget)
+        served = {d.demand: d for d in plan.demands if d.served}
+        for _ in range(ROUNDS - 1):
+            refused = {o.eviction.pod: o.detail for o in outcomes if o.result in REFUSED}
+            if not refused:
+                break
+            done = [o.eviction for o in outcomes if o.result in evictor.SUCCESS or o.result is evictor.Result.GONE]
+            again = replan(refused, done)
+            tried = {o.eviction.pod for o in outcomes}
+            fresh = [e for e in again.evictions if e.pod not in tried]
+            if not fresh:
+                break
+            replans.append(again)
+            served.update({d.demand: d for d in again.demands if d.served})
+            logger.info("reclaim: %d victim(s) refused (%s); planned again: %d new eviction(s)", len(refused),
+                        ", ".join(sorted(refused)), len(fresh))
+            await self._evictor.evict_plan(fresh, now=now, record=record, budget=budget)
+        for demand in served.values():
+            await self._triggered(demand, outcomes)
+        for outcome in outcomes:
+            if outcome.partial:
+                await self._partial(outcome, served)
 
     async def record_outcome(self, outcome: evictor.Outcome) -> None:
         """The one place an eviction outcome is told: log line + metric + Event."""
@@ -247,6 +302,16 @@ class ReclaimLoop:
         event = table.get(outcome.result)
         if event is not None:
             await self._event(events.ObjectRef.pod(eviction.pod, uid=eviction.uid), *event)
+
+    async def _partial(self, outcome: evictor.Outcome, served: Mapping[str, reclaim.DemandOutcome]) -> None:
+        """A demand served in part: said on its pods, counted; what went stays its own (`_leaving`)."""
+        self._metrics.partial.inc()
+        demand = outcome.eviction.preemptor or ""
+        message = f"Served in part: {outcome.eviction.pod} not evicted ({outcome.detail})"
+        logger.warning("reclaim demand %s: %s", demand, message)
+        found = served.get(demand)
+        for member in found.members if found else ():
+            await self._event(events.ObjectRef.pod(member), "Warning", PARTIAL, message)
 
     async def _triggered(self, demand: reclaim.DemandOutcome, outcomes: Sequence[evictor.Outcome]) -> None:
         done = [o.eviction.pod for o in outcomes
@@ -276,7 +341,8 @@ class ReclaimLoop:
 
     async def _remember(self, outcomes: Sequence[evictor.Outcome], state: cooldowns.State, *, now: float) -> None:
         done = [o.eviction for o in outcomes if o.result in evictor.SUCCESS]
-        if not done:
+        refused = sorted({o.eviction.pod for o in outcomes if o.result is evictor.Result.BLOCKED})
+        if not done and not refused:
             return
         remember = now + self._config.descheduler.reclaim.cooldowns.preemptor_seconds
         self._leaving.update({e.pod: (e.preemptor, remember) for e in done})
@@ -287,6 +353,7 @@ class ReclaimLoop:
             workloads=sorted({e.workload for e in done if e.workload}),
             config=self._config.descheduler.reclaim.cooldowns,
             now=now,
+            refused=refused,
         )
         if not self._persist or self._api is None:
             self._memory = state.merged(fresh, now=now)

@@ -249,7 +249,9 @@ async def _work(
 ) -> reclaim_loop.Cycle | None:
     dry_run = config.descheduler.reclaim.dry_run
     client: evictor.EvictionClient = (
-        evictor.DryRunClient() if dry_run or api is None
+        # A dry-run on the live cluster reads victims live as the real evictor does; on a file, nothing is live.
+        evictor.DryRunClient(None if isinstance(cluster, source.StaticSource) else api,
+                             timeout_seconds=config.kubernetes.request_timeout_seconds) if dry_run or api is None
         else evictor.ApiEvictionClient(api, timeout_seconds=config.kubernetes.request_timeout_seconds)
     )
     if isinstance(cluster, source.StaticSource):

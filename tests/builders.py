@@ -115,3 +115,19 @@ def both(*mutators: Mutator) -> Mutator:
             m(obj)
 
     return mutate
+
+
+def disruption_budget(name: str, *, namespace: str, match: dict[str, str] | None, allowed: int | None,
+                      mutate: Mutator | None = None) -> dict[str, Any]:
+    """A policy/v1 PodDisruptionBudget selecting `match` labels (None: a null selector); `allowed`: its
+    status.disruptionsAllowed (None: no status yet)."""
+    body: dict[str, Any] = {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"selector": None if match is None else {"matchLabels": match}, "maxUnavailable": 1},
+    }
+    if allowed is not None:
+        body["status"] = {"disruptionsAllowed": allowed}
+    if mutate:
+        mutate(body)
+    return body

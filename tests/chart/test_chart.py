@@ -255,7 +255,8 @@ def check_defaults(objects: Objects) -> None:
     assert _rules(objects, "ClusterRole", f"{PREFIX}-descheduler") == [
         (("",), ("nodes", "namespaces"), READ), (("",), ("pods",), (*READ, "patch", "create", "delete")),
         (("scheduling.k8s.io",), ("priorityclasses", "podgroups"), READ), (("",), ("pods/eviction",), ("create",)),
-        (("batch",), ("jobs",), ("get",)), (("",), ("events",), ("create", "get", "patch"))]
+        (("",), ("pods",), ("get",)), (("policy",), ("poddisruptionbudgets",), READ), (("batch",), ("jobs",), ("get",)),
+        (("",), ("events",), ("create", "get", "patch"))]
     assert _rules(objects, "ClusterRole", f"{PREFIX}-release-gates") == [(("",), ("pods",), ("get", "list", "patch"))]
     # Uninstall: a pre-delete hook with objects of its own, deleted when it succeeded.
     job = _one(objects, "Job", f"{PREFIX}-release-gates")

@@ -1,5 +1,6 @@
 """Evictions, Events, cooldowns and the leader Lease against a fake API server (aiohttp) that answers
-with the real status codes: 201 evicted, 429 PDB, 404 gone, 409 conflict / UID precondition, 500."""
+with the real status codes: 201 evicted, 429 PDB, 404 gone, 409 conflict / UID precondition, 500; pods are read
+live before their eviction (GET), as the API server has them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
+import prometheus_client
 import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
@@ -27,11 +29,14 @@ class FakeApi:
     events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     leases: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     version: int = 0
+    pods: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # name -> live pod (default: `live`)
+    reads: list[str] = dataclasses.field(default_factory=list)
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/apis/policy", self.discovery)
         app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/eviction", self.evict)
+        app.router.add_get("/api/v1/namespaces/{namespace}/pods/{name}", self.get_pod)
         app.router.add_post("/api/v1/namespaces/{namespace}/events", self.event)
         app.router.add_get(LEASES + "/{name}", self.get_lease)
         app.router.add_post(LEASES, self.create_lease)
@@ -46,6 +51,14 @@ class FakeApi:
     async def discovery(self, request: web.Request) -> web.Response:
         return web.json_response({"kind": "APIGroup", "name": "policy", "versions": [
             {"groupVersion": f"policy/{v}", "version": v} for v in self.policy_versions]})
+
+    async def get_pod(self, request: web.Request) -> web.Response:
+        name, namespace = request.match_info["name"], request.match_info["namespace"]
+        self.reads.append(name)
+        pod = self.pods.get(name, live(name, namespace=namespace))
+        if pod.get("gone"):
+            return self.status(404, "NotFound", f'pods "{name}" not found')
+        return web.json_response(pod)
 
     async def evict(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -96,6 +109,17 @@ class FakeApi:
         return web.json_response(self._store(body))
 
 
+def live(name: str, *, namespace: str = "team-a", annotations: dict[str, str] | None = None,
+         uid: str | None = None) -> dict[str, Any]:
+    """The pod as the API server has it: running, owned by a Job, resourceVersion 7."""
+    def mutate(body: dict[str, Any]) -> None:
+        body["metadata"].update(resourceVersion="7", uid=uid or f"uid-{name}",
+                                ownerReferences=[{"kind": "Job", "name": name, "controller": True}])
+
+    return builders.pod(name, namespace=namespace, gpus=1, node="n1", phase="Running", annotations=annotations,
+                        mutate=mutate)
+
+
 @pytest.fixture
 async def fake() -> AsyncIterator[tuple[FakeApi, client.ApiClient]]:
     api = FakeApi()
@@ -113,10 +137,11 @@ async def fake() -> AsyncIterator[tuple[FakeApi, client.ApiClient]]:
         await runner.cleanup()
 
 
-def eviction(name: str, *, node: str = "n1", unit: str | None = None, namespace: str = "team-a") -> reclaim.Eviction:
+def eviction(name: str, *, node: str = "n1", unit: str | None = None, namespace: str = "team-a",
+             preemptor: str = "team-b/want") -> reclaim.Eviction:
     return reclaim.Eviction(
         pod=f"{namespace}/{name}", uid=f"uid-{name}", node=node, unit=unit or f"{namespace}/{name}",
-        preemptor="team-b/want", preemptor_priority=10000, utilization=2.1, threshold=10.0, window_seconds=3600,
+        preemptor=preemptor, preemptor_priority=10000, utilization=2.1, threshold=10.0, window_seconds=3600,
         workload=None, reason="GPU utilisation 2.1% < 10% over 3600s; reclaimed for team-b/want (priority 10000)",
     )
 
@@ -130,7 +155,8 @@ CONFIG = settings.load()
         pytest.param(201, evictor.Result.EVICTED, "reclaimed for team-b/want", id="201-evicted"),
         pytest.param(429, evictor.Result.BLOCKED, "a PodDisruptionBudget blocks the eviction", id="429-pdb"),
         pytest.param(404, evictor.Result.GONE, "already gone", id="404-gone"),
-        pytest.param(409, evictor.Result.GONE, "the pod was replaced (UID precondition failed)", id="409-uid"),
+        pytest.param(409, evictor.Result.CHANGED, "the pod changed or was replaced since it was read (precondition "
+                     "failed)", id="409-precondition"),
         pytest.param(500, evictor.Result.FAILED, "retried after 60s", id="500-failed"),
     ],
 )
@@ -146,8 +172,10 @@ async def test_status_codes(
     assert detail in outcome.detail
     assert api.evictions == [{
         "path": "/api/v1/namespaces/team-a/pods/p/eviction", "apiVersion": "policy/v1", "kind": "Eviction",
-        "metadata": {"name": "p", "namespace": "team-a"}, "deleteOptions": {"preconditions": {"uid": "uid-p"}},
+        "metadata": {"name": "p", "namespace": "team-a"},
+        "deleteOptions": {"preconditions": {"uid": "uid-p", "resourceVersion": "7"}},
     }]
+    assert api.reads == ["p"]
 
 
 async def test_failure_backs_off_before_calling_again(fake: tuple[FakeApi, client.ApiClient]) -> None:
@@ -181,8 +209,9 @@ async def test_limits_checked_before_any_call_and_gangs_stop_together(
     config = settings.load(overrides={"descheduler": {"reclaim": {"limits": {"per_node": 1}}}})
     the_evictor = evictor.Evictor(evictor.ApiEvictionClient(api_client, timeout_seconds=5),
                                   config=config.descheduler.reclaim)
-    plan = [eviction("a"), eviction("b"), eviction("g-0", node="n2", unit="gang:team-a/g"),
-            eviction("g-1", node="n3", unit="gang:team-a/g")]
+    plan = [eviction("a", preemptor="team-b/w1"), eviction("b", preemptor="team-b/w2"),
+            eviction("g-0", node="n2", unit="gang:team-a/g", preemptor="team-b/w3"),
+            eviction("g-1", node="n3", unit="gang:team-a/g", preemptor="team-b/w3")]
     outcomes = await the_evictor.evict_plan(plan, now=NOW)
     assert [(o.eviction.pod, o.result, o.detail) for o in outcomes][1:] == [
         ("team-a/b", evictor.Result.LIMITED, "per-node limit of 1 eviction decisions reached on n1"),
@@ -201,7 +230,7 @@ async def test_a_gang_is_one_decision_for_the_limits(fake: tuple[FakeApi, client
     the_evictor = evictor.Evictor(evictor.ApiEvictionClient(api_client, timeout_seconds=5),
                                   config=config.descheduler.reclaim)
     gang = [eviction(f"g-{i}", unit="gang:team-a/g") for i in range(4)]
-    outcomes = await the_evictor.evict_plan([*gang, eviction("a")], now=NOW)
+    outcomes = await the_evictor.evict_plan([*gang, eviction("a", preemptor="team-b/other")], now=NOW)
     assert [(o.eviction.pod, o.result) for o in outcomes] == [
         *((f"team-a/g-{i}", evictor.Result.EVICTED) for i in range(4)), ("team-a/a", evictor.Result.LIMITED)]
     assert outcomes[-1].detail == "per-cycle limit of 1 eviction decisions reached"
@@ -313,3 +342,173 @@ async def test_lease_leader_election(fake: tuple[FakeApi, client.ApiClient]) -> 
     assert api.leases["gpu-steward-descheduler"]["spec"]["holderIdentity"] == ""
     assert (await first.try_acquire())[0]
 
+
+
+# --- Evictions as a transaction, protections re-checked on the live pod (issue 21) --------------------------
+
+
+@pytest.mark.parametrize(
+    ("pod", "result", "detail", "called"),
+    [
+        # Why: the plan was made on a snapshot from before the pod opted out; it was evicted anyway.
+        pytest.param(live("p", annotations={"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}),
+                     evictor.Result.PROTECTED,
+                     'protected on the live pod: cluster-autoscaler.kubernetes.io/safe-to-evict: "false"', False,
+                     id="why-opted-out-since-the-snapshot"),
+        pytest.param(live("p", annotations={"gpu-steward.io/skip": "true"}), evictor.Result.PROTECTED,
+                     "protected on the live pod: opted out by gpu-steward.io/skip='true'", False,
+                     id="skip-annotation-since-the-snapshot"),
+        pytest.param(live("p", annotations={"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"}),
+                     evictor.Result.EVICTED, "reclaimed for team-b/want", True,
+                     id="boundary-safe-to-evict-true-may-go"),
+        pytest.param({**live("p"), "metadata": {**live("p")["metadata"], "deletionTimestamp": "2030-01-01T00:00:00Z"}},
+                     evictor.Result.PROTECTED, "protected on the live pod: already terminating", False,
+                     id="terminating-since-the-snapshot"),
+        pytest.param(live("p", uid="uid-new"), evictor.Result.GONE,
+                     "the pod was replaced (UID uid-new, judged uid-p)", False, id="replaced-under-the-same-name"),
+        pytest.param({"gone": True}, evictor.Result.GONE, "already gone", False, id="deleted-since-the-snapshot"),
+    ],
+)
+async def test_protections_are_checked_again_on_the_live_pod(
+    fake: tuple[FakeApi, client.ApiClient], pod: dict[str, Any], result: evictor.Result, detail: str, called: bool
+) -> None:
+    api, api_client = fake
+    api.pods["p"] = pod
+    the_evictor = evictor.Evictor(evictor.ApiEvictionClient(api_client, timeout_seconds=5),
+                                  config=CONFIG.descheduler.reclaim)
+    [outcome] = await the_evictor.evict_plan([eviction("p")], now=NOW)
+    assert (outcome.result, api.reads) == (result, ["p"])
+    assert detail in outcome.detail
+    assert len(api.evictions) == (1 if called else 0)
+
+
+@pytest.mark.parametrize(
+    ("statuses", "results", "calls", "partial"),
+    [
+        # Why: the second victim was evicted although the first was refused: a useless eviction.
+        pytest.param({"a": 429}, [evictor.Result.BLOCKED, evictor.Result.SKIPPED], ["a"], (),
+                     id="why-first-victim-refused-the-second-is-not-evicted"),
+        pytest.param({}, [evictor.Result.EVICTED, evictor.Result.EVICTED], ["a", "b"], (),
+                     id="every-victim-evicted"),
+        pytest.param({"b": 429}, [evictor.Result.EVICTED, evictor.Result.BLOCKED], ["a", "b"], ("team-a/a",),
+                     id="boundary-a-later-refusal-is-said"),
+        pytest.param({"a": 404}, [evictor.Result.GONE, evictor.Result.EVICTED], ["a", "b"], (),
+                     id="a-victim-already-gone-frees-its-gpus"),
+    ],
+)
+async def test_a_demands_victims_go_all_or_none(
+    fake: tuple[FakeApi, client.ApiClient], statuses: dict[str, int], results: list[evictor.Result],
+    calls: list[str], partial: tuple[str, ...]
+) -> None:
+    api, api_client = fake
+    api.eviction_status.update(statuses)
+    the_evictor = evictor.Evictor(evictor.ApiEvictionClient(api_client, timeout_seconds=5),
+                                  config=CONFIG.descheduler.reclaim)
+    outcomes = await the_evictor.evict_plan([eviction("a"), eviction("b", node="n2")], now=NOW)
+    assert [o.result for o in outcomes] == results
+    assert [e["metadata"]["name"] for e in api.evictions] == calls
+    assert outcomes[-1].partial == partial
+    if evictor.Result.SKIPPED in results:
+        assert outcomes[-1].detail == "victim team-a/a of the same demand team-b/want was not evicted"
+    if partial:
+        assert outcomes[-1].detail.endswith("1 victim(s) of team-b/want already evicted (team-a/a): it is served "
+                                            "in part")
+
+
+class IdlePods:
+    """DCGM as for `IdleFor`, for several idle pods of team-a on their nodes."""
+
+    def __init__(self, pods: dict[str, str]) -> None:
+        self._pods = pods  # name -> node
+
+    async def query(self, promql: str, *, time: float | None = None) -> list[dict[str, Any]]:
+        rows = []
+        for name, node in self._pods.items():
+            for row in await IdleFor().query(promql, time=time):
+                rows.append({**row, "metric": {**row["metric"], "gs_pod": name, "gs_host": node}})
+        return rows
+
+
+def _two_candidates(config: settings.Settings, *, gpus: int = 1, nodes: int = 2) -> source.StaticSource:
+    """Idle 1-GPU pods a and b (on n1 and n2, or both on n1 when `nodes` is 1) and a pending pod `want`."""
+    p = "reclaim-idle-resource.scheduling.x-k8s.io/"
+
+    def running(body: dict[str, Any]) -> None:
+        body["spec"].update(priorityClassName="batch", priority=1000)
+        body["metadata"]["ownerReferences"] = [{"kind": "Job", "name": body["metadata"]["name"], "controller": True}]
+
+    def unschedulable(body: dict[str, Any]) -> None:
+        body["spec"]["priority"] = 10000
+        body["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+
+    where = {"a": "n1", "b": "n2" if nodes == 2 else "n1"}
+    cluster = snapshot.build(
+        nodes=[builders.gpu_node(f"n{i + 1}", gpus=2 // nodes) for i in range(nodes)],
+        pods=[*(builders.pod(n, namespace="team-a", gpus=1, node=where[n], phase="Running", mutate=running,
+                             created="2020-01-01T00:00:00Z") for n in ("a", "b")),
+              builders.pod("want", namespace="team-b", gpus=gpus, mutate=unschedulable)],
+        priority_classes=[builders.priority_class("batch", 1000, annotations={f"{p}resource-idle-seconds": "3600"})],
+        names=config.names, taken_at=NOW,
+    )
+    return source.StaticSource(cluster)
+
+
+async def test_a_refused_victim_cools_down_and_the_next_candidate_is_tried_in_the_same_cycle(
+    fake: tuple[FakeApi, client.ApiClient],
+) -> None:
+    """Why: a victim a PodDisruptionBudget protects was picked every cycle; its equally idle neighbour never."""
+    api, api_client = fake
+    api.eviction_status["a"] = 429
+    api.pods["b"] = live("b")
+    config = settings.load()
+    clock = {"now": NOW}
+    loop = reclaim_loop.ReclaimLoop(
+        config=config, cluster=_two_candidates(config), prometheus=IdlePods({"a": "n1", "b": "n2"}),
+        evictions=evictor.ApiEvictionClient(api_client, timeout_seconds=5), api=api_client,
+        clock=lambda: clock["now"])
+    cycle = await loop.cycle()
+    assert [(o.eviction.pod, o.result) for o in cycle.outcomes] == [
+        ("team-a/a", evictor.Result.BLOCKED), ("team-a/b", evictor.Result.EVICTED)]
+    assert [e["metadata"]["name"] for e in api.evictions] == ["a", "b"]
+    assert [e.pod for p in cycle.replans for e in p.evictions] == ["team-a/b"]
+    assert {s.pod: s.reason for s in cycle.replans[0].spared}["team-a/a"].startswith(
+        "eviction refused earlier this cycle: a PodDisruptionBudget blocks the eviction")
+    stored = cooldowns.decode(api.leases["gpu-steward-reclaim-cooldowns"]["metadata"]["annotations"]
+                              [config.names.cooldown])[0]
+    assert stored.until["victim:team-a/a"] == NOW + 180
+    # The next cycle (a new leader reading the Lease) does not try the refused pod again.
+    clock["now"] = NOW + 60
+    again = reclaim_loop.ReclaimLoop(
+        config=config, cluster=_two_candidates(config), prometheus=IdlePods({"a": "n1", "b": "n2"}),
+        evictions=evictor.ApiEvictionClient(api_client, timeout_seconds=5), api=api_client,
+        clock=lambda: clock["now"])
+    second = await again.cycle()
+    assert {s.pod: s.reason for s in second.plan.spared}["team-a/a"] == "refused-eviction cooldown for 120s more"
+
+
+async def test_a_demand_served_in_part_is_said_counted_and_not_repeated(
+    fake: tuple[FakeApi, client.ApiClient],
+) -> None:
+    """Both victims on one node for a 2-GPU pod; the second is refused after the first went."""
+    api, api_client = fake
+    api.eviction_status["b"] = 429
+    registry = prometheus_client.CollectorRegistry()
+    config = settings.load()
+    loop = reclaim_loop.ReclaimLoop(
+        config=config, cluster=_two_candidates(config, gpus=2, nodes=1), prometheus=IdlePods({"a": "n1", "b": "n1"}),
+        evictions=evictor.ApiEvictionClient(api_client, timeout_seconds=5), api=api_client, clock=lambda: NOW,
+        registry=registry)
+    cycle = await loop.cycle()
+    assert [(o.eviction.pod, o.result, o.partial) for o in cycle.outcomes] == [
+        ("team-a/a", evictor.Result.EVICTED, ()), ("team-a/b", evictor.Result.BLOCKED, ("team-a/a",))]
+    assert cycle.replans == ()  # no other candidate: nothing more to try
+    assert registry.get_sample_value("gpu_steward_reclaim_partial_demands_total") == 1
+    warned = [e for e in api.events if e["reason"] == reclaim_loop.PARTIAL]
+    assert [(e["involvedObject"]["name"], e["type"]) for e in warned] == [("want", "Warning")]
+    assert warned[0]["message"].startswith("Served in part: team-a/b not evicted (a PodDisruptionBudget blocks")
+    # Not repeated: the next cycle keeps a for the demand and does not hit b again.
+    second = await loop.cycle()
+    assert second.outcomes == ()
+    assert {s.pod: s.reason for s in second.plan.spared} == {
+        "team-a/a": "already leaving: evicted for team-b/want",
+        "team-a/b": "refused-eviction cooldown for 180s more"}

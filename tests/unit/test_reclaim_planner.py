@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from common import fit, settings, snapshot, topology
+from common import capacity, settings, snapshot, topology
 from descheduler import cooldowns, limits, policy, reclaim, utilisation
+from descheduler.reclaim import search
 from tests import builders
 
 P = policy.PREFIX
@@ -26,6 +27,9 @@ CLASSES = [
         f"{P}gpu-idle-seconds": "3600", f"{P}gpu-idle-usage-threshold": "10",
         f"{P}minimum-preemptable-priority": "500"}),
     builders.priority_class("sticky", 1000),
+    # No minimum: the victim's own priority + 1. Its value now is lower than the pods admitted under it had.
+    builders.priority_class("recreated", 10, annotations={
+        f"{P}resource-idle-seconds": "3600", f"{P}resource-idle-usage-threshold": "10"}),
     builders.priority_class("system-node-critical", 2_000_001_000),
 ]
 Raw = dict[str, Any]
@@ -121,15 +125,18 @@ def run(
     leaving: Mapping[str, str | None] | None = None,
     pod_groups: Mapping[str, str] | None = None,
     groups: Sequence[Raw] = (),
+    budgets: Sequence[Raw] = (),
+    refused: Mapping[str, str] | None = None,
 ) -> reclaim.Plan:
-    """`groups`: native PodGroup objects in the snapshot; `pod_groups`: disruption modes given to the planner."""
+    """`groups`: native PodGroup objects in the snapshot; `pod_groups`: disruption modes given to the planner;
+    `budgets`: PodDisruptionBudget objects in the snapshot."""
     config = settings.load(overrides=overrides or {})
     cluster = snapshot.build(nodes=nodes, pods=pods, priority_classes=CLASSES, names=config.names, taken_at=NOW,
-                             pod_groups=groups)
+                             pod_groups=groups, disruption_budgets=budgets)
     policies = policy.parse_all(cluster.priority_classes, default_threshold_percent=5.0)
     wanted = demands(cluster) if demands else reclaim.demands_from_snapshot(cluster)
     return reclaim.plan(cluster=cluster, policies=policies, assessments=assessments, demands=wanted,
-                        state=state, config=config, now=NOW, leaving=leaving, pod_groups=pod_groups)
+                        state=state, config=config, now=NOW, leaving=leaving, pod_groups=pod_groups, refused=refused)
 
 
 def reason_of(result: reclaim.Plan, pod: str) -> str:
@@ -253,7 +260,7 @@ def test_protections(pod: Raw, node: list[Raw], reason: str) -> None:
         pytest.param(
             [mig_node("m1", profiles={"1g.10gb": 1})],
             [running("small", node="m1", gpus=0, mig={"1g.10gb": 1}), pending("want")],
-            idle("team-a/small"), set(), "m1: partitioned by MIG, a full-GPU pod needs a node without MIG",
+            idle("team-a/small"), set(), "m1: requests more than the node has: nvidia.com/gpu 1 > 0",
             id="full-gpu-preemptor-not-on-mig-node",
         ),
         pytest.param(
@@ -557,17 +564,22 @@ def reference_best_node(
     cluster, request = index.cluster, member.request
     best = None
     for name, node in sorted(cluster.nodes.items()):
-        if fit.why_not(member.spec, node) or (request.full and node.allocatable.mig):
+        if capacity.never(member.spec, member.requests, node) or (request.full and node.allocatable.mig):
             continue
         eligible = [
             u for u in index.by_node.get(name, ()) if u.key not in taken
             and any(p.request.full if request.full else set(p.request.mig) & set(request.mig) for p in u.on(name))
-            and demand.priority >= u.minimum_preemptable and budget.refuse(u.slots()) is None
+            and demand.priority >= u.minimum_preemptable and budget.refuse([u]) is None
         ]
-        choice = reclaim._minimal_set(node, member, eligible, cluster, trial.get(name) or reclaim._NodeState())
+        choice = search.minimal_set(node, member, eligible, cluster, trial.get(name) or search.NodeState())
         if not isinstance(choice, str) and (best is None or choice.cost() < best.cost()):
             best = choice
     return best or "no node fits"
+
+
+# Preemptor priorities: on each class floor (yielding 500, batch 5000, recreated: a victim's own priority + 1 with
+# victims at 5..100), one below and one above, so that `>=` against a floor is exercised both ways.
+PRIORITIES = [499, 500, 501, 600, 4000, 4999, 5000, 5001, 10000, 6, 11, 31, 101, 100]
 
 
 def random_cluster(
@@ -606,17 +618,19 @@ def random_cluster(
             gang_labels = gang(f"g{i % 3}") if rng.random() < 0.15 else None
             pods.append(running(
                 f"p{i}", node=name, gpus=size.get("", 0), mig={k: v for k, v in size.items() if k} or None,
-                cls=rng.choice(["batch", "yielding", "yielding", "sticky"]), priority=rng.choice([5, 10, 30, 100]),
+                cls=rng.choice(["batch", "yielding", "yielding", "sticky", "recreated"]),
+                priority=rng.choice([5, 10, 30, 100]),
                 namespace=rng.choice(["team-a", "team-c"]), created=f"2026-11-21T0{rng.randint(0, 9)}:00:00Z",
                 owner=("ReplicaSet", f"rs-{rng.randint(0, 3)}") if rng.random() < 0.5 else None, labels=gang_labels,
             ))
     assessments = idle(*(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods if rng.random() < 0.7))
     waiting = [
         pending(f"w{i}", gpus=0 if mig else rng.choice([1, 1, 2, 3, 4, 8]), mig={mig: 1} if mig else None,
-                priority=rng.choice([600, 4000, 10000]), preemption_policy="Never" if rng.random() < 0.1 else None)
+                priority=rng.choice(PRIORITIES), preemption_policy="Never" if rng.random() < 0.1 else None)
         for i in range(rng.randint(0, most_nodes)) for mig in [rng.choice([None, None, None, "1g.10gb", "3g.40gb"])]
     ]
-    gated = [pending(f"g{i}", gpus=rng.choice([1, 2]), priority=10000) for i in range(rng.choice([0, 0, 2, 3]))]
+    gated = [pending(f"g{i}", gpus=rng.choice([1, 2]), priority=rng.choice(PRIORITIES))
+             for i in range(rng.choice([0, 0, 2, 3]))]
     for pod in gated:
         pod["spec"]["schedulingGates"] = [{"name": "gpu-steward.io/gang"}]
     return nodes, pods + waiting + gated, assessments, gated
@@ -645,5 +659,5 @@ def test_fast_search_decides_as_the_plain_one(seed: int, most_nodes: int, monkey
         return result.evictions, spared, outcomes
 
     fast = decide()
-    monkeypatch.setattr(reclaim, "_best_node", reference_best_node)
+    monkeypatch.setattr(search, "best_node", reference_best_node)
     assert fast == decide()

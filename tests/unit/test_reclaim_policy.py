@@ -20,7 +20,7 @@ def parse(value: int, annotations: dict[str, str]) -> policy.ReclaimPolicy:
     [
         pytest.param(
             {f"{P}resource-idle-seconds": "3600", f"{P}resource-idle-usage-threshold": "10"},
-            True, 1001, 0, 3600, 10.0, "idle below 10% for 3600s, after 0s, for priority >= 1001",
+            True, 1001, 0, 3600, 10.0, "idle below 10% for 3600s, after 0s, for priority above the pod's own",
             id="resource-names-defaults",
         ),
         pytest.param(
@@ -85,11 +85,30 @@ def test_parse(
     reason: str,
 ) -> None:
     result = parse(1000, annotations)
-    assert (result.reclaimable, result.minimum_preemptable_priority, result.toleration_seconds) == (
+    assert (result.reclaimable, result.minimum_for(1000), result.toleration_seconds) == (
         reclaimable, minimum, toleration,
     )
     assert (result.idle_seconds, result.threshold_percent) == (window, threshold)
     assert reason in result.reason
+
+
+@pytest.mark.parametrize(
+    ("annotations", "pod_priority", "minimum"),
+    [
+        pytest.param({}, 10, 11, id="default-from-the-pod-equal-to-the-class"),
+        # The class was re-created with value 10 after the pod was admitted at 1000: the pod's own value counts.
+        pytest.param({}, 1000, 1001, id="class-re-created-lower-pod-keeps-its-own"),
+        pytest.param({}, 5, 6, id="class-re-created-higher-pod-keeps-its-own"),
+        pytest.param({f"{P}minimum-preemptable-priority": "500"}, 1000, 500, id="explicit-minimum-wins"),
+        pytest.param({f"{P}minimum-preemptable-priority": "1001"}, 1000, 1001, id="explicit-minimum-at-the-default"),
+    ],
+)
+def test_default_minimum_preemptable_comes_from_the_victims_own_priority(
+    annotations: dict[str, str], pod_priority: int, minimum: int
+) -> None:
+    found = parse(10, {f"{P}resource-idle-seconds": "60", **annotations})
+    assert found.minimum_for(pod_priority) == minimum
+    assert ("for priority above the pod's own" in found.reason) == (not annotations)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,29 @@
+"""Idle-GPU reclaim: a pure planner in one-job modules, and this package's public face.
+
+- `pending`: demands — pending pods, or whole gangs, that idle GPUs could let run;
+- `screening`: may a running GPU pod be reclaimed once idle (everything but its utilisation);
+- `gang_units`: victim units — an idle pod alone, or a gang reclaimed only as a whole;
+- `search`: for one member of a demand, the node with the cheapest minimal victim set;
+- `planner`: orchestration — screening, units, demands in order, limits — into a `Plan`.
+
+Callers use the names below; the modules' own names are for the package and its tests.
+"""
+
+from descheduler.reclaim import pending, planner, screening
+
+Member = pending.Member
+Demand = pending.Demand
+demands_from_snapshot = pending.demands_from_snapshot
+gang_demand = pending.gang_demand
+scheduled_at = screening.scheduled_at
+screen = screening.screen
+screen_all = screening.screen_all
+windows_needed = screening.windows_needed
+Eviction = planner.Eviction
+Spared = planner.Spared
+DemandOutcome = planner.DemandOutcome
+Plan = planner.Plan
+plan = planner.plan
+
+__all__ = ["Demand", "DemandOutcome", "Eviction", "Member", "Plan", "Spared", "demands_from_snapshot",
+           "gang_demand", "plan", "scheduled_at", "screen", "screen_all", "windows_needed"]
