@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from common import events, settings, snapshot, source
+from common import events, prometheus, settings, snapshot, source
 from descheduler import cooldowns, evictor, leader, reclaim, reclaim_loop
 from tests import builders
 
@@ -236,10 +236,12 @@ class IdleFor:
     """A Prometheus stand-in answering as DCGM would for one idle pod (the real one is in
     test_reclaim_prometheus.py); here the API side is under test."""
 
-    async def query(self, promql: str, *, time: float | None = None) -> list[dict[str, Any]]:
-        stats = {"util": 1.0, "samples": 60.0, "devices": 1.0, "valid": 1.0, "last": NOW - 10, "lag": -1.0, "gap": 1.0}
-        return [{"metric": {"gs_namespace": "team-a", "gs_pod": "idle", "gs_host": "n1", "gs_stat": f"gpu_{k}"},
-                 "value": [NOW, str(v)]} for k, v in stats.items()]
+    async def instant(self, promql: str, *, time: float | None = None) -> prometheus.Answer:
+        stats = {"util": 1.0, "devices": 1.0, "valid": 1.0, "last": NOW - 10, "interval": 15.0, "worst": 14.0,
+                 "parts": 6.0}
+        return prometheus.Answer([{"metric": {"gs_stat": "time"}, "value": [NOW, str(NOW)]}] + [
+            {"metric": {"gs_namespace": "team-a", "gs_pod": "idle", "gs_host": "n1", "gs_stat": f"gpu_{k}"},
+             "value": [NOW, str(v)]} for k, v in stats.items()])
 
 
 @pytest.mark.parametrize("dry_run", [pytest.param(False, id="real"), pytest.param(True, id="dry-run")])
