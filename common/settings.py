@@ -426,6 +426,13 @@ class Prometheus(Model):
     mig_activity_unit: Literal["auto", "percent", "ratio"] = pydantic.Field(
         default="auto", description="Unit of mig_activity_metric, as gpu_util_unit (auto: ratio for DCGM_FI_PROF_*)."
     )
+    max_concurrent_queries: int = pydantic.Field(
+        default=4,
+        ge=1,
+        le=32,
+        description="Reclaim asks each idle window as a few small queries (one per statistic, all at one store "
+        "time): at most this many in flight at once.",
+    )
 
 
 class Cooldowns(Model):
@@ -570,7 +577,7 @@ class Reclaim(Model):
         default=900, description="Longest wait before retrying a failed eviction (seconds)."
     )
     coverage_chunks: int = pydantic.Field(
-        default=6,
+        default=4,
         ge=1,
         le=24,
         description="Coverage by time: the idle window is read as this many consecutive parts (fewer when a part "

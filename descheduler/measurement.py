@@ -12,10 +12,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import prometheus_client
 
@@ -48,17 +49,6 @@ class Measured:
     errors: tuple[str, ...]  # one line per failed or refused query
 
 
-def _rows_of(rows: Sequence[Mapping[str, Any]], pods: Sequence[str]) -> list[Mapping[str, Any]]:
-    """The rows about `pods`: an answer covers every pod with DCGM series, and parsing them is the cost."""
-    wanted = {tuple(key.split("/", 1)) for key in pods}
-    out = []
-    for row in rows:
-        metric = row.get("metric") or {}
-        if (metric.get(utilisation.NAMESPACE), metric.get(utilisation.POD)) in wanted:
-            out.append(row)
-    return out
-
-
 async def measure(
     cluster: snapshot.Snapshot,
     wanted: Mapping[int, Sequence[str]],
@@ -71,7 +61,6 @@ async def measure(
     on_query: Callable[[bool], None],
 ) -> Measured:
     """Assess every pod of `wanted` (window -> pod keys). `on_query(ok)` is told of each query sent."""
-    reclaim = config.descheduler.reclaim
     assessments: dict[str, utilisation.Assessment] = {}
     errors: list[str] = []
     queries = 0
@@ -81,48 +70,77 @@ async def measure(
             reason = "prometheus.url is not set: no utilisation data"
             assessments.update({key: utilisation.failed(reason) for key in pods})
             continue
-        queries += 1
-        promql = utilisation_promql.query(window, config=config.prometheus, reclaim=reclaim,
-                                          below_percent=max((thresholds[k] for k in pods), default=0.0))
-        sent = clock()
+        window_queries = utilisation_promql.queries(
+            window, config=config.prometheus, reclaim=config.descheduler.reclaim,
+            kinds=utilisation.kinds_needed((cluster.pods[k] for k in pods), cluster.nodes))
+        queries += 1 + len(window_queries)
         try:
-            answer = await querier.instant(promql)
-        except prometheus.PrometheusError as exc:
-            on_query(False)
-            errors.append(f"{window}s window: {exc}")
-            refused = f"Prometheus query for the {window}s window failed (logged once per cycle)"
-            assessments.update({key: utilisation.failed(refused) for key in pods})
+            store_now, answers = await _ask(querier, window_queries, clock=clock, config=config, metrics=metrics,
+                                            on_query=on_query)
+        except _Refused as refused:
+            errors.append(f"{window}s window: {refused}")
+            reason = (refused.fail_closed_reason
+                      or f"Prometheus query for the {window}s window failed (logged once per cycle)")
+            assessments.update({key: utilisation.failed(reason) for key in pods})
             continue
-        received = clock()
-        on_query(True)
-        store_now = utilisation.evaluated_at(answer.series)
-        refusal = _refusal(answer, store_now, sent=sent, received=received, config=reclaim, metrics=metrics)
-        if refusal is not None or store_now is None:
-            refusal = refusal or "Prometheus' answer carries no evaluation time"
-            errors.append(f"{window}s window: {refusal}")
-            assessments.update({key: utilisation.failed(f"{refusal} (fail closed)") for key in pods})
-            continue
-        readings = utilisation.parse(_rows_of(answer.series, pods))
+        readings = utilisation.parse(answers, labels=config.prometheus.labels,
+                                     pods={(key.split("/", 1)[0], key.split("/", 1)[1]) for key in pods})
         for key in pods:
             assessments[key] = utilisation.assess(cluster.pods[key], readings=readings, window_seconds=window,
                                                   threshold_percent=thresholds[key], config=config, now=store_now)
     return Measured(assessments, queries, tuple(errors))
 
 
-def _refusal(answer: prometheus.Answer, store_now: float | None, *, sent: float, received: float,
-             config: settings.Reclaim, metrics: Metrics) -> str | None:
-    """Why an answer cannot be used, or None."""
-    if answer.warnings:
-        metrics.partial.labels(cause="warnings").inc()
-        return f"Prometheus answered with warnings (partial data): {'; '.join(answer.warnings)[:500]}"
+class _Refused(Exception):
+    """A window's data cannot be used; the message is logged once, `fail_closed_reason` told per pod."""
+
+    def __init__(self, message: str, *, fail_closed_reason: str | None = None) -> None:
+        super().__init__(message)
+        self.fail_closed_reason = fail_closed_reason
+
+
+async def _ask(querier: Querier, window_queries: Mapping[str, str], *, clock: Callable[[], float],
+               config: settings.Settings, metrics: Metrics, on_query: Callable[[bool], None],
+               ) -> tuple[float, dict[str, list[prometheus.Series]]]:
+    """The store's time, then every query of the window evaluated at it (a few at a time)."""
+    async def one(promql: str, at: float | None) -> prometheus.Answer:
+        try:
+            answer = await querier.instant(promql, time=at)
+        except prometheus.PrometheusError as exc:
+            on_query(False)
+            raise _Refused(str(exc)) from exc
+        on_query(True)
+        if answer.warnings:
+            metrics.partial.labels(cause="warnings").inc()
+            message = f"Prometheus answered with warnings (partial data): {'; '.join(answer.warnings)[:500]}"
+            raise _Refused(message, fail_closed_reason=f"{message} (fail closed)")
+        return answer
+
+    sent = clock()
+    store_now = utilisation.evaluated_at((await one(utilisation_promql.TIME_QUERY, None)).series)
+    received = clock()
     if store_now is None:
         metrics.partial.labels(cause="no-time").inc()
-        return "Prometheus' answer carries no evaluation time"
+        message = "Prometheus' answer to vector(time()) carries no time"
+        raise _Refused(message, fail_closed_reason=f"{message} (fail closed)")
     # Our clock at the store's evaluation lies within [sent, received]; the skew is outside that.
     skew = store_now - (sent + received) / 2
     metrics.skew.set(skew)
-    if abs(skew) - (received - sent) / 2 > config.max_clock_skew_seconds:
+    bound = config.descheduler.reclaim.max_clock_skew_seconds
+    if abs(skew) - (received - sent) / 2 > bound:
         metrics.partial.labels(cause="clock-skew").inc()
-        return (f"Prometheus' clock is {skew:+.0f}s from ours (more than max_clock_skew_seconds "
-                f"{config.max_clock_skew_seconds:g}): windows and freshness would not mean what they say")
-    return None
+        message = (f"Prometheus' clock is {skew:+.0f}s from ours (more than max_clock_skew_seconds {bound:g}): "
+                   "windows and freshness would not mean what they say")
+        raise _Refused(message, fail_closed_reason=f"{message} (fail closed)")
+    limit = asyncio.Semaphore(config.prometheus.max_concurrent_queries)
+
+    async def bounded(promql: str) -> prometheus.Answer:
+        async with limit:
+            return await one(promql, store_now)
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = {name: group.create_task(bounded(promql)) for name, promql in window_queries.items()}
+    except* _Refused as refused:
+        raise refused.exceptions[0] from None
+    return store_now, {name: task.result().series for name, task in tasks.items()}

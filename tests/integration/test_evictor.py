@@ -11,9 +11,10 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from common import events, prometheus, settings, snapshot, source
+from common import events, settings, snapshot, source
 from descheduler import cooldowns, evictor, leader, reclaim, reclaim_loop
 from tests import builders
+from tests.support.prometheus import DcgmStandIn
 
 NOW = 1_800_000_000.0
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
@@ -232,16 +233,10 @@ def _cluster(config: settings.Settings) -> source.StaticSource:
     return source.StaticSource(cluster)
 
 
-class IdleFor:
+def idle_pod() -> DcgmStandIn:
     """A Prometheus stand-in answering as DCGM would for one idle pod (the real one is in
     test_reclaim_prometheus.py); here the API side is under test."""
-
-    async def instant(self, promql: str, *, time: float | None = None) -> prometheus.Answer:
-        stats = {"util": 1.0, "devices": 1.0, "valid": 1.0, "last": NOW - 10, "interval": 15.0, "worst": 14.0,
-                 "parts": 6.0}
-        return prometheus.Answer([{"metric": {"gs_stat": "time"}, "value": [NOW, str(NOW)]}] + [
-            {"metric": {"gs_namespace": "team-a", "gs_pod": "idle", "gs_host": "n1", "gs_stat": f"gpu_{k}"},
-             "value": [NOW, str(v)]} for k, v in stats.items()])
+    return DcgmStandIn({("team-a", "idle", "n1"): 1.0}, now=NOW)
 
 
 @pytest.mark.parametrize("dry_run", [pytest.param(False, id="real"), pytest.param(True, id="dry-run")])
@@ -251,7 +246,7 @@ async def test_cycle_evicts_posts_events_and_persists_cooldowns(
     api, api_client = fake
     config = settings.load(overrides={"descheduler": {"reclaim": {"dry_run": dry_run}}})
     client_ = evictor.DryRunClient() if dry_run else evictor.ApiEvictionClient(api_client, timeout_seconds=5)
-    loop = reclaim_loop.ReclaimLoop(config=config, cluster=_cluster(config), prometheus=IdleFor(),
+    loop = reclaim_loop.ReclaimLoop(config=config, cluster=_cluster(config), prometheus=idle_pod(),
                                     evictions=client_, api=api_client, clock=lambda: NOW)
     cycle = await loop.cycle()
     assert [(o.eviction.pod, o.result.value) for o in cycle.outcomes] == [
@@ -277,7 +272,7 @@ async def test_cycle_evicts_posts_events_and_persists_cooldowns(
         assert stored.until == {"preemptor:team-b/want": NOW + 180, "node:n1": NOW + 300,
                                 "workload:team-a/Job/nb": NOW + 900}
         # A new leader (a fresh loop) reads them back: the same pod is not hit again.
-        again = reclaim_loop.ReclaimLoop(config=config, cluster=_cluster(config), prometheus=IdleFor(),
+        again = reclaim_loop.ReclaimLoop(config=config, cluster=_cluster(config), prometheus=idle_pod(),
                                          evictions=client_, api=api_client, clock=lambda: NOW + 5)
         second = await again.cycle()
         assert second.plan.evictions == ()

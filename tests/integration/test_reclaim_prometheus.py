@@ -93,6 +93,17 @@ def build(config: settings.Settings, now: float) -> snapshot.Snapshot:
                           taken_at=now)
 
 
+async def readings_at(url: str, window: int, *, config: settings.Settings, now: float) -> utilisation.Readings:
+    """Every query of a window, at one time, parsed: what the measuring shell does (less its checks)."""
+    client = prometheus.Client(config.prometheus.model_copy(update={"url": url}))
+    try:
+        answers = {name: await client.query(promql, time=now) for name, promql in utilisation_promql.queries(
+            window, config=config.prometheus, reclaim=config.descheduler.reclaim).items()}
+    finally:
+        client.close()
+    return utilisation.parse(answers, labels=config.prometheus.labels)
+
+
 @pytest.fixture(scope="module")
 def config() -> settings.Settings:
     return settings.load()
@@ -118,7 +129,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServe
         pytest.param("multi-idle", True, "GPU utilisation 4.0% < 10%", id="multi-gpu-all-idle-max"),
         pytest.param("mig-idle", True, "GPU utilisation 2.0% < 10%", id="mig-ratio-times-100"),
         pytest.param("mig-busy", False, "GPU utilisation 50.0% >= 10%", id="mig-busy"),
-        pytest.param("gappy", False, "DCGM_FI_DEV_GPU_UTIL: coverage: 3 of the window's 6 parts end with no sample",
+        pytest.param("gappy", False, "DCGM_FI_DEV_GPU_UTIL: coverage: 2 of the window's 4 parts end with no sample",
                      id="coverage-gap"),
         pytest.param("stale", False, "no sample within Prometheus' lookback (stale)", id="stale"),
         pytest.param("elsewhere", False, "DCGM series come from n9, not the pod's node n1", id="other-host"),
@@ -127,21 +138,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServe
         pytest.param("missing", False, "no DCGM series for the pod over 3600s", id="no-series"),
     ],
 )
-@pytest.mark.parametrize("below_percent", [None, 10.0], ids=["every-row", "busy-pods-util-only"])
 async def test_assess_against_real_prometheus(
     server: PrometheusServer, config: settings.Settings, pod: str, idle: bool, reason: str,
-    below_percent: float | None,
 ) -> None:
-    """Same verdict and reason whether or not the query leaves out the rows a busy pod does not need."""
-    client = prometheus.Client(settings.Prometheus(url=server.url))
-    try:
-        rows = await client.query(utilisation_promql.query(
-            HOUR, config=config.prometheus, reclaim=config.descheduler.reclaim, below_percent=below_percent),
-            time=server.now)
-    finally:
-        client.close()
+    readings = await readings_at(server.url, HOUR, config=config, now=server.now)
     cluster = build(config, server.now)
-    result = utilisation.assess(cluster.pods[f"team-a/{pod}"], readings=utilisation.parse(rows),
+    result = utilisation.assess(cluster.pods[f"team-a/{pod}"], readings=readings,
                                 window_seconds=HOUR, threshold_percent=10, config=config, now=server.now)
     assert result.idle == idle
     assert reason in result.reason
@@ -157,13 +159,8 @@ async def test_assess_against_real_prometheus(
 async def test_window_statistic_on_a_bursty_pod(server: PrometheusServer, statistic: str, idle: bool,
                                                 reason: str) -> None:
     config = settings.load(overrides={"descheduler": {"reclaim": {"idle_statistic": statistic}}})
-    client = prometheus.Client(settings.Prometheus(url=server.url))
-    try:
-        promql = utilisation_promql.query(HOUR, config=config.prometheus, reclaim=config.descheduler.reclaim)
-        rows = await client.query(promql, time=server.now)
-    finally:
-        client.close()
-    result = utilisation.assess(build(config, server.now).pods["team-a/bursty"], readings=utilisation.parse(rows),
+    readings = await readings_at(server.url, HOUR, config=config, now=server.now)
+    result = utilisation.assess(build(config, server.now).pods["team-a/bursty"], readings=readings,
                                 window_seconds=HOUR, threshold_percent=10, config=config, now=server.now)
     assert (result.idle, result.reason) == (idle, reason)
 
@@ -198,7 +195,13 @@ async def test_cycle_queries_once_per_window_and_plans(server: PrometheusServer)
         cycle = await _loop(config, querier, server.now).cycle()
     finally:
         querier.client.close()
-    assert cycle.queries == 2 and len(querier.promql) == 2  # 15 pods, two distinct windows
+    # 15 pods, two distinct windows; per window the store's time, then util, part counts and boundary times
+    # of whole GPUs and, for the hour (MIG pods ask), of MIG instances too.
+    def per_window(window: int, kinds: set[str]) -> int:
+        return 1 + len(utilisation_promql.queries(window, config=config.prometheus,
+                                                  reclaim=config.descheduler.reclaim, kinds=kinds))
+
+    assert cycle.queries == len(querier.promql) == per_window(HOUR, {"gpu", "mig"}) + per_window(1800, {"gpu"})
     assert cycle.prometheus_errors == ()
     evicted = {e["pod"] for e in cycle.plan.as_json()["evictions"]}
     assert evicted == {"team-a/idle", "team-a/renamed", "team-a/multi-idle", "team-a/mig-idle"}
@@ -323,7 +326,7 @@ def coverage_pod(name: str, *, node: str, gpus: int = 1) -> snapshot.Pod:
         pytest.param("missed-one-60", "n3", 1, TEN_MINUTES, True, "1.0% < 10%", id="60s-scrape-one-missed-is-fine"),
         pytest.param("long-hole-60", "n3", 1, HOUR, False, "parts end with no sample in the store's lookback",
                      id="hole-longer-than-prometheus-lookback"),
-        pytest.param("sparse", "n3", 1, HOUR, False, "sparser than the longest scrape interval believed (60s)",
+        pytest.param("sparse", "n3", 1, HOUR, False, "DCGM_FI_DEV_GPU_UTIL: coverage: ",
                      id="sparse-samples-are-no-slow-scrape"),
         pytest.param("twice-one-gpu", "n4", 2, TEN_MINUTES, False, "only 1 of 2 devices report",
                      id="2-gpu-pod-one-gpu-scraped-twice-is-not-2-gpus"),
@@ -347,19 +350,12 @@ def coverage_pod(name: str, *, node: str, gpus: int = 1) -> snapshot.Pod:
         pytest.param("mig-single", "n5", 1, TEN_MINUTES, True, "2.0% < 10%", id="mig-single-strategy"),
     ],
 )
-@pytest.mark.parametrize("below_percent", [None, 10.0], ids=["every-row", "busy-pods-util-only"])
 async def test_coverage_by_time_at_several_scrape_intervals(
     coverage_server: PrometheusServer, config: settings.Settings, pod: str, node: str, gpus: int, window: int,
-    idle: bool, reason: str, below_percent: float | None,
+    idle: bool, reason: str,
 ) -> None:
-    client = prometheus.Client(settings.Prometheus(url=coverage_server.url))
-    try:
-        promql = utilisation_promql.query(window, config=config.prometheus, reclaim=config.descheduler.reclaim,
-                                   below_percent=below_percent)
-        rows = await client.query(promql, time=coverage_server.now)
-    finally:
-        client.close()
-    result = utilisation.assess(coverage_pod(pod, node=node, gpus=gpus), readings=utilisation.parse(rows),
+    readings = await readings_at(coverage_server.url, window, config=config, now=coverage_server.now)
+    result = utilisation.assess(coverage_pod(pod, node=node, gpus=gpus), readings=readings,
                                 window_seconds=window, threshold_percent=10, config=config, now=coverage_server.now)
     assert (result.idle, reason in result.reason) == (idle, True), result.reason
 
@@ -478,13 +474,8 @@ async def test_ratio_metric_units(prometheus_factory: StartPrometheus, config: s
                                   idle: bool, reason: str) -> None:
     server = prometheus_factory(UNIT_HISTORY)
     prom = settings.Prometheus(url=server.url, gpu_util_metric="DCGM_FI_PROF_GR_ENGINE_ACTIVE", gpu_util_unit=unit)
-    client = prometheus.Client(prom)
-    try:
-        rows = await client.query(utilisation_promql.query(TEN_MINUTES, config=prom,
-                                                           reclaim=config.descheduler.reclaim), time=server.now)
-    finally:
-        client.close()
     merged = config.model_copy(update={"prometheus": prom})
-    result = utilisation.assess(coverage_pod(pod, node="n1"), readings=utilisation.parse(rows),
+    readings = await readings_at(server.url, TEN_MINUTES, config=merged, now=server.now)
+    result = utilisation.assess(coverage_pod(pod, node="n1"), readings=readings,
                                 window_seconds=TEN_MINUTES, threshold_percent=10, config=merged, now=server.now)
     assert (result.idle, reason in result.reason) == (idle, True), result.reason

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from typing import Any
@@ -10,9 +11,12 @@ import pytest
 
 from common import gpu, settings, snapshot
 from descheduler import utilisation, utilisation_promql
+from tests import builders
 
 NOW = 1_800_000_000.0
 CONFIG = settings.load()
+EMPTY_NODE = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=[], priority_classes=[],
+                            names=CONFIG.names, taken_at=NOW).nodes["n1"]
 WINDOW = 3600  # six parts of 600 s with the defaults
 
 
@@ -23,21 +27,45 @@ def pod(*, full: int = 1, mig: dict[str, int] | None = None, node: str = "n1") -
     )
 
 
-def rows(kind: str = "gpu", host: str = "n1", **stats: float) -> list[dict[str, Any]]:
-    """What the query returns for one pod scraped every 15 s, fully covered, unless `stats` say otherwise."""
-    values = {"util": 2.0, "devices": 1.0, "valid": 1.0, "last": NOW - 10, "interval": 15.0, "worst": 14.5,
-              "parts": 6.0, **stats}
-    return [
-        {"metric": {"gs_namespace": "team-a", "gs_pod": "p", "gs_host": host, "gs_stat": f"{kind}_{stat}"},
-         "value": [NOW, "NaN" if math.isnan(value) else str(value)]}
-        for stat, value in values.items()
-    ]
+PARTS = [(0, 900), (900, 900), (1800, 900), (2700, 900)]  # the hour in four parts, with the defaults
 
 
-def query(window: int, *, statistic: str = "peak", below_percent: float | None = None,
-          prometheus: settings.Prometheus = CONFIG.prometheus, **reclaim_settings: Any) -> str:
+def covered(every: float = 15.0, phase: float = 5.0) -> dict[str, float]:
+    """A device scraped every `every` s, its newest sample `phase` s old: its part counts and boundary times."""
+    stats = {}
+    for k, (offset, length) in enumerate(PARTS):
+        stats[f"n{k}"] = length / every
+        stats[f"t{k}"] = NOW - offset - phase
+    stats["t4"] = NOW - WINDOW - phase
+    return stats
+
+
+def answers(kind: str = "gpu", host: str = "n1", *, util: float | None = 2.0,
+            devices: dict[str, dict[str, float]] | None = None, **labels: str) -> dict[str, list[dict[str, Any]]]:
+    """The answers of one window's queries for pod team-a/p, its devices keyed by GPU index."""
+    pod_labels = {"namespace": "team-a", "pod": "p", "Hostname": host, **labels}
+    out: dict[str, list[dict[str, Any]]] = {}
+    if util is not None:
+        out[f"{kind}_util"] = [{"metric": pod_labels, "value": [NOW, "NaN" if math.isnan(util) else str(util)]}]
+    for index, stats in (devices if devices is not None else {"0": covered()}).items():
+        for stat, value in stats.items():
+            metric = {**pod_labels, "gpu": index, "UUID": f"GPU-{index}"}
+            out.setdefault(f"{kind}_{stat}", []).append({"metric": metric, "value": [NOW, str(value)]})
+    return out
+
+
+def merge(*parts: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for part in parts:
+        for name, rows in part.items():
+            out.setdefault(name, []).extend(rows)
+    return out
+
+
+def queries(window: int, *, statistic: str = "peak", prometheus: settings.Prometheus = CONFIG.prometheus,
+            **reclaim_settings: Any) -> dict[str, str]:
     reclaim = CONFIG.descheduler.reclaim.model_copy(update={"idle_statistic": statistic, **reclaim_settings})
-    return utilisation_promql.query(window, config=prometheus, reclaim=reclaim, below_percent=below_percent)
+    return utilisation_promql.queries(window, config=prometheus, reclaim=reclaim)
 
 
 # --- the query -------------------------------------------------------------------------------------------
@@ -45,46 +73,45 @@ def query(window: int, *, statistic: str = "peak", below_percent: float | None =
 
 @pytest.mark.parametrize(("statistic", "function"), [("peak", "max_over_time"), ("average", "avg_over_time")])
 def test_window_statistic_picks_the_promql_function(statistic: str, function: str) -> None:
-    promql = query(600, statistic=statistic)
-    assert f'{function}(DCGM_FI_DEV_GPU_UTIL{{GPU_I_PROFILE=""}}[600s])' in promql
+    util = queries(600, statistic=statistic)["gpu_util"]
+    assert f'{function}(DCGM_FI_DEV_GPU_UTIL{{GPU_I_PROFILE=""}}[600s])' in util
 
 
-def test_no_subquery_whatever_the_window() -> None:
-    """Cost grows with GPUs, not with GPUs x window / step: no `[range:step]` anywhere."""
+def test_no_subquery_no_label_replace_and_every_read_is_the_window_or_a_part() -> None:
+    """Cost grows with GPUs, not with GPUs x window / step."""
     for window in (300, 600, 3600, 10800, 86400):
-        promql = query(window)
-        assert not re.search(r"\[\d+s:", promql), window
-        # Every range read is the window itself (statistic, NaN check) or one of its parts.
-        lengths = {int(n) for n in re.findall(r"\[(\d+)s\]", promql)}
+        asked = queries(window)
+        text = " ".join(asked.values())
+        assert not re.search(r"\[\d+s:", text) and "label_replace" not in text and " or " not in text
+        lengths = {int(n) for n in re.findall(r"\[(\d+)s\]", text)}
         parts = utilisation_promql.parts(window, config=CONFIG.descheduler.reclaim)
         assert lengths == {window} | {length for _, length in parts}
+        counts, times = utilisation_promql.stat_names(window, config=CONFIG.descheduler.reclaim)
+        assert set(asked) == {f"{kind}_{stat}" for kind in ("gpu", "mig") for stat in ["util", *counts, *times]}
 
 
-def test_each_part_is_counted_twice_per_kind_and_the_window_read_three_times() -> None:
-    promql = query(WINDOW, below_percent=5)
-    # per kind: the statistic (its row and the `below_percent` filter) and the NaN check
-    assert promql.count(f"[{WINDOW}s])") == 2 * 3
-    # per kind and part: the interval and the longest stretch
-    assert promql.count("count_over_time(DCGM_FI_DEV_GPU_UTIL{GPU_I_PROFILE=\"\"}[600s] offset 1200s)") == 2
+def test_parts_and_boundaries_of_an_hour() -> None:
+    asked = queries(3600)
+    selector = 'DCGM_FI_DEV_GPU_UTIL{GPU_I_PROFILE=""}'
+    assert asked["gpu_n0"].endswith(f"(count_over_time({selector}[900s]))")
+    assert asked["gpu_n3"].endswith(f"(count_over_time({selector}[900s] offset 2700s))")
+    assert asked["gpu_t0"].endswith(f"(timestamp({selector}))")
+    assert asked["gpu_t4"].endswith(f"(timestamp({selector} offset 3600s))")
 
 
-def test_query_is_one_expression_for_all_pods_with_every_label_spelling() -> None:
-    promql = query(3600, statistic="average")
-    assert 'DCGM_FI_DEV_GPU_UTIL{GPU_I_PROFILE=""}' in promql
-    assert 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!=""}[3600s]) * 100' in promql
-    for label in ("pod", "exported_pod", "namespace", "exported_namespace", "Hostname", "hostname"):
-        assert f'"$1", "{label}", "(.+)"' in promql
-    assert "team-a" not in promql and "max by (gs_namespace, gs_pod, gs_host)" in promql
-    assert promql.startswith('label_replace(vector(time()), "gs_stat", "time", "", "")')
+def test_rows_keep_every_label_spelling_and_device_identity() -> None:
+    asked = queries(3600)
+    by_pod = "namespace, exported_namespace, pod, exported_pod, Hostname, hostname"
+    assert asked["gpu_util"].startswith(f"max by ({by_pod}) (")
+    assert asked["gpu_n1"].startswith("max by (namespace, exported_namespace, pod, exported_pod, Hostname, hostname, "
+                                      "gpu, UUID, GPU_I_ID) (")
+    assert 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!=""}[3600s]) * 100)' in asked["mig_util"]
 
 
-def test_a_device_is_its_index_before_its_uuid() -> None:
-    """Two jobs scrape one exporter, one drops UUID: the index (set last, so it wins) makes them one device."""
-    promql = query(600)
-    uuid = promql.index('"gs_device", "$1", "UUID", "(.+)")')
-    index = promql.index('"gs_device", "$1", "gpu", "(.+)")')
-    assert uuid < index  # label_replace nests: the outer (later in the text) runs last
-    assert 'label_join(' in promql and '"gs_device", "/", "gs_device", "GPU_I_ID")' in promql
+def test_only_the_kinds_asked_about() -> None:
+    reclaim = CONFIG.descheduler.reclaim
+    asked = utilisation_promql.queries(600, config=CONFIG.prometheus, reclaim=reclaim, kinds={"gpu"})
+    assert {name.partition("_")[0] for name in asked} == {"gpu"}
 
 
 @pytest.mark.parametrize(
@@ -99,21 +126,21 @@ def test_a_device_is_its_index_before_its_uuid() -> None:
 )
 def test_units(metric: str, unit: str, scaled: bool) -> None:
     prometheus = CONFIG.prometheus.model_copy(update={"gpu_util_metric": metric, "gpu_util_unit": unit})
-    promql = query(600, prometheus=prometheus)
-    assert (f'max_over_time({metric}{{GPU_I_PROFILE=""}}[600s]) * 100' in promql) == scaled
+    util = queries(600, prometheus=prometheus)["gpu_util"]
+    assert util.endswith(f'max_over_time({metric}{{GPU_I_PROFILE=""}}[600s]) * 100)') == scaled
 
 
 @pytest.mark.parametrize(
     ("window", "chunks", "expected"),
     [
-        pytest.param(3600, 6, [(0, 600), (600, 600), (1200, 600), (1800, 600), (2400, 600), (3000, 600)],
-                     id="hour-six-parts"),
-        pytest.param(600, 6, [(0, 300), (300, 300)], id="parts-at-least-4-slowest-scrapes"),
-        pytest.param(480, 6, [(0, 240), (240, 240)], id="boundary-two-parts-of-exactly-240s"),
-        pytest.param(479, 6, [(0, 479)], id="below-boundary-one-part"),
-        pytest.param(100, 6, [(0, 100)], id="short-window-one-part"),
-        pytest.param(1001, 6, [(0, 250), (250, 250), (500, 250), (750, 251)], id="oldest-part-takes-the-rest"),
+        pytest.param(3600, 4, PARTS, id="hour-four-parts"),
+        pytest.param(600, 4, [(0, 300), (300, 300)], id="parts-at-least-4-slowest-scrapes"),
+        pytest.param(480, 4, [(0, 240), (240, 240)], id="boundary-two-parts-of-exactly-240s"),
+        pytest.param(479, 4, [(0, 479)], id="below-boundary-one-part"),
+        pytest.param(100, 4, [(0, 100)], id="short-window-one-part"),
+        pytest.param(1001, 4, [(0, 250), (250, 250), (500, 250), (750, 251)], id="oldest-part-takes-the-rest"),
         pytest.param(10800, 1, [(0, 10800)], id="one-chunk"),
+        pytest.param(10800, 6, [(k * 1800, 1800) for k in range(6)], id="six-chunks"),
     ],
 )
 def test_parts(window: int, chunks: int, expected: list[tuple[int, int]]) -> None:
@@ -121,130 +148,185 @@ def test_parts(window: int, chunks: int, expected: list[tuple[int, int]]) -> Non
     assert utilisation_promql.parts(window, config=config) == expected
 
 
-def test_with_a_threshold_only_util_comes_back_for_busy_pods() -> None:
-    promql = query(3600, below_percent=7.5)
-    keep = "and on (gs_namespace, gs_pod, gs_host) (max by (gs_namespace, gs_pod, gs_host) ("
-    assert promql.count(keep) == 2  # once per kind, for all of its other statistics together
-    assert promql.count(") < 7.5)") == 2
-    assert "and on" not in query(3600)
+# --- coverage of one device ------------------------------------------------------------------------------
 
 
-def test_the_window_start_stands_in_for_a_sample_before_it() -> None:
-    """A device whose series starts inside the window is measured from the window's start (late start)."""
-    promql = query(600)
-    selector = 'DCGM_FI_DEV_GPU_UTIL{GPU_I_PROFILE=""}'
-    assert f"(timestamp({selector} offset 600s) or (0 * timestamp({selector}) + (time() - 600)))" in promql
+def hole(stats: dict[str, float], **changes: float | None) -> dict[str, float]:
+    out = dict(stats)
+    for name, value in changes.items():
+        if value is None:
+            out.pop(name, None)
+        else:
+            out[name] = value
+    return out
+
+
+@pytest.mark.parametrize(
+    ("stats", "reason", "interval"),
+    [
+        pytest.param(covered(), None, 15.0, id="covered-at-15s"),
+        pytest.param(covered(60), None, 60.0, id="covered-at-60s-the-slowest-believed"),
+        pytest.param(covered(10, phase=9), None, 10.0, id="covered-at-10s"),
+        # one stretch of 2 intervals (one missed scrape) is the bound; 3 is past it
+        pytest.param(hole(covered(), n2=59), None, 15.0, id="one-missed-scrape-boundary"),
+        pytest.param(hole(covered(), n2=58), "longer than 2x the observed scrape interval (~15s)", 15.0,
+                     id="two-missed-scrapes-in-a-row"),
+        # 75 s without a sample across the boundary 1800 s ago (two samples lost on each side): the stretch
+        # counts whole in the newer part, as the older part's end moves back with its last sample
+        pytest.param(hole(covered(), n1=58, n2=58, t2=NOW - 1835), "longer than 2x", 15.0,
+                     id="hole-across-a-boundary"),
+        pytest.param(hole(covered(), n1=59, n2=60, t2=NOW - 1805), None, 15.0,
+                     id="one-missed-scrape-just-after-a-boundary"),
+        # late start: no sample before the window, the first 25 s or 40 s after its start
+        pytest.param(hole(covered(), t4=None, n3=59), None, 15.0, id="first-sample-25s-after-start-boundary"),
+        pytest.param(hole(covered(), t4=None, n3=58), "or from its start to the first", 15.0,
+                     id="first-sample-40s-after-start"),
+        pytest.param(hole(covered(), t1=None), "1 of the window's 4 parts end with no sample", math.nan,
+                     id="part-end-without-a-sample-in-the-lookback"),
+        # an empty part hands its length to the next part's span
+        pytest.param(hole(covered(), n1=None, t1=NOW - 1805), "longer than 2x", 15.0, id="empty-part"),
+        pytest.param(covered(900), "samples ~900s apart, sparser than the longest scrape interval believed (60s)",
+                     60.0, id="sparse-samples-are-no-slow-scrape"),
+        pytest.param(hole(covered(), n2=30, n3=30), "longer than 2x the observed scrape interval (~15s)", 15.0,
+                     id="interval-change-judged-at-the-faster-interval"),
+        pytest.param({"t0": NOW, "t1": NOW - 900, "t2": NOW - 1800, "t3": NOW - 2700}, "no spacing of samples",
+                     math.nan, id="no-samples-counted"),
+    ],
+)
+def test_coverage(stats: dict[str, float], reason: str | None, interval: float) -> None:
+    found, observed = utilisation.coverage(stats, window_seconds=WINDOW, now=NOW, config=CONFIG.descheduler.reclaim)
+    assert (found is None, math.isnan(observed) or round(observed, 6)) == (
+        reason is None, math.isnan(interval) or interval), found
+    assert reason is None or reason in (found or "")
 
 
 # --- the reading -----------------------------------------------------------------------------------------
 
 
-def util_only(value: float) -> list[dict[str, Any]]:
-    """What a query with `below_percent` returns for a pod whose util is not below it."""
-    return [row for row in rows(util=value) if row["metric"]["gs_stat"] == "gpu_util"]
-
-
 STRICT_AGE = settings.load(overrides={"descheduler": {"reclaim": {"max_sample_age_seconds": 20}}})
+SINGLE = {"mig": "mig"}  # a whole-GPU request measured on MIG-instance series
+
+
+def two(first: dict[str, float] | None = None, second: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
+    return {"0": first or covered(), "1": second or covered()}
 
 
 @pytest.mark.parametrize(
     ("target", "result", "idle", "reason", "config"),
     [
-        pytest.param(pod(), rows(), True, "peak GPU utilisation 2.0% < 10% over 3600s", CONFIG, id="idle"),
-        pytest.param(pod(), rows(util=10.0), False, "GPU utilisation 10.0% >= 10%", CONFIG, id="at-threshold"),
-        pytest.param(pod(), rows(util=9.99), True, "10.0% < 10%", CONFIG, id="just-below-threshold"),
-        pytest.param(pod(), [], False, "no DCGM series for the pod over 3600s", CONFIG, id="no-series"),
-        # coverage: the longest stretch within 2 intervals <=> worst <= interval
-        pytest.param(pod(), rows(worst=15.0), True, "2.0% < 10%", CONFIG, id="coverage-stretch-at-the-bound"),
-        pytest.param(pod(), rows(worst=15.1), False, "coverage: a stretch of the 3600s window without a sample (or "
-                     "from its start to the first) is longer than 2x the observed scrape interval (~15s)", CONFIG,
-                     id="coverage-stretch-past-the-bound"),
-        pytest.param(pod(), rows(parts=5), False, "coverage: 1 of the window's 6 parts end with no sample in the "
-                     "store's lookback before them", CONFIG, id="coverage-part-without-samples"),
-        pytest.param(pod(), rows(parts=math.nan), False, "coverage: 6 of the window's 6 parts", CONFIG,
-                     id="coverage-parts-missing"),
-        pytest.param(pod(), rows(interval=0.0), False, "no spacing of samples to read a scrape interval from",
-                     CONFIG, id="coverage-no-spacing"),
-        pytest.param(pod(), rows(interval=60.0, worst=60.0, last=NOW - 60), True, "2.0% < 10%", CONFIG,
-                     id="slowest-believed-scrape-at-the-bound"),
-        pytest.param(pod(), rows(interval=600.0, worst=500.0), False, "samples ~600s apart, sparser than the "
-                     "longest scrape interval believed (60s)", CONFIG, id="sparse-samples-are-no-slow-scrape"),
+        pytest.param(pod(), answers(), True, "peak GPU utilisation 2.0% < 10% over 3600s", CONFIG, id="idle"),
+        pytest.param(pod(), answers(util=10.0), False, "GPU utilisation 10.0% >= 10%", CONFIG, id="at-threshold"),
+        pytest.param(pod(), answers(util=9.99), True, "10.0% < 10%", CONFIG, id="just-below-threshold"),
+        pytest.param(pod(), {}, False, "no DCGM series for the pod over 3600s", CONFIG, id="no-series"),
+        pytest.param(pod(), answers(devices={"0": hole(covered(), n2=58)}), False, "coverage: a stretch of the 3600s "
+                     "window without a sample (or from its start to the first) is longer than 2x the observed scrape "
+                     "interval (~15s)", CONFIG, id="coverage"),
         # freshness at the store's time: at most 2 observed intervals, at most max_sample_age_seconds
-        pytest.param(pod(), rows(last=NOW - 30), True, "2.0% < 10%", CONFIG, id="fresh-at-the-bound"),
-        pytest.param(pod(), rows(last=NOW - 31), False, "newest sample is 31s old at the store's time, more than "
-                     "30s (2x the observed scrape interval ~15s", CONFIG, id="stale-past-2-intervals"),
-        pytest.param(pod(), rows(last=NOW - 150, interval=60.0, worst=50.0), False, "more than 120s", CONFIG,
+        pytest.param(pod(), answers(devices={"0": covered(phase=30)}), True, "2.0% < 10%", CONFIG,
+                     id="fresh-at-the-bound"),
+        pytest.param(pod(), answers(devices={"0": covered(phase=31)}), False, "newest sample is 31s old at the "
+                     "store's time, more than 30s (2x the observed scrape interval ~15s", CONFIG,
+                     id="stale-past-2-intervals"),
+        pytest.param(pod(), answers(devices={"0": covered(60, phase=150)}), False, "more than 120s", CONFIG,
                      id="stale-150s-at-60s-scrape-the-issue"),
-        pytest.param(pod(), rows(last=NOW - 21), False, "more than 20s", STRICT_AGE, id="max-sample-age-caps"),
-        pytest.param(pod(), rows(last=NOW - 20), True, "2.0% < 10%", STRICT_AGE, id="max-sample-age-boundary"),
+        pytest.param(pod(), answers(devices={"0": covered(phase=21)}), False, "more than 20s", STRICT_AGE,
+                     id="max-sample-age-caps"),
+        pytest.param(pod(), answers(devices={"0": covered(phase=20)}), True, "2.0% < 10%", STRICT_AGE,
+                     id="max-sample-age-boundary"),
         # values
-        pytest.param(pod(), rows(util=math.nan), False, "incomplete or NaN statistics", CONFIG, id="nan-util"),
-        pytest.param(pod(), rows(valid=0), False, "a device averages NaN", CONFIG, id="nan-device"),
-        pytest.param(pod(), rows(util=100.5), False, "100.5% >= 10%", CONFIG, id="percent-ceiling-boundary"),
-        pytest.param(pod(), rows(util=100.6), False, "DCGM_FI_DEV_GPU_UTIL reads 100.6% (> 100 %): its unit is not "
-                     "what prometheus.gpu_util_unit (auto) says; set it to percent", CONFIG, id="unit-error"),
-        pytest.param(pod(full=2), rows(), False, "only 1 of 2 devices report", CONFIG, id="missing-gpu"),
-        pytest.param(pod(full=2), rows(devices=2, valid=2), True, "2.0% < 10%", CONFIG, id="both-gpus-report"),
-        pytest.param(pod(), rows(host="n2"), False, "DCGM series come from n2, not the pod's node n1", CONFIG,
+        pytest.param(pod(), answers(util=math.nan), False, "a device averages NaN", CONFIG, id="nan-util"),
+        pytest.param(pod(), answers(util=100.5), False, "100.5% >= 10%", CONFIG, id="percent-ceiling-boundary"),
+        pytest.param(pod(), answers(util=100.6), False, "DCGM_FI_DEV_GPU_UTIL reads 100.6% (> 100 %): its unit is "
+                     "not what prometheus.gpu_util_unit (auto) says; set it to percent", CONFIG, id="unit-error"),
+        # devices, not series
+        pytest.param(pod(full=2), answers(), False, "only 1 of 2 devices report", CONFIG, id="missing-gpu"),
+        pytest.param(pod(full=2), answers(devices=two()), True, "2.0% < 10%", CONFIG, id="both-gpus-report"),
+        pytest.param(pod(full=2), answers(devices=two(second=hole(covered(), n0=50))), False, "coverage", CONFIG,
+                     id="worst-device-decides"),
+        pytest.param(pod(full=2), merge(answers(job="a"), answers(util=None, job="b", UUID="")), False,
+                     "only 1 of 2 devices report", CONFIG, id="a-gpu-scraped-twice-one-copy-without-uuid-is-one"),
+        pytest.param(pod(), answers(devices={"0": {k: v for k, v in covered().items() if k != "t0"}}), False,
+                     "no sample within Prometheus' lookback (stale)", CONFIG, id="no-newest-sample"),
+        pytest.param(pod(), answers(devices={}), False, "no sample within Prometheus' lookback (stale)", CONFIG,
+                     id="util-alone-is-not-trusted"),
+        # where
+        pytest.param(pod(), answers(host="n2"), False, "DCGM series come from n2, not the pod's node n1", CONFIG,
                      id="other-node"),
-        pytest.param(pod(), rows(host="n1.cluster.local"), True, "2.0% < 10%", CONFIG, id="fqdn-host"),
-        pytest.param(pod(), rows(host=""), True, "2.0% < 10%", CONFIG, id="no-host-label"),
+        pytest.param(pod(), answers(host="n1.cluster.local"), True, "2.0% < 10%", CONFIG, id="fqdn-host"),
+        pytest.param(pod(), answers(host=""), True, "2.0% < 10%", CONFIG, id="no-host-label"),
+        pytest.param(pod(), answers(host="", hostname="n1"), True, "2.0% < 10%", CONFIG, id="later-host-label-wins"),
         # MIG
-        pytest.param(pod(full=0, mig={"1g.10gb": 1}), rows(), False, "no DCGM_FI_PROF_GR_ENGINE_ACTIVE series",
+        pytest.param(pod(full=0, mig={"1g.10gb": 1}), answers(), False, "no DCGM_FI_PROF_GR_ENGINE_ACTIVE series",
                      CONFIG, id="mig-pod-needs-mig-metric"),
-        pytest.param(pod(full=0, mig={"1g.10gb": 1}), rows("mig", util=3.0), True, "3.0% < 10%", CONFIG, id="mig"),
-        pytest.param(pod(full=1), rows("mig", util=3.0), True, "3.0% < 10%", CONFIG, id="mig-single-strategy"),
-        pytest.param(pod(full=1), rows("mig", util=30.0), False, "30.0% >= 10%", CONFIG, id="mig-single-busy"),
-        pytest.param(pod(full=1), rows(util=40.0) + rows("mig", util=3.0), False, "40.0% >= 10%", CONFIG,
+        pytest.param(pod(full=0, mig={"1g.10gb": 1}), answers("mig", util=3.0), True, "3.0% < 10%", CONFIG, id="mig"),
+        pytest.param(pod(full=1), answers("mig", util=3.0), True, "3.0% < 10%", CONFIG, id="mig-single-strategy"),
+        pytest.param(pod(full=1), answers("mig", util=30.0), False, "30.0% >= 10%", CONFIG, id="mig-single-busy"),
+        pytest.param(pod(full=1), merge(answers(util=40.0), answers("mig", util=3.0)), False, "40.0% >= 10%", CONFIG,
                      id="whole-gpu-series-first"),
-        pytest.param(pod(full=1, mig={"1g.10gb": 1}), rows("mig", util=3.0), False, "no DCGM_FI_DEV_GPU_UTIL series",
-                     CONFIG, id="mixed-pod-is-no-single-strategy"),
-        pytest.param(pod(full=1, mig={"1g.10gb": 1}), rows() + rows("mig", util=30.0), False, "30.0% >= 10%", CONFIG,
-                     id="both-kinds-busiest-wins"),
-        # what a query with `below_percent` leaves
-        pytest.param(pod(), util_only(55.0), False, "peak GPU utilisation 55.0% >= 10% over 3600s", CONFIG,
-                     id="busy-util-alone-is-enough"),
-        pytest.param(pod(), rows(util=55.0, worst=900.0), False, "55.0% >= 10%", CONFIG, id="busy-needs-no-coverage"),
-        pytest.param(pod(), util_only(math.nan), False, "a device averages NaN over 3600s", CONFIG,
-                     id="nan-util-alone"),
-        pytest.param(pod(), util_only(2.0), False, "no sample within Prometheus' lookback", CONFIG,
-                     id="idle-util-alone-is-not-trusted"),
+        pytest.param(pod(full=1, mig={"1g.10gb": 1}), answers("mig", util=3.0), False,
+                     "no DCGM_FI_DEV_GPU_UTIL series", CONFIG, id="mixed-pod-is-no-single-strategy"),
+        pytest.param(pod(full=1, mig={"1g.10gb": 1}), merge(answers(), answers("mig", util=30.0)), False,
+                     "30.0% >= 10%", CONFIG, id="both-kinds-busiest-wins"),
+        # busy needs nothing else
+        pytest.param(pod(), answers(util=55.0, devices={}), False, "peak GPU utilisation 55.0% >= 10% over 3600s",
+                     CONFIG, id="busy-util-alone-is-enough"),
+        pytest.param(pod(), answers(util=55.0, devices={"0": hole(covered(), n0=1)}), False, "55.0% >= 10%", CONFIG,
+                     id="busy-needs-no-coverage"),
     ],
 )
-def test_assess(target: snapshot.Pod, result: list[dict[str, Any]], idle: bool, reason: str,
+def test_assess(target: snapshot.Pod, result: dict[str, list[dict[str, Any]]], idle: bool, reason: str,
                 config: settings.Settings) -> None:
-    found = utilisation.assess(target, readings=utilisation.parse(result), window_seconds=WINDOW,
-                               threshold_percent=10, config=config, now=NOW)
+    found = utilisation.assess(target, readings=utilisation.parse(result, labels=config.prometheus.labels),
+                               window_seconds=WINDOW, threshold_percent=10, config=config, now=NOW)
     assert found.idle == idle
     assert reason in found.reason, found.reason
 
 
-def test_evaluated_at_is_the_time_row() -> None:
-    time_row = {"metric": {"gs_stat": "time"}, "value": [NOW, str(NOW)]}
-    assert utilisation.evaluated_at([*rows(), time_row]) == NOW
-    assert utilisation.evaluated_at(rows()) is None
-    assert utilisation.evaluated_at([{"metric": {"gs_stat": "time"}, "value": [NOW]}]) is None
+def test_evaluated_at_is_the_time_answer() -> None:
+    assert utilisation.evaluated_at([{"metric": {}, "value": [NOW, str(NOW)]}]) == NOW
+    assert utilisation.evaluated_at([]) is None
+    assert utilisation.evaluated_at([{"metric": {}, "value": [NOW]}]) is None
 
 
-def test_parse_ignores_foreign_rows_and_merges_host_spellings() -> None:
-    foreign = [{"metric": {"gs_stat": "gpu_util"}, "value": [NOW, "1"]}, {"metric": {}, "value": [NOW, "1"]},
-               {"metric": {"gs_stat": "time"}, "value": [NOW, "1"]}]
-    readings = utilisation.parse(foreign + rows(host="") + rows(host="n1", util=7.0, interval=10.0))
+def test_parse_keeps_only_the_pods_asked_about_and_ignores_foreign_rows() -> None:
+    foreign = {"gpu_util": [{"metric": {"pod": "p"}, "value": [NOW, "1"]}, {"metric": {}, "value": [NOW, "1"]}],
+               "other_util": [{"metric": {"namespace": "team-a", "pod": "p"}, "value": [NOW, "99"]}]}
+    mixed = merge(foreign, answers(), answers(util=1.0, namespace="team-b"))
+    readings = utilisation.parse(mixed, labels=CONFIG.prometheus.labels, pods={("team-a", "p")})
     assert set(readings) == {("team-a", "p")}
+
+
+def test_host_spellings_merge_busier_and_one_device() -> None:
+    readings = utilisation.parse(merge(answers(host=""), answers(host="n1", util=7.0)),
+                                 labels=CONFIG.prometheus.labels)
+    found = utilisation.assess(pod(full=2), readings=readings, window_seconds=WINDOW, threshold_percent=10,
+                               config=CONFIG, now=NOW)
+    assert found.reason == "DCGM_FI_DEV_GPU_UTIL: only 1 of 2 devices report"  # GPU 0 under both spellings
     found = utilisation.assess(pod(), readings=readings, window_seconds=WINDOW, threshold_percent=10,
                                config=CONFIG, now=NOW)
-    # the busier spelling, and the shorter interval: 14.5 s stretches at a 10 s interval are too long
-    assert found.reason.endswith("longer than 2x the observed scrape interval (~10s)")
+    assert found.reason == "peak GPU utilisation 7.0% < 10% over 3600s"  # the busier spelling
 
 
 @pytest.mark.parametrize("nan_first", [True, False], ids=["nan-spelling-first", "nan-spelling-last"])
 def test_a_nan_under_one_host_spelling_is_never_merged_away(nan_first: bool) -> None:
-    """With `below_percent`, a spelling whose util is NaN sends that row alone; merged with a clean idle
-    spelling, the NaN must survive whichever comes first (max() and min() keep it only as first argument)."""
-    clean = rows(host="n1")
-    nan_only = [r for r in rows(host="", util=math.nan) if r["metric"]["gs_stat"] == "gpu_util"]
-    readings = utilisation.parse(nan_only + clean if nan_first else clean + nan_only)
+    """A spelling whose util is NaN merged with a clean idle spelling: the NaN survives whichever comes first
+    (max() and min() keep it only as first argument)."""
+    clean, nan_only = answers(host="n1"), answers(host="", util=math.nan, devices={})
+    readings = utilisation.parse(merge(nan_only, clean) if nan_first else merge(clean, nan_only),
+                                 labels=CONFIG.prometheus.labels)
     found = utilisation.assess(pod(), readings=readings, window_seconds=WINDOW, threshold_percent=10,
                                config=CONFIG, now=NOW)
     assert not found.idle
     assert "NaN" in found.reason
+
+
+def test_kinds_needed() -> None:
+    def node(strategy: str | None) -> snapshot.Node:
+        return dataclasses.replace(EMPTY_NODE, topology=dataclasses.replace(
+            EMPTY_NODE.topology, mig_strategy=strategy))
+
+    nodes = {"n1": node(None), "n2": node("single")}
+    assert utilisation.kinds_needed([pod()], nodes) == {"gpu"}
+    assert utilisation.kinds_needed([pod(node="n2")], nodes) == {"gpu", "mig"}
+    assert utilisation.kinds_needed([pod(full=0, mig={"1g.10gb": 1})], nodes) == {"mig"}
+    assert utilisation.kinds_needed([], nodes) == set()
