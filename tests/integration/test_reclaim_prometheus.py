@@ -479,3 +479,30 @@ async def test_ratio_metric_units(prometheus_factory: StartPrometheus, config: s
     result = utilisation.assess(coverage_pod(pod, node="n1"), readings=readings,
                                 window_seconds=TEN_MINUTES, threshold_percent=10, config=merged, now=server.now)
     assert (result.idle, reason in result.reason) == (idle, True), result.reason
+
+
+THREE_HOURS = 10800
+PHASES = range(1, 16)  # seconds between the newest sample and the evaluation, at a 15 s scrape
+
+
+@pytest.fixture(scope="module")
+def long_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    """The normal tier's 3 h window, fully covered at a 15 s scrape, once per phase against the evaluation."""
+    history = [Series(UTIL, dcgm("0", pod=f"phase-{phase}", host=f"p{phase}"), scraped(15, start=11000, end=phase))
+               for phase in PHASES]
+    started = start_prometheus(tmp_path_factory.mktemp("prometheus-long"), history)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+async def test_a_fully_covered_3h_window_is_covered_in_every_phase(long_server: PrometheusServer,
+                                                                   config: settings.Settings) -> None:
+    """The issue: at the 3 h window the subquery step was 90 s, and a fully covered 15 s series was judged not
+    covered in 9 of 15 phases. Measured exactly, it is covered in all of them."""
+    readings = await readings_at(long_server.url, THREE_HOURS, config=config, now=long_server.now)
+    verdicts = {phase: utilisation.assess(coverage_pod(f"phase-{phase}", node=f"p{phase}"), readings=readings,
+                                          window_seconds=THREE_HOURS, threshold_percent=5, config=config,
+                                          now=long_server.now).reason for phase in PHASES}
+    assert verdicts == {phase: "peak GPU utilisation 1.0% < 5% over 10800s" for phase in PHASES}
