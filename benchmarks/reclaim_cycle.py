@@ -417,12 +417,15 @@ def prometheus_table(result: dict[str, Any]) -> str:
     goals = reclaim_prometheus.GOALS
     lines = ["reclaim cycle against a real Prometheus (4 h of 15 s DCGM history, the chart's tiers, dry-run):",
              f"  {'GPUs':>6} {'slowest query':>13} {'plain max 3h':>12} {'cycle p50':>9} {'measure':>8} "
+             f"{'CPU: ours':>9} {'Prometheus':>10} {'plain 3h':>8} "
              f"{'RSS':>6} {'Prom RSS':>8} {'served pods/gangs':>17} {'errors':>6}"]
     for r in result["sizes"]:
+        plain = r["plain_max_over_time_seconds"].get("10800s", {})
         lines.append(
-            f"  {r['gpus']:>6} {r['query_seconds_max']:>12.2f}s "
-            f"{r['plain_max_over_time_seconds'].get('10800s', 0):>11.2f}s "
+            f"  {r['gpus']:>6} {r['query_seconds_max']:>12.2f}s {plain.get('wall', 0):>11.2f}s "
             f"{r['cycle_seconds']['p50']:>8.2f}s {r['phase_seconds_p50'].get('measure', 0):>7.2f}s "
+            f"{r['cycle_cpu_seconds_p50']['descheduler']:>8.2f}s {r['cycle_cpu_seconds_p50']['prometheus']:>9.2f}s "
+            f"{plain.get('prometheus_cpu', 0):>7.2f}s "
             f"{r['peak_rss_mb']['descheduler']:>4.0f}MB {r['peak_rss_mb']['prometheus']:>6.0f}MB "
             f"{r['demands_served']['pods']:>11}/{r['demands_served']['gangs']:<5} {len(r['prometheus_errors']):>6}")
     for name, fit in result["fits"].items():

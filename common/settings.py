@@ -427,7 +427,7 @@ class Prometheus(Model):
         default="auto", description="Unit of mig_activity_metric, as gpu_util_unit (auto: ratio for DCGM_FI_PROF_*)."
     )
     max_concurrent_queries: int = pydantic.Field(
-        default=4,
+        default=2,
         ge=1,
         le=32,
         description="Reclaim asks each idle window as a few small queries (one per statistic, all at one store "
