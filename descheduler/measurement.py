@@ -1,12 +1,15 @@
-"""The reclaim loop's measuring shell: one PromQL query per idle window, judged at the store's time.
+"""The reclaim loop's measuring shell: each idle window's queries (descheduler.utilisation_promql), for all
+pods at once, at the store's time, judged by descheduler.utilisation.
 
-- Time from the data: each query is evaluated at the store's own "now" (no `time=`), and every answer
-  carries that time (a `time` row). Freshness is judged against it. If it differs from our clock by more
-  than `reclaim.max_clock_skew_seconds` (after the round trip), the windows we screened by our clock and
-  the store's windows are not the same: nothing that query measured is idle (fail closed), and the skew
-  is one log line and the `gpu_steward_reclaim_clock_skew_seconds` gauge.
+- Time from the data: the store's "now" is asked first (`vector(time())`), and every query of the window
+  is evaluated at it (one instant for all of them), so freshness is judged against the data's clock. If it
+  differs from ours by more than `reclaim.max_clock_skew_seconds` (beyond the round trip), the windows we
+  screened by our clock and the store's are not the same: nothing that window measured is idle (fail
+  closed), said once, and the skew is the `gpu_steward_reclaim_clock_skew_seconds` gauge.
 - A partial answer (`warnings`, as Thanos, Mimir or a federated store return it) cannot say which pods'
-  series are missing: every pod that query measured is not idle, one log line, one metric.
+  series are missing: every pod that window measured is not idle, one log line, one metric.
+- The window's queries run at most `prometheus.max_concurrent_queries` at a time, each bounded by the
+  client's timeout; the first failure cancels the rest (TaskGroup).
 - A failed query is one log line with the error and one metric; each pod's reason only points there.
 """
 

@@ -1,5 +1,5 @@
 """The idle-reclaim loop: every `descheduler.reclaim.interval_seconds`, one cycle =
-snapshot + one PromQL query per distinct idle window + plan + act + record.
+snapshot + measure (a few small PromQL queries per distinct idle window, for all pods) + plan + act + record.
 
 - Prometheus unset, down, slow, erroring, partial (warnings) or skewed from our clock: every pod of that
   window is "not idle" (fail closed), the cycle evicts nothing for them and says so once (one log line,
