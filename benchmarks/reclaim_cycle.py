@@ -1,25 +1,29 @@
-"""Idle-reclaim cycle at 1,000 nodes and 10,000 GPU pods: cycle time, peak memory, PromQL queries.
+"""Idle-reclaim cycle: against a real Prometheus (the measurement), or a stand-in (the planner alone).
 
+    python benchmarks/reclaim_cycle.py --prometheus [--quick]          # real Prometheus, 1,000-10,000 GPUs
     python benchmarks/reclaim_cycle.py [--nodes 1000] [--pods 10000] [--pending 50] [--cycles 5]
-                                       [--quick] [--scale] [--gc-freeze] [--out FILE]
+                                       [--quick] [--scale] [--gc-freeze] [--out FILE]   # planner stand-in
 
-A full cluster (every GPU taken, so each pending pod needs victims): 8-GPU nodes with two NVLink
-domains of 4 holding pods of 1, 1, 2 and 4 GPUs, plus as many MIG nodes (28x 1g.10gb + 8x 3g.40gb)
-as it takes to place `--pods` pods. Pods belong to four PriorityClasses (three idle windows, one not
-reclaimable), some to ReplicaSets and gangs; about a third are idle. Pending: `--pending` pods of
-1-8 GPUs or one MIG slice at mixed priorities, plus two gated gangs waiting for GPUs. Two scenarios,
-in dry-run: the default settings (the per-cycle limit soon ends the search) and limits wide enough
-that every pending pod is searched for.
+`--prometheus`: for 1,000, 5,000 and 10,000 GPUs (`--quick`: 200), each in its own process,
+benchmarks/reclaim_prometheus.py backfills 4 h of 15 s DCGM history into a real Prometheus with promtool
+and runs dry-run cycles against it with the chart's tiers (3 h and 10 min windows): every query's wall
+time, the cycle's, peak RSS, demands served by kind; then a line of the slowest query and of the cycle
+against GPUs. Goals at 10,000 GPUs: every query < 1 s, cycle < 2 s, descheduler < 500 MB.
 
-Prometheus is a stand-in that counts queries and answers each with one DCGM-shaped row per pod and
-statistic, for every pod as the real query does, with sample counts that follow the queried window;
-the JSON body is decoded per query, as the HTTP client would. The snapshot is built once (the feeder
-keeps it up to date between cycles; its build time is reported apart); every cycle runs on a fresh
-`ReclaimLoop` so that dry-run cooldowns do not shrink the next cycle's work, after one warm-up cycle.
-Reported: whole cycle wall time (p50, max) and CPU time (p50), the planner alone (CPU), each phase's
-median, peak RSS of the process (raw objects and snapshot included), queries per cycle, demands
-served, evictions planned. `--scale` runs sizes up to 5,000 nodes / 50,000 pods, each in its own
-process (so each has its own peak RSS), and fits cycle CPU time against pods. Times are printed,
+Without it, Prometheus is a STAND-IN (FakePrometheus: it answers the same queries from the pod list, at
+no cost of its own) and what is measured is the planner and the cycle around it: a full cluster (every
+GPU taken, so each pending pod needs victims) of 8-GPU nodes with two NVLink domains of 4 holding pods of
+1, 1, 2 and 4 GPUs, plus as many MIG nodes (28x 1g.10gb + 8x 3g.40gb) as it takes to place `--pods`
+pods. Pods belong to four PriorityClasses (three idle windows, one not reclaimable), some to ReplicaSets
+and gangs; about a third are idle. Pending: `--pending` pods of 1-8 GPUs or one MIG slice at mixed
+priorities, plus two gated gangs waiting for GPUs. Two scenarios, in dry-run: the default settings (the
+per-cycle limit soon ends the search) and limits wide enough that every pending pod is searched for. The
+snapshot is built once (the feeder keeps it up to date between cycles; its build time is reported apart);
+every cycle runs on a fresh `ReclaimLoop` so that dry-run cooldowns do not shrink the next cycle's work,
+after one warm-up cycle. Reported: whole cycle wall time (p50, max) and CPU time (p50), the planner alone
+(CPU), each phase's median, peak RSS of the process (raw objects and snapshot included), queries per
+cycle, demands served, evictions planned. `--scale` runs sizes up to 5,000 nodes / 50,000 pods, each in
+its own process (so each has its own peak RSS), and fits cycle CPU time against pods. Times are printed,
 never asserted; the machine may be shared, so the load average is recorded beside them.
 """
 
@@ -46,12 +50,14 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # after site-packages: an installed gpu-steward wins; a bare checkout works too
 
-from common import settings, snapshot, source  # noqa: E402
+from benchmarks import reclaim_prometheus  # noqa: E402
+from common import prometheus, settings, snapshot, source  # noqa: E402
 from descheduler import evictor, policy, reclaim, reclaim_loop  # noqa: E402
 from gpu_steward import cmd_descheduler  # noqa: E402
 
 SCRIPT = pathlib.Path(__file__).resolve()
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "reclaim_cycle.json"
+DEFAULT_PROMETHEUS_OUT = ROOT / "benchmarks" / "results" / "reclaim_cycle_prometheus.json"
 PREFIX = policy.PREFIX
 NOW = 1_800_000_000.0
 SCRAPE_SECONDS = 60.0  # the stand-in's DCGM scrape interval
@@ -148,45 +154,52 @@ def synthetic_cluster(*, nodes: int, pods: int, pending: int) -> dict[str, list[
 
 
 class FakePrometheus:
-    """Answers like Prometheus would the reclaim query: 7 statistics per pod and kind of device, for every
-    pod with DCGM series (the query cannot filter by pod), or `util` alone for a pod at or above the
-    query's `below_percent` when it has one; sample counts follow the queried window, and a few pods
-    have a gap of half of it (not idle for want of coverage)."""
+    """A stand-in for the planner alone (the real Prometheus: `--prometheus`, benchmarks/reclaim_prometheus.py).
+    Answers the reclaim queries (descheduler.utilisation_promql) as Prometheus would for every pod with
+    DCGM series: util per pod, and per device the samples of each part and the last sample before each
+    boundary, scraped every `interval_seconds` up to NOW; a third idle, and a few with a hole of half the
+    window (not idle for want of coverage). Answers are built once per query and decoded per query, as
+    the HTTP client does (that cost and memory are the cycle's)."""
 
     def __init__(self, pods: Sequence[dict[str, Any]], *, interval_seconds: float) -> None:
         self.queries = 0
         self._interval = interval_seconds
         self._pods = [p for p in pods if p["spec"].get("nodeName")]
-        self._bodies: dict[tuple[int, float | None], str] = {}  # (window, below) -> the HTTP body of the answer
+        self._bodies: dict[str, str] = {}  # promql -> the HTTP body of the answer
 
-    async def query(self, promql: str, *, time: float | None = None) -> list[dict[str, Any]]:
+    async def instant(self, promql: str, *, time: float | None = None) -> prometheus.Answer:
         self.queries += 1
-        window = int(re.search(r"\[(\d+)s\]", promql).group(1))  # type: ignore[union-attr]
-        below = re.search(r"\) < ([0-9.]+)\)", promql)
-        key = (window, float(below.group(1)) if below else None)
-        if key not in self._bodies:  # built once: the stand-in's own work is not ours to measure
-            self._bodies[key] = self._body(*key)
+        if promql not in self._bodies:  # built once: the stand-in's own work is not ours to measure
+            self._bodies[promql] = self._body(promql)
         # Decoded per query, as the HTTP client does (that cost and memory are the cycle's).
-        return list(json.loads(self._bodies[key])["data"]["result"])
+        return prometheus.Answer(list(json.loads(self._bodies[promql])["data"]["result"]))
 
-    def _body(self, window: int, below: float | None) -> str:
+    def _body(self, promql: str) -> str:
+        if promql == "vector(time())":
+            rows = [{"metric": {}, "value": [NOW, repr(NOW)]}]
+            return json.dumps({"status": "success", "data": {"resultType": "vector", "result": rows}})
+        mig = "GR_ENGINE_ACTIVE" in promql
+        ranged = re.search(r"\[(\d+)s\]", promql)
+        offset = re.search(r" offset (\d+)s\)", promql)
+        ago = int(offset.group(1)) if offset else 0
         rows = []
         for i, pod in enumerate(self._pods):
             meta, limits = pod["metadata"], pod["spec"]["containers"][0]["resources"]["limits"]
-            kind = "gpu" if "nvidia.com/gpu" in limits else "mig"
-            devices = float(sum(int(v) for v in limits.values()))
-            util = 1.0 + i % 4 if i % 3 == 0 else 20.0 + i % 70  # a third idle
-            gappy = i % 37 == 0
-            samples = window / self._interval * (0.5 if gappy else 1.0)
-            gap = window / 2 / (window / samples) if gappy else 1.0  # in observed scrape intervals
-            stats = {"util": util, "samples": samples, "devices": devices, "valid": devices, "last": NOW - 20,
-                     "lag": -0.5, "gap": gap}
-            if below is not None and util >= below:
-                stats = {"util": util}
-            for stat, value in stats.items():
-                rows.append({"metric": {"gs_namespace": meta["namespace"], "gs_pod": meta["name"],
-                                        "gs_host": pod["spec"]["nodeName"], "gs_stat": f"{kind}_{stat}"},
-                             "value": [NOW, repr(value)]})
+            if ("nvidia.com/gpu" in limits) == mig:
+                continue
+            labels = {"namespace": meta["namespace"], "pod": meta["name"], "Hostname": pod["spec"]["nodeName"]}
+            if "max_over_time(" in promql or "avg_over_time(" in promql:
+                util = 1.0 + i % 4 if i % 3 == 0 else 20.0 + i % 70  # a third idle
+                rows.append({"metric": labels, "value": [NOW, repr(util)]})
+                continue
+            gappy = i % 37 == 0 and ago > 0  # its older parts hold half the samples
+            for device in range(sum(int(v) for v in limits.values())):
+                metric = {**labels, "gpu": str(device), "UUID": f"GPU-{meta['name']}-{device}"}
+                if ranged:
+                    value = int(ranged.group(1)) / self._interval * (0.5 if gappy else 1.0)
+                else:
+                    value = NOW - ago - 5.0
+                rows.append({"metric": metric, "value": [NOW, repr(value)]})
         return json.dumps({"status": "success", "data": {"resultType": "vector", "result": rows}})
 
 
@@ -224,11 +237,11 @@ def run_size(*, nodes: int, pods: int, pending: int, cycles: int, freeze: bool =
     rss_built = _rss_mb()
     if freeze:
         gc.freeze()  # what a long-running process may do once synced: the collector skips these objects
-    prometheus = FakePrometheus(raw["pods"], interval_seconds=SCRAPE_SECONDS)
+    stand_in = FakePrometheus(raw["pods"], interval_seconds=SCRAPE_SECONDS)
     scenarios = {}
     for scenario, reclaim_settings in SCENARIOS.items():
         config = settings.load(overrides={"descheduler": {"reclaim": {"dry_run": True, **reclaim_settings}}})
-        scenarios[scenario] = _scenario(cluster, prometheus, config=config, cycles=cycles)
+        scenarios[scenario] = _scenario(cluster, stand_in, config=config, cycles=cycles)
     return {
         "nodes": nodes, "gpu_pods": sum(1 for p in cluster.pods.values() if p.node_name), "pending": pending,
         "cycles": cycles, "gc_freeze": freeze, "scenarios": scenarios,
@@ -240,7 +253,7 @@ def run_size(*, nodes: int, pods: int, pending: int, cycles: int, freeze: bool =
     }
 
 
-def _scenario(cluster: snapshot.Snapshot, prometheus: FakePrometheus, *, config: settings.Settings,
+def _scenario(cluster: snapshot.Snapshot, stand_in: FakePrometheus, *, config: settings.Settings,
               cycles: int) -> dict[str, Any]:
     """`cycles` measured cycles after one to warm up (the stand-in builds its answers then)."""
     results: list[reclaim_loop.Cycle] = []
@@ -250,14 +263,14 @@ def _scenario(cluster: snapshot.Snapshot, prometheus: FakePrometheus, *, config:
     inputs: dict[str, Any] = {}
     with _capturing(reclaim, "plan", inputs):  # the planner's inputs, to time it alone below
         for _ in range(cycles + 1):
-            loop = reclaim_loop.ReclaimLoop(config=config, cluster=source.StaticSource(cluster), prometheus=prometheus,
+            loop = reclaim_loop.ReclaimLoop(config=config, cluster=source.StaticSource(cluster), prometheus=stand_in,
                                             evictions=evictor.DryRunClient(), api=None, clock=lambda: NOW,
                                             gang_demands=cmd_descheduler.gang_demands(config))
-            before, started, used = prometheus.queries, time.perf_counter(), time.process_time()
+            before, started, used = stand_in.queries, time.perf_counter(), time.process_time()
             results.append(asyncio.run(loop.cycle()))
             wall.append(time.perf_counter() - started)
             cpu.append(time.process_time() - used)
-            queries.append(prometheus.queries - before)
+            queries.append(stand_in.queries - before)
     del results[0], wall[0], cpu[0], queries[0]
     planner = []  # CPU time: the planner does no I/O, and a shared machine's wall clock counts the neighbours
     for _ in range(cycles):
@@ -374,6 +387,57 @@ def scale_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+PROMETHEUS_SIZES = (1000, 5000, 10000)
+QUICK_PROMETHEUS_SIZES = (200,)
+
+
+def real_prometheus(sizes: Sequence[int], *, pending: int, cycles: int) -> dict[str, Any]:
+    """Each size in its own process (benchmarks/reclaim_prometheus.py: backfill, real Prometheus, cycles),
+    then least-squares lines of the slowest query and of the cycle's wall time against GPUs."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for gpus in sizes:
+            out = pathlib.Path(tmp) / f"{gpus}.json"
+            print(f"real Prometheus, {gpus} GPUs:", flush=True)
+            subprocess.run([sys.executable, str(SCRIPT.parent / "reclaim_prometheus.py"), "--gpus", str(gpus),
+                            "--pending", str(pending), "--cycles", str(cycles), "--out", str(out)], check=True)
+            rows.append(json.loads(out.read_text()))
+    fits = {}
+    if len(rows) > 1:
+        xs = [float(r["gpus"]) for r in rows]
+        for name, ys in (("query_max", [r["query_seconds_max"] for r in rows]),
+                         ("cycle_p50", [r["cycle_seconds"]["p50"] for r in rows])):
+            line = statistics.linear_regression(xs, ys)
+            exponent = statistics.linear_regression([math.log(x) for x in xs], [math.log(y) for y in ys]).slope
+            fits[name] = {"seconds_per_1000_gpus": round(line.slope * 1000, 4),
+                          "intercept_seconds": round(line.intercept, 4), "loglog_exponent": round(exponent, 3),
+                          "growth": _growth(exponent)}
+    return {"sizes": rows, "fits": fits}
+
+
+def prometheus_table(result: dict[str, Any]) -> str:
+    goals = reclaim_prometheus.GOALS
+    lines = ["reclaim cycle against a real Prometheus (4 h of 15 s DCGM history, the chart's tiers, dry-run):",
+             f"  {'GPUs':>6} {'slowest query':>13} {'plain max 3h':>12} {'cycle p50':>9} {'measure':>8} "
+             f"{'CPU: ours':>9} {'Prometheus':>10} {'plain 3h':>8} "
+             f"{'RSS':>6} {'Prom RSS':>8} {'served pods/gangs':>17} {'errors':>6}"]
+    for r in result["sizes"]:
+        plain = r["plain_max_over_time_seconds"].get("10800s", {})
+        lines.append(
+            f"  {r['gpus']:>6} {r['query_seconds_max']:>12.2f}s {plain.get('wall', 0):>11.2f}s "
+            f"{r['cycle_seconds']['p50']:>8.2f}s {r['phase_seconds_p50'].get('measure', 0):>7.2f}s "
+            f"{r['cycle_cpu_seconds_p50']['descheduler']:>8.2f}s {r['cycle_cpu_seconds_p50']['prometheus']:>9.2f}s "
+            f"{plain.get('prometheus_cpu', 0):>7.2f}s "
+            f"{r['peak_rss_mb']['descheduler']:>4.0f}MB {r['peak_rss_mb']['prometheus']:>6.0f}MB "
+            f"{r['demands_served']['pods']:>11}/{r['demands_served']['gangs']:<5} {len(r['prometheus_errors']):>6}")
+    for name, fit in result["fits"].items():
+        lines.append(f"  {name}: {fit['seconds_per_1000_gpus']:.3f} s per 1,000 GPUs + "
+                     f"{fit['intercept_seconds']:.2f} s, log-log exponent {fit['loglog_exponent']} -> {fit['growth']}")
+    lines.append(f"  goals at 10,000 GPUs: every query < {goals['query_seconds']:g} s, cycle < "
+                 f"{goals['cycle_seconds']:g} s, descheduler < {goals['peak_rss_mb']:g} MB")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000)
@@ -384,8 +448,20 @@ def main() -> None:
     parser.add_argument("--scale", action="store_true", help="also run 1,000/10,000 .. 5,000/50,000 and fit a line")
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
     parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() once the snapshot is built")
+    parser.add_argument("--prometheus", action="store_true",
+                        help="against a real Prometheus at 1,000 / 5,000 / 10,000 GPUs (--quick: 200) instead of "
+                        "the planner stand-in")
     parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)  # the --scale children
     args = parser.parse_args()
+    if args.prometheus:
+        sizes = QUICK_PROMETHEUS_SIZES if args.quick else PROMETHEUS_SIZES
+        real = real_prometheus(sizes, pending=10 if args.quick else 20, cycles=2 if args.quick else 3)
+        print(prometheus_table(real))
+        out = DEFAULT_PROMETHEUS_OUT if args.out == DEFAULT_OUT else args.out
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"goals": reclaim_prometheus.GOALS, "prometheus": real}, indent=2) + "\n")
+        print(f"results: {out}")
+        return
     if args.quick:
         args.nodes, args.pods, args.pending, args.cycles = 100, 1000, 10, 3
     result: dict[str, Any] = {"goals": GOALS, "run": run_size(nodes=args.nodes, pods=args.pods, pending=args.pending,

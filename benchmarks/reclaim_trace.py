@@ -77,7 +77,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout; the tests package is not installed
 
 from common import prometheus, settings, snapshot  # noqa: E402
-from descheduler import evictor, policy, reclaim_loop  # noqa: E402
+from descheduler import evictor, policy, reclaim_loop, utilisation_promql  # noqa: E402
 from gpu_steward import localprometheus  # noqa: E402
 from tests import builders  # noqa: E402
 
@@ -512,14 +512,21 @@ class Clock:
 
 class SharedQueries:
     """One real query per distinct PromQL at a cycle's time: every policy of a cycle asks about the same
-    instant, and the answer does not depend on who asks (each reader keeps only its pods' rows)."""
+    instant, and the answer does not depend on who asks (each reader keeps only its pods' rows). The
+    store's "now" (what the reclaim loop asks first) is the replay's clock: the trace's time."""
 
     def __init__(self, client: prometheus.Client) -> None:
         self._client = client
+        self.clock = Clock()
         self._time: float | None = None
         self._answers: dict[str, list[dict[str, Any]]] = {}
         self.sent = 0
         self.seconds = 0.0
+
+    async def instant(self, promql: str, *, time: float | None = None) -> prometheus.Answer:
+        if promql == utilisation_promql.TIME_QUERY:
+            return prometheus.Answer([{"metric": {}, "value": [self.clock.now, repr(self.clock.now)]}])
+        return prometheus.Answer(await self.query(promql, time=self.clock.now if time is None else time))
 
     async def query(self, promql: str, *, time: float | None = None) -> list[dict[str, Any]]:
         if time != self._time:
@@ -559,7 +566,7 @@ class Runner:
         self._config = config
         self._yardstick = yardstick(trace, config)
         self._source = ReplaySource()
-        self._clock = Clock()
+        self._clock = queries.clock  # the store's time and ours: the trace's
         self._loop = reclaim_loop.ReclaimLoop(
             config=config, cluster=self._source, prometheus=queries, evictions=evictor.DryRunClient(), api=None,
             clock=self._clock,

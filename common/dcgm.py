@@ -48,7 +48,7 @@ class _Claim:
     mig: bool
 
 
-def _pick(metric: Mapping[str, str], names: Sequence[str]) -> str:
+def pick(metric: Mapping[str, str], names: Sequence[str]) -> str:
     """The value of the last of `names` that is set (later spellings override earlier ones)."""
     return next((metric[n] for n in reversed(names) if metric.get(n)), "")
 
@@ -62,13 +62,13 @@ def _claim(series: Mapping[str, Any], labels: settings.PrometheusLabels) -> _Cla
     metric = series.get("metric")
     if not isinstance(metric, dict):
         return "no metric labels"
-    pod = _pick(metric, labels.pod)
+    pod = pick(metric, labels.pod)
     if not pod:
         return f"no pod label ({'/'.join(labels.pod)} empty): GPU not attributed to a pod"
-    namespace = _pick(metric, labels.namespace)
+    namespace = pick(metric, labels.namespace)
     if not namespace:
         return f"pod {pod} has no namespace label ({'/'.join(labels.namespace)} empty)"
-    node = _pick(metric, labels.hostname)
+    node = pick(metric, labels.hostname)
     if not node:
         return f"pod {namespace}/{pod} has no host label ({'/'.join(labels.hostname)} empty)"
     raw_index = metric.get(labels.gpu, "")

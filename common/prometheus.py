@@ -1,20 +1,26 @@
 """Instant PromQL queries, off the event loop, with one error type for every way they fail.
 
-prometheus-api-client is synchronous (requests), so each query runs in a worker thread bounded twice:
-by `asyncio.timeout` (the caller never waits longer) and by the requests timeout (the thread ends too).
-The client never retries by itself: its default would retry 3 times with backoff and turn a dead
-Prometheus into a 7-second wait; our loops retry on their next cycle instead.
+requests is synchronous, so each query runs in a worker thread bounded twice: by `asyncio.timeout` (the
+caller never waits longer) and by the requests timeout (the thread ends too). No retries: a dead
+Prometheus must not turn into a multi-second wait; our loops retry on their next cycle instead.
+
+Queries go as a form-encoded POST (`/api/v1/query` accepts it on Prometheus, Thanos, Mimir and
+VictoriaMetrics): the reclaim query is several KB, past what proxies in front of a store accept in a URL.
+An answer keeps its `warnings` (Thanos' partial responses, a store that skipped data): the caller decides
+what a partial answer is worth. Error messages name the server and the failure, never the query (it is
+long, and a failed cycle is told once, not once per pod).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import pathlib
 from typing import Any
 
 import requests
+import requests.adapters
 import requests.auth
-from prometheus_api_client import exceptions, prometheus_connect
 from urllib3.util import retry
 
 from common import settings
@@ -25,6 +31,12 @@ Series = dict[str, Any]
 
 class PrometheusError(Exception):
     """HTTP error, timeout, connection failure or a malformed answer."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    series: list[Series]
+    warnings: tuple[str, ...] = ()  # the store says the answer may be incomplete
 
 
 class _BearerFile(requests.auth.AuthBase):
@@ -47,49 +59,61 @@ class Client:
         if not config.url:
             raise ValueError("prometheus.url is not set")
         self._config = config
+        self._url = config.url.rstrip("/")
         session = requests.Session()
         session.verify = False if config.insecure_skip_verify else str(config.ca_file) if config.ca_file else True
-        self._connect = prometheus_connect.PrometheusConnect(
-            url=config.url.rstrip("/"),
-            headers=dict(config.headers),
-            session=session,
-            retry=retry.Retry(total=0, raise_on_status=False),
-            # requests takes any AuthBase and float timeouts; the library's annotations are narrower
-            auth=_BearerFile(config.bearer_token_file) if config.bearer_token_file else None,  # type: ignore[arg-type]
-            timeout=config.timeout_seconds,  # type: ignore[arg-type]
-        )
+        session.headers.update(config.headers)
+        if config.bearer_token_file:
+            session.auth = _BearerFile(config.bearer_token_file)
+        adapter = requests.adapters.HTTPAdapter(max_retries=retry.Retry(total=0, raise_on_status=False))
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        self._session = session
 
     @property
     def url(self) -> str:
-        return str(self._connect.url)
+        return self._url
 
     def close(self) -> None:
-        self._connect.close()
+        self._session.close()
 
     async def query(self, promql: str, *, time: float | None = None) -> list[Series]:
         """The `result` list of an instant query (a vector, or a matrix for range selectors)."""
-        params = {} if time is None else {"time": f"{time:.3f}"}
+        return (await self.instant(promql, time=time)).series
+
+    async def instant(self, promql: str, *, time: float | None = None) -> Answer:
+        """An instant query at `time`, or at the store's own "now" when None (the store's clock decides
+        what "the last hour" is: see descheduler.measurement)."""
+        form = {"query": promql} if time is None else {"query": promql, "time": f"{time:.3f}"}
         try:
             async with asyncio.timeout(self._config.timeout_seconds):
-                result = await asyncio.to_thread(self._connect.custom_query, promql, params=params)
+                body = await asyncio.to_thread(self._post, form)
         except TimeoutError as exc:
-            raise PrometheusError(
-                f"query timed out after {self._config.timeout_seconds}s at {self.url}: {promql}"
-            ) from exc
-        except exceptions.PrometheusApiClientException as exc:
-            raise PrometheusError(f"query failed at {self.url}: {exc}: {promql}") from exc
+            raise PrometheusError(f"query timed out after {self._config.timeout_seconds}s at {self.url}") from exc
         except requests.JSONDecodeError as exc:  # before RequestException: it is one too
             raise PrometheusError(f"malformed answer from {self.url}: not JSON: {exc}") from exc
         except requests.RequestException as exc:
             raise PrometheusError(f"cannot reach {self.url}: {exc}") from exc
-        except (ValueError, KeyError, TypeError) as exc:
-            raise PrometheusError(f"malformed answer from {self.url}: {exc!r}") from exc
-        return _checked(result, url=self.url)
+        return _checked(body, url=self.url)
+
+    def _post(self, form: dict[str, str]) -> Any:
+        response = self._session.post(f"{self._url}/api/v1/query", data=form, timeout=self._config.timeout_seconds)
+        if response.status_code != 200:
+            raise PrometheusError(
+                f"query failed at {self.url}: HTTP Status Code {response.status_code} ({response.content[:300]!r})")
+        return response.json()
 
 
-def _checked(result: Any, *, url: str) -> list[Series]:
+def _checked(body: Any, *, url: str) -> Answer:
+    try:
+        result = body["data"]["result"]
+        warnings = body.get("warnings") or []
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise PrometheusError(f"malformed answer from {url}: {exc!r}") from exc
     if not isinstance(result, list) or not all(
         isinstance(s, dict) and isinstance(s.get("metric"), dict) for s in result
     ):
         raise PrometheusError(f"malformed answer from {url}: expected a list of series, got {result!r:.200}")
-    return result
+    if not isinstance(warnings, list):
+        raise PrometheusError(f"malformed answer from {url}: warnings {warnings!r:.200} is not a list")
+    return Answer(series=result, warnings=tuple(str(w) for w in warnings))

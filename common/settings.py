@@ -409,7 +409,7 @@ class Prometheus(Model):
     gpu_util_metric: str = pydantic.Field(
         default="DCGM_FI_DEV_GPU_UTIL",
         pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$",
-        description="DCGM metric of whole-GPU utilisation (percent).",
+        description="DCGM metric of whole-GPU utilisation (percent, or a ratio: see gpu_util_unit).",
     )
     mig_activity_metric: str = pydantic.Field(
         default="DCGM_FI_PROF_GR_ENGINE_ACTIVE",
@@ -417,6 +417,22 @@ class Prometheus(Model):
         description="DCGM metric of MIG instance activity (ratio 0-1).",
     )
     labels: PrometheusLabels = PrometheusLabels()
+    gpu_util_unit: Literal["auto", "percent", "ratio"] = pydantic.Field(
+        default="auto",
+        description="Unit of gpu_util_metric. auto: ratio (0-1, read x100) for DCGM_FI_PROF_* metrics, else "
+        "percent. A reading above 100 % after scaling means the unit is wrong: that pod is not idle, and the "
+        "reason says which setting to change.",
+    )
+    mig_activity_unit: Literal["auto", "percent", "ratio"] = pydantic.Field(
+        default="auto", description="Unit of mig_activity_metric, as gpu_util_unit (auto: ratio for DCGM_FI_PROF_*)."
+    )
+    max_concurrent_queries: int = pydantic.Field(
+        default=2,
+        ge=1,
+        le=32,
+        description="Reclaim asks each idle window as a few small queries (one per statistic, all at one store "
+        "time): at most this many in flight at once.",
+    )
 
 
 class Cooldowns(Model):
@@ -527,24 +543,21 @@ class Reclaim(Model):
         default=2.0,
         gt=0,
         description="Coverage by time: a pod is idle only if no device has a stretch of its idle window without "
-        "a sample longer than this many of its own observed scrape intervals (window / samples), counting from "
-        "the window's start. The interval is read from the data, so one value holds at 10 s, 15 s, 30 s or 60 s "
-        "scrapes; 2 forgives one missed scrape.",
+        "a sample longer than this many of its own observed scrape intervals (the shortest mean spacing of its "
+        "samples over the parts of the window, see coverage_chunks), counting from the window's start; and only "
+        "if its newest sample is at most this many intervals old at the store's time. The interval is read from "
+        "the data, so one value holds at 10 s, 15 s, 30 s or 60 s scrapes; 2 forgives one missed scrape.",
     )
     max_scrape_interval_seconds: Seconds = pydantic.Field(
         default=60,
         description="Coverage by time: the longest scrape interval believed (seconds). A device's observed "
-        "interval is its window over its samples, so a few samples spread over a window would otherwise pass for "
-        "a slow scrape and excuse long gaps; sparser data is judged against this interval instead.",
-    )
-    coverage_step_seconds: Seconds = pydantic.Field(
-        default=10,
-        description="Resolution (seconds) of the subqueries that find gaps and the first sample; finer for short "
-        "windows (at least 10 steps a window), coarser for long ones (at most 120 steps: the query's cost grows "
-        "with steps x GPUs). Gaps are measured to within one step.",
+        "interval is read from the spacing of its samples, so a few samples spread over a window would otherwise "
+        "pass for a slow scrape and excuse long gaps; sparser data is judged against this interval instead.",
     )
     max_sample_age_seconds: Seconds = pydantic.Field(
-        default=180, description="A pod whose newest DCGM sample is older than this is not idle (stale data)."
+        default=180,
+        description="A pod whose newest DCGM sample is older than this (seconds, at the store's time) is not idle, "
+        "whatever its scrape interval; the tighter bound is max_gap_intervals observed scrape intervals.",
     )
     default_idle_threshold_percent: Percent = pydantic.Field(
         default=5.0,
@@ -562,6 +575,22 @@ class Reclaim(Model):
     )
     retry_backoff_max_seconds: Seconds = pydantic.Field(
         default=900, description="Longest wait before retrying a failed eviction (seconds)."
+    )
+    coverage_chunks: int = pydantic.Field(
+        default=4,
+        ge=1,
+        le=24,
+        description="Coverage by time: the idle window is read as this many consecutive parts (fewer when a part "
+        "would be shorter than 4 max_scrape_interval_seconds). Each part's samples are counted once, so the "
+        "query reads each sample about twice whatever the window; the shortest mean spacing over the parts is "
+        "the observed scrape interval, and each part's samples must fill it to within max_gap_intervals. More "
+        "parts: an interval measured on a shorter clean stretch; each part costs a few index lookups per GPU.",
+    )
+    max_clock_skew_seconds: Seconds = pydantic.Field(
+        default=10,
+        description="Windows are evaluated at the Prometheus store's own time. When that differs from the "
+        "descheduler's clock by more than this (seconds, after the query's round trip), nothing measured by "
+        "that query is idle (fail closed), and the skew is logged and exported as a metric.",
     )
 
 

@@ -1,8 +1,9 @@
 """The idle-reclaim loop: every `descheduler.reclaim.interval_seconds`, one cycle =
-snapshot + one PromQL query per distinct idle window + plan + act + record.
+snapshot + measure (a few small PromQL queries per distinct idle window, for all pods) + plan + act + record.
 
-- Prometheus unset, down, slow or erroring: every pod of that window is "not idle" (fail closed), the
-  cycle evicts nothing for them and says so (log line, `..._prometheus_errors_total`).
+- Prometheus unset, down, slow, erroring, partial (warnings) or skewed from our clock: every pod of that
+  window is "not idle" (fail closed), the cycle evicts nothing for them and says so once (one log line,
+  `..._prometheus_errors_total`); measuring is `descheduler.measurement`.
 - Cooldowns are read from (and, after real evictions, merged into) their Lease (`cooldowns`); with no
   API server (offline `--cluster`) or in dry-run they live in memory only.
 - Every outcome goes through `record_outcome()`: one log line, one metric, the Events.
@@ -24,13 +25,12 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
 
 import prometheus_client
 from kubernetes_asyncio import client
 
-from common import events, prometheus, settings, snapshot, source
-from descheduler import cooldown_store, cooldowns, evictor, limits, policy, reclaim, utilisation
+from common import events, settings, snapshot, source
+from descheduler import cooldown_store, cooldowns, evictor, limits, measurement, policy, reclaim, utilisation
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +43,7 @@ REFUSED = frozenset({evictor.Result.BLOCKED, evictor.Result.PROTECTED, evictor.R
                      evictor.Result.FAILED, evictor.Result.BACKOFF})
 
 
-class Querier(Protocol):
-    async def query(self, promql: str, *, time: float | None = None) -> list[dict[str, Any]]: ...
+Querier = measurement.Querier
 
 
 class Metrics:
@@ -90,17 +89,6 @@ def _threshold(pod: snapshot.Pod, *, policies: Mapping[str, policy.ReclaimPolicy
     return found.threshold_percent if isinstance(found, policy.ReclaimPolicy) else 0.0
 
 
-def _rows_of(rows: Sequence[Mapping[str, Any]], pods: Sequence[str]) -> list[Mapping[str, Any]]:
-    """The rows about `pods`: an answer covers every pod with DCGM series, and parsing them is the cost."""
-    wanted = {tuple(key.split("/", 1)) for key in pods}
-    out = []
-    for row in rows:
-        metric = row.get("metric") or {}
-        if (metric.get(utilisation.NAMESPACE), metric.get(utilisation.POD)) in wanted:
-            out.append(row)
-    return out
-
-
 class ReclaimLoop:
     def __init__(
         self,
@@ -121,7 +109,9 @@ class ReclaimLoop:
         self._evictor = evictor.Evictor(evictions, config=config.descheduler.reclaim, names=config.names)
         self._api = api
         self._clock = clock
-        self._metrics = Metrics(registry if registry is not None else prometheus_client.CollectorRegistry())
+        registry = registry if registry is not None else prometheus_client.CollectorRegistry()
+        self._metrics = Metrics(registry)
+        self._measurement_metrics = measurement.Metrics(registry)
         self._memory = cooldowns.State()  # dry-run / offline cooldowns
         self._reported: set[tuple[str, str]] = set()  # (class, problem) already reported
         # Pods evicted (or, in dry-run, that would have been) -> (the demand they were evicted for, until when
@@ -218,33 +208,16 @@ class ReclaimLoop:
         *,
         now: float,
     ) -> tuple[dict[str, utilisation.Assessment], int, list[str]]:
-        assessments: dict[str, utilisation.Assessment] = {}
-        errors: list[str] = []
-        queries = 0
-        for window in sorted(wanted):
-            pods = wanted[window]
-            if self._prometheus is None:
-                reason = "prometheus.url is not set: no utilisation data"
-                assessments.update({key: utilisation.failed(reason) for key in pods})
-                continue
-            thresholds = {key: _threshold(cluster.pods[key], policies=policies) for key in pods}
-            queries += 1
+        def counted(ok: bool) -> None:
             self._metrics.queries.inc()
-            try:
-                promql = utilisation.query(window, config=self._config.prometheus,
-                                           reclaim=self._config.descheduler.reclaim,
-                                           below_percent=max(thresholds.values(), default=0.0))
-                rows = await self._prometheus.query(promql, time=now)
-            except prometheus.PrometheusError as exc:
+            if not ok:
                 self._metrics.prometheus_errors.inc()
-                errors.append(str(exc))
-                assessments.update({key: utilisation.failed(f"Prometheus query failed: {exc}") for key in pods})
-                continue
-            readings = utilisation.parse(_rows_of(rows, pods))
-            for key in pods:
-                assessments[key] = utilisation.assess(cluster.pods[key], readings=readings, window_seconds=window,
-                                                      threshold_percent=thresholds[key], config=self._config, now=now)
-        return assessments, queries, errors
+
+        thresholds = {key: _threshold(cluster.pods[key], policies=policies) for keys in wanted.values() for key in keys}
+        measured = await measurement.measure(cluster, wanted, thresholds=thresholds, querier=self._prometheus,
+                                             config=self._config, clock=self._clock,
+                                             metrics=self._measurement_metrics, on_query=counted)
+        return measured.assessments, measured.queries, list(measured.errors)
 
     async def _act(
         self,

@@ -16,6 +16,7 @@ from kubernetes_asyncio import client
 from common import events, settings, snapshot, source
 from descheduler import cooldowns, evictor, leader, reclaim, reclaim_loop
 from tests import builders
+from tests.support.prometheus import DcgmStandIn
 
 NOW = 1_800_000_000.0
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
@@ -261,14 +262,10 @@ def _cluster(config: settings.Settings) -> source.StaticSource:
     return source.StaticSource(cluster)
 
 
-class IdleFor:
+def idle_pod() -> DcgmStandIn:
     """A Prometheus stand-in answering as DCGM would for one idle pod (the real one is in
     test_reclaim_prometheus.py); here the API side is under test."""
-
-    async def query(self, promql: str, *, time: float | None = None) -> list[dict[str, Any]]:
-        stats = {"util": 1.0, "samples": 60.0, "devices": 1.0, "valid": 1.0, "last": NOW - 10, "lag": -1.0, "gap": 1.0}
-        return [{"metric": {"gs_namespace": "team-a", "gs_pod": "idle", "gs_host": "n1", "gs_stat": f"gpu_{k}"},
-                 "value": [NOW, str(v)]} for k, v in stats.items()]
+    return DcgmStandIn({("team-a", "idle", "n1"): 1.0}, now=NOW)
 
 
 @pytest.mark.parametrize("dry_run", [pytest.param(False, id="real"), pytest.param(True, id="dry-run")])
@@ -278,7 +275,7 @@ async def test_cycle_evicts_posts_events_and_persists_cooldowns(
     api, api_client = fake
     config = settings.load(overrides={"descheduler": {"reclaim": {"dry_run": dry_run}}})
     client_ = evictor.DryRunClient() if dry_run else evictor.ApiEvictionClient(api_client, timeout_seconds=5)
-    loop = reclaim_loop.ReclaimLoop(config=config, cluster=_cluster(config), prometheus=IdleFor(),
+    loop = reclaim_loop.ReclaimLoop(config=config, cluster=_cluster(config), prometheus=idle_pod(),
                                     evictions=client_, api=api_client, clock=lambda: NOW)
     cycle = await loop.cycle()
     assert [(o.eviction.pod, o.result.value) for o in cycle.outcomes] == [
@@ -304,7 +301,7 @@ async def test_cycle_evicts_posts_events_and_persists_cooldowns(
         assert stored.until == {"preemptor:team-b/want": NOW + 180, "node:n1": NOW + 300,
                                 "workload:team-a/Job/nb": NOW + 900}
         # A new leader (a fresh loop) reads them back: the same pod is not hit again.
-        again = reclaim_loop.ReclaimLoop(config=config, cluster=_cluster(config), prometheus=IdleFor(),
+        again = reclaim_loop.ReclaimLoop(config=config, cluster=_cluster(config), prometheus=idle_pod(),
                                          evictions=client_, api=api_client, clock=lambda: NOW + 5)
         second = await again.cycle()
         assert second.plan.evictions == ()
@@ -415,18 +412,9 @@ async def test_a_demands_victims_go_all_or_none(
                                             "in part")
 
 
-class IdlePods:
-    """DCGM as for `IdleFor`, for several idle pods of team-a on their nodes."""
-
-    def __init__(self, pods: dict[str, str]) -> None:
-        self._pods = pods  # name -> node
-
-    async def query(self, promql: str, *, time: float | None = None) -> list[dict[str, Any]]:
-        rows = []
-        for name, node in self._pods.items():
-            for row in await IdleFor().query(promql, time=time):
-                rows.append({**row, "metric": {**row["metric"], "gs_pod": name, "gs_host": node}})
-        return rows
+def idle_pods(pods: dict[str, str]) -> DcgmStandIn:
+    """DCGM as for `idle_pod`, for several idle pods of team-a on their nodes (name -> node)."""
+    return DcgmStandIn({("team-a", name, node): 1.0 for name, node in pods.items()}, now=NOW)
 
 
 def _two_candidates(config: settings.Settings, *, gpus: int = 1, nodes: int = 2) -> source.StaticSource:
@@ -463,7 +451,7 @@ async def test_a_refused_victim_cools_down_and_the_next_candidate_is_tried_in_th
     config = settings.load()
     clock = {"now": NOW}
     loop = reclaim_loop.ReclaimLoop(
-        config=config, cluster=_two_candidates(config), prometheus=IdlePods({"a": "n1", "b": "n2"}),
+        config=config, cluster=_two_candidates(config), prometheus=idle_pods({"a": "n1", "b": "n2"}),
         evictions=evictor.ApiEvictionClient(api_client, timeout_seconds=5), api=api_client,
         clock=lambda: clock["now"])
     cycle = await loop.cycle()
@@ -479,7 +467,7 @@ async def test_a_refused_victim_cools_down_and_the_next_candidate_is_tried_in_th
     # The next cycle (a new leader reading the Lease) does not try the refused pod again.
     clock["now"] = NOW + 60
     again = reclaim_loop.ReclaimLoop(
-        config=config, cluster=_two_candidates(config), prometheus=IdlePods({"a": "n1", "b": "n2"}),
+        config=config, cluster=_two_candidates(config), prometheus=idle_pods({"a": "n1", "b": "n2"}),
         evictions=evictor.ApiEvictionClient(api_client, timeout_seconds=5), api=api_client,
         clock=lambda: clock["now"])
     second = await again.cycle()
@@ -495,7 +483,7 @@ async def test_a_demand_served_in_part_is_said_counted_and_not_repeated(
     registry = prometheus_client.CollectorRegistry()
     config = settings.load()
     loop = reclaim_loop.ReclaimLoop(
-        config=config, cluster=_two_candidates(config, gpus=2, nodes=1), prometheus=IdlePods({"a": "n1", "b": "n1"}),
+        config=config, cluster=_two_candidates(config, gpus=2, nodes=1), prometheus=idle_pods({"a": "n1", "b": "n1"}),
         evictions=evictor.ApiEvictionClient(api_client, timeout_seconds=5), api=api_client, clock=lambda: NOW,
         registry=registry)
     cycle = await loop.cycle()

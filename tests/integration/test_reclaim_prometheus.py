@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator, Sequence
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
+import aiohttp
+import prometheus_client
 import pytest
+from aiohttp import web
 
 from common import prometheus, settings, snapshot, source
-from descheduler import evictor, policy, reclaim_loop, utilisation
+from descheduler import evictor, policy, reclaim_loop, utilisation, utilisation_promql
 from tests import builders
-from tests.support.prometheus import PrometheusServer, Series, free_port, start_prometheus
+from tests.support.prometheus import PrometheusServer, Series, StartPrometheus, free_port, start_prometheus
 
 pytestmark = pytest.mark.prometheus
 
@@ -88,6 +93,17 @@ def build(config: settings.Settings, now: float) -> snapshot.Snapshot:
                           taken_at=now)
 
 
+async def readings_at(url: str, window: int, *, config: settings.Settings, now: float) -> utilisation.Readings:
+    """Every query of a window, at one time, parsed: what the measuring shell does (less its checks)."""
+    client = prometheus.Client(config.prometheus.model_copy(update={"url": url}))
+    try:
+        answers = {name: await client.query(promql, time=now) for name, promql in utilisation_promql.queries(
+            window, config=config.prometheus, reclaim=config.descheduler.reclaim).items()}
+    finally:
+        client.close()
+    return utilisation.parse(answers, labels=config.prometheus.labels)
+
+
 @pytest.fixture(scope="module")
 def config() -> settings.Settings:
     return settings.load()
@@ -113,7 +129,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServe
         pytest.param("multi-idle", True, "GPU utilisation 4.0% < 10%", id="multi-gpu-all-idle-max"),
         pytest.param("mig-idle", True, "GPU utilisation 2.0% < 10%", id="mig-ratio-times-100"),
         pytest.param("mig-busy", False, "GPU utilisation 50.0% >= 10%", id="mig-busy"),
-        pytest.param("gappy", False, "DCGM_FI_DEV_GPU_UTIL: coverage: first sample ~1830s after the window's start",
+        pytest.param("gappy", False, "DCGM_FI_DEV_GPU_UTIL: coverage: 2 of the window's 4 parts end with no sample",
                      id="coverage-gap"),
         pytest.param("stale", False, "no sample within Prometheus' lookback (stale)", id="stale"),
         pytest.param("elsewhere", False, "DCGM series come from n9, not the pod's node n1", id="other-host"),
@@ -122,21 +138,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServe
         pytest.param("missing", False, "no DCGM series for the pod over 3600s", id="no-series"),
     ],
 )
-@pytest.mark.parametrize("below_percent", [None, 10.0], ids=["every-row", "busy-pods-util-only"])
 async def test_assess_against_real_prometheus(
     server: PrometheusServer, config: settings.Settings, pod: str, idle: bool, reason: str,
-    below_percent: float | None,
 ) -> None:
-    """Same verdict and reason whether or not the query leaves out the rows a busy pod does not need."""
-    client = prometheus.Client(settings.Prometheus(url=server.url))
-    try:
-        rows = await client.query(utilisation.query(
-            HOUR, config=config.prometheus, reclaim=config.descheduler.reclaim, below_percent=below_percent),
-            time=server.now)
-    finally:
-        client.close()
+    readings = await readings_at(server.url, HOUR, config=config, now=server.now)
     cluster = build(config, server.now)
-    result = utilisation.assess(cluster.pods[f"team-a/{pod}"], readings=utilisation.parse(rows),
+    result = utilisation.assess(cluster.pods[f"team-a/{pod}"], readings=readings,
                                 window_seconds=HOUR, threshold_percent=10, config=config, now=server.now)
     assert result.idle == idle
     assert reason in result.reason
@@ -152,13 +159,8 @@ async def test_assess_against_real_prometheus(
 async def test_window_statistic_on_a_bursty_pod(server: PrometheusServer, statistic: str, idle: bool,
                                                 reason: str) -> None:
     config = settings.load(overrides={"descheduler": {"reclaim": {"idle_statistic": statistic}}})
-    client = prometheus.Client(settings.Prometheus(url=server.url))
-    try:
-        rows = await client.query(utilisation.query(HOUR, config=config.prometheus, reclaim=config.descheduler.reclaim),
-                                  time=server.now)
-    finally:
-        client.close()
-    result = utilisation.assess(build(config, server.now).pods["team-a/bursty"], readings=utilisation.parse(rows),
+    readings = await readings_at(server.url, HOUR, config=config, now=server.now)
+    result = utilisation.assess(build(config, server.now).pods["team-a/bursty"], readings=readings,
                                 window_seconds=HOUR, threshold_percent=10, config=config, now=server.now)
     assert (result.idle, result.reason) == (idle, reason)
 
@@ -170,19 +172,19 @@ class Counting:
         self.client = client
         self.promql: list[str] = []
 
-    async def query(self, promql: str, *, time: float | None = None) -> list[dict[str, Any]]:
+    async def instant(self, promql: str, *, time: float | None = None) -> prometheus.Answer:
         self.promql.append(promql)
-        return await self.client.query(promql, time=time)
+        return await self.client.instant(promql, time=time)
 
 
-def _loop(config: settings.Settings, querier: Any, now: float, pending: Sequence[dict[str, Any]] = ()
-          ) -> reclaim_loop.ReclaimLoop:
+def _loop(config: settings.Settings, querier: Any, now: float, pending: Sequence[dict[str, Any]] = (),
+          clock: Callable[[], float] = time.time) -> reclaim_loop.ReclaimLoop:
     cluster = build(config, now)
     raw = [p.raw for p in cluster.pods.values()] + list(pending)
     nodes = [builders.gpu_node("n1", gpus=8), builders.gpu_node("n2", gpus=8)]
     fixed = snapshot.build(nodes=nodes, pods=raw, priority_classes=CLASSES, names=config.names, taken_at=now)
     return reclaim_loop.ReclaimLoop(config=config, cluster=source.StaticSource(fixed), prometheus=querier,
-                                    evictions=evictor.DryRunClient(), api=None, clock=lambda: now)
+                                    evictions=evictor.DryRunClient(), api=None, clock=clock)
 
 
 async def test_cycle_queries_once_per_window_and_plans(server: PrometheusServer) -> None:
@@ -193,7 +195,13 @@ async def test_cycle_queries_once_per_window_and_plans(server: PrometheusServer)
         cycle = await _loop(config, querier, server.now).cycle()
     finally:
         querier.client.close()
-    assert cycle.queries == 2 and len(querier.promql) == 2  # 15 pods, two distinct windows
+    # 15 pods, two distinct windows; per window the store's time, then util, part counts and boundary times
+    # of whole GPUs and, for the hour (MIG pods ask), of MIG instances too.
+    def per_window(window: int, kinds: set[str]) -> int:
+        return 1 + len(utilisation_promql.queries(window, config=config.prometheus,
+                                                  reclaim=config.descheduler.reclaim, kinds=kinds))
+
+    assert cycle.queries == len(querier.promql) == per_window(HOUR, {"gpu", "mig"}) + per_window(1800, {"gpu"})
     assert cycle.prometheus_errors == ()
     evicted = {e["pod"] for e in cycle.plan.as_json()["evictions"]}
     assert evicted == {"team-a/idle", "team-a/renamed", "team-a/multi-idle", "team-a/mig-idle"}
@@ -216,7 +224,8 @@ async def test_prometheus_down_evicts_nothing_and_says_so() -> None:
     assert len(cycle.prometheus_errors) == 2
     assert all("cannot reach" in e for e in cycle.prometheus_errors)
     assert {s.reason.split(":")[0] for s in cycle.plan.spared} == {"not idle"}
-    assert "Prometheus query failed: cannot reach" in {s.pod: s.reason for s in cycle.plan.spared}["team-a/idle"]
+    assert {s.pod: s.reason for s in cycle.plan.spared}["team-a/idle"] == (
+        "not idle: Prometheus query for the 3600s window failed (logged once per cycle)")
 
 
 # --- Coverage by time, at the scrape intervals dcgm-exporter is run with -------------------------------
@@ -265,6 +274,23 @@ COVERAGE_HISTORY = [
     Series(UTIL, {**{k: v for k, v in dcgm("4", pod="no-uuid", host="n4").items() if k != "UUID"}, **copy("b")},
            scraped(30)),
     Series(UTIL, dcgm("5", pod="busy-late", host="n4"), scraped(15, start=150, value=70.0)),
+    # The issue's case: one GPU of a 2-GPU pod reported by two jobs, one of which drops UUID; the other GPU
+    # reports nothing. Joined on UUID the two copies were two devices.
+    Series(UTIL, {**dcgm("6", pod="twice-no-uuid", host="n4"), **copy("a")}, scraped(15)),
+    Series(UTIL, {**{k: v for k, v in dcgm("6", pod="twice-no-uuid", host="n4").items() if k != "UUID"},
+                  **copy("b")}, scraped(15)),
+    # Late starts inside the window's oldest part (600 s window: two parts of 300 s), either side of 2x 15 s.
+    Series(UTIL, dcgm("0", pod="late-25s", host="n5"), scraped(15, start=575)),
+    Series(UTIL, dcgm("1", pod="late-40s", host="n5"), scraped(15, start=560)),
+    Series(UTIL, dcgm("2", pod="late-200s", host="n5"), scraped(15, start=400)),
+    # One hole in the middle, either side of the bound: 30 s (one missed scrape) and 45 s without a sample.
+    Series(UTIL, dcgm("3", pod="hole-30s-at-15", host="n5"), scraped(15, missing=(200, 186))),
+    Series(UTIL, dcgm("4", pod="hole-45s-at-15", host="n5"), scraped(15, missing=(215, 186))),
+    # The scrape interval went from 30 s to 15 s halfway through the window.
+    Series(UTIL, dcgm("5", pod="interval-change", host="n5"), scraped(30, end=305) + scraped(15, start=290)),
+    # MIG `single` strategy: the pod requests nvidia.com/gpu, its series carry GPU_I_PROFILE.
+    Series(MIG, dcgm("6", pod="mig-single", host="n5", GPU_I_PROFILE="1g.10gb", GPU_I_ID="3"),
+           scraped(15, value=0.02)),
 ]
 
 
@@ -289,15 +315,18 @@ def coverage_pod(name: str, *, node: str, gpus: int = 1) -> snapshot.Pod:
     [
         *(pytest.param(f"steady-{every}", "n3", 1, TEN_MINUTES, True, "peak GPU utilisation 1.0% < 10% over 600s",
                        id=f"covered-at-{every}s-scrape") for every in (10, 15, 30, 60)),
-        pytest.param("late-15", "n3", 1, TEN_MINUTES, False, "coverage: first sample ~", id="issue-15s-last-150s"),
-        pytest.param("late-60", "n3", 1, TEN_MINUTES, False, "coverage: first sample ~", id="60s-last-150s"),
-        pytest.param("hole-15", "n3", 1, TEN_MINUTES, False, "coverage: ~", id="15s-scrape-4-minute-hole"),
-        pytest.param("hole-30", "n3", 1, TEN_MINUTES, False, "without a sample within the 600s window",
+        pytest.param("late-15", "n3", 1, TEN_MINUTES, False, "coverage: 1 of the window's 2 parts end with no sample",
+                     id="issue-15s-last-150s"),
+        pytest.param("late-60", "n3", 1, TEN_MINUTES, False, "coverage: 1 of the window's 2 parts end",
+                     id="60s-last-150s"),
+        pytest.param("hole-15", "n3", 1, TEN_MINUTES, False, "longer than 2x the observed scrape interval (~15s)",
+                     id="15s-scrape-4-minute-hole"),
+        pytest.param("hole-30", "n3", 1, TEN_MINUTES, False, "longer than 2x the observed scrape interval (~30s)",
                      id="30s-scrape-3-missed"),
         pytest.param("missed-one-60", "n3", 1, TEN_MINUTES, True, "1.0% < 10%", id="60s-scrape-one-missed-is-fine"),
-        pytest.param("long-hole-60", "n3", 1, HOUR, False, "without a sample within the 3600s window",
+        pytest.param("long-hole-60", "n3", 1, HOUR, False, "parts end with no sample in the store's lookback",
                      id="hole-longer-than-prometheus-lookback"),
-        pytest.param("sparse", "n3", 1, HOUR, False, "observed scrape interval (~60s), at most 2x",
+        pytest.param("sparse", "n3", 1, HOUR, False, "DCGM_FI_DEV_GPU_UTIL: coverage: ",
                      id="sparse-samples-are-no-slow-scrape"),
         pytest.param("twice-one-gpu", "n4", 2, TEN_MINUTES, False, "only 1 of 2 devices report",
                      id="2-gpu-pod-one-gpu-scraped-twice-is-not-2-gpus"),
@@ -306,20 +335,174 @@ def coverage_pod(name: str, *, node: str, gpus: int = 1) -> snapshot.Pod:
                      id="one-full-copy-covers-the-device"),
         pytest.param("no-uuid", "n4", 1, TEN_MINUTES, True, "1.0% < 10%", id="no-uuid-label-index-is-the-device"),
         pytest.param("busy-late", "n4", 1, TEN_MINUTES, False, "70.0% >= 10%", id="busy-needs-no-coverage"),
+        pytest.param("twice-no-uuid", "n4", 2, TEN_MINUTES, False, "only 1 of 2 devices report",
+                     id="gpu-of-2-gpu-pod-scraped-twice-one-copy-without-uuid-is-one-device"),
+        pytest.param("late-25s", "n5", 1, TEN_MINUTES, True, "1.0% < 10%", id="first-sample-25s-after-start"),
+        pytest.param("late-40s", "n5", 1, TEN_MINUTES, False, "longer than 2x the observed scrape interval (~15s)",
+                     id="first-sample-40s-after-start"),
+        pytest.param("late-200s", "n5", 1, TEN_MINUTES, False, "longer than 2x the observed scrape interval (~15s)",
+                     id="first-sample-200s-after-start-inside-the-oldest-part"),
+        pytest.param("hole-30s-at-15", "n5", 1, TEN_MINUTES, True, "1.0% < 10%", id="hole-of-2-intervals-boundary"),
+        pytest.param("hole-45s-at-15", "n5", 1, TEN_MINUTES, False, "longer than 2x the observed scrape interval",
+                     id="hole-of-3-intervals"),
+        pytest.param("interval-change", "n5", 1, TEN_MINUTES, False, "observed scrape interval (~15s)",
+                     id="interval-change-judged-at-the-faster-interval"),
+        pytest.param("mig-single", "n5", 1, TEN_MINUTES, True, "2.0% < 10%", id="mig-single-strategy"),
     ],
 )
-@pytest.mark.parametrize("below_percent", [None, 10.0], ids=["every-row", "busy-pods-util-only"])
 async def test_coverage_by_time_at_several_scrape_intervals(
     coverage_server: PrometheusServer, config: settings.Settings, pod: str, node: str, gpus: int, window: int,
-    idle: bool, reason: str, below_percent: float | None,
+    idle: bool, reason: str,
 ) -> None:
-    client = prometheus.Client(settings.Prometheus(url=coverage_server.url))
-    try:
-        promql = utilisation.query(window, config=config.prometheus, reclaim=config.descheduler.reclaim,
-                                   below_percent=below_percent)
-        rows = await client.query(promql, time=coverage_server.now)
-    finally:
-        client.close()
-    result = utilisation.assess(coverage_pod(pod, node=node, gpus=gpus), readings=utilisation.parse(rows),
+    readings = await readings_at(coverage_server.url, window, config=config, now=coverage_server.now)
+    result = utilisation.assess(coverage_pod(pod, node=node, gpus=gpus), readings=readings,
                                 window_seconds=window, threshold_percent=10, config=config, now=coverage_server.now)
     assert (result.idle, reason in result.reason) == (idle, True), result.reason
+
+
+# --- Time from the data, partial answers, one line per failure ------------------------------------------
+
+
+def _spared(cycle: reclaim_loop.Cycle) -> dict[str, str]:
+    return {s.pod: s.reason for s in cycle.plan.spared}
+
+
+@pytest.mark.parametrize(
+    ("skew", "evicted"),
+    [
+        pytest.param(-150.0, False, id="descheduler-150s-behind-the-store"),
+        pytest.param(150.0, False, id="descheduler-150s-ahead-of-the-store"),
+        pytest.param(-12.0, False, id="just-past-the-10s-bound"),
+        pytest.param(-5.0, True, id="within-the-bound"),
+    ],
+)
+async def test_clock_skew_between_descheduler_and_store_fails_closed(
+    server: PrometheusServer, skew: float, evicted: bool,
+) -> None:
+    """The store's time decides the windows; a descheduler clock far from it fails closed and is exported."""
+    config = settings.load(overrides={"descheduler": {"reclaim": {"mode": "always"}}})
+    registry = prometheus_client.CollectorRegistry()
+    client = prometheus.Client(settings.Prometheus(url=server.url))
+    try:
+        cluster = build(config, time.time())
+        loop = reclaim_loop.ReclaimLoop(config=config, cluster=source.StaticSource(cluster), prometheus=client,
+                                        evictions=evictor.DryRunClient(), api=None, registry=registry,
+                                        clock=lambda: time.time() + skew)
+        cycle = await loop.cycle()
+    finally:
+        client.close()
+    assert ("team-a/idle" in {e["pod"] for e in cycle.plan.as_json()["evictions"]}) == evicted
+    measured = registry.get_sample_value("gpu_steward_reclaim_clock_skew_seconds")
+    assert measured is not None and abs(measured + skew) < 2
+    if not evicted:
+        assert "from ours (more than max_clock_skew_seconds 10)" in _spared(cycle)["team-a/idle"]
+        assert len(cycle.prometheus_errors) == 2  # one per window, not one per pod
+
+
+@pytest.fixture
+async def proxy_adding_warnings(server: PrometheusServer) -> AsyncIterator[str]:
+    """The real Prometheus behind a proxy that adds `warnings`, as Thanos does to a partial response."""
+    async def forward(request: web.Request) -> web.Response:
+        form = await request.post()
+        async with aiohttp.ClientSession() as session, session.post(f"{server.url}/api/v1/query",
+                                                                    data=dict(form)) as upstream:
+            body = await upstream.json()
+        return web.json_response({**body, "warnings": ["partial response: store 10.0.0.7:10901 unavailable"]})
+
+    app = web.Application()
+    app.router.add_post("/api/v1/query", forward)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_an_answer_with_warnings_fails_closed(proxy_adding_warnings: str) -> None:
+    config = settings.load(overrides={"descheduler": {"reclaim": {"mode": "always"}}})
+    client = prometheus.Client(settings.Prometheus(url=proxy_adding_warnings))
+    try:
+        cycle = await _loop(config, client, time.time()).cycle()
+    finally:
+        client.close()
+    assert cycle.plan.evictions == ()
+    assert _spared(cycle)["team-a/idle"] == ("not idle: Prometheus answered with warnings (partial data): partial "
+                                             "response: store 10.0.0.7:10901 unavailable (fail closed)")
+
+
+async def test_a_failed_query_is_one_log_line_not_one_per_pod(caplog: pytest.LogCaptureFixture) -> None:
+    config = settings.load(overrides={"descheduler": {"reclaim": {"mode": "always"}}})
+    down = prometheus.Client(settings.Prometheus(url=f"http://127.0.0.1:{free_port()}", timeout_seconds=2))
+    caplog.set_level(logging.DEBUG)
+    try:
+        cycle = await _loop(config, down, time.time()).cycle()
+    finally:
+        down.close()
+    failures = [r for r in caplog.records if "Prometheus failed" in r.getMessage()]
+    assert len(failures) == 1 and failures[0].levelno == logging.WARNING
+    assert "cannot reach" in failures[0].getMessage() and "label_replace" not in failures[0].getMessage()
+    # Every other line is short: no query text anywhere (it was 3 KB per spared pod).
+    assert all("label_replace" not in r.getMessage() and len(r.getMessage()) < 1000 for r in caplog.records)
+    assert len(_spared(cycle)) == 15
+
+
+UNIT_HISTORY = [
+    # DCGM_FI_PROF_GR_ENGINE_ACTIVE on a whole GPU (no MIG): 0.9 is 90 % busy.
+    Series("DCGM_FI_PROF_GR_ENGINE_ACTIVE", dcgm("0", pod="ratio-busy"), scraped(15, value=0.9)),
+    Series("DCGM_FI_PROF_GR_ENGINE_ACTIVE", dcgm("1", pod="ratio-idle"), scraped(15, value=0.02)),
+    # A recording rule exporting percent under a name the auto unit reads as a ratio.
+    Series("DCGM_FI_PROF_GR_ENGINE_ACTIVE", dcgm("2", pod="percent-under-a-ratio-name"), scraped(15, value=35.0)),
+]
+
+
+@pytest.mark.parametrize(
+    ("unit", "pod", "idle", "reason"),
+    [
+        pytest.param("auto", "ratio-busy", False, "peak GPU utilisation 90.0% >= 10%", id="auto-reads-prof-as-ratio"),
+        pytest.param("auto", "ratio-idle", True, "peak GPU utilisation 2.0% < 10%", id="auto-ratio-idle"),
+        pytest.param("percent", "ratio-busy", True, "0.9% < 10%", id="percent-misreads-a-ratio-as-the-issue-did"),
+        pytest.param("auto", "percent-under-a-ratio-name", False, "DCGM_FI_PROF_GR_ENGINE_ACTIVE reads 3500.0% "
+                     "(> 100 %): its unit is not what prometheus.gpu_util_unit (auto) says; set it to percent",
+                     id="percent-data-read-as-ratio-is-a-clear-error"),
+        pytest.param("ratio", "percent-under-a-ratio-name", False, "reads 3500.0% (> 100 %)", id="ratio-set-by-hand"),
+    ],
+)
+async def test_ratio_metric_units(prometheus_factory: StartPrometheus, config: settings.Settings, unit: str, pod: str,
+                                  idle: bool, reason: str) -> None:
+    server = prometheus_factory(UNIT_HISTORY)
+    prom = settings.Prometheus(url=server.url, gpu_util_metric="DCGM_FI_PROF_GR_ENGINE_ACTIVE", gpu_util_unit=unit)
+    merged = config.model_copy(update={"prometheus": prom})
+    readings = await readings_at(server.url, TEN_MINUTES, config=merged, now=server.now)
+    result = utilisation.assess(coverage_pod(pod, node="n1"), readings=readings,
+                                window_seconds=TEN_MINUTES, threshold_percent=10, config=merged, now=server.now)
+    assert (result.idle, reason in result.reason) == (idle, True), result.reason
+
+
+THREE_HOURS = 10800
+PHASES = range(1, 16)  # seconds between the newest sample and the evaluation, at a 15 s scrape
+
+
+@pytest.fixture(scope="module")
+def long_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    """The normal tier's 3 h window, fully covered at a 15 s scrape, once per phase against the evaluation."""
+    history = [Series(UTIL, dcgm("0", pod=f"phase-{phase}", host=f"p{phase}"), scraped(15, start=11000, end=phase))
+               for phase in PHASES]
+    started = start_prometheus(tmp_path_factory.mktemp("prometheus-long"), history)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+async def test_a_fully_covered_3h_window_is_covered_in_every_phase(long_server: PrometheusServer,
+                                                                   config: settings.Settings) -> None:
+    """The issue: at the 3 h window the subquery step was 90 s, and a fully covered 15 s series was judged not
+    covered in 9 of 15 phases. Measured exactly, it is covered in all of them."""
+    readings = await readings_at(long_server.url, THREE_HOURS, config=config, now=long_server.now)
+    verdicts = {phase: utilisation.assess(coverage_pod(f"phase-{phase}", node=f"p{phase}"), readings=readings,
+                                          window_seconds=THREE_HOURS, threshold_percent=5, config=config,
+                                          now=long_server.now).reason for phase in PHASES}
+    assert verdicts == {phase: "peak GPU utilisation 1.0% < 5% over 10800s" for phase in PHASES}

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
-from collections.abc import Callable, Iterator, Sequence
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import pytest
 
+from common import prometheus
 from gpu_steward import localprometheus
 
 Series = localprometheus.Series
@@ -42,3 +44,35 @@ def prometheus_factory(tmp_path: pathlib.Path) -> Iterator[StartPrometheus]:
         for server in started:
             with contextlib.suppress(Exception):
                 server.stop()
+
+
+class DcgmStandIn:
+    """Answers the reclaim queries (descheduler.utilisation_promql) as Prometheus would for `pods`, each with
+    one GPU scraped every `every` seconds up to `now`, at `util` percent: for tests where the API side is
+    under test (the real Prometheus is in tests/integration/test_reclaim_prometheus.py)."""
+
+    def __init__(self, pods: Mapping[tuple[str, str, str], float], *, now: float, every: float = 15.0) -> None:
+        self.pods = pods  # (namespace, pod, node) -> util percent
+        self.now = now
+        self.every = every
+        self.asked: list[str] = []
+
+    async def instant(self, promql: str, *, time: float | None = None) -> prometheus.Answer:
+        self.asked.append(promql)
+        at = self.now if time is None else time
+        if promql == "vector(time())":
+            return prometheus.Answer([{"metric": {}, "value": [at, repr(at)]}])
+        offset = re.search(r" offset (\d+)s\)", promql)
+        ago = float(offset.group(1)) if offset else 0.0
+        rows = []
+        for (namespace, pod, node), util in self.pods.items():
+            metric = {"namespace": namespace, "pod": pod, "Hostname": node}
+            if "_over_time(" in promql and "count_over_time(" not in promql:
+                value = util
+            else:
+                metric = {**metric, "gpu": "0", "UUID": f"GPU-{node}-0"}
+                length = re.search(r"\[(\d+)s\]", promql)
+                # the sample grid ends 5 s before `now`: `every`-spaced samples per part, the last one per boundary
+                value = float(length.group(1)) / self.every if length else at - ago - 5.0
+            rows.append({"metric": metric, "value": [at, repr(value)]})
+        return prometheus.Answer(rows)
