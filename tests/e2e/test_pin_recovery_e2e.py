@@ -58,6 +58,26 @@ def running(cluster: localcluster.LocalCluster, namespace: str, name: str) -> di
         raise AssertionError(f"{exc}\n{json.dumps(seen, indent=1)}") from None
 
 
+def stuck_owned_pod(cluster: localcluster.LocalCluster, ns: str, spare_node: str, owner: dict[str, Any]) -> str:
+    """The one pod `owner` (a ReplicaSet, a Job) creates, released by hand pinned to `spare_node`, which is gone."""
+    cluster.kubectl("create", "-f", "-", input=json.dumps(owner))
+    [first] = kube.poll(f"the {owner['kind']}'s pod", lambda: list(kube.pods(cluster, ns)))
+    cluster.kubectl("delete", "node", spare_node, "--wait=true")
+    release_by_hand(cluster, ns, first, node=spare_node)
+    return first
+
+
+def replaced(cluster: localcluster.LocalCluster, ns: str, first: str) -> str:
+    """The name of the pod that replaced `first`, once `first` is gone."""
+
+    def other() -> str | None:
+        pods = kube.pods(cluster, ns)
+        names = [n for n in pods if n != first]
+        return names[0] if names and first not in pods else None
+
+    return kube.poll(f"{first} replaced by its owner", other, timeout_seconds=30)
+
+
 def told(cluster: localcluster.LocalCluster, namespace: str, *, kind: str, name: str) -> list[str]:
     return [e["message"] for e in kube.events(cluster, namespace, reason=recovery.RECOVERED)
             if e["involvedObject"].get("kind") == kind and e["involvedObject"].get("name") == name]
@@ -69,18 +89,12 @@ def test_replicaset_pod_pinned_to_a_deleted_node_is_replaced_and_runs(
 ) -> None:
     cluster, ns = gpu_cluster.cluster, plain_namespace
     kube.wait_gpus_free(cluster)
-    cluster.kubectl("create", "-f", "-", input=json.dumps(replica_set("web", namespace=ns, gpus=4)))
-    [first] = kube.poll("the ReplicaSet's pod", lambda: list(kube.pods(cluster, ns)))
-    cluster.kubectl("delete", "node", spare_node, "--wait=true")  # an autoscaler's scale-down, say
-    release_by_hand(cluster, ns, first, node=spare_node)
+    # Its node goes away (an autoscaler's scale-down, say) between our pin and the binding.
+    first = stuck_owned_pod(cluster, ns, spare_node, replica_set("web", namespace=ns, gpus=4))
 
     descheduler_factory(RECOVERY)
 
-    def replaced() -> str | None:
-        names = [n for n in kube.pods(cluster, ns) if n != first]
-        return names[0] if names and first not in kube.pods(cluster, ns) else None
-
-    second = kube.poll("the stuck pod replaced by its ReplicaSet", replaced, timeout_seconds=30)
+    second = replaced(cluster, ns, first)
     placed = running(cluster, ns, second)
     assert snapshot.pinned_node(placed) == placed["spec"]["nodeName"] != spare_node, "placed afresh by our release"
     [said] = told(cluster, ns, kind="Pod", name=first)
@@ -160,15 +174,6 @@ def job(name: str, *, namespace: str, backoff_limit: int, ignore_disruption: boo
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": namespace}, "spec": body}
 
 
-def stuck_job_pod(cluster: localcluster.LocalCluster, ns: str, spare_node: str, body: dict[str, Any]) -> str:
-    """The Job's pod, released by hand pinned to `spare_node`, which is then gone."""
-    cluster.kubectl("create", "-f", "-", input=json.dumps(body))
-    [first] = kube.poll("the Job's pod", lambda: list(kube.pods(cluster, ns)))
-    cluster.kubectl("delete", "node", spare_node, "--wait=true")
-    release_by_hand(cluster, ns, first, node=spare_node)
-    return first
-
-
 def test_job_whose_policy_ignores_disruption_is_recovered_by_eviction_without_failing(
     gpu_cluster: conftest.GpuCluster, descheduler_factory: conftest.StartDescheduler, plain_namespace: str,
     spare_node: str,
@@ -177,16 +182,12 @@ def test_job_whose_policy_ignores_disruption_is_recovered_by_eviction_without_fa
     the Job controller re-creates it without counting a failure (checked here on the real controller)."""
     cluster, ns = gpu_cluster.cluster, plain_namespace
     kube.wait_gpus_free(cluster)
-    first = stuck_job_pod(cluster, ns, spare_node,
-                          job("train", namespace=ns, backoff_limit=0, ignore_disruption=True))
+    first = stuck_owned_pod(cluster, ns, spare_node,
+                            job("train", namespace=ns, backoff_limit=0, ignore_disruption=True))
 
     descheduler_factory(RECOVERY)
 
-    def replaced() -> str | None:
-        names = [n for n in kube.pods(cluster, ns) if n != first]
-        return names[0] if names and first not in kube.pods(cluster, ns) else None
-
-    second = kube.poll("the stuck pod replaced by its Job", replaced, timeout_seconds=30)
+    second = replaced(cluster, ns, first)
     # kwok runs a Job's pod to completion at once: the Job completes, with no failure counted.
     status = kube.poll("the Job complete", lambda: (s := cluster.kubectl_json("get", "job", "train", "-n", ns)[
         "status"]).get("succeeded") and s, timeout_seconds=30)
@@ -202,8 +203,8 @@ def test_job_without_retries_to_spare_is_reported_not_deleted(
 ) -> None:
     cluster, ns = gpu_cluster.cluster, plain_namespace
     kube.wait_gpus_free(cluster)
-    first = stuck_job_pod(cluster, ns, spare_node,
-                          job("once", namespace=ns, backoff_limit=0, ignore_disruption=False))
+    first = stuck_owned_pod(cluster, ns, spare_node,
+                            job("once", namespace=ns, backoff_limit=0, ignore_disruption=False))
 
     descheduler_factory(RECOVERY)
 
