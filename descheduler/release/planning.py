@@ -35,8 +35,8 @@ Pure: a `Snapshot`, the settings and `now` in, decisions with their reasons out.
 - A single pod (a gang of one) that fits no node now (reserved nodes included) but would fit once
   kube-scheduler's preemption removed pods of lower priority (`layout.preemptible`; its preemptionPolicy is not
   Never) is released at once, unpinned, with a `ReleasedToPreempt` Event: a gated pod is invisible to preemption,
-  and a pin could force a preemption on a node the scheduler would not have chosen. A gang of several waits (preempting for it member by member could
-  start it half-way); idle reclaim is its path.
+  and a pin could force a preemption on a node the scheduler would not have chosen. A gang of several waits
+  (preempting for it member by member could start it half-way); idle reclaim is its path.
 - No pod waits on us forever: a complete gang that cannot be placed within
   `descheduler.gangs.max_wait_seconds` (a gang of one; several members: `gang_max_wait_seconds`) is
   released unpinned with a Warning `ReleasedUnplaced`, so that kube-scheduler's preemption and cluster
