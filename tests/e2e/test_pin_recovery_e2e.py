@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import datetime
 import json
+import secrets
 from typing import Any
 
 import pytest
 
 from common import label_values, settings, snapshot
-from descheduler.release import patches, recovery
+from descheduler.release import patches, recoverer, recovery
 from gpu_steward import localcluster
 from tests.e2e import conftest
 from tests.support import kube
@@ -78,6 +79,13 @@ def replaced(cluster: localcluster.LocalCluster, ns: str, first: str) -> str:
     return kube.poll(f"{first} replaced by its owner", other, timeout_seconds=30)
 
 
+def journals(cluster: localcluster.LocalCluster) -> list[str]:
+    """Pin recovery's journals of bare pods being re-created (`recoverer.journal`)."""
+    listed = cluster.kubectl_json("get", "configmaps", "-n", conftest.DESCHEDULER_NAMESPACE, "-l",
+                                  f"{NAMES.prefix}recreate=true")["items"]
+    return [str(j["metadata"]["name"]) for j in listed]
+
+
 def told(cluster: localcluster.LocalCluster, namespace: str, *, kind: str, name: str) -> list[str]:
     return [e["message"] for e in kube.events(cluster, namespace, reason=recovery.RECOVERED)
             if e["involvedObject"].get("kind") == kind and e["involvedObject"].get("name") == name]
@@ -130,9 +138,7 @@ def test_bare_pod_pinned_to_a_cordoned_node_is_created_again_without_the_pin(
     [said] = told(cluster, ns, kind="Pod", name="solo")
     assert said.endswith(f"its node {spare_node} is cordoned or not ready; recovered: {ns}/solo: a bare pod: "
                          "created again as it was, without our pin"), said
-    journals = cluster.kubectl_json("get", "configmaps", "-n", conftest.DESCHEDULER_NAMESPACE, "-l",
-                                    f"{NAMES.prefix}recreate=true")["items"]
-    assert [j["metadata"]["name"] for j in journals] == [], "the journal is settled"
+    assert journals(cluster) == [], "the journal is settled"
 
 
 def test_gang_split_by_a_node_taken_by_a_never_gated_pod_ends_running_together(
@@ -219,3 +225,22 @@ def test_job_without_retries_to_spare_is_reported_not_deleted(
     assert first in kube.pods(cluster, ns), "left as it is: deleting it would fail the Job"
     status = cluster.kubectl_json("get", "job", "once", "-n", ns)["status"]
     assert not status.get("failed")
+
+
+def test_a_journal_left_by_a_crash_is_replayed_by_the_next_leader(
+    gpu_cluster: conftest.GpuCluster, descheduler_factory: conftest.StartDescheduler, plain_namespace: str,
+) -> None:
+    """The descheduler died after deleting a stuck bare pod and before creating it again: its journal is all that
+    is left, and the next leader creates the pod from it (nothing of the recovery lives only in memory)."""
+    cluster, ns = gpu_cluster.cluster, plain_namespace
+    kube.wait_gpus_free(cluster)
+    written = kube.pod("lost", namespace=ns, gpus=2, labels={"team": "vision"})
+    uid = f"crashed-{secrets.token_hex(4)}"
+    cluster.kubectl("create", "-n", conftest.DESCHEDULER_NAMESPACE, "-f", "-",
+                    input=json.dumps(recoverer.journal(written, key=f"{ns}/lost", uid=uid, names=NAMES)))
+
+    descheduler_factory(RECOVERY)
+
+    placed = running(cluster, ns, "lost")
+    assert placed["metadata"]["labels"] == {"team": "vision"}
+    kube.poll("the journal settled", lambda: not journals(cluster))
