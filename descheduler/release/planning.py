@@ -32,11 +32,11 @@ Pure: a `Snapshot`, the settings and `now` in, decisions with their reasons out.
   a gang that can never fit as the cluster stands reserves nothing, and none reserves for longer than
   `descheduler.gangs.reservation_seconds`. A single pod (a gang of one) reserves nothing: as with the
   stock scheduler, smaller pods may use what a larger one waits for.
-- A single pod (a gang of one) that fits no node now but would fit once kube-scheduler's preemption removed pods
-  of lower priority (`layout.preemptible`; its preemptionPolicy is not Never) is released at once, unpinned, with
-  a `ReleasedToPreempt` Event: a gated pod is invisible to preemption, and a pin could force a preemption on a
-  node the scheduler would not have chosen. A gang of several waits (preempting for it member by member could
-  start it half-way); idle reclaim is its path.
+- A single pod (a gang of one) that fits no node now (reserved nodes included) but would fit once
+  kube-scheduler's preemption removed pods of lower priority (`layout.preemptible`; its preemptionPolicy is not
+  Never) is released at once, unpinned, with a `ReleasedToPreempt` Event: a gated pod is invisible to preemption,
+  and a pin could force a preemption on a node the scheduler would not have chosen. A gang of several waits
+  (preempting for it member by member could start it half-way); idle reclaim is its path.
 - No pod waits on us forever: a complete gang that cannot be placed within
   `descheduler.gangs.max_wait_seconds` (a gang of one; several members: `gang_max_wait_seconds`) is
   released unpinned with a Warning `ReleasedUnplaced`, so that kube-scheduler's preemption and cluster
@@ -377,7 +377,11 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
                                          members=members, summary=chosen.describe(short=True) + gang.unpinned()))
             continue
         members = tuple(_member(p, gate=gate) for p in gang.members)
-        if gang.single and (room := layout.preemptible(placing[0], candidates[placing[0].key], cluster)):
+        # Backfill off: it may fit now, on nodes kept for the gangs ahead.
+        queued = not cfg.backfill and bool(reserved & reachable) and layout.place(
+            placing, candidates, rooms, everywhere, scoring=config.scoring) is not None
+        if gang.single and not queued and (
+                room := layout.preemptible(placing[0], candidates[placing[0].key], cluster)):
             # Gated, it is invisible to kube-scheduler's preemption: released at once, unpinned, it preempts as the
             # stock scheduler would have (which pods, on which node, is the scheduler's choice, never forced by a pin).
             message = f"fits no node now; {room}: released unpinned at once so that kube-scheduler preempts for it"
@@ -393,8 +397,7 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
             continue
         unmarked = () if gang.single else tuple(p.key for p in gang.members if mark not in p.annotations)
         never = False
-        if not cfg.backfill and reserved & reachable and layout.place(
-                placing, candidates, rooms, everywhere, scoring=config.scoring):
+        if queued:
             message = to_do(f"complete; fits, but queued behind {', '.join(blockers)} (backfill off: "
                             "the nodes they could use are kept for them)", TO_DO[Waiting.QUEUED])
             decisions.append(gang.decide(Action.WAIT, message, "Normal", WAITING, members=members,

@@ -55,6 +55,16 @@ def _owner_ref(pod: snapshot.Pod) -> events.ObjectRef | None:
     return None
 
 
+def journal(manifest: Mapping[str, Any], *, key: str, uid: str, names: settings.Names) -> dict[str, Any]:
+    """The ConfigMap that holds a bare pod's manifest while it is deleted and created again."""
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": JOURNAL_PREFIX + uid, "labels": {_journal_label(names): "true"},
+                     "annotations": {_journal_label(names): f"{key} uid {uid}"}},
+        "data": {"pod.json": json.dumps(manifest, sort_keys=True), "uid": uid},
+    }
+
+
 class Recoverer:
     def __init__(self, *, config: settings.Settings, api: client.ApiClient, metrics: Metrics) -> None:
         self._config = config
@@ -143,14 +153,9 @@ class Recoverer:
     async def _recreate(self, pod: snapshot.Pod) -> None:
         names = self._config.names
         manifest = patches.recreation(pod.raw, ours=[names.release, planning.complete_mark(names)])
-        journal = {
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": JOURNAL_PREFIX + pod.uid, "labels": {_journal_label(names): "true"},
-                         "annotations": {_journal_label(names): f"{pod.key} uid {pod.uid}"}},
-            "data": {"pod.json": json.dumps(manifest, sort_keys=True), "uid": pod.uid},
-        }
         try:
-            await kube.request(self._api, "POST", self._journal_path(), body=journal, timeout_seconds=self._timeout)
+            await kube.request(self._api, "POST", self._journal_path(), timeout_seconds=self._timeout,
+                               body=journal(manifest, key=pod.key, uid=pod.uid, names=names))
         except kube.ApiError as exc:
             if exc.status != 409:  # written by an earlier pass: the same manifest
                 raise

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import datetime
 import json
+import secrets
 from typing import Any
 
 import pytest
 
 from common import label_values, settings, snapshot
-from descheduler.release import patches, recovery
+from descheduler.release import patches, recoverer, recovery
 from gpu_steward import localcluster
 from tests.e2e import conftest
 from tests.support import kube
@@ -49,7 +50,40 @@ def running(cluster: localcluster.LocalCluster, namespace: str, name: str) -> di
         pod = kube.pods(cluster, namespace).get(name)
         return pod if pod and pod["spec"].get("nodeName") and pod["status"].get("phase") == "Running" else None
 
-    return kube.poll(f"{name} running", bound, timeout_seconds=DEADLINE_SECONDS + 30)
+    try:
+        return kube.poll(f"{name} running", bound, timeout_seconds=DEADLINE_SECONDS + 30)
+    except AssertionError as exc:
+        pod = kube.pods(cluster, namespace).get(name) or {}
+        seen = {"gates": kube.gates(pod), "affinity": pod.get("spec", {}).get("affinity"),
+                "annotations": pod.get("metadata", {}).get("annotations"), "status": pod.get("status")}
+        raise AssertionError(f"{exc}\n{json.dumps(seen, indent=1)}") from None
+
+
+def stuck_owned_pod(cluster: localcluster.LocalCluster, ns: str, spare_node: str, owner: dict[str, Any]) -> str:
+    """The one pod `owner` (a ReplicaSet, a Job) creates, released by hand pinned to `spare_node`, which is gone."""
+    cluster.kubectl("create", "-f", "-", input=json.dumps(owner))
+    [first] = kube.poll(f"the {owner['kind']}'s pod", lambda: list(kube.pods(cluster, ns)))
+    cluster.kubectl("delete", "node", spare_node, "--wait=true")
+    release_by_hand(cluster, ns, first, node=spare_node)
+    return first
+
+
+def replaced(cluster: localcluster.LocalCluster, ns: str, first: str) -> str:
+    """The name of the pod that replaced `first`, once `first` is gone."""
+
+    def other() -> str | None:
+        pods = kube.pods(cluster, ns)
+        names = [n for n in pods if n != first]
+        return names[0] if names and first not in pods else None
+
+    return kube.poll(f"{first} replaced by its owner", other, timeout_seconds=30)
+
+
+def journals(cluster: localcluster.LocalCluster) -> list[str]:
+    """Pin recovery's journals of bare pods being re-created (`recoverer.journal`)."""
+    listed = cluster.kubectl_json("get", "configmaps", "-n", conftest.DESCHEDULER_NAMESPACE, "-l",
+                                  f"{NAMES.prefix}recreate=true")["items"]
+    return [str(j["metadata"]["name"]) for j in listed]
 
 
 def told(cluster: localcluster.LocalCluster, namespace: str, *, kind: str, name: str) -> list[str]:
@@ -63,18 +97,12 @@ def test_replicaset_pod_pinned_to_a_deleted_node_is_replaced_and_runs(
 ) -> None:
     cluster, ns = gpu_cluster.cluster, plain_namespace
     kube.wait_gpus_free(cluster)
-    cluster.kubectl("create", "-f", "-", input=json.dumps(replica_set("web", namespace=ns, gpus=4)))
-    [first] = kube.poll("the ReplicaSet's pod", lambda: list(kube.pods(cluster, ns)))
-    cluster.kubectl("delete", "node", spare_node, "--wait=true")  # an autoscaler's scale-down, say
-    release_by_hand(cluster, ns, first, node=spare_node)
+    # Its node goes away (an autoscaler's scale-down, say) between our pin and the binding.
+    first = stuck_owned_pod(cluster, ns, spare_node, replica_set("web", namespace=ns, gpus=4))
 
     descheduler_factory(RECOVERY)
 
-    def replaced() -> str | None:
-        names = [n for n in kube.pods(cluster, ns) if n != first]
-        return names[0] if names and first not in kube.pods(cluster, ns) else None
-
-    second = kube.poll("the stuck pod replaced by its ReplicaSet", replaced, timeout_seconds=30)
+    second = replaced(cluster, ns, first)
     placed = running(cluster, ns, second)
     assert snapshot.pinned_node(placed) == placed["spec"]["nodeName"] != spare_node, "placed afresh by our release"
     [said] = told(cluster, ns, kind="Pod", name=first)
@@ -110,9 +138,7 @@ def test_bare_pod_pinned_to_a_cordoned_node_is_created_again_without_the_pin(
     [said] = told(cluster, ns, kind="Pod", name="solo")
     assert said.endswith(f"its node {spare_node} is cordoned or not ready; recovered: {ns}/solo: a bare pod: "
                          "created again as it was, without our pin"), said
-    journals = cluster.kubectl_json("get", "configmaps", "-n", conftest.DESCHEDULER_NAMESPACE, "-l",
-                                    f"{NAMES.prefix}recreate=true")["items"]
-    assert [j["metadata"]["name"] for j in journals] == [], "the journal is settled"
+    assert journals(cluster) == [], "the journal is settled"
 
 
 def test_gang_split_by_a_node_taken_by_a_never_gated_pod_ends_running_together(
@@ -144,3 +170,77 @@ def test_gang_split_by_a_node_taken_by_a_never_gated_pod_ends_running_together(
     assert said.startswith(f"gang {ns}/pair: {ns}/pair-0 pinned to {spare_node}, not bound: kube-scheduler reports "
                            "it Unschedulable"), said
     assert kube.pods(cluster, ns)["pair-1"]["status"]["phase"] == "Running", "the running member was left alone"
+
+
+def job(name: str, *, namespace: str, backoff_limit: int, ignore_disruption: bool) -> dict[str, Any]:
+    spec = kube.pod("x", namespace=namespace, gpus=4, gates=[NAMES.gate])["spec"] | {"restartPolicy": "Never"}
+    body: dict[str, Any] = {"backoffLimit": backoff_limit, "template": {"spec": spec}}
+    if ignore_disruption:
+        body["podFailurePolicy"] = {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": namespace}, "spec": body}
+
+
+def test_job_whose_policy_ignores_disruption_is_recovered_by_eviction_without_failing(
+    gpu_cluster: conftest.GpuCluster, descheduler_factory: conftest.StartDescheduler, plain_namespace: str,
+    spare_node: str,
+) -> None:
+    """backoffLimit 0, but a podFailurePolicy that ignores DisruptionTarget: the Eviction API marks the pod so, and
+    the Job controller re-creates it without counting a failure (checked here on the real controller)."""
+    cluster, ns = gpu_cluster.cluster, plain_namespace
+    kube.wait_gpus_free(cluster)
+    first = stuck_owned_pod(cluster, ns, spare_node,
+                            job("train", namespace=ns, backoff_limit=0, ignore_disruption=True))
+
+    descheduler_factory(RECOVERY)
+
+    second = replaced(cluster, ns, first)
+    # kwok runs a Job's pod to completion at once: the Job completes, with no failure counted.
+    status = kube.poll("the Job complete", lambda: (s := cluster.kubectl_json("get", "job", "train", "-n", ns)[
+        "status"]).get("succeeded") and s, timeout_seconds=30)
+    assert not status.get("failed") and not [c for c in status.get("conditions") or () if c["type"] == "Failed"]
+    assert kube.pods(cluster, ns)[second]["spec"].get("nodeName"), "placed and bound"
+    [said] = told(cluster, ns, kind="Job", name="train")
+    assert said.endswith("its Job train re-creates it (its podFailurePolicy ignores DisruptionTarget)"), said
+
+
+def test_job_without_retries_to_spare_is_reported_not_deleted(
+    gpu_cluster: conftest.GpuCluster, descheduler_factory: conftest.StartDescheduler, plain_namespace: str,
+    spare_node: str,
+) -> None:
+    cluster, ns = gpu_cluster.cluster, plain_namespace
+    kube.wait_gpus_free(cluster)
+    first = stuck_owned_pod(cluster, ns, spare_node,
+                            job("once", namespace=ns, backoff_limit=0, ignore_disruption=False))
+
+    descheduler_factory(RECOVERY)
+
+    def reported() -> list[dict[str, Any]] | None:
+        found = [e for e in kube.events(cluster, ns, reason=recovery.STUCK)
+                 if e["involvedObject"]["name"] in (first, "once")]
+        return found if len(found) == 2 else None
+
+    events = kube.poll("PinStuck on the pod and its Job", reported, timeout_seconds=30)
+    assert all("its Job once has 0 retries left: deleting 1 pod(s) would fail it" in e["message"]
+               and e["message"].endswith("(without the node affinity on metadata.name)") for e in events)
+    assert first in kube.pods(cluster, ns), "left as it is: deleting it would fail the Job"
+    status = cluster.kubectl_json("get", "job", "once", "-n", ns)["status"]
+    assert not status.get("failed")
+
+
+def test_a_journal_left_by_a_crash_is_replayed_by_the_next_leader(
+    gpu_cluster: conftest.GpuCluster, descheduler_factory: conftest.StartDescheduler, plain_namespace: str,
+) -> None:
+    """The descheduler died after deleting a stuck bare pod and before creating it again: its journal is all that
+    is left, and the next leader creates the pod from it (nothing of the recovery lives only in memory)."""
+    cluster, ns = gpu_cluster.cluster, plain_namespace
+    kube.wait_gpus_free(cluster)
+    written = kube.pod("lost", namespace=ns, gpus=2, labels={"team": "vision"})
+    uid = f"crashed-{secrets.token_hex(4)}"
+    cluster.kubectl("create", "-n", conftest.DESCHEDULER_NAMESPACE, "-f", "-",
+                    input=json.dumps(recoverer.journal(written, key=f"{ns}/lost", uid=uid, names=NAMES)))
+
+    descheduler_factory(RECOVERY)
+
+    placed = running(cluster, ns, "lost")
+    assert placed["metadata"]["labels"] == {"team": "vision"}
+    kube.poll("the journal settled", lambda: not journals(cluster))
