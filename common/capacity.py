@@ -3,9 +3,8 @@ reclaim planning all ask it; nothing else in the project counts a node's free re
 
 A node's room is its allocatable resources less what the pods holding it request (`snapshot.Node.requested`:
 bound pods until they are gone, terminating ones included; pods the scheduler nominated to it; pods we pinned
-to it and released but not bound yet; pending pods never gated whose heaviest preferred term names it), and
-its free GPU indices per NVLink domain (observed from DCGM where present, else the placement policy's estimate,
-`common.placement`).
+to it and released but not bound yet), and its free GPU indices per NVLink domain (observed from DCGM where
+present, else the placement policy's estimate, `common.placement`).
 
 A pod may go to a node when kube-scheduler's filters would let it: those that read the pod and the node
 (`fit.why_not`: readiness and cordon, taints, nodeSelector, required node affinity), those that read the

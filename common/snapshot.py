@@ -9,9 +9,8 @@ Where DCGM has not told us a pod's GPU indices, they are estimated with `common.
 
 What a node holds (`Node.requested`, its GPUs in use) counts every pod that will be there until it is gone:
 pods bound to it that are not finished (terminating ones included: they hold their resources through
-their grace period), pods the scheduler nominated to it (its preemption reservation), pods we pinned
-to it and released that are not bound yet, and pending pods never gated that prefer it above all (about to be
-bound, most likely there). `common.capacity` answers from that what a pod could get. The same
+their grace period), pods the scheduler nominated to it (its preemption reservation) and pods we pinned
+to it and released that are not bound yet. `common.capacity` answers from that what a pod could get. The same
 pods give each node the host ports in use there (`Node.host_ports`) and the required anti-affinity terms that
 cover it (`Node.anti_affinity`: those of pods on it, or on any node, GPU or not, in the same topology domain).
 """
@@ -42,26 +41,10 @@ def pinned_node(raw: Mapping[str, Any]) -> str | None:
     return next(iter(pinned)) if len(pinned) == 1 else None
 
 
-def preferred_node(raw: Mapping[str, Any]) -> str | None:
-    """The one node a pod prefers above all: the node its heaviest preferred term names by
-    `matchFields metadata.name In [node]` (the webhook's preferred terms; the first of equal weights)."""
-    affinity = ((raw.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}
-    best: tuple[int, str] | None = None
-    for term in affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ():
-        named = {v for r in (term.get("preference") or {}).get("matchFields") or ()
-                 if r.get("key") == NAME_FIELD and r.get("operator") == "In" for v in r.get("values") or ()}
-        weight = term.get("weight")
-        if len(named) == 1 and type(weight) is int and (best is None or weight > best[0]):
-            best = (weight, next(iter(named)))
-    return None if best is None else best[1]
-
-
 def _held_on(raw: Mapping[str, Any]) -> str | None:
     """The node whose resources this pod holds: bound and not finished; else nominated by the scheduler;
-    else, while not gated and until the scheduler finds it unschedulable, the node we pinned it to (released,
-    not yet bound) or, never gated, the node it prefers above all (`preferred_node`: kube-scheduler is about to
-    bind it, most likely there; counting it keeps a pin off that node, the race of a never-gated pod taking a
-    pinned node). None: it holds nothing."""
+    else pinned by us and no longer gated (released, not yet bound) unless the scheduler found that node full.
+    None: it holds nothing."""
     spec, status = raw.get("spec") or {}, raw.get("status") or {}
     if status.get("phase") in TERMINAL_PHASES:
         return None
@@ -74,7 +57,7 @@ def _held_on(raw: Mapping[str, Any]) -> str | None:
     if not spec.get("schedulingGates") and not _unschedulable(status):
         # Pinned and released: it holds its node until the scheduler says the node cannot take it (another pod
         # bound there first); from then on it holds nothing, and counting it would hide room that is free.
-        return pinned_node(raw) or preferred_node(raw)
+        return pinned_node(raw)
     return None
 
 

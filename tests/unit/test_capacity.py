@@ -53,14 +53,12 @@ def pinned(node: str, *, gated: bool = False) -> builders.Mutator:
     return mutate
 
 
-def prefers(*weighted: tuple[str, int], together: bool = False) -> builders.Mutator:
-    """Preferred terms naming nodes by metadata.name, as the webhook writes them (`together`: one term for all)."""
+def prefers(*weighted: tuple[str, int]) -> builders.Mutator:
+    """Preferred terms naming nodes by metadata.name, as the webhook writes them."""
     def mutate(pod: dict[str, Any]) -> None:
-        def term(nodes: list[str], weight: int) -> dict[str, Any]:
-            return {"weight": weight, "preference": {"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": nodes}]}}
-        terms = [term([n for n, _ in weighted], weighted[0][1])] if together else [term([n], w) for n, w in weighted]
-        pod["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": terms}}
+        pod["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": w, "preference": {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]}}
+            for n, w in weighted]}}
 
     return mutate
 
@@ -156,19 +154,11 @@ NODE = builders.gpu_node("n", gpus=8, domains=EIGHT)
                      (), id="a-cpu-pod-on-a-gpu-node-holds-cpu-and-a-slot"),
         pytest.param([builders.pod("other", gpus=1, node="elsewhere", phase="Running")], 0, 0, 0, (),
                      id="pods-on-other-nodes-do-not-count"),
-        pytest.param([builders.pod("next", gpus=1, mutate=prefers(("m", 90), ("n", 100), ("o", 100)))], 1, 0, 1,
-                     ("default/next",), id="pending-pod-holds-the-node-it-prefers-above-all"),
-        pytest.param([builders.pod("next", gpus=1, mutate=prefers(("n", 99), ("m", 100)))], 0, 0, 0, (),
-                     id="pending-pod-preferring-another-node-more-holds-nothing-here"),
-        pytest.param([builders.pod("next", gpus=1, mutate=prefers(("n", 100), ("m", 100)))], 1, 0, 1,
-                     ("default/next",), id="equal-weights-the-first-boundary"),
-        pytest.param([builders.pod("next", gpus=1, mutate=both(prefers(("n", 100)), status(conditions=[
-            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}])))], 0, 0, 0, (),
-                     id="preferring-pod-the-scheduler-refused-holds-nothing"),
-        pytest.param([builders.pod("next", gpus=1, mutate=both(prefers(("n", 100)), lambda p: p["spec"].update(
-            schedulingGates=[{"name": NAMES.gate}])))], 0, 0, 0, (), id="gated-preferring-pod-holds-nothing"),
-        pytest.param([builders.pod("next", gpus=1, mutate=prefers(("n", 100), ("m", 100), together=True))],
-                     0, 0, 0, (), id="a-term-naming-two-nodes-names-none"),
+        # Tried and measured on the quick placement replay (2 runs each): counting such a pod on the node it
+        # prefers kept gated 8-GPU pods off nodes the 1-GPU pods did not need (24, 25 of them bound against 27-31
+        # without): unlike a pin, it may still go elsewhere.
+        pytest.param([builders.pod("next", gpus=1, mutate=prefers(("n", 100)))], 0, 0, 0, (),
+                     id="pending-pod-never-gated-preferring-the-node-holds-nothing"),
     ],
 )
 def test_what_a_node_holds(pods: list[dict[str, Any]], gpus_held: int, cpu_held: int, slots: int,
