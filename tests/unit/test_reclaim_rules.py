@@ -428,3 +428,10 @@ def test_a_pod_refused_earlier_this_cycle_is_no_victim_and_the_next_candidate_is
 )
 def test_budget_selectors(selector: dict[str, Any], labels: dict[str, str], selected: bool) -> None:
     assert snapshot.selector_matches(selector, labels) is selected
+
+
+def test_a_demand_is_told_which_budget_keeps_the_only_idle_pod() -> None:
+    plan = run(ONE, [running("a", node="n1", labels=DB), want()], idle("team-a/a"), budgets=[pdb(allowed=0)])
+    assert evicted(plan) == set()
+    assert outcome(plan) == ("no node can hold it: team-b/want: n1: its idle pods are no victims: PodDisruptionBudget "
+                             "team-a/db allows 0 disruption(s); evicting team-a/a needs 1")
