@@ -435,3 +435,43 @@ def test_a_demand_is_told_which_budget_keeps_the_only_idle_pod() -> None:
     assert evicted(plan) == set()
     assert outcome(plan) == ("no node can hold it: team-b/want: n1: its idle pods are no victims: PodDisruptionBudget "
                              "team-a/db allows 0 disruption(s); evicting team-a/a needs 1")
+
+
+@pytest.mark.parametrize(
+    ("condition", "demands"),
+    [
+        pytest.param({"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}, [WANT],
+                     id="unschedulable-is-a-demand"),
+        pytest.param({"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}, [],
+                     id="not-yet-tried-by-the-scheduler-is-no-demand"),
+        pytest.param({"type": "PodScheduled", "status": "True", "reason": "Unschedulable"}, [],
+                     id="boundary-scheduled-condition-true-is-no-demand"),
+        pytest.param({"type": "Ready", "status": "False", "reason": "Unschedulable"}, [],
+                     id="another-condition-says-nothing"),
+    ],
+)
+def test_only_a_pod_the_scheduler_found_no_room_for_is_a_demand(condition: dict[str, str],
+                                                                demands: list[str]) -> None:
+    pod = want()
+    pod["status"]["conditions"] = [condition]
+    plan = run(ONE, [running("idle", node="n1"), pod], idle("team-a/idle"))
+    assert [o.demand for o in plan.demands] == demands
+
+
+@pytest.mark.parametrize(
+    ("spec", "served", "reason"),
+    [
+        pytest.param({}, True, "2 idle pod(s) evicted on n1, n2", id="gang-of-modelled-members"),
+        pytest.param(ANTI, False, "team-b/w-1 has constraints the capacity model does not evaluate (required "
+                     "podAntiAffinity (not modelled)): freeing GPUs may not let it run",
+                     id="one-member-with-hidden-anti-affinity-holds-the-gang"),
+        pytest.param(PREFERRED_ANTI, True, "2 idle pod(s) evicted on n1, n2",
+                     id="boundary-preferred-anti-affinity-in-a-member"),
+    ],
+)
+def test_a_gang_demand_is_checked_by_the_capacity_model(spec: dict[str, Any], served: bool, reason: str) -> None:
+    pods, make = gang_of(10000, 10000)
+    pods[1]["spec"].update(spec)
+    plan = run(TWO, [running("a", node="n1"), running("b", node="n2"), *pods], idle("team-a/a", "team-a/b"),
+               demands=make)
+    assert [(o.demand, o.served, o.reason) for o in plan.demands] == [("gang:team-b/g", served, reason)]
