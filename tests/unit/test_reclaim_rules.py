@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from common import snapshot
+from common import settings, snapshot
 from descheduler import reclaim
 from tests import builders
 from tests.unit.test_reclaim_planner import (
@@ -475,3 +475,11 @@ def test_a_gang_demand_is_checked_by_the_capacity_model(spec: dict[str, Any], se
     plan = run(TWO, [running("a", node="n1"), running("b", node="n2"), *pods], idle("team-a/a", "team-a/b"),
                demands=make)
     assert [(o.demand, o.served, o.reason) for o in plan.demands] == [("gang:team-b/g", served, reason)]
+
+
+def test_budgets_come_from_a_listed_cluster_too() -> None:
+    """`explain --cluster` reads `kubectl get ...,poddisruptionbudgets -A -o json`."""
+    listed = snapshot.from_list({"kind": "List", "items": [pdb(allowed=2), pdb({}, allowed=None, name="all")]},
+                                names=settings.Names(), taken_at=NOW)
+    assert {k: (b.disruptions_allowed, b.selector) for k, b in listed.disruption_budgets.items()} == {
+        "team-a/db": (2, {"matchLabels": {"app": "db"}}), "team-a/all": (0, {"matchLabels": {}})}
