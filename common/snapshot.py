@@ -458,7 +458,7 @@ def _assign_indices(
     return {k: tuple(sorted(v)) for k, v in indices.items()}, used, seen
 
 
-LIST_KINDS = ("List", "NodeList", "PodList", "PriorityClassList", "NamespaceList", "PodDisruptionBudgetList")
+LIST_KINDS = ("List", "NodeList", "PodList", "PriorityClassList", "NamespaceList")
 
 
 def from_list(document: Mapping[str, Any], *, names: settings.Names, taken_at: float | None) -> Snapshot:

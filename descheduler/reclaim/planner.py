@@ -135,12 +135,15 @@ def plan(
     modes = gang_units.disruption_modes(cluster) if pod_groups is None else pod_groups
     budget = allowance.Allowance(cluster, reclaim.limits, spent=spent)
     units = []
+    protected: dict[str, str] = {}  # node -> why an idle pod there is no victim (its budget): told to demands
     for unit in gang_units.build(cluster, candidates, spared, config=config, pod_groups=modes):
         # A PodDisruptionBudget that allows no disruption now makes the unit no victim at all, so that the
         # search tries its equally idle neighbours instead of a pod the Eviction API would refuse.
         blocked = budget.disruption_refused([unit])
         if blocked:
             gang_units.spare(unit, blocked, spared)
+            for node in gang_units.nodes_of(unit):
+                protected.setdefault(node, f"its idle pods are no victims: {blocked}")
             continue
         units.append(unit)
         for candidate in unit.candidates:
@@ -161,7 +164,8 @@ def plan(
             evictions += _evict(unit, None, "mode always, no preemptor needed", spared)
     else:
         evictions, outcomes = _on_demand(cluster=cluster, units=units, demands=demands, state=state, budget=budget,
-                                         spared=spared, leaving=_leaving(cluster, leaving, demands), now=now)
+                                         spared=spared, leaving=_leaving(cluster, leaving, demands), now=now,
+                                         protected=protected)
     return Plan(
         evictions=tuple(evictions),
         spared=tuple(Spared(k, v) for k, v in sorted(spared.items())),
@@ -228,12 +232,13 @@ def _on_demand(
     spared: dict[str, str],
     leaving: Leaving,
     now: float,
+    protected: Mapping[str, str],
 ) -> tuple[list[Eviction], list[DemandOutcome]]:
     by_node: dict[str, list[gang_units.Unit]] = collections.defaultdict(list)
     for unit in units:
         for node in gang_units.nodes_of(unit):
             by_node[node].append(unit)
-    index = search.Index(cluster, by_node)
+    index = search.Index(cluster, by_node, protected=protected)
     taken: set[str] = set()
     # Pods already leaving free their GPUs for their demand, else the first that fits: one eviction, one demand.
     nodes: dict[str, search.NodeState] = collections.defaultdict(search.NodeState)

@@ -185,6 +185,8 @@ def _screen(
     found = _option(node, member, allowed, free, index.cluster, state)
     if found is None and idle_here:
         return _short(name, request, idle_here, present, allowed)
+    if found is None and name in index.protected:
+        return f"{name}: {index.protected[name]}"
     return found
 
 
@@ -193,9 +195,12 @@ class Index:
     kind of device, the nodes a member's tolerations, nodeSelector and required node affinity allow,
     and the options of untouched nodes for each kind of member."""
 
-    def __init__(self, cluster: snapshot.Snapshot, by_node: Mapping[str, Sequence[gang_units.Unit]]) -> None:
+    def __init__(self, cluster: snapshot.Snapshot, by_node: Mapping[str, Sequence[gang_units.Unit]], *,
+                 protected: Mapping[str, str] | None = None) -> None:
+        """`protected`: node -> why its idle pods that are no units are none (a PodDisruptionBudget), for reasons."""
         self.cluster = cluster
         self.by_node = by_node
+        self.protected = protected or {}
         self.unit_nodes = {u.key: gang_units.nodes_of(u) for units in by_node.values() for u in units}
         self._freeing: dict[str, set[str]] = collections.defaultdict(set)  # kind (see `_needs`) -> nodes
         for name, units in by_node.items():

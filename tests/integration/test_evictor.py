@@ -150,6 +150,11 @@ def eviction(name: str, *, node: str = "n1", unit: str | None = None, namespace:
 CONFIG = settings.load()
 
 
+def api_evictor(api_client: client.ApiClient, config: settings.Settings = CONFIG) -> evictor.Evictor:
+    return evictor.Evictor(evictor.ApiEvictionClient(api_client, timeout_seconds=5),
+                           config=config.descheduler.reclaim, names=config.names)
+
+
 @pytest.mark.parametrize(
     ("status", "result", "detail"),
     [
@@ -166,8 +171,7 @@ async def test_status_codes(
 ) -> None:
     api, api_client = fake
     api.eviction_status["p"] = status
-    the_evictor = evictor.Evictor(evictor.ApiEvictionClient(api_client, timeout_seconds=5),
-                                  config=CONFIG.descheduler.reclaim)
+    the_evictor = api_evictor(api_client)
     [outcome] = await the_evictor.evict_plan([eviction("p")], now=NOW)
     assert outcome.result is result
     assert detail in outcome.detail
@@ -182,8 +186,7 @@ async def test_status_codes(
 async def test_failure_backs_off_before_calling_again(fake: tuple[FakeApi, client.ApiClient]) -> None:
     api, api_client = fake
     api.eviction_status["p"] = 500
-    the_evictor = evictor.Evictor(evictor.ApiEvictionClient(api_client, timeout_seconds=5),
-                                  config=CONFIG.descheduler.reclaim)
+    the_evictor = api_evictor(api_client)
     await the_evictor.evict_plan([eviction("p")], now=NOW)
     [again] = await the_evictor.evict_plan([eviction("p")], now=NOW + 30)
     assert (again.result, again.detail) == (evictor.Result.BACKOFF, "1 failed attempt(s); next try in 30s")
@@ -196,8 +199,7 @@ async def test_failure_backs_off_before_calling_again(fake: tuple[FakeApi, clien
 async def test_v1beta1_when_discovery_lacks_v1(fake: tuple[FakeApi, client.ApiClient]) -> None:
     api, api_client = fake
     api.policy_versions = ["v1beta1"]
-    the_evictor = evictor.Evictor(evictor.ApiEvictionClient(api_client, timeout_seconds=5),
-                                  config=CONFIG.descheduler.reclaim)
+    the_evictor = api_evictor(api_client)
     await the_evictor.evict_plan([eviction("p")], now=NOW)
     assert [e["apiVersion"] for e in api.evictions] == ["policy/v1beta1"]
 
@@ -208,8 +210,7 @@ async def test_limits_checked_before_any_call_and_gangs_stop_together(
     api, api_client = fake
     api.eviction_status["g-0"] = 429
     config = settings.load(overrides={"descheduler": {"reclaim": {"limits": {"per_node": 1}}}})
-    the_evictor = evictor.Evictor(evictor.ApiEvictionClient(api_client, timeout_seconds=5),
-                                  config=config.descheduler.reclaim)
+    the_evictor = api_evictor(api_client, config)
     plan = [eviction("a", preemptor="team-b/w1"), eviction("b", preemptor="team-b/w2"),
             eviction("g-0", node="n2", unit="gang:team-a/g", preemptor="team-b/w3"),
             eviction("g-1", node="n3", unit="gang:team-a/g", preemptor="team-b/w3")]
@@ -228,8 +229,7 @@ async def test_a_gang_is_one_decision_for_the_limits(fake: tuple[FakeApi, client
     """Charging pod by pod, a limit of 1 would stop a gang after its first member: a split gang."""
     _, api_client = fake
     config = settings.load(overrides={"descheduler": {"reclaim": {"limits": {"per_node": 1, "per_cycle": 1}}}})
-    the_evictor = evictor.Evictor(evictor.ApiEvictionClient(api_client, timeout_seconds=5),
-                                  config=config.descheduler.reclaim)
+    the_evictor = api_evictor(api_client, config)
     gang = [eviction(f"g-{i}", unit="gang:team-a/g") for i in range(4)]
     outcomes = await the_evictor.evict_plan([*gang, eviction("a", preemptor="team-b/other")], now=NOW)
     assert [(o.eviction.pod, o.result) for o in outcomes] == [
@@ -371,8 +371,7 @@ async def test_protections_are_checked_again_on_the_live_pod(
 ) -> None:
     api, api_client = fake
     api.pods["p"] = pod
-    the_evictor = evictor.Evictor(evictor.ApiEvictionClient(api_client, timeout_seconds=5),
-                                  config=CONFIG.descheduler.reclaim)
+    the_evictor = api_evictor(api_client)
     [outcome] = await the_evictor.evict_plan([eviction("p")], now=NOW)
     assert (outcome.result, api.reads) == (result, ["p"])
     assert detail in outcome.detail
@@ -399,8 +398,7 @@ async def test_a_demands_victims_go_all_or_none(
 ) -> None:
     api, api_client = fake
     api.eviction_status.update(statuses)
-    the_evictor = evictor.Evictor(evictor.ApiEvictionClient(api_client, timeout_seconds=5),
-                                  config=CONFIG.descheduler.reclaim)
+    the_evictor = api_evictor(api_client)
     outcomes = await the_evictor.evict_plan([eviction("a"), eviction("b", node="n2")], now=NOW)
     assert [o.result for o in outcomes] == results
     assert [e["metadata"]["name"] for e in api.evictions] == calls

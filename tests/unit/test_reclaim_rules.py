@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from common import snapshot
+from common import settings, snapshot
 from descheduler import reclaim
 from tests import builders
 from tests.unit.test_reclaim_planner import (
@@ -428,3 +428,58 @@ def test_a_pod_refused_earlier_this_cycle_is_no_victim_and_the_next_candidate_is
 )
 def test_budget_selectors(selector: dict[str, Any], labels: dict[str, str], selected: bool) -> None:
     assert snapshot.selector_matches(selector, labels) is selected
+
+
+def test_a_demand_is_told_which_budget_keeps_the_only_idle_pod() -> None:
+    plan = run(ONE, [running("a", node="n1", labels=DB), want()], idle("team-a/a"), budgets=[pdb(allowed=0)])
+    assert evicted(plan) == set()
+    assert outcome(plan) == ("no node can hold it: team-b/want: n1: its idle pods are no victims: PodDisruptionBudget "
+                             "team-a/db allows 0 disruption(s); evicting team-a/a needs 1")
+
+
+@pytest.mark.parametrize(
+    ("condition", "demands"),
+    [
+        pytest.param({"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}, [WANT],
+                     id="unschedulable-is-a-demand"),
+        pytest.param({"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}, [],
+                     id="not-yet-tried-by-the-scheduler-is-no-demand"),
+        pytest.param({"type": "PodScheduled", "status": "True", "reason": "Unschedulable"}, [],
+                     id="boundary-scheduled-condition-true-is-no-demand"),
+        pytest.param({"type": "Ready", "status": "False", "reason": "Unschedulable"}, [],
+                     id="another-condition-says-nothing"),
+    ],
+)
+def test_only_a_pod_the_scheduler_found_no_room_for_is_a_demand(condition: dict[str, str],
+                                                                demands: list[str]) -> None:
+    pod = want()
+    pod["status"]["conditions"] = [condition]
+    plan = run(ONE, [running("idle", node="n1"), pod], idle("team-a/idle"))
+    assert [o.demand for o in plan.demands] == demands
+
+
+@pytest.mark.parametrize(
+    ("spec", "served", "reason"),
+    [
+        pytest.param({}, True, "2 idle pod(s) evicted on n1, n2", id="gang-of-modelled-members"),
+        pytest.param(ANTI, False, "team-b/w-1 has constraints the capacity model does not evaluate (required "
+                     "podAntiAffinity (not modelled)): freeing GPUs may not let it run",
+                     id="one-member-with-hidden-anti-affinity-holds-the-gang"),
+        pytest.param(PREFERRED_ANTI, True, "2 idle pod(s) evicted on n1, n2",
+                     id="boundary-preferred-anti-affinity-in-a-member"),
+    ],
+)
+def test_a_gang_demand_is_checked_by_the_capacity_model(spec: dict[str, Any], served: bool, reason: str) -> None:
+    pods, make = gang_of(10000, 10000)
+    pods[1]["spec"].update(spec)
+    plan = run(TWO, [running("a", node="n1"), running("b", node="n2"), *pods], idle("team-a/a", "team-a/b"),
+               demands=make)
+    assert [(o.demand, o.served, o.reason) for o in plan.demands] == [("gang:team-b/g", served, reason)]
+
+
+def test_budgets_come_from_a_listed_cluster_too() -> None:
+    """`explain --cluster` reads `kubectl get ...,poddisruptionbudgets -A -o json`."""
+    listed = snapshot.from_list({"kind": "List", "items": [pdb(allowed=2), pdb({}, allowed=None, name="all")]},
+                                names=settings.Names(), taken_at=NOW)
+    assert {k: (b.disruptions_allowed, b.selector) for k, b in listed.disruption_budgets.items()} == {
+        "team-a/db": (2, {"matchLabels": {"app": "db"}}), "team-a/all": (0, {"matchLabels": {}})}
