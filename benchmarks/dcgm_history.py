@@ -1,7 +1,9 @@
 """DCGM history at cluster scale in a real Prometheus, for benchmarks/reclaim_cycle.py.
 
-    with dcgm_history.backfilled(workdir, gpus=..., hours=4, scrape_seconds=15, ...) as history:
+    with dcgm_history.backfilled(workdir, devices, hours=4, scrape_seconds=15, ahead_seconds=...) as history:
         ... query history.server.url ...
+
+A library, not a benchmark: running it does nothing.
 
 One `DCGM_FI_DEV_GPU_UTIL` series per GPU, labelled as dcgm-exporter writes it (gpu, UUID, Hostname,
 pod, namespace, container, modelName), a sample every `scrape_seconds` for `hours` before now and

@@ -1,6 +1,6 @@
 """One size of the reclaim-cycle benchmark against a real Prometheus (run by benchmarks/reclaim_cycle.py).
 
-    python benchmarks/reclaim_prometheus.py --gpus 10000 [--cycles 3] [--pending 20] --out FILE
+    python benchmarks/reclaim_prometheus.py --gpus 10000 [--cycles 3] [--pending 20] [--quick] --out FILE
 
 A cluster of 8-GPU nodes, each holding pods of 1, 1, 2 and 4 GPUs (every GPU taken), in the chart's tiers
 (normal: 3 h window, scavenger: 10 min, critical: never reclaimed; charts/gpu-steward/values.yaml), a third
@@ -234,8 +234,11 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=1000)
     parser.add_argument("--pending", type=int, default=20)
     parser.add_argument("--cycles", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="CI-sized: 200 GPUs, 2 cycles")
     parser.add_argument("--out", type=pathlib.Path, required=True)
     args = parser.parse_args()
+    if args.quick:
+        args.gpus, args.cycles = 200, 2
     args.out.write_text(json.dumps(run(args.gpus, pending=args.pending, cycles=args.cycles), indent=2) + "\n")
 
 

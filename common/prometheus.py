@@ -18,6 +18,7 @@ import dataclasses
 import pathlib
 from typing import Any
 
+import orjson
 import requests
 import requests.adapters
 import requests.auth
@@ -90,7 +91,7 @@ class Client:
                 body = await asyncio.to_thread(self._post, form)
         except TimeoutError as exc:
             raise PrometheusError(f"query timed out after {self._config.timeout_seconds}s at {self.url}") from exc
-        except requests.JSONDecodeError as exc:  # before RequestException: it is one too
+        except orjson.JSONDecodeError as exc:
             raise PrometheusError(f"malformed answer from {self.url}: not JSON: {exc}") from exc
         except requests.RequestException as exc:
             raise PrometheusError(f"cannot reach {self.url}: {exc}") from exc
@@ -101,7 +102,7 @@ class Client:
         if response.status_code != 200:
             raise PrometheusError(
                 f"query failed at {self.url}: HTTP Status Code {response.status_code} ({response.content[:300]!r})")
-        return response.json()
+        return orjson.loads(response.content)  # answers run to tens of MB at 10,000 GPUs: 2-3x json's speed
 
 
 def _checked(body: Any, *, url: str) -> Answer:
