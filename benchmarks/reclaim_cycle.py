@@ -46,7 +46,7 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # after site-packages: an installed gpu-steward wins; a bare checkout works too
 
-from common import settings, snapshot, source  # noqa: E402
+from common import settings, settings_loader, snapshot, source  # noqa: E402
 from descheduler import evictor, policy, reclaim, reclaim_loop  # noqa: E402
 
 SCRIPT = pathlib.Path(__file__).resolve()
@@ -215,7 +215,7 @@ def run_size(*, nodes: int, pods: int, pending: int, cycles: int, freeze: bool =
     load_before = os.getloadavg()
     rss_start = _rss_mb()
     raw = synthetic_cluster(nodes=nodes, pods=pods, pending=pending)
-    names = settings.load().names
+    names = settings_loader.load().names
     started = time.perf_counter()
     cluster = snapshot.build(nodes=raw["nodes"], pods=raw["pods"], priority_classes=raw["priority_classes"],
                              names=names, taken_at=NOW)
@@ -226,7 +226,7 @@ def run_size(*, nodes: int, pods: int, pending: int, cycles: int, freeze: bool =
     prometheus = FakePrometheus(raw["pods"], interval_seconds=SCRAPE_SECONDS)
     scenarios = {}
     for scenario, reclaim_settings in SCENARIOS.items():
-        config = settings.load(overrides={"descheduler": {"reclaim": {"dry_run": True, **reclaim_settings}}})
+        config = settings_loader.load(overrides={"descheduler": {"reclaim": {"dry_run": True, **reclaim_settings}}})
         scenarios[scenario] = _scenario(cluster, prometheus, config=config, cycles=cycles)
     return {
         "nodes": nodes, "gpu_pods": sum(1 for p in cluster.pods.values() if p.node_name), "pending": pending,

@@ -55,7 +55,8 @@ class Client:
             session=session,
             retry=retry.Retry(total=0, raise_on_status=False),
             # requests takes any AuthBase and float timeouts; the library's annotations are narrower
-            auth=_BearerFile(config.bearer_token_file) if config.bearer_token_file else None,  # type: ignore[arg-type]
+            auth=(_BearerFile(pathlib.Path(config.bearer_token_file))  # type: ignore[arg-type]
+                  if config.bearer_token_file else None),
             timeout=config.timeout_seconds,  # type: ignore[arg-type]
         )
 

@@ -23,7 +23,7 @@ import signal
 import sys
 from typing import Any
 
-from common import nvtopo, settings
+from common import nvtopo, settings, settings_loader
 
 log = logging.getLogger("gpu_steward.label_node")
 NODE_NAME_ENV = "NODE_NAME"
@@ -65,7 +65,7 @@ def _positive(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     overrides = {"kubernetes": {"kubeconfig": str(args.kubeconfig)}} if args.kubeconfig else None
     try:
-        config = settings.load(config_file=args.config, overrides=overrides)
+        config = settings_loader.load(config_file=args.config, overrides=overrides)
     except settings.SettingsError as exc:
         print(exc, file=sys.stderr)
         return 2

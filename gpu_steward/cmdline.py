@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from common import settings
+from common import settings, settings_loader
 
 
 def add_config(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +27,7 @@ def load_settings(
     """Settings from `--config`, the environment and the command's own flags; a bad value exits 2
     with a message naming the key (overrides may raise SettingsError too)."""
     try:
-        config = settings.load(config_file=args.config, overrides=overrides(args) if overrides else None)
+        config = settings_loader.load(config_file=args.config, overrides=overrides(args) if overrides else None)
     except settings.SettingsError as exc:
         print(exc, file=sys.stderr)
         raise SystemExit(2) from exc

@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from common import settings
+from common import settings, settings_loader
 from tests.chart import helm
 
 NAMESPACE = "gpu-steward"
@@ -507,7 +507,7 @@ def test_rendered_settings_load_in_the_program(tmp_path: pathlib.Path) -> None:
     objects = helm.template({"settings": CUSTOM}, release=RELEASE, namespace=NAMESPACE)
     path = tmp_path / "config.yaml"
     path.write_text(_one(objects, "ConfigMap")["data"]["config.yaml"])
-    loaded = settings.load(config_file=path)
+    loaded = settings_loader.load(config_file=path)
     assert loaded.names.prefix == "gpu.example.com/"
     assert loaded.tiers.rules[0].namespaces == ["serving"]
     assert loaded.descheduler.reclaim.limits.per_node == 1

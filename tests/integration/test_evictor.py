@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from common import events, settings, snapshot, source
+from common import events, settings, settings_loader, snapshot, source
 from descheduler import cooldowns, evictor, leader, reclaim, reclaim_loop
 from tests import builders
 
@@ -121,7 +121,7 @@ def eviction(name: str, *, node: str = "n1", unit: str | None = None, namespace:
     )
 
 
-CONFIG = settings.load()
+CONFIG = settings_loader.load()
 
 
 @pytest.mark.parametrize(
@@ -178,7 +178,7 @@ async def test_limits_checked_before_any_call_and_gangs_stop_together(
 ) -> None:
     api, api_client = fake
     api.eviction_status["g-0"] = 429
-    config = settings.load(overrides={"descheduler": {"reclaim": {"limits": {"per_node": 1}}}})
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"limits": {"per_node": 1}}}})
     the_evictor = evictor.Evictor(evictor.ApiEvictionClient(api_client, timeout_seconds=5),
                                   config=config.descheduler.reclaim)
     plan = [eviction("a"), eviction("b"), eviction("g-0", node="n2", unit="gang:team-a/g"),
@@ -197,7 +197,7 @@ async def test_limits_checked_before_any_call_and_gangs_stop_together(
 async def test_a_gang_is_one_decision_for_the_limits(fake: tuple[FakeApi, client.ApiClient]) -> None:
     """Charging pod by pod, a limit of 1 would stop a gang after its first member: a split gang."""
     _, api_client = fake
-    config = settings.load(overrides={"descheduler": {"reclaim": {"limits": {"per_node": 1, "per_cycle": 1}}}})
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"limits": {"per_node": 1, "per_cycle": 1}}}})
     the_evictor = evictor.Evictor(evictor.ApiEvictionClient(api_client, timeout_seconds=5),
                                   config=config.descheduler.reclaim)
     gang = [eviction(f"g-{i}", unit="gang:team-a/g") for i in range(4)]
@@ -247,7 +247,7 @@ async def test_cycle_evicts_posts_events_and_persists_cooldowns(
     fake: tuple[FakeApi, client.ApiClient], dry_run: bool
 ) -> None:
     api, api_client = fake
-    config = settings.load(overrides={"descheduler": {"reclaim": {"dry_run": dry_run}}})
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"dry_run": dry_run}}})
     client_ = evictor.DryRunClient() if dry_run else evictor.ApiEvictionClient(api_client, timeout_seconds=5)
     loop = reclaim_loop.ReclaimLoop(config=config, cluster=_cluster(config), prometheus=IdleFor(),
                                     evictions=client_, api=api_client, clock=lambda: NOW)
@@ -298,7 +298,7 @@ async def test_event_never_raises_when_the_server_refuses() -> None:
 async def test_lease_leader_election(fake: tuple[FakeApi, client.ApiClient]) -> None:
     api, api_client = fake
     clock = {"now": NOW}
-    cfg = settings.load(overrides={"descheduler": {"leader_election": {"lease_namespace": "gs"}}})
+    cfg = settings_loader.load(overrides={"descheduler": {"leader_election": {"lease_namespace": "gs"}}})
     first = leader.Elector(api_client, config=cfg, clock=lambda: clock["now"], wall=lambda: clock["now"])
     second = leader.Elector(api_client, config=cfg, clock=lambda: clock["now"], wall=lambda: clock["now"])
     assert await first.try_acquire() == (True, "the Lease has no holder")

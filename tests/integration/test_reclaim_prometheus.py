@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from common import prometheus, settings, snapshot, source
+from common import prometheus, settings, settings_loader, snapshot, source
 from descheduler import evictor, policy, reclaim_loop, utilisation
 from tests import builders
 from tests.support.prometheus import PrometheusServer, Series, free_port, start_prometheus
@@ -90,7 +90,7 @@ def build(config: settings.Settings, now: float) -> snapshot.Snapshot:
 
 @pytest.fixture(scope="module")
 def config() -> settings.Settings:
-    return settings.load()
+    return settings_loader.load()
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +151,7 @@ async def test_assess_against_real_prometheus(
 )
 async def test_window_statistic_on_a_bursty_pod(server: PrometheusServer, statistic: str, idle: bool,
                                                 reason: str) -> None:
-    config = settings.load(overrides={"descheduler": {"reclaim": {"idle_statistic": statistic}}})
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"idle_statistic": statistic}}})
     client = prometheus.Client(settings.Prometheus(url=server.url))
     try:
         rows = await client.query(utilisation.query(HOUR, config=config.prometheus, reclaim=config.descheduler.reclaim),
@@ -187,7 +187,7 @@ def _loop(config: settings.Settings, querier: Any, now: float, pending: Sequence
 
 async def test_cycle_queries_once_per_window_and_plans(server: PrometheusServer) -> None:
     limits = {"per_cycle": 100, "per_node": 100, "per_namespace": 100}
-    config = settings.load(overrides={"descheduler": {"reclaim": {"mode": "always", "limits": limits}}})
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"mode": "always", "limits": limits}}})
     querier = Counting(prometheus.Client(settings.Prometheus(url=server.url)))
     try:
         cycle = await _loop(config, querier, server.now).cycle()
@@ -205,7 +205,7 @@ async def test_cycle_queries_once_per_window_and_plans(server: PrometheusServer)
 
 
 async def test_prometheus_down_evicts_nothing_and_says_so() -> None:
-    config = settings.load(overrides={"descheduler": {"reclaim": {"mode": "always"}}})
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"mode": "always"}}})
     now = datetime.datetime.now(datetime.UTC).timestamp()
     down = prometheus.Client(settings.Prometheus(url=f"http://127.0.0.1:{free_port()}", timeout_seconds=2))
     try:
@@ -280,7 +280,7 @@ def coverage_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Promet
 def coverage_pod(name: str, *, node: str, gpus: int = 1) -> snapshot.Pod:
     raw = builders.pod(name, namespace="team-a", gpus=gpus, node=node, phase="Running")
     cluster = snapshot.build(nodes=[builders.gpu_node(node, gpus=8)], pods=[raw], priority_classes=[],
-                             names=settings.load().names, taken_at=0)
+                             names=settings_loader.load().names, taken_at=0)
     return cluster.pods[f"team-a/{name}"]
 
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from common import gpu, settings, snapshot
+from common import gpu, settings_loader, snapshot
 from descheduler import utilisation
 
 NOW = 1_800_000_000.0
-CONFIG = settings.load()
+CONFIG = settings_loader.load()
 
 
 def pod(*, full: int = 1, mig: dict[str, int] | None = None, node: str = "n1") -> snapshot.Pod:
