@@ -355,6 +355,9 @@ class Kubernetes(Model):
     rebuild_interval_seconds: Seconds = pydantic.Field(
         default=0.25, le=5, description="Snapshot rebuilds are batched: at most one per this interval."
     )
+    context: str | None = pydantic.Field(
+        default=None, description="Context of the kubeconfig to use; unset: its current context (not in-cluster)."
+    )
 
 
 class PrometheusLabels(Model):

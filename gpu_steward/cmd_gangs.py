@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import pathlib
 import sys
@@ -26,10 +27,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "gangs",
         help="list gangs, their members and state, and what a waiting gang waits for",
         description="Show the gang controller's view: each gang, its members, its state and why.",
+        parents=[cmdline.cluster_parent()],
     )
     parser.add_argument("--cluster", type=pathlib.Path, help="cluster state (a Kubernetes List); default: live")
-    cmdline.add_config(parser)
-    cmdline.add_output(parser)
     parser.set_defaults(func=run)
 
 
@@ -45,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"gangs: {exc}", file=sys.stderr)
         return 2
     result = gang_release.plan(cluster, config=config, now=now)
+    if args.namespace:  # planned on the whole cluster (capacity is shared), shown for one namespace
+        result = dataclasses.replace(result, decisions=tuple(
+            d for d in result.decisions if d.gang.startswith(f"{args.namespace}/")))
     print(json.dumps(as_json(result), indent=2) if args.output == "json" else as_text(result))
     return 0
 

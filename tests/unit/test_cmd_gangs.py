@@ -69,3 +69,19 @@ def test_a_gated_single_pod_is_shown_as_a_gang_of_one(
     assert shown["team/huge"]["why"].startswith("not placed within 300s (complete; team/huge can run on no node")
     assert cli.main(["gangs", "--cluster", str(path)]) == 0
     assert "pod (placed at release) team/solo  members 1/1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "shown"),
+    [
+        pytest.param(["-n", "team"], ["team/j"], id="its-namespace"),
+        pytest.param(["--namespace", "other"], [], id="another-namespace-hides-it"),
+        pytest.param(["-n", "tea"], [], id="a-prefix-is-not-the-namespace"),
+        pytest.param([], ["team/j"], id="all-namespaces"),
+    ],
+)
+def test_namespace_filters_what_is_shown(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], flags: list[str], shown: list[str]
+) -> None:
+    assert cli.main(["gangs", "--cluster", str(state(tmp_path)), "-o", "json", *flags]) == 0
+    assert [g["gang"] for g in json.loads(capsys.readouterr().out)["gangs"]] == shown
