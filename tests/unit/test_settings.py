@@ -278,3 +278,20 @@ def test_environment_errors_name_the_variable(environ: dict[str, str], message: 
 
 def test_path_settings_are_text_and_accept_paths(tmp_path: pathlib.Path) -> None:
     assert settings.Webhook(cert_file=tmp_path / "tls.crt").cert_file == str(tmp_path / "tls.crt")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "env", "overrides", "source"),
+    [
+        pytest.param(None, {"GPU_STEWARD_WEBHOOK__PORT": "0"}, None, "environment", id="environment"),
+        pytest.param("webhook:\n  port: 0\n", {}, None, "{path} and environment", id="file"),
+        pytest.param(None, {}, {"webhook": {"port": 0}}, "command-line flags", id="flags"),
+    ],
+)
+def test_errors_say_where_the_bad_value_came_from(
+    tmp_path: pathlib.Path, yaml_text: str | None, env: dict[str, str], overrides: dict[str, Any] | None, source: str
+) -> None:
+    path = _yaml(tmp_path, yaml_text) if yaml_text is not None else None
+    with pytest.raises(settings.SettingsError) as caught:
+        settings_loader.load(config_file=path, overrides=overrides, environ=env)
+    assert str(caught.value).splitlines()[0] == f"invalid settings ({source.format(path=path)}):"
