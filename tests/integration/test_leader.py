@@ -4,6 +4,7 @@ step down, and clock skew (a holder whose clock is an hour behind keeps its Leas
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,9 +23,9 @@ LEASE = "gpu-steward-descheduler"
 CONFIG = settings_loader.load(overrides={"descheduler": {"leader_election": {"lease_namespace": "gs"}}})
 
 
-@pytest.fixture
-async def lease_api() -> AsyncIterator[tuple[FakeApi, client.ApiClient]]:
-    api = FakeApi()
+@contextlib.asynccontextmanager
+async def serving(api: FakeApi) -> AsyncIterator[client.ApiClient]:
+    """`api` on a local port, and a client of it."""
     runner = web.AppRunner(api.app())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -32,9 +33,29 @@ async def lease_api() -> AsyncIterator[tuple[FakeApi, client.ApiClient]]:
     configuration = client.Configuration(host=f"http://127.0.0.1:{runner.addresses[0][1]}")
     async with client.ApiClient(configuration) as api_client:
         try:
-            yield api, api_client
+            yield api_client
         finally:
             await runner.cleanup()
+
+
+@pytest.fixture
+async def lease_api() -> AsyncIterator[tuple[FakeApi, client.ApiClient]]:
+    api = FakeApi()
+    async with serving(api) as api_client:
+        yield api, api_client
+
+
+async def start_leading(elector: leader.Elector) -> asyncio.Task[None]:
+    """`elector.run(...)` as a task, once its work (waiting forever) has started."""
+    started = asyncio.Event()
+
+    async def work() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    running = asyncio.create_task(elector.run(work))
+    await asyncio.wait_for(started.wait(), 30)
+    return running
 
 
 class Clock:
@@ -141,14 +162,7 @@ async def test_release_on_shutdown_lets_a_successor_in_at_once(lease_api: tuple[
     a, b = elector(api_client, clock_a, "a", registry=registry), elector(api_client, clock_b, "b")
     assert (await b.try_acquire())[0] is True
     await b.release()
-    started = asyncio.Event()
-
-    async def work() -> None:
-        started.set()
-        await asyncio.Event().wait()
-
-    running = asyncio.create_task(a.run(work))
-    await asyncio.wait_for(started.wait(), 30)
+    running = await start_leading(a)
     running.cancel()
     with pytest.raises(asyncio.CancelledError):
         await running
@@ -178,30 +192,14 @@ async def test_a_second_cancel_during_the_release_still_releases_and_leaks_nothi
     twice): the old code shielded release() and returned at once, leaving the release running unowned —
     the Lease stayed held until it expired and the task leaked. Now the cancel waits for the release."""
     api = SlowReleaseApi(delay=0.3)
-    runner = web.AppRunner(api.app())
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    configuration = client.Configuration(host=f"http://127.0.0.1:{runner.addresses[0][1]}")
-    try:
-        async with client.ApiClient(configuration) as api_client:
-            clock = Clock()
-            a = elector(api_client, clock, "a")
-            started = asyncio.Event()
-
-            async def work() -> None:
-                started.set()
-                await asyncio.Event().wait()
-
-            running = asyncio.create_task(a.run(work))
-            await asyncio.wait_for(started.wait(), 30)
-            running.cancel()
-            await asyncio.wait_for(api.release_started.wait(), 30)
-            running.cancel()  # again, while the release's write is in flight
-            with pytest.raises(asyncio.CancelledError):
-                await running
-            assert api.leases[LEASE]["spec"]["holderIdentity"] == ""
-    finally:
-        await runner.cleanup()
+    async with serving(api) as api_client:
+        running = await start_leading(elector(api_client, Clock(), "a"))
+        running.cancel()
+        await asyncio.wait_for(api.release_started.wait(), 30)
+        running.cancel()  # again, while the release's write is in flight
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        assert api.leases[LEASE]["spec"]["holderIdentity"] == ""
 
 
 @pytest.mark.parametrize(
