@@ -1,6 +1,9 @@
 # gpu-steward: one image for the webhook, the descheduler and the node labeler (`gpu-steward COMMAND`).
 # Build: docker build -t gpu-steward:dev --build-arg VERSION=$(git describe --always) .
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# Both architectures (GH200/GB200 nodes are arm64): docker buildx bake (docker-bake.json; docs/release.md).
+# The base is pinned by digest (the tag's multi-platform index, so each platform resolves its own image). Refresh
+# it with `docker buildx imagetools inspect python:3.11-slim-bookworm` and note the change in CHANGELOG.md.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:2e32f7d302adc1c37428355c1e646897c0c53f4fd60b6a551245fb90ee129f91
 
 # --- build: a virtualenv with the pinned dependencies and the package, nothing else -----------------
 FROM ${PYTHON_IMAGE} AS build

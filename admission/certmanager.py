@@ -282,7 +282,7 @@ async def _inject(
 def _pair_files(webhook: settings.Webhook) -> tuple[pathlib.Path, pathlib.Path]:
     if webhook.cert_file is None or webhook.key_file is None:
         raise ValueError("webhook.managed_tls needs webhook.cert_file and webhook.key_file: where to write the pair")
-    return webhook.cert_file, webhook.key_file
+    return pathlib.Path(webhook.cert_file), pathlib.Path(webhook.key_file)
 
 
 async def reconcile(

@@ -71,8 +71,8 @@ def ssl_context(webhook: settings.Webhook, *, clock: Callable[[], float] = time.
     if webhook.cert_file is None or webhook.key_file is None:
         raise ValueError("webhook.cert_file and webhook.key_file are required to serve TLS")
     reloader = _Reloader(
-        cert_file=webhook.cert_file,
-        key_file=webhook.key_file,
+        cert_file=pathlib.Path(webhook.cert_file),
+        key_file=pathlib.Path(webhook.key_file),
         check_seconds=webhook.cert_check_seconds,
         clock=clock,
     )

@@ -51,7 +51,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # after site-packages: an installed gpu-steward wins; a bare checkout works too
 
 from benchmarks import reclaim_prometheus  # noqa: E402
-from common import prometheus, settings, snapshot, source  # noqa: E402
+from common import prometheus, settings, settings_loader, snapshot, source  # noqa: E402
 from descheduler import evictor, policy, reclaim, reclaim_loop  # noqa: E402
 from gpu_steward import cmd_descheduler  # noqa: E402
 
@@ -229,7 +229,7 @@ def run_size(*, nodes: int, pods: int, pending: int, cycles: int, freeze: bool =
     load_before = os.getloadavg()
     rss_start = _rss_mb()
     raw = synthetic_cluster(nodes=nodes, pods=pods, pending=pending)
-    names = settings.load().names
+    names = settings_loader.load().names
     started = time.perf_counter()
     cluster = snapshot.build(nodes=raw["nodes"], pods=raw["pods"], priority_classes=raw["priority_classes"],
                              names=names, taken_at=NOW)
@@ -240,7 +240,7 @@ def run_size(*, nodes: int, pods: int, pending: int, cycles: int, freeze: bool =
     stand_in = FakePrometheus(raw["pods"], interval_seconds=SCRAPE_SECONDS)
     scenarios = {}
     for scenario, reclaim_settings in SCENARIOS.items():
-        config = settings.load(overrides={"descheduler": {"reclaim": {"dry_run": True, **reclaim_settings}}})
+        config = settings_loader.load(overrides={"descheduler": {"reclaim": {"dry_run": True, **reclaim_settings}}})
         scenarios[scenario] = _scenario(cluster, stand_in, config=config, cycles=cycles)
     return {
         "nodes": nodes, "gpu_pods": sum(1 for p in cluster.pods.values() if p.node_name), "pending": pending,

@@ -33,7 +33,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # after site-packages: an installed gpu-steward wins; a bare checkout works too
 
 from benchmarks import dcgm_history  # noqa: E402
-from common import prometheus, settings, snapshot, source  # noqa: E402
+from common import prometheus, settings, settings_loader, snapshot, source  # noqa: E402
 from descheduler import evictor, policy, reclaim, reclaim_loop, utilisation_promql  # noqa: E402
 
 VALUES = ROOT / "charts" / "gpu-steward" / "values.yaml"
@@ -173,7 +173,7 @@ def run(gpus: int, *, pending: int, cycles: int) -> dict[str, Any]:
         raw, devices = cluster(gpus, pending=pending, now=now)
         with dcgm_history.backfilled(pathlib.Path(tmp) / "prometheus", devices, hours=HOURS,
                                      scrape_seconds=SCRAPE_SECONDS, ahead_seconds=AHEAD_SECONDS) as history:
-            config = settings.load(overrides={"prometheus": {"url": history.server.url},
+            config = settings_loader.load(overrides={"prometheus": {"url": history.server.url},
                                               "descheduler": {"reclaim": {"dry_run": True}}})
             built = snapshot.build(nodes=raw["nodes"], pods=raw["pods"], priority_classes=raw["priority_classes"],
                                    names=config.names, taken_at=now)

@@ -76,7 +76,7 @@ from PIL import Image, ImageDraw
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout; the tests package is not installed
 
-from common import prometheus, settings, snapshot  # noqa: E402
+from common import prometheus, settings, settings_loader, snapshot  # noqa: E402
 from descheduler import evictor, policy, reclaim_loop, utilisation_promql  # noqa: E402
 from gpu_steward import localprometheus  # noqa: E402
 from tests import builders  # noqa: E402
@@ -672,7 +672,7 @@ def run(trace: Trace, rules: Sequence[Policy], *, interval_seconds: float) -> di
                                                   now=wall + (trace.slots - 1) * trace.step)
         try:
             backfill_seconds = _perf() - started
-            config = settings.load(overrides={
+            config = settings_loader.load(overrides={
                 "prometheus": {"url": server.url, "timeout_seconds": 30},
                 "descheduler": {"reclaim": {"mode": "on-demand", "dry_run": True}},
             })

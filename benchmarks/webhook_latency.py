@@ -41,7 +41,7 @@ import aiohttp  # noqa: E402
 from noop_webhook import serve_noop  # noqa: E402  # benchmarks/noop_webhook.py, beside this script
 
 from admission import mutation  # noqa: E402
-from common import settings, snapshot  # noqa: E402
+from common import settings_loader, snapshot  # noqa: E402
 from gpu_steward import certs  # noqa: E402
 from tests import builders  # noqa: E402
 
@@ -112,7 +112,7 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 
 def time_decide(state: dict[str, Any], bodies: Sequence[bytes], *, seconds: float) -> dict[str, Any]:
-    config = settings.load()
+    config = settings_loader.load()
     started = time.perf_counter()
     cluster = snapshot.from_list(state, names=config.names, taken_at=time.time())
     build_ms = (time.perf_counter() - started) * 1000

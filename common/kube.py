@@ -45,7 +45,7 @@ async def api_client(cfg: settings.Kubernetes) -> client.ApiClient:
         return client.ApiClient(configuration)
     where, files = _kubeconfig(cfg)
     try:
-        await config.load_kube_config(config_file=files, client_configuration=configuration)
+        await config.load_kube_config(config_file=files, context=cfg.context, client_configuration=configuration)
     except (config.ConfigException, OSError, yaml.YAMLError) as exc:
         raise settings.SettingsError(f"invalid {where}: {' '.join(str(exc).split())}") from exc
     except (TypeError, AttributeError, KeyError, ValueError) as exc:

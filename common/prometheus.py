@@ -20,8 +20,8 @@ from typing import Any
 
 import orjson
 import requests
-import requests.adapters
 import requests.auth
+from prometheus_api_client import prometheus_connect
 from urllib3.util import retry
 
 from common import settings
@@ -65,10 +65,12 @@ class Client:
         session.verify = False if config.insecure_skip_verify else str(config.ca_file) if config.ca_file else True
         session.headers.update(config.headers)
         if config.bearer_token_file:
-            session.auth = _BearerFile(config.bearer_token_file)
-        adapter = requests.adapters.HTTPAdapter(max_retries=retry.Retry(total=0, raise_on_status=False))
-        session.mount("http://", adapter)
-        session.mount("https://", adapter)
+            session.auth = _BearerFile(pathlib.Path(config.bearer_token_file))
+        # prometheus-api-client sets the session up for this URL (its retry policy: none, see above; proxies).
+        # Its `custom_query` cannot serve us: it drops the answer's `warnings` (partial data must fail closed)
+        # and sends the query in the URL (the reclaim queries run to KB), so queries are POSTed on the session.
+        prometheus_connect.PrometheusConnect(url=self._url, session=session,
+                                             retry=retry.Retry(total=0, raise_on_status=False), method="POST")
         self._session = session
 
     @property

@@ -1,22 +1,18 @@
-"""The one settings model of gpu-steward.
+"""The one settings model of gpu-steward (pure: building a `Settings` reads nothing).
 
 Every component reads the same `Settings`; the Helm chart renders its values into a YAML file of
-exactly this shape (`charts/gpu-steward/values.yaml` mirrors it key for key). Values come, lowest
-priority first, from the defaults here, the YAML file (`--config` / `GPU_STEWARD_CONFIG`), then
-environment variables `GPU_STEWARD_<GROUP>__<FIELD>` (e.g. `GPU_STEWARD_WEBHOOK__PORT=9443`).
-Unknown keys and bad values fail at start with a message that names the key.
+exactly this shape (`charts/gpu-steward/values.yaml` mirrors it key for key). `common.settings_loader.load`
+is the only place that reads the YAML file (`--config` / `GPU_STEWARD_CONFIG`) and the environment
+(`GPU_STEWARD_<GROUP>__<FIELD>`, e.g. `GPU_STEWARD_WEBHOOK__PORT=9443`), so a test that builds
+`Settings(...)` sees exactly what it wrote. Unknown keys and bad values fail with a message that names the key.
 """
 
 from __future__ import annotations
 
 import enum
-import os
-import pathlib
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
-import pydantic_settings
-import yaml
 
 ENV_PREFIX = "GPU_STEWARD_"
 CONFIG_ENV = "GPU_STEWARD_CONFIG"
@@ -44,6 +40,8 @@ Percent = Annotated[float, pydantic.Field(ge=0, le=100)]
 Fraction = Annotated[float, pydantic.Field(ge=0, le=1)]
 Seconds = Annotated[float, pydantic.Field(gt=0)]
 Points = float
+# A file's path, as text: the model names files, the shell opens them (pathlib.Path values are accepted).
+FilePath = Annotated[str, pydantic.BeforeValidator(lambda value: str(value) if value is not None else value)]
 
 
 class Names(Model):
@@ -330,8 +328,8 @@ class Webhook(Model):
     port: int = pydantic.Field(
         default=8443, ge=1, le=65535, description="Listen port (HTTPS); the Service's targetPort."
     )
-    cert_file: pathlib.Path | None = pydantic.Field(default=None, description="PEM serving certificate.")
-    key_file: pathlib.Path | None = pydantic.Field(default=None, description="PEM private key.")
+    cert_file: FilePath | None = pydantic.Field(default=None, description="PEM serving certificate.")
+    key_file: FilePath | None = pydantic.Field(default=None, description="PEM private key.")
     cert_check_seconds: Seconds = pydantic.Field(
         default=10, description="How often the cert files are checked for rotation."
     )
@@ -342,7 +340,7 @@ class Webhook(Model):
 
 
 class Kubernetes(Model):
-    kubeconfig: pathlib.Path | None = pydantic.Field(
+    kubeconfig: FilePath | None = pydantic.Field(
         default=None, description="Unset: in-cluster config, else ~/.kube/config."
     )
     request_timeout_seconds: Seconds = pydantic.Field(default=10, description="Bound of one API call (a list page).")
@@ -356,6 +354,9 @@ class Kubernetes(Model):
     )
     rebuild_interval_seconds: Seconds = pydantic.Field(
         default=0.25, le=5, description="Snapshot rebuilds are batched: at most one per this interval."
+    )
+    context: str | None = pydantic.Field(
+        default=None, description="Context of the kubeconfig to use; unset: its current context (not in-cluster)."
     )
 
 
@@ -389,10 +390,10 @@ class PrometheusLabels(Model):
 class Prometheus(Model):
     url: str | None = pydantic.Field(default=None, description="Unset: no DCGM data (no idle reclaim).")
     headers: dict[str, str] = pydantic.Field(default_factory=dict, description="Extra HTTP headers.")
-    bearer_token_file: pathlib.Path | None = pydantic.Field(
+    bearer_token_file: FilePath | None = pydantic.Field(
         default=None, description="File with a bearer token for Prometheus (re-read on every query)."
     )
-    ca_file: pathlib.Path | None = pydantic.Field(
+    ca_file: FilePath | None = pydantic.Field(
         default=None, description="PEM CA bundle that signs Prometheus' certificate."
     )
     insecure_skip_verify: bool = pydantic.Field(
@@ -663,10 +664,8 @@ class Descheduler(Model):
     )
 
 
-class Settings(pydantic_settings.BaseSettings):
-    model_config = pydantic_settings.SettingsConfigDict(
-        extra="forbid", frozen=True, env_prefix=ENV_PREFIX, env_nested_delimiter="__"
-    )
+class Settings(Model):
+    """Everything; `settings_loader.load()` builds one from the file, the environment and flags."""
 
     names: Names = Names()
     scoring: Scoring = Scoring()
@@ -679,7 +678,6 @@ class Settings(pydantic_settings.BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = pydantic.Field(
         default="INFO", description="DEBUG | INFO | WARNING | ERROR."
     )
-    read_environment: ClassVar[bool] = True
 
     @pydantic.model_validator(mode="after")
     def _check_controller_staleness(self) -> Settings:
@@ -691,52 +689,17 @@ class Settings(pydantic_settings.BaseSettings):
             )
         return self
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[pydantic_settings.BaseSettings],
-        init_settings: pydantic_settings.PydanticBaseSettingsSource,
-        env_settings: pydantic_settings.PydanticBaseSettingsSource,
-        dotenv_settings: pydantic_settings.PydanticBaseSettingsSource,
-        file_secret_settings: pydantic_settings.PydanticBaseSettingsSource,
-    ) -> tuple[pydantic_settings.PydanticBaseSettingsSource, ...]:
-        # The YAML file arrives as init kwargs (see load()); env wins over it.
-        return (env_settings, init_settings) if cls.read_environment else (init_settings,)
-
 
 class SettingsError(Exception):
     """Bad configuration; the message names each offending key."""
 
 
-def load(*, config_file: pathlib.Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
-    """Load settings from defaults, the YAML file, the environment, then `overrides` (CLI flags)."""
-    path = config_file or (pathlib.Path(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else None)
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise SettingsError(f"settings file {path}: {exc}") from exc
-        if not isinstance(loaded, dict):
-            raise SettingsError(f"settings file {path}: expected a mapping at the top level")
-        data = loaded
-    origin = f"{path} and environment" if path else "environment"
+def validate(data: dict[str, Any], *, source: str) -> Settings:
+    """`data` (a settings document) as `Settings`, or SettingsError naming each bad key and `source`."""
     try:
-        settings = Settings(**data)
+        return Settings(**data)
     except pydantic.ValidationError as exc:
-        raise SettingsError(_describe(exc, source=origin)) from exc
-    if overrides:
-        try:
-            settings = _WithoutEnvironment(**merge(settings.model_dump(mode="json"), overrides))
-        except pydantic.ValidationError as exc:
-            raise SettingsError(_describe(exc, source="command-line flags")) from exc
-    return settings
-
-
-class _WithoutEnvironment(Settings):
-    """Re-validates already merged values: the environment was applied once and must not win over flags."""
-
-    read_environment: ClassVar[bool] = False
+        raise SettingsError(_describe(exc, source=source)) from exc
 
 
 def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,8 @@ since then. So clock skew between replicas cannot make two leaders. The holder r
 `renew_deadline_seconds` (< the lease duration, validated in settings: it stops before anyone may take
 over). Writes carry the Lease's resourceVersion, so of two replicas racing for a free Lease only one
 wins (409 for the other). On shutdown the holder releases the Lease (empty holder) so a successor need
-not wait. The gauge `gpu_steward_leader` is 1 while this process leads.
+not wait; a cancel (shutdown) waits for that release, bounded, before it propagates. The gauge
+`gpu_steward_leader` is 1 while this process leads.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ class Elector:
         self._clock = clock or asyncio.get_running_loop().time
         self._wall: Callable[[], float] = wall or (lambda: datetime.datetime.now(datetime.UTC).timestamp())
         self._sleep = sleep
+        # A release is one read and one write, each bounded by the request timeout.
+        self.release_bound_seconds = 2 * self._timeout
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{self._cfg.lease_namespace}/leases"
         self._observed: Observed | None = None
         self.leading = prometheus_client.Gauge(
@@ -134,6 +137,23 @@ class Elector:
                 await self._write(lease, spec)
                 logger.info("released Lease %s", self._cfg.lease_name)
 
+    async def _release_on_the_way_out(self) -> None:
+        """Release the Lease even when we are being cancelled (SIGTERM): a cancel that arrives while the
+        release is under way waits for it, at most `release_bound_seconds`, then goes on. Shielding alone
+        would return at once and leave the release running unowned (maybe never done: the loop closes)."""
+        releasing = asyncio.create_task(self.release(), name="leader:release")
+        try:
+            await asyncio.shield(releasing)
+        except asyncio.CancelledError:
+            try:
+                await asyncio.wait({releasing}, timeout=self.release_bound_seconds)
+            finally:
+                if not releasing.done():
+                    releasing.cancel()
+                    logger.warning("gave up releasing Lease %s after %.1fs", self._cfg.lease_name,
+                                   self.release_bound_seconds)
+            raise
+
     async def run(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Forever: wait to become leader, run `work` while leading, start over when leadership is lost."""
         while True:
@@ -152,7 +172,7 @@ class Elector:
                 logger.warning("%s", group.exceptions[0])
             finally:
                 self.leading.set(0)
-                await asyncio.shield(self.release())
+                await self._release_on_the_way_out()
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 # A cancel (shutdown) that came while the TaskGroup handled LostLeadership is swallowed by it

@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "gpu_steward.cmd_release_gates",
     "gpu_steward.cmd_demo",
     "gpu_steward.cmd_label_node",
+    "gpu_steward.cmd_check",
 )
 
 

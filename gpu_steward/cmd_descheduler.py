@@ -52,8 +52,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="evict idle GPU pods by PriorityClass policy, for pending work that can use the GPUs",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[cmdline.connection_parent()],
     )
-    cmdline.add_config(parser)
     parser.add_argument("--once", action="store_true", help="run one cycle, print its plan, exit")
     parser.add_argument("--dry-run", action="store_true", help="decide, log and emit 'would' events; evict nothing")
     parser.add_argument("--cluster", type=pathlib.Path,
@@ -66,7 +66,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--prometheus-ca-file", type=pathlib.Path)
     parser.add_argument("--prometheus-insecure-skip-verify", action="store_true")
     parser.add_argument("--prometheus-timeout", type=float, metavar="SECONDS")
-    parser.add_argument("--kubeconfig", type=pathlib.Path)
     parser.add_argument("--kube-timeout", type=float, metavar="SECONDS", help="per API request")
     parser.add_argument("--metrics-port", type=int, metavar="PORT",
                         help="serve /metrics, /healthz and /readyz on this port (plain HTTP)")
@@ -93,8 +92,6 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
     if args.prometheus_insecure_skip_verify:
         prom["insecure_skip_verify"] = True
     kube: dict[str, Any] = {}
-    if args.kubeconfig:
-        kube["kubeconfig"] = str(args.kubeconfig)
     if args.kube_timeout:
         kube["request_timeout_seconds"] = args.kube_timeout
     reclaim_cfg: dict[str, Any] = {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import pathlib
 import sys
@@ -28,10 +29,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "gangs",
         help="list gangs, their members and state, what a waiting gang waits for, and stuck pins",
         description="Show the gang controller's view: each gang, its members, its state and why.",
+        parents=[cmdline.cluster_parent()],
     )
     parser.add_argument("--cluster", type=pathlib.Path, help="cluster state (a Kubernetes List); default: live")
-    cmdline.add_config(parser)
-    cmdline.add_output(parser)
     parser.set_defaults(func=run)
 
 
@@ -48,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     result = planning.plan(cluster, config=config, now=now)
     stuck = recovery.assess(cluster, config=config, now=now)
+    if args.namespace:  # planned on the whole cluster (capacity is shared), shown for one namespace
+        mine = f"{args.namespace}/"
+        result = dataclasses.replace(result, decisions=tuple(d for d in result.decisions if d.gang.startswith(mine)))
+        stuck = tuple(r for r in stuck if r.unit.startswith(mine))
     print(json.dumps(as_json(result, stuck), indent=2) if args.output == "json" else as_text(result, stuck))
     return 0
 

@@ -18,12 +18,12 @@ import contextlib
 import json
 import logging
 import os
-import pathlib
 import signal
 import sys
 from typing import Any
 
-from common import nvtopo, settings
+from common import nvtopo, settings, settings_loader
+from gpu_steward import cmdline
 
 log = logging.getLogger("gpu_steward.label_node")
 NODE_NAME_ENV = "NODE_NAME"
@@ -40,6 +40,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="label this node with its NVLink domains (from nvidia-smi topo -m)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[cmdline.connection_parent()],
     )
     parser.add_argument("--node", default=os.environ.get(NODE_NAME_ENV),
                         help=f"Node to label (default: ${NODE_NAME_ENV}, set from the downward API)")
@@ -50,8 +51,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--nvidia-smi-timeout", type=_positive, default=30.0, metavar="SECONDS",
                         help="kill nvidia-smi after this long (default: %(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="print the merge patch instead of sending it")
-    parser.add_argument("--config", type=pathlib.Path, help="settings file (as rendered by the Helm chart)")
-    parser.add_argument("--kubeconfig", type=pathlib.Path)
     parser.set_defaults(func=run)
 
 
@@ -63,9 +62,8 @@ def _positive(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    overrides = {"kubernetes": {"kubeconfig": str(args.kubeconfig)}} if args.kubeconfig else None
     try:
-        config = settings.load(config_file=args.config, overrides=overrides)
+        config = settings_loader.load(config_file=args.config, overrides=cmdline.connection_overrides(args) or None)
     except settings.SettingsError as exc:
         print(exc, file=sys.stderr)
         return 2

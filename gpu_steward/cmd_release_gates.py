@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import pathlib
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -41,13 +40,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="remove gpu-steward's scheduling gate from every pod that carries it (before uninstalling)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[cmdline.cluster_parent()],
     )
-    parser.add_argument("-n", "--namespace", help="only this namespace (default: all namespaces)")
     parser.add_argument("--dry-run", action="store_true", help="list the pods that carry the gate; change nothing")
-    parser.add_argument("--kubeconfig", type=pathlib.Path,
-                        help="default: in-cluster, else $KUBECONFIG or ~/.kube/config")
-    cmdline.add_config(parser)
-    cmdline.add_output(parser)
     parser.set_defaults(func=run)
 
 
@@ -73,12 +68,8 @@ class Result:
         return "\n".join(lines)
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {"kubernetes": {"kubeconfig": str(args.kubeconfig)}} if args.kubeconfig else {}
-
-
 def run(args: argparse.Namespace) -> int:
-    config = cmdline.load_settings(args, overrides=_overrides)
+    config = cmdline.load_settings(args)
     try:
         result = asyncio.run(release(config, namespace=args.namespace, dry_run=args.dry_run))
     except (_ListError, aiohttp.ClientError, TimeoutError, OSError) as exc:

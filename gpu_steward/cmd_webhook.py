@@ -39,8 +39,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="serve the mutating admission webhook (tiers, NVLink affinity, gang gates)",
         description="Serve AdmissionReview admission.k8s.io/v1 on POST /mutate over TLS, with /healthz, "
         "/readyz and /metrics. Flags override the settings file and environment.",
+        parents=[cmdline.connection_parent()],
     )
-    cmdline.add_config(parser)
     parser.add_argument(
         "--cluster",
         type=pathlib.Path,

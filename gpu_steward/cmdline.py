@@ -1,4 +1,8 @@
-"""What every subcommand shares: the `--config` / `--output` flags and loading settings from them."""
+"""What every subcommand shares: flags spelled the same everywhere, and loading settings from them.
+
+Every command that talks to a cluster takes `connection_parent()` (`--config`, `--kubeconfig`, `--context`);
+those that list what they read also take `cluster_parent()` (`-n/--namespace`, `-o/--output`), as kubectl does.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from common import settings
+from common import settings, settings_loader
 
 
 def add_config(parser: argparse.ArgumentParser) -> None:
@@ -18,16 +22,43 @@ def add_config(parser: argparse.ArgumentParser) -> None:
 
 
 def add_output(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", choices=("text", "json"), default="text")
+    parser.add_argument("-o", "--output", choices=("text", "json"), default="text", help="text or json")
+
+
+def connection_parent() -> argparse.ArgumentParser:
+    """`--config`, `--kubeconfig`, `--context`: pass as `parents=[...]` to `add_parser`."""
+    parent = argparse.ArgumentParser(add_help=False)
+    add_config(parent)
+    parent.add_argument("--kubeconfig", type=pathlib.Path,
+                        help="kubeconfig file (kubernetes.kubeconfig); default: in-cluster, else $KUBECONFIG "
+                             "or ~/.kube/config")
+    parent.add_argument("--context", help="kubeconfig context (kubernetes.context); default: its current context")
+    return parent
+
+
+def cluster_parent() -> argparse.ArgumentParser:
+    """`connection_parent()` plus `-n/--namespace` and `-o/--output`, for commands that list what they read."""
+    parent = argparse.ArgumentParser(add_help=False, parents=[connection_parent()])
+    parent.add_argument("-n", "--namespace", help="only this namespace (default: all namespaces)")
+    add_output(parent)
+    return parent
+
+
+def connection_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings `--kubeconfig` and `--context` set (none when absent)."""
+    kube = {key: str(value) for key, value in (("kubeconfig", args.kubeconfig), ("context", args.context)) if value}
+    return {"kubernetes": kube} if kube else {}
 
 
 def load_settings(
     args: argparse.Namespace, *, overrides: Callable[[argparse.Namespace], dict[str, Any]] | None = None
 ) -> settings.Settings:
-    """Settings from `--config`, the environment and the command's own flags; a bad value exits 2
-    with a message naming the key (overrides may raise SettingsError too)."""
+    """Settings from `--config`, the environment, `--kubeconfig`/`--context` and the command's own flags; a bad
+    value exits 2 with a message naming the key (overrides may raise SettingsError too)."""
     try:
-        config = settings.load(config_file=args.config, overrides=overrides(args) if overrides else None)
+        flags = settings.merge(connection_overrides(args) if hasattr(args, "context") else {},
+                               overrides(args) if overrides else {})
+        config = settings_loader.load(config_file=args.config, overrides=flags or None)
     except settings.SettingsError as exc:
         print(exc, file=sys.stderr)
         raise SystemExit(2) from exc

@@ -221,7 +221,20 @@ def _gpu_steward(
     cluster: localcluster.LocalCluster, workdir: pathlib.Path, *, prometheus_url: str, say: Say
 ) -> Iterator[None]:
     """Our webhook (registered with the API server) and descheduler as real processes."""
-    config = {
+    with localsteward.webhook(cluster, workdir, config=steward_settings(prometheus_url), descheduler=True):
+        say("   webhook registered with the API server (failurePolicy Ignore, timeout 3 s)")
+        say(f"   tiers.label_claims: pods in namespace {NAMESPACE} may claim up to tier critical with the tier label "
+            "(by default no pod can promote itself)")
+        say("   descheduler leading (placement at release, gang release, idle reclaim; leader election on a Lease)")
+        yield
+
+
+def steward_settings(prometheus_url: str) -> dict[str, Any]:
+    """The settings the demo runs gpu-steward with: what the narration announces is what they configure."""
+    return {
+        # The inference service's tier label claims critical: allowed in the demo's namespace only (a claim
+        # the settings do not allow is refused, and the pod runs in the default tier).
+        "tiers": {"label_claims": [{"name": "demo-inference", "tier": "critical", "namespaces": [NAMESPACE]}]},
         "prometheus": {"url": prometheus_url, "occupancy_refresh_seconds": SCRAPE_SECONDS},
         "descheduler": {
             "leader_election": {"lease_namespace": "gpu-steward", "lease_duration_seconds": 6,
@@ -232,10 +245,6 @@ def _gpu_steward(
             "gangs": {"resync_seconds": 2},
         },
     }
-    with localsteward.webhook(cluster, workdir, config=config, descheduler=True):
-        say("   webhook registered with the API server (failurePolicy Ignore, timeout 3 s)")
-        say("   descheduler leading (placement at release, gang release, idle reclaim; leader election on a Lease)")
-        yield
 
 
 async def _serve_devices(cluster: localcluster.LocalCluster, config: settings.Settings, port: int,
@@ -318,7 +327,9 @@ def run_once(*, label: str, bin_dir: pathlib.Path, steward: bool, workdir: pathl
 def _placement_phase(cluster: localcluster.LocalCluster, config: settings.Settings,
                      assignments: devicesim.Assignments, result: RunResult, *, steward: bool, say: Say) -> None:
     for w in PLACEMENT_PHASE:
-        say(f"-> {w.name}: {w.about} ({w.pods} x {w.gpus} GPU, tier {w.tier})")
+        # Without gpu-steward the tier label is only a label: nothing reads it.
+        tier = f"tier label {w.tier}" + ("" if steward else ", read by nothing")
+        say(f"-> {w.name}: {w.about} ({w.pods} x {w.gpus} GPU, {tier})")
         cluster.apply(manifests(w))
         _wait(f"{w.name} scheduled", functools.partial(_scheduled, cluster, w.name, w.pods), timeout=60, say=say)
         view = observe(cluster, config.names, assignments)

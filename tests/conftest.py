@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 
 import pytest
 
+from common import settings_loader
+
 pytest_plugins = ["tests.support.prometheus"]
+
+
+@pytest.fixture(autouse=True)
+def _no_settings_from_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A developer's exported GPU_STEWARD_* must not configure the code under test (settings_loader.load()
+    reads the environment; a test that wants a variable sets it itself)."""
+    for key in list(os.environ):
+        if key.upper().startswith(settings_loader.ENV_PREFIX):
+            monkeypatch.delenv(key)
 
 
 @pytest.fixture(autouse=True)

@@ -95,6 +95,10 @@ def test_match_conditions_name_every_gang_key_and_gpu_resource_the_code_reads() 
 
 
 def test_filter_off_registers_no_match_conditions() -> None:
+    """Only the one that keeps gang members for their own entry (tests/chart/test_gang_entry.py) stays."""
     objects = helm.template({"webhook": {"filterPods": False}})
+    (configuration,) = [o for o in objects if o["kind"] == "MutatingWebhookConfiguration"]
+    assert [c["name"] for c in configuration["webhooks"][0]["matchConditions"]] == ["not-a-gated-gang-member"]
+    objects = helm.template({"webhook": {"filterPods": False, "gangs": {"enabled": False}}})
     (configuration,) = [o for o in objects if o["kind"] == "MutatingWebhookConfiguration"]
     assert "matchConditions" not in configuration["webhooks"][0]

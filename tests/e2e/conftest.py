@@ -21,7 +21,7 @@ import pytest
 import yaml
 from kubernetes_asyncio import client, config
 
-from common import settings
+from common import settings, settings_loader
 from gpu_steward import certs, localcluster
 from tests.support import kube
 
@@ -231,7 +231,7 @@ def webhook(
             }
         )
     )
-    loaded = settings.load(config_file=config_file)
+    loaded = settings_loader.load(config_file=config_file)
     process = localcluster.ManagedProcess(
         "webhook",
         [sys.executable, "-m", "gpu_steward", "webhook", "--config", str(config_file)],
@@ -338,7 +338,7 @@ def descheduler_factory(
         }
         config_file = tmp_path / f"descheduler-{run}.yaml"
         config_file.write_text(yaml.safe_dump(base))
-        loaded = settings.load(config_file=config_file, overrides=overrides)
+        loaded = settings_loader.load(config_file=config_file, overrides=overrides)
         config_file.write_text(yaml.safe_dump(loaded.model_dump(mode="json", exclude_none=True)))
         process = localcluster.ManagedProcess(
             "descheduler",

@@ -40,6 +40,7 @@ pytestmark = pytest.mark.e2e
 RELEASE, NAMESPACE, TEAM = "gs", "gpu-steward", "team"
 PREFIX = f"{RELEASE}-gpu-steward"
 NAMES = settings.Names()
+NAMES_SETTINGS = settings.Settings()
 REQUESTS = "gpu_steward_admission_requests_total"
 
 
@@ -115,9 +116,9 @@ def release(own_cluster: localcluster.LocalCluster, tmp_path_factory: pytest.Tem
     installed = Release(own_cluster, port, files, workdir, webhook)
     webhook.start()
     try:
-        # The Secret exists before the server listens (the process made it, under the chart's Role).
-        kube.poll("webhook TLS Secret created", lambda: own_cluster.kubectl(
-            "get", "secret", f"{PREFIX}-webhook-tls", "-n", NAMESPACE, check=False).returncode == 0 or None,
+        # The chart made the Secret empty; the process fills it in (under the chart's Role) before it listens.
+        kube.poll("webhook TLS Secret filled in", lambda: "ca.crt" in (own_cluster.kubectl_json(
+            "get", "secret", f"{PREFIX}-webhook-tls", "-n", NAMESPACE).get("data") or {}) or None,
             timeout_seconds=60)
         webhook.wait_http_ok(f"https://127.0.0.1:{port}/readyz", ssl_context=installed.trust(), timeout_seconds=60)
         own_cluster.kubectl("create", "namespace", TEAM)
@@ -185,6 +186,13 @@ def test_installed_webhook_mutates_gpu_pods_and_honours_the_opt_out_label(releas
                      id="gang-member-without-gpu"),
         pytest.param(kube.pod("volcano-member", namespace=TEAM, annotations={"scheduling.k8s.io/group-name": "g"}), 1,
                      id="volcano-annotation"),
+        # Taken by the fail-closed entry, and only by it: one call, not one per entry.
+        pytest.param(kube.pod("our-member", namespace=TEAM, gpus=1,
+                              labels={NAMES.gang_name: "g", NAMES.gang_size: "2"}), 1,
+                     id="gated-gang-member-called-once"),
+        pytest.param(kube.pod("kueue-counted", namespace=TEAM, labels={"kueue.x-k8s.io/pod-group-name": "g"},
+                              annotations={"kueue.x-k8s.io/pod-group-total-count": "2"}), 1,
+                     id="kueue-member-with-count-called-once"),
     ],
 )
 def test_the_api_server_only_calls_the_webhook_for_gpu_and_gang_pods(
@@ -194,6 +202,64 @@ def test_the_api_server_only_calls_the_webhook_for_gpu_and_gang_pods(
     before = release.requests_answered()
     release.cluster.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(pod))
     assert release.requests_answered() - before == calls
+
+
+GANG_ENTRY = "gang-members-wait-for-the-gpu-steward-webhook-retry-when-up.gpu-steward.io"
+
+
+def test_a_gang_member_gets_its_gate_through_the_fail_closed_entry(release: Release) -> None:
+    member = create(release.cluster, kube.pod("entry-member", namespace=TEAM, gpus=1,
+                                              labels={NAMES.gang_name: "entry", NAMES.gang_size: "2"}))
+    assert NAMES.gate in kube.gates(member)
+    hooks = release.cluster.kubectl_json("get", "mutatingwebhookconfiguration", PREFIX)["webhooks"]
+    assert [(h["name"], h["failurePolicy"]) for h in hooks] == [
+        ("pods.gpu-steward.io", "Ignore"), (GANG_ENTRY, "Fail")]
+    assert len({h["clientConfig"].get("caBundle") for h in hooks}) == 1  # the webhook wrote its CA into both
+
+
+@pytest.mark.parametrize(
+    ("pod", "refused"),
+    [
+        pytest.param(kube.pod("down-member", namespace=TEAM, gpus=1,
+                              labels={NAMES.gang_name: "d", NAMES.gang_size: "2"}), True, id="gang-member-refused"),
+        pytest.param(kube.pod("down-member-annotated", namespace=TEAM, annotations={
+            NAMES.gang_name: "d", NAMES.gang_size: "2"}), True, id="gang-member-by-annotation-without-gpu-refused"),
+        pytest.param(kube.pod("down-kueue", namespace=TEAM, labels={"kueue.x-k8s.io/pod-group-name": "k"},
+                              annotations={"kueue.x-k8s.io/pod-group-total-count": "2"}), True,
+                     id="kueue-member-refused"),
+        pytest.param(kube.pod("down-gpu", namespace=TEAM, gpus=1), False, id="plain-gpu-pod-created"),
+        pytest.param(kube.pod("down-plain", namespace=TEAM), False, id="plain-pod-created"),
+        pytest.param(kube.pod("down-volcano", namespace=TEAM, annotations={"scheduling.k8s.io/group-name": "v"}),
+                     False, id="volcano-member-never-gated-by-us-created"),
+        pytest.param(kube.pod("down-other-scheduler", namespace=TEAM,
+                              labels={NAMES.gang_name: "o", NAMES.gang_size: "2"})
+                     | {"spec": {"schedulerName": "volcano", "containers": [{"name": "main", "image": "busybox"}]}},
+                     False, id="gang-of-another-scheduler-created"),
+        pytest.param(kube.pod("down-skip", namespace=TEAM, annotations={
+            NAMES.gang_name: "s", NAMES.gang_size: "2", NAMES.skip: "true"}), False,
+            id="opted-out-by-annotation-created"),
+    ],
+)
+def test_with_the_webhook_down_only_gated_gang_members_are_refused_saying_what_to_do(
+    webhook_down: Release, pod: dict[str, Any], refused: bool
+) -> None:
+    """A member admitted without its gate would start alone; every other pod fails open as before."""
+    done = webhook_down.cluster.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
+    assert (done.returncode != 0) is refused, done.stderr
+    if refused:
+        assert f'failed calling webhook "{GANG_ENTRY}"' in done.stderr, done.stderr
+
+
+@pytest.fixture
+def webhook_down(release: Release) -> Iterator[Release]:
+    """The release with its webhook stopped (nothing listens on its port), started again afterwards."""
+    release.webhook.stop()
+    try:
+        yield release
+    finally:
+        release.webhook.start()
+        release.webhook.wait_http_ok(f"https://127.0.0.1:{release.port}/readyz", ssl_context=release.trust(),
+                                     timeout_seconds=60)
 
 
 def test_upgrade_keeps_the_tls_secret_and_the_injected_ca_bundle(release: Release) -> None:
@@ -349,3 +415,19 @@ def test_descheduler_releases_a_gang_reclaims_an_idle_pod_and_aggregates_events_
     assert kube.events_about(cluster, TEAM, "idle-free", reason="IdleGPUReclaimed")
     forbidden = [line for line in process.log_tail(400).splitlines() if "403" in line or "forbidden" in line]
     assert forbidden == []
+
+
+def test_uninstall_removes_the_tls_secret_and_the_leases(release: Release) -> None:
+    """Last in this module: the Secret (the CA's private key) and the Leases belong to the release (rendered
+    empty, filled in at run time), so uninstall deletes them."""
+    cluster = release.cluster
+    lease_names = [NAMES_SETTINGS.descheduler.leader_election.lease_name,
+                   NAMES_SETTINGS.descheduler.reclaim.cooldown_lease_name]
+    assert set(release.secret()) == {"ca.crt", "ca.key", "tls.crt", "tls.key"}  # filled in by the webhook
+    for name in lease_names:
+        cluster.kubectl("get", "lease", name, "-n", NAMESPACE)
+    release.webhook.stop()
+    helm.uninstall(kubeconfig=cluster.kubeconfig, release=RELEASE, namespace=NAMESPACE)
+    left = cluster.kubectl("get", "secret,lease", "-n", NAMESPACE, "-o", "name", check=False).stdout.split()
+    assert f"secret/{PREFIX}-webhook-tls" not in left
+    assert not [name for name in lease_names if f"lease.coordination.k8s.io/{name}" in left], left

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from admission import server, tls
-from common import httpserver, settings, source
+from common import httpserver, settings, settings_loader, source
 from gpu_steward import certs
 
 FIXTURES = pathlib.Path(__file__).parent.parent / "fixtures" / "admission"
@@ -35,7 +35,7 @@ def serving_cert(tmp_path: pathlib.Path) -> certs.ServingCert:
 
 @pytest.fixture
 def webhook_config(serving_cert: certs.ServingCert) -> settings.Settings:
-    return settings.load(
+    return settings_loader.load(
         overrides={
             "webhook": {
                 "host": "127.0.0.1",

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from common import events, settings, snapshot, source
+from common import events, settings, settings_loader, snapshot, source
 from descheduler import cooldowns, evictor, leader, reclaim, reclaim_loop
 from tests import builders
 from tests.support.prometheus import DcgmStandIn
@@ -147,7 +147,7 @@ def eviction(name: str, *, node: str = "n1", unit: str | None = None, namespace:
     )
 
 
-CONFIG = settings.load()
+CONFIG = settings_loader.load()
 
 
 def api_evictor(api_client: client.ApiClient, config: settings.Settings = CONFIG) -> evictor.Evictor:
@@ -209,7 +209,7 @@ async def test_limits_checked_before_any_call_and_gangs_stop_together(
 ) -> None:
     api, api_client = fake
     api.eviction_status["g-0"] = 429
-    config = settings.load(overrides={"descheduler": {"reclaim": {"limits": {"per_node": 1}}}})
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"limits": {"per_node": 1}}}})
     the_evictor = api_evictor(api_client, config)
     plan = [eviction("a", preemptor="team-b/w1"), eviction("b", preemptor="team-b/w2"),
             eviction("g-0", node="n2", unit="gang:team-a/g", preemptor="team-b/w3"),
@@ -228,7 +228,7 @@ async def test_limits_checked_before_any_call_and_gangs_stop_together(
 async def test_a_gang_is_one_decision_for_the_limits(fake: tuple[FakeApi, client.ApiClient]) -> None:
     """Charging pod by pod, a limit of 1 would stop a gang after its first member: a split gang."""
     _, api_client = fake
-    config = settings.load(overrides={"descheduler": {"reclaim": {"limits": {"per_node": 1, "per_cycle": 1}}}})
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"limits": {"per_node": 1, "per_cycle": 1}}}})
     the_evictor = api_evictor(api_client, config)
     gang = [eviction(f"g-{i}", unit="gang:team-a/g") for i in range(4)]
     outcomes = await the_evictor.evict_plan([*gang, eviction("a", preemptor="team-b/other")], now=NOW)
@@ -273,7 +273,7 @@ async def test_cycle_evicts_posts_events_and_persists_cooldowns(
     fake: tuple[FakeApi, client.ApiClient], dry_run: bool
 ) -> None:
     api, api_client = fake
-    config = settings.load(overrides={"descheduler": {"reclaim": {"dry_run": dry_run}}})
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"dry_run": dry_run}}})
     client_ = evictor.DryRunClient() if dry_run else evictor.ApiEvictionClient(api_client, timeout_seconds=5)
     loop = reclaim_loop.ReclaimLoop(config=config, cluster=_cluster(config), prometheus=idle_pod(),
                                     evictions=client_, api=api_client, clock=lambda: NOW)
@@ -324,7 +324,7 @@ async def test_event_never_raises_when_the_server_refuses() -> None:
 async def test_lease_leader_election(fake: tuple[FakeApi, client.ApiClient]) -> None:
     api, api_client = fake
     clock = {"now": NOW}
-    cfg = settings.load(overrides={"descheduler": {"leader_election": {"lease_namespace": "gs"}}})
+    cfg = settings_loader.load(overrides={"descheduler": {"leader_election": {"lease_namespace": "gs"}}})
     first = leader.Elector(api_client, config=cfg, clock=lambda: clock["now"], wall=lambda: clock["now"])
     second = leader.Elector(api_client, config=cfg, clock=lambda: clock["now"], wall=lambda: clock["now"])
     assert await first.try_acquire() == (True, "the Lease has no holder")
@@ -446,7 +446,7 @@ async def test_a_refused_victim_cools_down_and_the_next_candidate_is_tried_in_th
     api, api_client = fake
     api.eviction_status["a"] = 429
     api.pods["b"] = live("b")
-    config = settings.load()
+    config = settings_loader.load()
     clock = {"now": NOW}
     loop = reclaim_loop.ReclaimLoop(
         config=config, cluster=_two_candidates(config), prometheus=idle_pods({"a": "n1", "b": "n2"}),
@@ -479,7 +479,7 @@ async def test_a_demand_served_in_part_is_said_counted_and_not_repeated(
     api, api_client = fake
     api.eviction_status["b"] = 429
     registry = prometheus_client.CollectorRegistry()
-    config = settings.load()
+    config = settings_loader.load()
     loop = reclaim_loop.ReclaimLoop(
         config=config, cluster=_two_candidates(config, gpus=2, nodes=1), prometheus=idle_pods({"a": "n1", "b": "n1"}),
         evictions=evictor.ApiEvictionClient(api_client, timeout_seconds=5), api=api_client, clock=lambda: NOW,

@@ -4,6 +4,7 @@ step down, and clock skew (a holder whose clock is an hour behind keeps its Leas
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,18 +14,18 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from common import settings
+from common import settings, settings_loader
 from descheduler import leader
 from tests.integration.test_evictor import FakeApi
 
 NOW = 1_800_000_000.0
 LEASE = "gpu-steward-descheduler"
-CONFIG = settings.load(overrides={"descheduler": {"leader_election": {"lease_namespace": "gs"}}})
+CONFIG = settings_loader.load(overrides={"descheduler": {"leader_election": {"lease_namespace": "gs"}}})
 
 
-@pytest.fixture
-async def lease_api() -> AsyncIterator[tuple[FakeApi, client.ApiClient]]:
-    api = FakeApi()
+@contextlib.asynccontextmanager
+async def serving(api: FakeApi) -> AsyncIterator[client.ApiClient]:
+    """`api` on a local port, and a client of it."""
     runner = web.AppRunner(api.app())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -32,9 +33,29 @@ async def lease_api() -> AsyncIterator[tuple[FakeApi, client.ApiClient]]:
     configuration = client.Configuration(host=f"http://127.0.0.1:{runner.addresses[0][1]}")
     async with client.ApiClient(configuration) as api_client:
         try:
-            yield api, api_client
+            yield api_client
         finally:
             await runner.cleanup()
+
+
+@pytest.fixture
+async def lease_api() -> AsyncIterator[tuple[FakeApi, client.ApiClient]]:
+    api = FakeApi()
+    async with serving(api) as api_client:
+        yield api, api_client
+
+
+async def start_leading(elector: leader.Elector) -> asyncio.Task[None]:
+    """`elector.run(...)` as a task, once its work (waiting forever) has started."""
+    started = asyncio.Event()
+
+    async def work() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    running = asyncio.create_task(elector.run(work))
+    await asyncio.wait_for(started.wait(), 30)
+    return running
 
 
 class Clock:
@@ -53,7 +74,8 @@ class Clock:
 
 
 def elector(api_client: client.ApiClient, clock: Clock, name: str, **kwargs: Any) -> leader.Elector:
-    cfg = settings.load(overrides={"descheduler": {"leader_election": {"lease_namespace": "gs", "identity": name}}})
+    cfg = settings_loader.load(
+        overrides={"descheduler": {"leader_election": {"lease_namespace": "gs", "identity": name}}})
     return leader.Elector(api_client, config=cfg, clock=lambda: clock.now, wall=clock.wall, sleep=clock.sleep,
                           **kwargs)
 
@@ -140,20 +162,44 @@ async def test_release_on_shutdown_lets_a_successor_in_at_once(lease_api: tuple[
     a, b = elector(api_client, clock_a, "a", registry=registry), elector(api_client, clock_b, "b")
     assert (await b.try_acquire())[0] is True
     await b.release()
-    started = asyncio.Event()
-
-    async def work() -> None:
-        started.set()
-        await asyncio.Event().wait()
-
-    running = asyncio.create_task(a.run(work))
-    await asyncio.wait_for(started.wait(), 30)
+    running = await start_leading(a)
     running.cancel()
     with pytest.raises(asyncio.CancelledError):
         await running
     assert api.leases[LEASE]["spec"]["holderIdentity"] == ""
     assert registry.get_sample_value("gpu_steward_leader") == 0
     assert await b.try_acquire() == (True, "the Lease has no holder")
+
+
+class SlowReleaseApi(FakeApi):
+    """Answers the write that empties the holder only after `delay` seconds (a loaded API server)."""
+
+    def __init__(self, *, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+        self.release_started = asyncio.Event()
+
+    async def replace_lease(self, request: web.Request) -> web.Response:
+        body = await request.json()  # aiohttp keeps the body: the parent reads it again
+        if body["spec"].get("holderIdentity") == "":
+            self.release_started.set()
+            await asyncio.sleep(self.delay)
+        return await super().replace_lease(request)
+
+
+async def test_a_second_cancel_during_the_release_still_releases_and_leaks_nothing() -> None:
+    """SIGTERM while the Lease is being given up (e.g. a step-down's release, or a supervisor cancelling
+    twice): the old code shielded release() and returned at once, leaving the release running unowned —
+    the Lease stayed held until it expired and the task leaked. Now the cancel waits for the release."""
+    api = SlowReleaseApi(delay=0.3)
+    async with serving(api) as api_client:
+        running = await start_leading(elector(api_client, Clock(), "a"))
+        running.cancel()
+        await asyncio.wait_for(api.release_started.wait(), 30)
+        running.cancel()  # again, while the release's write is in flight
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        assert api.leases[LEASE]["spec"]["holderIdentity"] == ""
 
 
 @pytest.mark.parametrize(
@@ -168,5 +214,5 @@ async def test_release_on_shutdown_lets_a_successor_in_at_once(lease_api: tuple[
 )
 def test_timing_is_validated_naming_the_keys(values: dict[str, float], message: str) -> None:
     with pytest.raises(settings.SettingsError) as caught:
-        settings.load(overrides={"descheduler": {"leader_election": values}})
+        settings_loader.load(overrides={"descheduler": {"leader_election": values}})
     assert "descheduler.leader_election" in str(caught.value) and message in str(caught.value)

@@ -13,7 +13,7 @@ import prometheus_client
 import pytest
 from aiohttp import web
 
-from common import prometheus, settings, snapshot, source
+from common import prometheus, settings, settings_loader, snapshot, source
 from descheduler import evictor, policy, reclaim_loop, utilisation, utilisation_promql
 from tests import builders
 from tests.support.prometheus import PrometheusServer, Series, StartPrometheus, free_port, start_prometheus
@@ -106,7 +106,7 @@ async def readings_at(url: str, window: int, *, config: settings.Settings, now: 
 
 @pytest.fixture(scope="module")
 def config() -> settings.Settings:
-    return settings.load()
+    return settings_loader.load()
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +158,7 @@ async def test_assess_against_real_prometheus(
 )
 async def test_window_statistic_on_a_bursty_pod(server: PrometheusServer, statistic: str, idle: bool,
                                                 reason: str) -> None:
-    config = settings.load(overrides={"descheduler": {"reclaim": {"idle_statistic": statistic}}})
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"idle_statistic": statistic}}})
     readings = await readings_at(server.url, HOUR, config=config, now=server.now)
     result = utilisation.assess(build(config, server.now).pods["team-a/bursty"], readings=readings,
                                 window_seconds=HOUR, threshold_percent=10, config=config, now=server.now)
@@ -189,7 +189,7 @@ def _loop(config: settings.Settings, querier: Any, now: float, pending: Sequence
 
 async def test_cycle_queries_once_per_window_and_plans(server: PrometheusServer) -> None:
     limits = {"per_cycle": 100, "per_node": 100, "per_namespace": 100}
-    config = settings.load(overrides={"descheduler": {"reclaim": {"mode": "always", "limits": limits}}})
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"mode": "always", "limits": limits}}})
     querier = Counting(prometheus.Client(settings.Prometheus(url=server.url)))
     try:
         cycle = await _loop(config, querier, server.now).cycle()
@@ -216,7 +216,7 @@ async def test_cycle_queries_once_per_window_and_plans(server: PrometheusServer)
 
 
 async def test_prometheus_down_evicts_nothing_and_says_so() -> None:
-    config = settings.load(overrides={"descheduler": {"reclaim": {"mode": "always"}}})
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"mode": "always"}}})
     now = datetime.datetime.now(datetime.UTC).timestamp()
     down = prometheus.Client(settings.Prometheus(url=f"http://127.0.0.1:{free_port()}", timeout_seconds=2))
     try:
@@ -309,7 +309,7 @@ def coverage_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Promet
 def coverage_pod(name: str, *, node: str, gpus: int = 1) -> snapshot.Pod:
     raw = builders.pod(name, namespace="team-a", gpus=gpus, node=node, phase="Running")
     cluster = snapshot.build(nodes=[builders.gpu_node(node, gpus=8)], pods=[raw], priority_classes=[],
-                             names=settings.load().names, taken_at=0)
+                             names=settings_loader.load().names, taken_at=0)
     return cluster.pods[f"team-a/{name}"]
 
 
@@ -383,7 +383,7 @@ async def test_clock_skew_between_descheduler_and_store_fails_closed(
     server: PrometheusServer, skew: float, evicted: bool,
 ) -> None:
     """The store's time decides the windows; a descheduler clock far from it fails closed and is exported."""
-    config = settings.load(overrides={"descheduler": {"reclaim": {"mode": "always"}}})
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"mode": "always"}}})
     registry = prometheus_client.CollectorRegistry()
     client = prometheus.Client(settings.Prometheus(url=server.url))
     try:
@@ -425,7 +425,7 @@ async def proxy_adding_warnings(server: PrometheusServer) -> AsyncIterator[str]:
 
 
 async def test_an_answer_with_warnings_fails_closed(proxy_adding_warnings: str) -> None:
-    config = settings.load(overrides={"descheduler": {"reclaim": {"mode": "always"}}})
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"mode": "always"}}})
     client = prometheus.Client(settings.Prometheus(url=proxy_adding_warnings))
     try:
         cycle = await _loop(config, client, time.time()).cycle()
@@ -437,7 +437,7 @@ async def test_an_answer_with_warnings_fails_closed(proxy_adding_warnings: str) 
 
 
 async def test_a_failed_query_is_one_log_line_not_one_per_pod(caplog: pytest.LogCaptureFixture) -> None:
-    config = settings.load(overrides={"descheduler": {"reclaim": {"mode": "always"}}})
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"mode": "always"}}})
     down = prometheus.Client(settings.Prometheus(url=f"http://127.0.0.1:{free_port()}", timeout_seconds=2))
     caplog.set_level(logging.DEBUG)
     try:

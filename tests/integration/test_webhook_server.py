@@ -24,7 +24,7 @@ from prometheus_client import parser
 
 from admission import gating, mutation, review, tls
 from common import buildinfo, settings, snapshot, source
-from gpu_steward import certs
+from gpu_steward import certs, cli
 from tests.integration import conftest
 from tests.support import processes
 from tests.support.prometheus import free_port
@@ -481,3 +481,24 @@ async def test_a_bad_setting_exits_2_naming_it(flags: list[str], message: str) -
 
     assert process.returncode == 2
     assert message in stderr.decode()
+
+
+async def test_check_command_passes_against_a_ready_webhook_that_sees_a_leader(
+    webhook: conftest.Webhook, serving_cert: certs.ServingCert, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The chart's helm test: `gpu-steward check` over real TLS (run in a thread: it blocks, the server is here)."""
+    argv = ["check", "--webhook", webhook.url, "--ca-file", str(serving_cert.ca_file)]
+    assert await asyncio.to_thread(cli.main, argv) == 0
+    ready, leads = capsys.readouterr().out.splitlines()
+    assert ready == f"ok   webhook {webhook.url} ready (HTTP 200)"
+    assert leads.startswith("ok   a descheduler leads (its Lease renewed ")
+
+
+async def test_check_command_fails_on_an_untrusted_certificate(
+    webhook: conftest.Webhook, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = certs.generate(tmp_path / "other")
+    assert await asyncio.to_thread(cli.main, ["check", "--webhook", webhook.url, "--ca-file",
+                                               str(other.ca_file)]) == 1
+    [line] = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"FAIL webhook {webhook.url} unreachable:") and "CERTIFICATE_VERIFY_FAILED" in line

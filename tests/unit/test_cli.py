@@ -10,7 +10,7 @@ import pathlib
 import pytest
 
 from common import buildinfo
-from gpu_steward import certs, cli
+from gpu_steward import certs, cli, cmdline
 from tests import builders
 
 KUBECTL = "kubectl get nodes,pods,priorityclasses,namespaces -A -o json"
@@ -219,3 +219,47 @@ def test_release_gates_says_when_the_api_server_cannot_be_reached(
     }))  # fmt: skip
     assert cli.main(["release-gates", "--kubeconfig", str(kubeconfig)]) == 1
     assert one_error_line(capsys).startswith("release-gates: cannot list pods: Cannot connect to host 127.0.0.1:1")
+
+
+CLUSTER_FLAGS = ["-n", "team", "-o", "json", "--kubeconfig", "kc", "--context", "ctx", "--config", "cfg"]
+
+
+@pytest.mark.parametrize("command", [pytest.param("gangs", id="gangs"),
+                                     pytest.param("release-gates", id="release-gates")])
+def test_commands_that_list_a_cluster_take_the_same_flags(command: str) -> None:
+    args = cli.build_parser().parse_args([command, *CLUSTER_FLAGS])
+    assert (args.namespace, args.output, args.kubeconfig, args.context, args.config) == (
+        "team", "json", pathlib.Path("kc"), "ctx", pathlib.Path("cfg"))
+    assert cmdline.connection_overrides(args) == {"kubernetes": {"kubeconfig": "kc", "context": "ctx"}}
+
+
+@pytest.mark.parametrize("command", [pytest.param(["descheduler"], id="descheduler"),
+                                     pytest.param(["webhook"], id="webhook"),
+                                     pytest.param(["label-node"], id="label-node")])
+def test_commands_that_connect_take_the_same_connection_flags(command: list[str]) -> None:
+    args = cli.build_parser().parse_args([*command, "--kubeconfig", "kc", "--context", "ctx", "--config", "cfg"])
+    assert (args.kubeconfig, args.context, args.config) == (pathlib.Path("kc"), "ctx", pathlib.Path("cfg"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        pytest.param(["gangs"], {}, id="none"),
+        pytest.param(["gangs", "--context", "ctx"], {"kubernetes": {"context": "ctx"}}, id="context-only"),
+        pytest.param(["gangs", "--kubeconfig", "kc"], {"kubernetes": {"kubeconfig": "kc"}}, id="kubeconfig-only"),
+    ],
+)
+def test_connection_flags_become_settings(argv: list[str], expected: dict[str, object]) -> None:
+    assert cmdline.connection_overrides(cli.build_parser().parse_args(argv)) == expected
+
+
+def test_an_unknown_context_is_one_line_naming_it(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    kubeconfig = tmp_path / "kc"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "a",
+        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {}}],
+        "contexts": [{"name": "a", "context": {"cluster": "c", "user": "u"}}]}))
+    assert cli.main(["release-gates", "--kubeconfig", str(kubeconfig), "--context", "nope", "--dry-run"]) == 2
+    line = one_error_line(capsys)
+    assert "nope" in line and str(kubeconfig) in line, line

@@ -95,3 +95,19 @@ def test_a_stuck_pin_is_a_line_with_its_cause_and_recovery(tmp_path: pathlib.Pat
     [stuck] = json.loads(capsys.readouterr().out)["stuck_pins"]
     assert (stuck["unit"], stuck["cause"], stuck["recovery"]) == ("team/infer", "node-gone", "evict")
     assert stuck["pods"] == [{"pod": "team/infer", "node": "gone", "cause": "node-gone", "recovery": "evict"}]
+
+
+@pytest.mark.parametrize(
+    ("flags", "shown"),
+    [
+        pytest.param(["-n", "team"], ["team/j"], id="its-namespace"),
+        pytest.param(["--namespace", "other"], [], id="another-namespace-hides-it"),
+        pytest.param(["-n", "tea"], [], id="a-prefix-is-not-the-namespace"),
+        pytest.param([], ["team/j"], id="all-namespaces"),
+    ],
+)
+def test_namespace_filters_what_is_shown(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], flags: list[str], shown: list[str]
+) -> None:
+    assert cli.main(["gangs", "--cluster", str(state(tmp_path)), "-o", "json", *flags]) == 0
+    assert [g["gang"] for g in json.loads(capsys.readouterr().out)["gangs"]] == shown

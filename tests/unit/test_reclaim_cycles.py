@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from common import settings, snapshot
+from common import settings_loader, snapshot
 from descheduler import cooldowns, policy, reclaim
 from tests import builders
 from tests.unit.test_reclaim_planner import CLASSES, Raw, busy, idle, pending, running
@@ -98,7 +98,7 @@ class Run:
 def run_cycles(seed: int, *, cooldown: float, cycles: int = 8) -> Run:
     """One random run: its violations of the invariant (none expected) and how much it exercised."""
     rng = random.Random(seed)
-    config = settings.load(overrides={"descheduler": {"reclaim": {
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {
         "cooldowns": {"preemptor_seconds": cooldown, "node_seconds": 0, "workload_seconds": 0},
         "limits": {"per_cycle": 100, "per_node": 100, "per_namespace": 100}}}})
     sim = world(rng, random.Random(-1 - seed))

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from common import capacity, settings, snapshot, topology
+from common import capacity, settings, settings_loader, snapshot, topology
 from descheduler import cooldowns, limits, policy, reclaim, utilisation
 from descheduler.reclaim import search
 from tests import builders
@@ -130,7 +130,7 @@ def run(
 ) -> reclaim.Plan:
     """`groups`: native PodGroup objects in the snapshot; `pod_groups`: disruption modes given to the planner;
     `budgets`: PodDisruptionBudget objects in the snapshot."""
-    config = settings.load(overrides=overrides or {})
+    config = settings_loader.load(overrides=overrides or {})
     cluster = snapshot.build(nodes=nodes, pods=pods, priority_classes=CLASSES, names=config.names, taken_at=NOW,
                              pod_groups=groups, disruption_budgets=budgets)
     policies = policy.parse_all(cluster.priority_classes, default_threshold_percent=5.0)
@@ -460,7 +460,7 @@ def test_spent_cycle_budget_is_the_reason_for_later_demands() -> None:
 
 
 def test_windows_needed_groups_screened_pods_by_idle_window() -> None:
-    config = settings.load()
+    config = settings_loader.load()
     pods = [running("a", node="n1"), running("b", node="n1", cls="yielding"), running("c", node="n1", cls="sticky"),
             running("d", node="n1", deleting=True), pending("w")]
     cluster = snapshot.build(nodes=[builders.gpu_node("n1", gpus=4)], pods=pods, priority_classes=CLASSES,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from common import settings, snapshot
+from common import settings, settings_loader, snapshot
 from descheduler import protections, reclaim, unschedulable
 from tests import builders
 from tests.unit.test_reclaim_planner import ONE, TWO, Raw, busy, gang, idle, pending, reason_of, run, running
@@ -209,7 +209,7 @@ def test_eviction_conventions(pod: Raw, overrides: dict[str, Any], reason: str |
 
 
 def test_conventions_are_settings_with_safe_defaults() -> None:
-    found = settings.load().descheduler.reclaim.conventions
+    found = settings_loader.load().descheduler.reclaim.conventions
     assert found == settings.Conventions(evict_bare_pods=False, evict_local_storage_pods=False,
                                          memory_emptydir_is_local_storage=False, honour_safe_to_evict=True,
                                          honour_do_not_disrupt=True)
@@ -302,7 +302,7 @@ def test_limits_treat_a_gang_as_one_decision(limits: dict[str, int], evicted: in
 
 
 def test_nominated_and_message_demands_are_recorded_not_dropped() -> None:
-    config = settings.load()
+    config = settings_loader.load()
     cluster = snapshot.build(nodes=ONE, pods=[waiting(CPU_AND_MEMORY)], names=config.names, taken_at=0)
     [demand] = reclaim.demands_from_snapshot(cluster)
     assert demand.ignored and demand.ignored.startswith("kube-scheduler reports more than a GPU shortage")

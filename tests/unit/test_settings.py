@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import pathlib
 from typing import Any
 
 import pydantic
 import pytest
 
-from common import settings
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The developer's shell must not leak GPU_STEWARD_* into these tests."""
-    for key in list(os.environ):
-        if key.startswith(settings.ENV_PREFIX):
-            monkeypatch.delenv(key)
+from common import settings, settings_loader
 
 
 def _yaml(tmp_path: pathlib.Path, text: str) -> pathlib.Path:
@@ -36,11 +27,11 @@ def _load(
 ) -> settings.Settings:
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    return settings.load(config_file=_yaml(tmp_path, yaml_text), overrides=overrides)
+    return settings_loader.load(config_file=_yaml(tmp_path, yaml_text), overrides=overrides)
 
 
 def test_defaults_load_without_file_or_env() -> None:
-    loaded = settings.load()
+    loaded = settings_loader.load()
     assert loaded == settings.Settings()
     assert loaded.webhook.port == 8443
     assert loaded.names.prefix == "gpu-steward.io/"
@@ -84,18 +75,18 @@ def test_precedence(
 
 
 def test_config_file_named_by_environment(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(settings.CONFIG_ENV, str(_yaml(tmp_path, "webhook:\n  port: 7000\n")))
-    assert settings.load().webhook.port == 7000
+    monkeypatch.setenv(settings_loader.CONFIG_ENV, str(_yaml(tmp_path, "webhook:\n  port: 7000\n")))
+    assert settings_loader.load().webhook.port == 7000
 
 
 def test_overrides_merge_deeply_and_keep_siblings(tmp_path: pathlib.Path) -> None:
     path = _yaml(tmp_path, "webhook:\n  port: 9000\n  host: 127.0.0.1\n")
-    loaded = settings.load(config_file=path, overrides={"webhook": {"port": 1234}, "log_level": "DEBUG"})
+    loaded = settings_loader.load(config_file=path, overrides={"webhook": {"port": 1234}, "log_level": "DEBUG"})
     assert (loaded.webhook.host, loaded.webhook.port, loaded.log_level) == ("127.0.0.1", 1234, "DEBUG")
 
 
 def test_settings_are_frozen() -> None:
-    loaded = settings.load()
+    loaded = settings_loader.load()
     with pytest.raises(pydantic.ValidationError, match="frozen"):
         loaded.webhook.port = 1  # type: ignore[misc]
 
@@ -170,14 +161,14 @@ def test_errors_name_the_dotted_key(
 def test_unreadable_file(tmp_path: pathlib.Path, yaml_text: str, message: str) -> None:
     path = _yaml(tmp_path, yaml_text)
     with pytest.raises(settings.SettingsError, match=message) as caught:
-        settings.load(config_file=path)
+        settings_loader.load(config_file=path)
     assert str(caught.value).startswith(f"settings file {path}: ")
 
 
 def test_missing_file(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "absent.yaml"
     with pytest.raises(settings.SettingsError, match="No such file"):
-        settings.load(config_file=path)
+        settings_loader.load(config_file=path)
 
 
 def test_tier_rule_with_one_criterion_is_valid(tmp_path: pathlib.Path) -> None:
@@ -185,7 +176,7 @@ def test_tier_rule_with_one_criterion_is_valid(tmp_path: pathlib.Path) -> None:
         tmp_path,
         "tiers:\n  rules:\n  - name: prod\n    tier: critical\n    namespace_labels: {env: prod}\n",
     )
-    rule = settings.load(config_file=path).tiers.rules[0]
+    rule = settings_loader.load(config_file=path).tiers.rules[0]
     assert (rule.name, rule.tier, rule.namespace_labels) == ("prod", settings.Tier.CRITICAL, {"env": "prod"})
 
 
@@ -241,3 +232,66 @@ def test_tier_of_class(class_name: str, expected: settings.Tier | None) -> None:
 def test_names_derive_from_prefix(prefix: str, expected: dict[str, str]) -> None:
     names = settings.Names(prefix=prefix)
     assert {attr: getattr(names, attr) for attr in expected} == expected
+
+
+def test_the_model_reads_no_environment_only_load_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings(...) built in a test (or in a pure module) is what it says; only load() reads the environment."""
+    monkeypatch.setenv("GPU_STEWARD_TIERS__DEFAULT", "scavenger")
+    assert settings.Settings().tiers.default is settings.Tier.NORMAL
+    assert settings_loader.load().tiers.default is settings.Tier.SCAVENGER
+
+
+@pytest.mark.parametrize(
+    ("environ", "check"),
+    [
+        pytest.param({"GPU_STEWARD_TIERS__DEFAULT": "scavenger"}, lambda s: s.tiers.default == "scavenger",
+                     id="nested-field"),
+        pytest.param({"gpu_steward_webhook__port": "9443"}, lambda s: s.webhook.port == 9443,
+                     id="names-case-insensitive"),
+        pytest.param({"GPU_STEWARD_LOG_LEVEL": "DEBUG"}, lambda s: s.log_level == "DEBUG", id="top-level-field"),
+        pytest.param({"GPU_STEWARD_PROMETHEUS__LABELS__POD": '["exported_pod"]'},
+                     lambda s: s.prometheus.labels.pod == ["exported_pod"], id="list-as-json"),
+        pytest.param({"GPU_STEWARD_PROMETHEUS__HEADERS": '{"X-Scope-OrgID": "gpu"}'},
+                     lambda s: s.prometheus.headers == {"X-Scope-OrgID": "gpu"}, id="mapping-as-json"),
+        pytest.param({"GPU_STEWARD_LOG_FORMAT": "json"}, lambda s: s == settings.Settings(),
+                     id="not-a-setting-is-not-ours"),
+        pytest.param({"OTHER_WEBHOOK__PORT": "1"}, lambda s: s == settings.Settings(), id="other-prefix"),
+    ],
+)
+def test_environment_spells_settings(environ: dict[str, str], check: Any) -> None:
+    assert check(settings_loader.load(environ=environ))
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        pytest.param({"GPU_STEWARD_PROMETHEUS__LABELS__POD": "[pod"}, "GPU_STEWARD_PROMETHEUS__LABELS__POD: not JSON",
+                     id="broken-json"),
+        pytest.param({"GPU_STEWARD_LOG_LEVEL__X": "1"}, "log_level: Input should be", id="field-used-as-group"),
+    ],
+)
+def test_environment_errors_name_the_variable(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(settings.SettingsError) as caught:
+        settings_loader.load(environ=environ)
+    assert message in str(caught.value)
+
+
+def test_path_settings_are_text_and_accept_paths(tmp_path: pathlib.Path) -> None:
+    assert settings.Webhook(cert_file=tmp_path / "tls.crt").cert_file == str(tmp_path / "tls.crt")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "env", "overrides", "source"),
+    [
+        pytest.param(None, {"GPU_STEWARD_WEBHOOK__PORT": "0"}, None, "environment", id="environment"),
+        pytest.param("webhook:\n  port: 0\n", {}, None, "{path} and environment", id="file"),
+        pytest.param(None, {}, {"webhook": {"port": 0}}, "command-line flags", id="flags"),
+    ],
+)
+def test_errors_say_where_the_bad_value_came_from(
+    tmp_path: pathlib.Path, yaml_text: str | None, env: dict[str, str], overrides: dict[str, Any] | None, source: str
+) -> None:
+    path = _yaml(tmp_path, yaml_text) if yaml_text is not None else None
+    with pytest.raises(settings.SettingsError) as caught:
+        settings_loader.load(config_file=path, overrides=overrides, environ=env)
+    assert str(caught.value).splitlines()[0] == f"invalid settings ({source.format(path=path)}):"

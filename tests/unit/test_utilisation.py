@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from common import gpu, settings, snapshot
+from common import gpu, settings, settings_loader, snapshot
 from descheduler import utilisation, utilisation_promql
 from tests import builders
 
 NOW = 1_800_000_000.0
-CONFIG = settings.load()
+CONFIG = settings_loader.load()
 EMPTY_NODE = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=[], priority_classes=[],
                             names=CONFIG.names, taken_at=NOW).nodes["n1"]
 WINDOW = 3600  # six parts of 600 s with the defaults
@@ -203,7 +203,7 @@ def test_coverage(stats: dict[str, float], reason: str | None, interval: float) 
 # --- the reading -----------------------------------------------------------------------------------------
 
 
-STRICT_AGE = settings.load(overrides={"descheduler": {"reclaim": {"max_sample_age_seconds": 20}}})
+STRICT_AGE = settings_loader.load(overrides={"descheduler": {"reclaim": {"max_sample_age_seconds": 20}}})
 SINGLE = {"mig": "mig"}  # a whole-GPU request measured on MIG-instance series
 
 

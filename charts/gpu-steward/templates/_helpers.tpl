@@ -35,12 +35,37 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end -}}
 
+{{/* The image; global.imageRegistry (a mirror) replaces the registry of image.repository: its first path
+component when that names a host (has a "." or ":", or is localhost), else it is put in front. */}}
 {{- define "gpu-steward.image" -}}
 {{- $image := .Values.image -}}
+{{- $repository := $image.repository -}}
+{{- with (.Values.global | default dict).imageRegistry -}}
+{{- $parts := splitList "/" $repository -}}
+{{- $first := first $parts -}}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $repository = join "/" (rest $parts) -}}
+{{- end -}}
+{{- $repository = printf "%s/%s" (trimSuffix "/" .) $repository -}}
+{{- end -}}
 {{- if $image.digest -}}
-{{- printf "%s@%s" $image.repository $image.digest -}}
+{{- printf "%s@%s" $repository $image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" $image.repository (default .Chart.AppVersion $image.tag) -}}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion $image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* imagePullSecrets: global.imagePullSecrets then imagePullSecrets, each a name or {name: ...}, once each. */}}
+{{- define "gpu-steward.imagePullSecrets" -}}
+{{- $names := list -}}
+{{- range concat ((.Values.global | default dict).imagePullSecrets | default list) (.Values.imagePullSecrets | default list) -}}
+{{- if kindIs "map" . }}{{ $names = append $names .name }}{{ else }}{{ $names = append $names . }}{{ end -}}
+{{- end -}}
+{{- with ($names | uniq) }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . }}
+{{- end }}
 {{- end -}}
 {{- end -}}
 
@@ -62,6 +87,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "gpu-steward.configEnv" -}}
 - name: GPU_STEWARD_CONFIG
   value: /etc/gpu-steward/config/config.yaml
+{{ include "gpu-steward.logFormatEnv" . }}
+{{- end -}}
+
+{{- define "gpu-steward.logFormatEnv" -}}
+- name: GPU_STEWARD_LOG_FORMAT
+  value: {{ .Values.logFormat | quote }}
 {{- end -}}
 
 {{- define "gpu-steward.configVolumeMount" -}}
@@ -131,4 +162,64 @@ the same fields); everything else is admitted without a call. */}}
     (has(object.metadata.labels) && ['{{ $names }}gang-name', 'kueue.x-k8s.io/pod-group-name', 'scheduling.x-k8s.io/pod-group'].exists(k, k in object.metadata.labels)) ||
     (has(object.metadata.annotations) && ['{{ $names }}gang-name', 'scheduling.k8s.io/group-name'].exists(k, k in object.metadata.annotations)) ||
     has(object.spec.schedulingGroup)
+{{- end -}}
+
+{{/* Pods the webhook would gate for their gang, and only those (admission/gating.py): a gang named by our
+label/annotation or by Kueue's pod group with its total count (the conventions whose size admission knows),
+scheduled by the default scheduler (another scheduler holds its own gangs), not bound at creation (gates are
+refused there), in no native PodGroup (kube-scheduler's own gang), not opted out by annotation. The second
+webhook entry fails closed for these; the first never sees them, so no pod is mutated by both. */}}
+{{- define "gpu-steward.gangGatedExpression" -}}
+{{- $p := .Values.settings.names.prefix -}}
+(!has(object.spec.nodeName) || object.spec.nodeName == '') &&
+(!has(object.spec.schedulerName) || object.spec.schedulerName == '' || object.spec.schedulerName == 'default-scheduler') &&
+!has(object.spec.schedulingGroup) &&
+!(has(object.metadata.annotations) && '{{ $p }}skip' in object.metadata.annotations &&
+object.metadata.annotations['{{ $p }}skip'] in {{ toJson .Values.webhook.skipLabelValues | replace "\"" "'" }}) &&
+((has(object.metadata.labels) && '{{ $p }}gang-name' in object.metadata.labels) ||
+(has(object.metadata.annotations) && '{{ $p }}gang-name' in object.metadata.annotations) ||
+(has(object.metadata.labels) && 'kueue.x-k8s.io/pod-group-name' in object.metadata.labels &&
+has(object.metadata.annotations) && 'kueue.x-k8s.io/pod-group-total-count' in object.metadata.annotations))
+{{- end -}}
+
+{{/* What both webhook entries share; pass (dict "root" $ "service" $webhookServiceName). */}}
+{{- define "gpu-steward.webhookEntry" -}}
+{{- $v := .root.Values.webhook -}}
+admissionReviewVersions: [v1]
+sideEffects: None
+timeoutSeconds: {{ $v.timeoutSeconds }}
+reinvocationPolicy: {{ $v.reinvocationPolicy }}
+matchPolicy: Equivalent
+clientConfig:
+  {{- if $v.url }}
+  url: {{ $v.url }}
+  {{- else }}
+  service:
+    name: {{ .service }}
+    namespace: {{ .root.Release.Namespace }}
+    path: /mutate
+    port: {{ $v.service.port }}
+  {{- end }}
+rules:
+  - operations: [CREATE]
+    apiGroups: [""]
+    apiVersions: [v1]
+    resources: [pods]
+    scope: Namespaced
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values: {{ include "gpu-steward.excludedNamespaces" .root }}
+    {{- with $v.namespaceSelectorExpressions }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+objectSelector:
+  matchExpressions:
+    - key: {{ printf "%sskip" .root.Values.settings.names.prefix }}
+      operator: NotIn
+      values: {{ toJson $v.skipLabelValues }}
+    {{- with $v.objectSelectorExpressions }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
 {{- end -}}
