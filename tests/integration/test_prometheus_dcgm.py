@@ -125,7 +125,7 @@ async def test_stopped_server_fails_fast(prometheus_factory: StartPrometheus) ->
     ("url", "match"),
     [
         pytest.param("not-a-url", "cannot reach not-a-url: Invalid URL", id="no-scheme"),
-        pytest.param("ftp://127.0.0.1:1", "cannot reach ftp://127.0.0.1:1: No connection adapters", id="scheme"),
+        pytest.param("ftp://127.0.0.1:1", "cannot reach ftp://127.0.0.1:1: Not supported URL scheme ftp", id="scheme"),
         pytest.param("http://", "cannot reach http:.*Invalid URL", id="no-host"),
     ],
 )

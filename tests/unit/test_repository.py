@@ -77,6 +77,8 @@ def test_every_module_that_says_it_is_pure_is_held_to_it() -> None:
     claimed = set()
     for package in ("common", "admission", "descheduler"):
         for path in sorted((REPO / package).rglob("*.py")):
+            if path.name == "__init__.py":  # a package's docstring lists its modules; each makes its own claim
+                continue
             docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
             if PURE_SAYS.search(docstring):
                 claimed.add(".".join(path.relative_to(REPO).with_suffix("").parts))
