@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 POLICY_INVALID = "ReclaimPolicyInvalid"
 WOULD_EVICT = "IdleGPUReclaimWouldEvict"  # dry-run: its own reason, so alerts on IdleGPUReclaimed stay quiet
 PARTIAL = "GPUReclaimPartial"
+SKIPPED = "EvictionSkipped"
 ROUNDS = 3  # plans per cycle at most: the first, and again after refusals (each round tries new victims only)
 # Not evicted, and not for a reason the next plan would share: plan again without them.
 REFUSED = frozenset({evictor.Result.BLOCKED, evictor.Result.PROTECTED, evictor.Result.CHANGED,
@@ -296,6 +297,9 @@ class ReclaimLoop:
             evictor.Result.WOULD_EVICT: ("Normal", WOULD_EVICT, f"Would evict (dry-run): {eviction.reason}"),
             evictor.Result.BLOCKED: ("Warning", "EvictionBlocked", f"Not evicted: {outcome.detail}"),
             evictor.Result.FAILED: ("Warning", "EvictionFailed", f"Eviction failed: {outcome.detail}"),
+            # The live pod is no longer what was judged: not evicted, said on it.
+            evictor.Result.PROTECTED: ("Normal", SKIPPED, f"Not evicted: {outcome.detail}"),
+            evictor.Result.CHANGED: ("Normal", SKIPPED, f"Not evicted: {outcome.detail}"),
         }
         event = table.get(outcome.result)
         if event is not None:

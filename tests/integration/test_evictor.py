@@ -510,3 +510,22 @@ async def test_a_demand_served_in_part_is_said_counted_and_not_repeated(
     assert {s.pod: s.reason for s in second.plan.spared} == {
         "team-a/a": "already leaving: evicted for team-b/want",
         "team-a/b": "refused-eviction cooldown for 180s more"}
+
+
+async def test_a_victim_protected_since_the_snapshot_is_said_and_the_next_candidate_is_tried(
+    fake: tuple[FakeApi, client.ApiClient],
+) -> None:
+    api, api_client = fake
+    api.pods["a"] = live("a", annotations={"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"})
+    config = settings.load()
+    loop = reclaim_loop.ReclaimLoop(
+        config=config, cluster=_two_candidates(config), prometheus=IdlePods({"a": "n1", "b": "n2"}),
+        evictions=evictor.ApiEvictionClient(api_client, timeout_seconds=5), api=api_client, clock=lambda: NOW)
+    cycle = await loop.cycle()
+    assert [(o.eviction.pod, o.result) for o in cycle.outcomes] == [
+        ("team-a/a", evictor.Result.PROTECTED), ("team-a/b", evictor.Result.EVICTED)]
+    assert [e["metadata"]["name"] for e in api.evictions] == ["b"]
+    skipped = [(e["involvedObject"]["name"], e["type"], e["message"]) for e in api.events
+               if e["reason"] == reclaim_loop.SKIPPED]
+    assert skipped == [("a", "Normal", 'Not evicted: protected on the live pod: '
+                                       'cluster-autoscaler.kubernetes.io/safe-to-evict: "false"')]
