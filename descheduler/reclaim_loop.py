@@ -263,10 +263,12 @@ class ReclaimLoop:
         budget = limits.Budget(self._config.descheduler.reclaim.limits)
         await self._evictor.evict_plan(plan.evictions, now=now, record=record, budget=budget)
         served = {d.demand: d for d in plan.demands if d.served}
+        planned_without: set[str] = set()  # refused pods a plan was already made without
         for _ in range(ROUNDS - 1):
             refused = {o.eviction.pod: o.detail for o in outcomes if o.result in REFUSED}
-            if not refused:
-                break
+            if refused.keys() <= planned_without:
+                break  # no new refusal: planning again would only find the same victims
+            planned_without |= refused.keys()
             done = [o.eviction for o in outcomes if o.result in evictor.SUCCESS or o.result is evictor.Result.GONE]
             again = replan(refused, done)
             tried = {o.eviction.pod for o in outcomes}

@@ -452,10 +452,18 @@ def _two_candidates(config: settings.Settings, *, gpus: int = 1, nodes: int = 2)
 
 
 async def test_a_refused_victim_cools_down_and_the_next_candidate_is_tried_in_the_same_cycle(
-    fake: tuple[FakeApi, client.ApiClient],
+    fake: tuple[FakeApi, client.ApiClient], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Why: a victim a PodDisruptionBudget protects was picked every cycle; its equally idle neighbour never."""
     api, api_client = fake
+    plans: list[reclaim.Plan] = []
+    planner = reclaim.plan
+
+    def counted(**kwargs: Any) -> reclaim.Plan:
+        plans.append(planner(**kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(reclaim, "plan", counted)
     api.eviction_status["a"] = 429
     api.pods["b"] = live("b")
     config = settings.load()
@@ -469,6 +477,7 @@ async def test_a_refused_victim_cools_down_and_the_next_candidate_is_tried_in_th
         ("team-a/a", evictor.Result.BLOCKED), ("team-a/b", evictor.Result.EVICTED)]
     assert [e["metadata"]["name"] for e in api.evictions] == ["a", "b"]
     assert [e.pod for p in cycle.replans for e in p.evictions] == ["team-a/b"]
+    assert len(plans) == 2, "planned again once: no new refusal, no third plan"
     assert {s.pod: s.reason for s in cycle.replans[0].spared}["team-a/a"].startswith(
         "eviction refused earlier this cycle: a PodDisruptionBudget blocks the eviction")
     stored = cooldowns.decode(api.leases["gpu-steward-reclaim-cooldowns"]["metadata"]["annotations"]
