@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 POLICY_INVALID = "ReclaimPolicyInvalid"
 WOULD_EVICT = "IdleGPUReclaimWouldEvict"  # dry-run: its own reason, so alerts on IdleGPUReclaimed stay quiet
 PARTIAL = "GPUReclaimPartial"
+SKIPPED = "EvictionSkipped"
 ROUNDS = 3  # plans per cycle at most: the first, and again after refusals (each round tries new victims only)
 # Not evicted, and not for a reason the next plan would share: plan again without them.
 REFUSED = frozenset({evictor.Result.BLOCKED, evictor.Result.PROTECTED, evictor.Result.CHANGED,
@@ -237,10 +238,12 @@ class ReclaimLoop:
         budget = limits.Budget(self._config.descheduler.reclaim.limits)
         await self._evictor.evict_plan(plan.evictions, now=now, record=record, budget=budget)
         served = {d.demand: d for d in plan.demands if d.served}
+        planned_without: set[str] = set()  # refused pods a plan was already made without
         for _ in range(ROUNDS - 1):
             refused = {o.eviction.pod: o.detail for o in outcomes if o.result in REFUSED}
-            if not refused:
-                break
+            if refused.keys() <= planned_without:
+                break  # no new refusal: planning again would only find the same victims
+            planned_without |= refused.keys()
             done = [o.eviction for o in outcomes if o.result in evictor.SUCCESS or o.result is evictor.Result.GONE]
             again = replan(refused, done)
             tried = {o.eviction.pod for o in outcomes}
@@ -271,6 +274,9 @@ class ReclaimLoop:
             evictor.Result.WOULD_EVICT: ("Normal", WOULD_EVICT, f"Would evict (dry-run): {eviction.reason}"),
             evictor.Result.BLOCKED: ("Warning", "EvictionBlocked", f"Not evicted: {outcome.detail}"),
             evictor.Result.FAILED: ("Warning", "EvictionFailed", f"Eviction failed: {outcome.detail}"),
+            # The live pod is no longer what was judged: not evicted, said on it.
+            evictor.Result.PROTECTED: ("Normal", SKIPPED, f"Not evicted: {outcome.detail}"),
+            evictor.Result.CHANGED: ("Normal", SKIPPED, f"Not evicted: {outcome.detail}"),
         }
         event = table.get(outcome.result)
         if event is not None:

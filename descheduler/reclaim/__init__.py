@@ -4,6 +4,7 @@
 - `screening`: may a running GPU pod be reclaimed once idle (everything but its utilisation);
 - `gang_units`: victim units — an idle pod alone, or a gang reclaimed only as a whole;
 - `search`: for one member of a demand, the node with the cheapest minimal victim set;
+- `allowance`: what a cycle may still evict — the limits and the PodDisruptionBudgets (all or none);
 - `planner`: orchestration — screening, units, demands in order, limits — into a `Plan`.
 
 Callers use the names below; the modules' own names are for the package and its tests.

@@ -440,10 +440,18 @@ def _two_candidates(config: settings.Settings, *, gpus: int = 1, nodes: int = 2)
 
 
 async def test_a_refused_victim_cools_down_and_the_next_candidate_is_tried_in_the_same_cycle(
-    fake: tuple[FakeApi, client.ApiClient],
+    fake: tuple[FakeApi, client.ApiClient], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Why: a victim a PodDisruptionBudget protects was picked every cycle; its equally idle neighbour never."""
     api, api_client = fake
+    plans: list[reclaim.Plan] = []
+    planner = reclaim.plan
+
+    def counted(**kwargs: Any) -> reclaim.Plan:
+        plans.append(planner(**kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(reclaim, "plan", counted)
     api.eviction_status["a"] = 429
     api.pods["b"] = live("b")
     config = settings_loader.load()
@@ -457,6 +465,7 @@ async def test_a_refused_victim_cools_down_and_the_next_candidate_is_tried_in_th
         ("team-a/a", evictor.Result.BLOCKED), ("team-a/b", evictor.Result.EVICTED)]
     assert [e["metadata"]["name"] for e in api.evictions] == ["a", "b"]
     assert [e.pod for p in cycle.replans for e in p.evictions] == ["team-a/b"]
+    assert len(plans) == 2, "planned again once: no new refusal, no third plan"
     assert {s.pod: s.reason for s in cycle.replans[0].spared}["team-a/a"].startswith(
         "eviction refused earlier this cycle: a PodDisruptionBudget blocks the eviction")
     stored = cooldowns.decode(api.leases["gpu-steward-reclaim-cooldowns"]["metadata"]["annotations"]
@@ -498,3 +507,22 @@ async def test_a_demand_served_in_part_is_said_counted_and_not_repeated(
     assert {s.pod: s.reason for s in second.plan.spared} == {
         "team-a/a": "already leaving: evicted for team-b/want",
         "team-a/b": "refused-eviction cooldown for 180s more"}
+
+
+async def test_a_victim_protected_since_the_snapshot_is_said_and_the_next_candidate_is_tried(
+    fake: tuple[FakeApi, client.ApiClient],
+) -> None:
+    api, api_client = fake
+    api.pods["a"] = live("a", annotations={"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"})
+    config = settings_loader.load()
+    loop = reclaim_loop.ReclaimLoop(
+        config=config, cluster=_two_candidates(config), prometheus=IdlePods({"a": "n1", "b": "n2"}),
+        evictions=evictor.ApiEvictionClient(api_client, timeout_seconds=5), api=api_client, clock=lambda: NOW)
+    cycle = await loop.cycle()
+    assert [(o.eviction.pod, o.result) for o in cycle.outcomes] == [
+        ("team-a/a", evictor.Result.PROTECTED), ("team-a/b", evictor.Result.EVICTED)]
+    assert [e["metadata"]["name"] for e in api.evictions] == ["b"]
+    skipped = [(e["involvedObject"]["name"], e["type"], e["message"]) for e in api.events
+               if e["reason"] == reclaim_loop.SKIPPED]
+    assert skipped == [("a", "Normal", 'Not evicted: protected on the live pod: '
+                                       'cluster-autoscaler.kubernetes.io/safe-to-evict: "false"')]
