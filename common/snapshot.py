@@ -415,7 +415,7 @@ def _held_ports_and_terms(
     ports_on: dict[str, set[hostports.HostPort]] = {}
     terms_on: dict[tuple[str, str], list[antiaffinity.Term]] = {}
     namespace_labels: dict[str, Mapping[str, str]] | None = None
-    for key, (_, entry) in sorted(parsed.items()):
+    for key, (_, entry) in parsed.items():  # not sorted: every pod of the cluster passes here
         node = entry.held_on
         if node is None:
             continue
@@ -431,6 +431,8 @@ def _held_ports_and_terms(
                                         node_labels=labels_of.get(node, {}), namespaces=namespace_labels)
             if term is not None:
                 terms_on.setdefault((term.topology_key, term.topology_value), []).append(term)
+    for terms in terms_on.values():
+        terms.sort(key=lambda t: t.owner)  # the first refusing term is the reason given: the same every build
     return ports_on, terms_on
 
 

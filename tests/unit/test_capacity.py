@@ -293,6 +293,8 @@ def test_never(spec: dict[str, Any], requests: dict[str, int], expected: str | N
                                   {"name": "tok", "projected": {"sources": []}}, {"name": "x", "csi": {}}]},
                      None, id="simple-volumes"),
         pytest.param({"volumes": [{"name": "defaulted"}]}, None, id="no-source-is-emptyDir-boundary"),
+        *(pytest.param({"volumes": [{"name": "v", source: {}}]}, None, id=f"simple-{source}")
+          for source in ("secret", "downwardAPI", "hostPath", "nfs", "image", "gitRepo")),
         pytest.param({"volumes": ["junk"]}, "a volume that is no object (volume filters not modelled)",
                      id="not-an-object"),
     ],

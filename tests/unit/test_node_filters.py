@@ -326,3 +326,13 @@ def test_cache_key_reads_labels_only_where_they_can_matter(holders: list[dict[st
     web, db = candidate(labels={"app": "web"}), candidate(labels={"app": "db"})
     assert (capacity.key(web, snap) == capacity.key(db, snap)) is same
     assert capacity.key(candidate(mutate=WANTS_8080), snap) != capacity.key(candidate(), snap), "ports always count"
+
+
+def test_never_pod_reads_the_pods_own_filters_first_and_every_clashing_port() -> None:
+    snap = build([NODE], [builders.pod("web", node="n", phase="Running", mutate=ports(
+        {"containerPort": 80, "hostPort": 8080}, {"containerPort": 81, "hostPort": 8081}))])
+    both_ports = ports({"containerPort": 80, "hostPort": 8080}, {"containerPort": 81, "hostPort": 8081})
+    assert capacity.never_pod(candidate(mutate=both_ports), snap.nodes["n"]) == "host port 8080/TCP, 8081/TCP in use"
+    elsewhere = both(both_ports, lambda p: p["spec"].update(nodeSelector={"pool": "x"}))
+    assert capacity.never_pod(candidate(mutate=elsewhere), snap.nodes["n"]) == "nodeSelector pool=x does not match"
+    assert capacity.key(candidate(mutate=elsewhere), snap) != capacity.key(candidate(mutate=both_ports), snap)
