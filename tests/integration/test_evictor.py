@@ -516,7 +516,7 @@ async def test_a_victim_protected_since_the_snapshot_is_said_and_the_next_candid
     api.pods["a"] = live("a", annotations={"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"})
     config = settings_loader.load()
     loop = reclaim_loop.ReclaimLoop(
-        config=config, cluster=_two_candidates(config), prometheus=IdlePods({"a": "n1", "b": "n2"}),
+        config=config, cluster=_two_candidates(config), prometheus=idle_pods({"a": "n1", "b": "n2"}),
         evictions=evictor.ApiEvictionClient(api_client, timeout_seconds=5), api=api_client, clock=lambda: NOW)
     cycle = await loop.cycle()
     assert [(o.eviction.pod, o.result) for o in cycle.outcomes] == [
