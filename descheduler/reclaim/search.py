@@ -220,16 +220,28 @@ class Index:
             room = self._rooms[name] = capacity.Room.of(self.cluster.nodes[name])
         return room
 
+    def shape(self, member: pending.Member) -> tuple[Any, ...] | None:
+        """What `nodes_for` reads of the member, hashable (None: do not cache): `capacity.key` for a pod in the
+        snapshot (its host ports and, where nodes carry anti-affinity, its labels too), else its spec and
+        requests."""
+        pod = self.cluster.pods.get(member.pod)
+        if pod is not None:
+            return capacity.key(pod, self.cluster)
+        fit_key = fit.key(member.spec)
+        return None if fit_key is None else (fit_key, tuple(sorted(member.requests.items())))
+
     def nodes_for(self, member: pending.Member) -> list[str]:
         """Nodes the capacity model does not rule out for the member however empty (`capacity.never`: the
-        scheduler's filters it models, requests larger than the node), cached per `fit.key` and requests
-        (uncached for a spec without a key)."""
-        spec, requests = member.spec, member.requests
-        fit_key = fit.key(spec)
-        key = None if fit_key is None else (fit_key, tuple(sorted(requests.items())))
+        scheduler's filters it models, requests larger than the node) nor for the pods holding them
+        (`capacity.refuses`: a host port in use, a required anti-affinity that selects it — counted for every
+        pod there, victims included: evicting a victim is never assumed to clear them), cached per `shape`."""
+        key = self.shape(member)
         found = self._fits.get(key) if key is not None else None
         if found is None:
-            found = sorted(n for n, node in self.cluster.nodes.items() if not capacity.never(spec, requests, node))
+            pod = self.cluster.pods.get(member.pod)
+            found = sorted(n for n, node in self.cluster.nodes.items()
+                           if not capacity.never(member.spec, member.requests, node)
+                           and (pod is None or not capacity.refuses(pod, node)))
             if key is not None:
                 self._fits[key] = found
         return found
@@ -253,10 +265,10 @@ class Index:
         node no demand has touched, so computed once per (allowed nodes, request, idle units the
         priority may take). Not `evicting` (the budget is spent): only nodes that hold it as they are."""
         request = member.request
-        fit_key = fit.key(member.spec)
-        key = (fit_key, request.full, tuple(sorted(request.mig.items())), tuple(sorted(member.requests.items())),
+        shape = self.shape(member)
+        key = (shape, request.full, tuple(sorted(request.mig.items())), tuple(sorted(member.requests.items())),
                bisect.bisect_right(self._floors, priority), evicting)
-        kept = self._untouched.get(key) if fit_key is not None else None
+        kept = self._untouched.get(key) if shape is not None else None
         if kept is None:
             maybe = self._may_hold(request, evicting=evicting)
             options = []
@@ -265,7 +277,7 @@ class Index:
                 if isinstance(found, Option):
                     options.append(found)
             kept = sorted(options)
-            if fit_key is not None:
+            if shape is not None:
                 self._untouched[key] = kept
         return kept
 
@@ -326,7 +338,9 @@ def best_node(
     # Why not: what failed on the most promising nodes, else (none was) the first nodes' screening, else (no
     # node could ever hold it) the capacity model's reasons.
     said = (r for r in map(screen_node, names) if isinstance(r, str))
-    never = (f"{n}: {why}" for n, why in ((n, capacity.never(member.spec, member.requests, node))
+    pod = cluster.pods.get(member.pod)
+    never = (f"{n}: {why}" for n, why in ((n, capacity.never(member.spec, member.requests, node)
+                                           or (capacity.refuses(pod, node) if pod is not None else None))
                                           for n, node in sorted(cluster.nodes.items())) if why)
     for reasons in (failures, said, never):
         joined = "; ".join(itertools.islice(reasons, MAX_REASONS))

@@ -109,6 +109,44 @@ def test_a_demand_is_checked_by_the_capacity_model(pending_pod: Raw, expected: s
     assert reason in outcome(plan)
 
 
+def port_holder(port: int, *, anti: dict[str, Any] | None = None) -> Raw:
+    """A busy pod on n1 that is no victim (no GPU), holding a host port and, optionally, anti-affinity."""
+    def mutate(body: Raw) -> None:
+        body["spec"]["containers"][0]["ports"] = [{"containerPort": port, "hostPort": port}]
+        body["spec"].update(anti or {})
+
+    return builders.pod("web", namespace="team-b", node="n1", phase="Running", mutate=mutate)
+
+
+WANTS_PORT = {"containers": [{"name": "main", "image": "x", "ports": [{"containerPort": 8080, "hostPort": 8080}],
+                              "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+HOSTNAMED = [builders.gpu_node("n1", gpus=1, labels={"kubernetes.io/hostname": "n1"})]  # the terms' topology
+AGAINST_WANT = {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+    {"labelSelector": {"matchLabels": {"app": "want"}}, "topologyKey": "kubernetes.io/hostname"}]}}}
+
+
+@pytest.mark.parametrize(
+    ("holder", "pending_pod", "expected", "reason"),
+    [
+        # The filters that read the pods holding the node (NodePorts, existing pods' anti-affinity): evicting the
+        # idle GPU pod would not let the pending pod run where another pod keeps its port or rules it out.
+        pytest.param(port_holder(8080), want(spec=WANTS_PORT), set(), "n1: host port 8080/TCP in use",
+                     id="host-port-taken-by-another-pod-is-no-demand-there"),
+        pytest.param(port_holder(9090), want(spec=WANTS_PORT), SERVED, "1 idle pod(s) evicted on n1",
+                     id="boundary-another-host-port-is-a-demand"),
+        pytest.param(port_holder(9090, anti=AGAINST_WANT), want(labels={"app": "want"}), set(),
+                     "n1: pod team-b/web", id="existing-pods-anti-affinity-against-it-is-no-demand-there"),
+        pytest.param(port_holder(9090, anti=AGAINST_WANT), want(labels={"app": "other"}), SERVED,
+                     "1 idle pod(s) evicted on n1", id="boundary-anti-affinity-selecting-others-is-a-demand"),
+    ],
+)
+def test_a_demand_is_checked_against_the_pods_holding_the_node(holder: Raw, pending_pod: Raw,
+                                                               expected: set[tuple[str, str]], reason: str) -> None:
+    plan = run(HOSTNAMED, [running("idle", node="n1"), holder, pending_pod], idle("team-a/idle"))
+    assert evicted(plan) == expected
+    assert reason in outcome(plan)
+
+
 @pytest.mark.parametrize(
     ("pending_priority", "expected"),
     [
