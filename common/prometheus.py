@@ -9,7 +9,9 @@ Prometheus into a 7-second wait; our loops retry on their next cycle instead.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import requests
@@ -69,9 +71,20 @@ class Client:
     async def query(self, promql: str, *, time: float | None = None) -> list[Series]:
         """The `result` list of an instant query (a vector, or a matrix for range selectors)."""
         params = {} if time is None else {"time": f"{time:.3f}"}
+        return await self._ask(promql, lambda: self._connect.custom_query(promql, params=params))
+
+    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[Series]:
+        """The `result` matrix of a range query: `values` [[t, "v"], ...] per series, every `step` seconds."""
+        utc = datetime.UTC
+        return await self._ask(promql, lambda: self._connect.custom_query_range(
+            promql, start_time=datetime.datetime.fromtimestamp(start, utc),
+            end_time=datetime.datetime.fromtimestamp(end, utc), step=f"{step:g}s"))
+
+    async def _ask(self, promql: str, call: Callable[[], Any]) -> list[Series]:
+        """`call` in a worker thread, bounded by the timeout; every failure is a PrometheusError."""
         try:
             async with asyncio.timeout(self._config.timeout_seconds):
-                result = await asyncio.to_thread(self._connect.custom_query, promql, params=params)
+                result = await asyncio.to_thread(call)
         except TimeoutError as exc:
             raise PrometheusError(
                 f"query timed out after {self._config.timeout_seconds}s at {self.url}: {promql}"

@@ -104,6 +104,11 @@ class Names(Model):
     def cooldown(self) -> str:
         return f"{self.prefix}reclaim-cooldown-until"
 
+    @property
+    def learned_idle_window(self) -> str:
+        """PriorityClass annotation: "true" turns on idle windows learned per workload for that tier."""
+        return f"{self.prefix}learned-idle-window"
+
 
 class Scoring(Model):
     """Constants of the NVLink-aware node score (points unless stated). See docs/scoring.md."""
@@ -506,6 +511,57 @@ class LeaderElection(Model):
         return self
 
 
+class LearnedWindow(Model):
+    """Idle windows learned per workload from its own history (descheduler/idle_learning.py), for the tiers whose
+    PriorityClass says `<prefix>learned-idle-window: "true"`: a pod is reclaimable once idle for its workload's
+    learned window, clamp(quantile of its idle stretches that ended in work x margin, floor, tier window)."""
+
+    quantile: float = pydantic.Field(
+        default=1.0, gt=0, le=1,
+        description="Which of a workload's idle stretches that ended in work sets its window (nearest rank; 1: the "
+        "longest, 0.9: the 90th percentile). Below 1 the longest stretches are ignored: more reclaimed, more regret.",
+    )
+    margin: float = pydantic.Field(
+        default=3.0, ge=1,
+        description="The window is this many times that stretch. On the GenAI trace 2 regretted 11-15 % of "
+        "evictions, 3 under 5 % (benchmarks/RESULTS.md, Learned idle windows).",
+    )
+    floor_seconds: Seconds = pydantic.Field(
+        default=1800, description="No learned window is shorter than this (seconds), however short the stretches."
+    )
+    min_stretches: int = pydantic.Field(
+        default=6, ge=1,
+        description="A workload with fewer idle stretches that ended in work in the look-back keeps the tier's "
+        "window: too little history to learn from.",
+    )
+    lookback_seconds: Seconds = pydantic.Field(
+        default=7 * 86400,
+        description="History learned from (seconds; 7 d). Bounded in fact by what Prometheus retains: older "
+        "data is simply absent, so a short retention means fewer stretches, not a wrong window.",
+    )
+    step_seconds: Seconds = pydantic.Field(
+        default=300,
+        description="Resolution of the history (seconds): the peak of each step of a pod's GPUs, read by one "
+        "range query. Idle stretches are measured in whole steps; a step with no sample is a gap, never idle.",
+    )
+    refresh_seconds: Seconds = pydantic.Field(
+        default=1800,
+        description="Read the new history this often (seconds): it changes slowly, and between reads each pod is "
+        "still judged idle over its window by the normal fail-closed query every cycle.",
+    )
+    chunk_seconds: Seconds = pydantic.Field(
+        default=21600,
+        description="At start (or after a failure) the look-back is read in range queries of this much history "
+        "each, one per cycle, so that no query nor cycle grows with the look-back (seconds). Until the whole "
+        "look-back is read, every pod keeps its tier's window.",
+    )
+    bucket_seconds: Seconds = pydantic.Field(
+        default=600,
+        description="Learned windows are rounded up to a multiple of this (seconds): one utilisation query per "
+        "distinct window each cycle, so few distinct windows keep the cycle's cost bounded.",
+    )
+
+
 class Reclaim(Model):
     enabled: bool = pydantic.Field(default=True, description="Run the idle-GPU reclaim loop.")
     interval_seconds: Seconds = pydantic.Field(default=60, description="Seconds between reclaim cycles.")
@@ -563,6 +619,7 @@ class Reclaim(Model):
     retry_backoff_max_seconds: Seconds = pydantic.Field(
         default=900, description="Longest wait before retrying a failed eviction (seconds)."
     )
+    learned_window: LearnedWindow = LearnedWindow()
 
 
 class Gangs(Model):

@@ -23,7 +23,7 @@ import prometheus_client
 from kubernetes_asyncio import client
 
 from common import events, prometheus, settings, snapshot, source
-from descheduler import cooldown_store, cooldowns, evictor, gang_release, policy, reclaim, utilisation
+from descheduler import cooldown_store, cooldowns, evictor, gang_release, idle_history, policy, reclaim, utilisation
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +105,7 @@ class ReclaimLoop:
         self._clock = clock
         self._metrics = Metrics(registry if registry is not None else prometheus_client.CollectorRegistry())
         self._memory = cooldowns.State()  # dry-run / offline cooldowns
+        self.learner = idle_history.Learner(config=config, prometheus=prometheus)  # learned idle windows
         self._reported: set[tuple[str, str]] = set()  # (class, problem) already reported
         # Pods evicted (or, in dry-run, that would have been) -> (the demand they were evicted for, until when
         # it is remembered: the preemptor cooldown). Until the snapshot shows them gone their GPUs are that
@@ -151,9 +152,11 @@ class ReclaimLoop:
             state = await cooldown_store.load(self._api, config=self._config)
         lap("policies")
         screened = reclaim.screen_all(cluster, policies=policies, state=state, config=self._config, now=now)
+        screened, learned = await self.learner.screen(cluster, screened, policies=policies, state=state, now=now)
         wanted = reclaim.windows_needed(screened)
         lap("screen")
         assessments, queries, errors = await self._measure(cluster, wanted, policies, now=now)
+        assessments = idle_history.explained(assessments, learned)
         lap("measure")
         demands = reclaim.demands_from_snapshot(cluster) + gang_demands(cluster, config=self._config, now=now)
         lap("demands")
