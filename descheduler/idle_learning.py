@@ -162,11 +162,12 @@ def learn(stretches: Sequence[float] | None, *, tier_window: int, config: settin
     said = (f"{which} idle stretch of this workload that ended in work in {span}: {_duration(base)} "
             f"(of {len(stretches)}) x {config.margin:g}")
     window = max(base * config.margin, config.floor_seconds)
+    floored = base * config.margin < config.floor_seconds
     bucketed = math.ceil(window / config.bucket_seconds) * config.bucket_seconds
     if bucketed >= tier_window:
         return Learned(tier_window, False, f"{said} (rounded up to {config.bucket_seconds:g}s) reaches the tier "
                        f"window {_duration(tier_window)}: tier window")
-    floor = f", raised to the floor {_duration(config.floor_seconds)}" if window == config.floor_seconds else ""
+    floor = f", raised to the floor {_duration(config.floor_seconds)}" if floored else ""
     return Learned(int(bucketed), True, f"learned idle window {_duration(bucketed)}: {said}{floor}")
 
 
