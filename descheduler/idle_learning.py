@@ -202,7 +202,8 @@ def windows(
     out = {}
     for pod in chosen:
         found = None
-        if histories is not None:
-            found = stretches_of((histories[k] for k in owned.get(of[pod.key], ())), since=since)
+        if histories is not None:  # its workload's pods, and itself whatever its name (not its owner's pattern)
+            keys = set(owned.get(of[pod.key], ())) | {(pod.namespace, pod.name)}
+            found = stretches_of((histories[k] for k in sorted(keys) if k in histories), since=since)
         out[pod.key] = learn(found, tier_window=tier_windows[pod.priority_class_name or ""], config=config)
     return out

@@ -215,6 +215,10 @@ def test_windows_share_the_workload_history_and_respect_the_lookback() -> None:
     later = idle_learning.windows([serving], tier_windows={"normal": TIER}, histories=histories, since=901.0,
                                   config=CONFIG)
     assert not later[serving.key].learned and "4 idle stretch(es)" in later[serving.key].reason
+    odd = with_class(rs_pod("renamed", "web-7d9f8", labels=labels), "normal")  # not named as its owner names
+    alone = idle_learning.windows([odd], tier_windows={"normal": TIER}, config=CONFIG, since=0.0,
+                                  histories={("default", "renamed"): short, **histories})
+    assert "(of 9)" in alone[odd.key].reason  # its own 3 and its Deployment's 6
     unread = idle_learning.windows([serving], tier_windows={"normal": TIER}, histories=None, since=0.0, config=CONFIG)
     assert unread[serving.key] == idle_learning.Learned(TIER, False, "history not read (yet): tier window")
 
