@@ -86,8 +86,9 @@ class Learner:
     def fresh(self, now: float) -> bool:
         """The whole look-back is read, up to `refresh_seconds` (and a step) ago."""
         learning = self._learning
-        return self._read is not None and self._read.end >= self._end(now) - learning.refresh_seconds - \
-            learning.step_seconds
+        read = self._read
+        return read is not None and read.end > read.start and \
+            read.end >= self._end(now) - learning.refresh_seconds - learning.step_seconds
 
     async def read(self, *, threshold: float, now: float) -> None:
         """One range query at most: the next chunk of history not read yet, if any is due."""

@@ -88,3 +88,13 @@ def test_a_client_without_range_queries_learns_nothing() -> None:
             return []
 
     assert not idle_history.Learner(config=CONFIG, prometheus=InstantOnly()).fresh(T0)
+
+
+async def test_a_look_back_shorter_than_a_refresh_is_still_read_before_it_counts() -> None:
+    fake = Fake()
+    short = settings.load(overrides={"descheduler": {"reclaim": {"learned_window": {
+        "lookback_seconds": 1800, "chunk_seconds": 1800, "refresh_seconds": 1800}}}})
+    learner = idle_history.Learner(config=short, prometheus=fake)
+    assert not learner.fresh(T0)
+    await learner.read(threshold=5.0, now=T0)
+    assert fake.asked == [(-1500, 0)] and learner.fresh(T0)
