@@ -237,6 +237,13 @@ def learned_arms(tiers: Sequence[Policy], *, floor_seconds: float) -> list[Polic
             for t in tiers if t.window_seconds > floor_seconds]
 
 
+def judged_as(rule: Policy, *, floor_seconds: int) -> Policy:
+    """The policy its reclaimable time is scored by: a learned window may be as short as the floor, so its
+    reclaimable time starts `floor_seconds` into each idle stretch (the tier's own window would leave out
+    what it rightly frees early)."""
+    return dataclasses.replace(rule, window_seconds=floor_seconds) if rule.learned else rule
+
+
 def distinct(policies: Iterable[Policy]) -> list[Policy]:
     """Drop repeats that behave the same (same kind, window, threshold and earliest judgement): the first
     one named wins, so a chart tier keeps its name over the sweep point it equals."""
@@ -711,8 +718,10 @@ def run(trace: Trace, rules: Sequence[Policy], *, interval_seconds: float, judge
     stick = yardstick(trace, config)
     clairvoyant = clairvoyant_hours(trace, since=judge_from)
     rows = []
+    floor = int(config.descheduler.reclaim.learned_window.floor_seconds)
     for runner in runners:
-        result = score(trace, runner.rule, runner.evictions, yardstick=stick, since=judge_from)
+        result = score(trace, judged_as(runner.rule, floor_seconds=floor), runner.evictions, yardstick=stick,
+                       since=judge_from)
         goals = result.goals() if runner.rule.tier and runner.rule.kind == "gpu-steward" else None
         of_clairvoyant = result.reclaimed_hours / clairvoyant if clairvoyant else None  # None: nothing to free
         if goals is not None and of_clairvoyant is not None:

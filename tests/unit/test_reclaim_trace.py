@@ -272,3 +272,5 @@ def test_learned_arms_and_their_class() -> None:
     assert rt.class_annotations(arm)["gpu-steward.io/learned-idle-window"] == "true"
     assert "gpu-steward.io/learned-idle-window" not in rt.class_annotations(tiers[0])
     assert [p.name for p in rt.distinct([tiers[0], arm])] == ["normal (chart default)", "normal tier, learned window"]
+    assert rt.judged_as(arm, floor_seconds=1800).window_seconds == 1800  # reclaimable from the floor on
+    assert rt.judged_as(tiers[0], floor_seconds=1800) == tiers[0]
