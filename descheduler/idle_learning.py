@@ -134,7 +134,8 @@ class Learned:
     reason: str
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """Seconds in words for reasons: whole days in d, from 2 h in h, else in min."""
     if seconds >= 86400 and seconds % 86400 == 0:
         return f"{seconds / 86400:g} d"
     if seconds >= 7200:
@@ -151,7 +152,7 @@ def quantile(values: Sequence[float], q: float) -> float:
 def learn(stretches: Sequence[float] | None, *, tier_window: int, config: settings.LearnedWindow) -> Learned:
     """The window for a workload whose idle stretches that ended in work (seconds, within the look-back) are
     `stretches` (None: its history is not known: not read yet, or the read failed)."""
-    span = _duration(config.lookback_seconds)
+    span = duration(config.lookback_seconds)
     if stretches is None:
         return Learned(tier_window, False, "history not read (yet): tier window")
     if len(stretches) < config.min_stretches:
@@ -159,16 +160,16 @@ def learn(stretches: Sequence[float] | None, *, tier_window: int, config: settin
                        f"{span}, fewer than {config.min_stretches}: tier window")
     base = quantile(stretches, config.quantile)
     which = "longest" if config.quantile >= 1 else f"{config.quantile:.0%} quantile of the"
-    said = (f"{which} idle stretch of this workload that ended in work in {span}: {_duration(base)} "
+    said = (f"{which} idle stretch of this workload that ended in work in {span}: {duration(base)} "
             f"(of {len(stretches)}) x {config.margin:g}")
     window = max(base * config.margin, config.floor_seconds)
     floored = base * config.margin < config.floor_seconds
     bucketed = math.ceil(window / config.bucket_seconds) * config.bucket_seconds
     if bucketed >= tier_window:
         return Learned(tier_window, False, f"{said} (rounded up to {config.bucket_seconds:g}s) reaches the tier "
-                       f"window {_duration(tier_window)}: tier window")
-    floor = f", raised to the floor {_duration(config.floor_seconds)}" if floored else ""
-    return Learned(int(bucketed), True, f"learned idle window {_duration(bucketed)}: {said}{floor}")
+                       f"window {duration(tier_window)}: tier window")
+    floor = f", raised to the floor {duration(config.floor_seconds)}" if floored else ""
+    return Learned(int(bucketed), True, f"learned idle window {duration(bucketed)}: {said}{floor}")
 
 
 def enabled(pc: snapshot.PriorityClass, *, names: settings.Names) -> label_values.Parsed[bool]:

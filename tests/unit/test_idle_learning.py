@@ -32,6 +32,7 @@ def fold(values: Sequence[float | None], *, threshold: float = 5.0) -> idle_lear
         pytest.param([BUSY, IDLE, IDLE], [], 2, id="still-idle-is-no-stretch-yet"),
         pytest.param([BUSY, IDLE, IDLE, None, BUSY], [], 0, id="gap-ends-the-run-not-work"),
         pytest.param([BUSY, IDLE, NAN, BUSY], [], 0, id="nan-step-is-a-gap-never-idle"),
+        pytest.param([BUSY, IDLE, NAN, BUSY, IDLE, BUSY], [(1500.0, 300.0)], 0, id="folding-goes-on-after-nan"),
         pytest.param([IDLE, None, IDLE, BUSY], [(900.0, 300.0)], 0, id="only-the-idle-after-a-gap-counts"),
         pytest.param([IDLE, IDLE, BUSY], [(600.0, 600.0)], 0, id="idle-from-the-first-step-counts"),
         pytest.param([BUSY, IDLE, BUSY, IDLE, IDLE, IDLE, BUSY], [(600.0, 300.0), (1800.0, 900.0)], 0,
@@ -151,6 +152,9 @@ def rs_pod(name: str, owner: str, *, kind: str = "ReplicaSet", labels: dict[str,
                      "Job train", ["train-3-qwert"], ["train-qwert"], id="indexed-job"),
         pytest.param(rs_pod("db-0", "db", kind="StatefulSet"), "StatefulSet db", ["db-1"], ["db-1-x"],
                      id="statefulset"),
+        pytest.param(rs_pod("rs-abc-x1y2z", "rs-abc", labels={"pod-template-hash": "zzz"}), "ReplicaSet rs-abc",
+                     ["rs-abc-qwert"], ["rs-abc-zzz-qwert"], id="hash-not-in-the-owner-name-is-no-deployment"),
+        pytest.param(rs_pod("lost", ""), "pod lost", ["lost"], ["lost-abcde"], id="owner-without-name-is-alone"),
         pytest.param(parsed(builders.pod("notebook", gpus=1, node="n1", phase="Running")),
                      "pod notebook", ["notebook"], ["notebook-2", "notebook-abcde"], id="bare-pod-alone"),
     ],
@@ -182,7 +186,8 @@ def learning_class(annotations: dict[str, str]) -> snapshot.PriorityClass:
         pytest.param({"gpu-steward.io/learned-idle-window": " TRUE "}, True, None, id="on-spelling"),
         pytest.param({}, False, None, id="absent-off"),
         pytest.param({"gpu-steward.io/learned-idle-window": "false"}, False, None, id="off"),
-        pytest.param({"gpu-steward.io/learned-idle-window": "maybe"}, False, "learned idle windows off",
+        pytest.param({"gpu-steward.io/learned-idle-window": "maybe"}, False, "PriorityClass normal: "
+                     "gpu-steward.io/learned-idle-window='maybe' is not true/false; learned idle windows off",
                      id="unreadable-off-with-problem"),
         pytest.param({"example.com/learned-idle-window": "true"}, False, None, id="other-prefix-ignored"),
     ],
@@ -190,7 +195,7 @@ def learning_class(annotations: dict[str, str]) -> snapshot.PriorityClass:
 def test_enabled(annotations: dict[str, str], on: bool, problem: str | None) -> None:
     got = idle_learning.enabled(learning_class(annotations), names=settings.Names())
     assert got.value is on
-    assert (problem is None and got.problem is None) or (problem is not None and problem in (got.problem or ""))
+    assert got.problem == problem
 
 
 def with_class(pod: snapshot.Pod, class_name: str) -> snapshot.Pod:
@@ -223,7 +228,31 @@ def test_windows_share_the_workload_history_and_respect_the_lookback() -> None:
     assert unread[serving.key] == idle_learning.Learned(TIER, False, "history not read (yet): tier window")
 
 
+def test_a_job_shares_its_gone_pods_history() -> None:
+    job = with_class(rs_pod("train-abcde", "train", kind="Job"), "normal")
+    got = idle_learning.windows([job], tier_windows={"normal": TIER}, since=0.0, config=CONFIG,
+                                histories={("default", "train-qwert"): fold([BUSY] + [IDLE, IDLE, BUSY] * 6)})
+    assert got[job.key].window_seconds == 1800 and "(of 6)" in got[job.key].reason
+
+
+@pytest.mark.parametrize(
+    ("seconds", "said"),
+    [
+        pytest.param(86400 * 7, "7 d", id="whole-days"),
+        pytest.param(86400, "1 d", id="boundary-one-day"),
+        pytest.param(90000, "25.0 h", id="not-whole-days-in-hours"),
+        pytest.param(7200, "2.0 h", id="boundary-two-hours"),
+        pytest.param(7140, "119 min", id="under-two-hours-in-minutes"),
+        pytest.param(0, "0 min", id="zero"),
+    ],
+)
+def test_duration(seconds: float, said: str) -> None:
+    assert idle_learning.duration(seconds) == said
+
+
 def test_quantile_nearest_rank() -> None:
+    assert idle_learning.quantile([4.0, 1.0, 3.0, 2.0], 0.25) == 1.0
+    assert idle_learning.quantile([7.0], 0.5) == 7.0
     assert idle_learning.quantile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.0
     assert idle_learning.quantile([4.0, 1.0, 3.0, 2.0], 0.51) == 3.0
     assert idle_learning.quantile([4.0, 1.0, 3.0, 2.0], 1.0) == 4.0
