@@ -32,15 +32,21 @@ class RangeQuerier(Protocol):
 
 
 def query(*, config: settings.Prometheus, step_seconds: float) -> str:
-    """Each pod's peak utilisation (%) per step, whole GPUs and MIG slices (ratio x 100) alike."""
+    """Each pod's peak utilisation (%) per step, whole GPUs and MIG slices (ratio x 100) alike, grouped by
+    every spelling of the pod and namespace labels: `pod_of()` picks the one that names the workload. (The
+    utilisation query's `label_replace` chain would run at every step of every series: 10x the cost.)"""
     mig = config.labels.mig_profile
-    by = f"{utilisation.NAMESPACE}, {utilisation.POD}"
-    parts = [
-        f'max_over_time({config.gpu_util_metric}{{{mig}=""}}[{step_seconds:g}s])',
-        f'max_over_time({config.mig_activity_metric}{{{mig}!=""}}[{step_seconds:g}s]) * 100',
-    ]
-    # The label spellings of `prometheus.labels`, as the utilisation query reads them.
-    return f"max by ({by}) ({' or '.join(utilisation._normalise(p, config.labels) for p in parts)})"
+    by = ", ".join(sorted({*config.labels.namespace, *config.labels.pod}))
+    return (f'max by ({by}) (max_over_time({config.gpu_util_metric}{{{mig}=""}}[{step_seconds:g}s]) or '
+            f'max_over_time({config.mig_activity_metric}{{{mig}!=""}}[{step_seconds:g}s]) * 100)')
+
+
+def pod_of(metric: Mapping[str, str], *, labels: settings.PrometheusLabels) -> tuple[str, str] | None:
+    """(namespace, pod) of a series: in each list of spellings the last non-empty one wins, as in the
+    utilisation query (`exported_pod` after a rename)."""
+    namespace = [metric[k] for k in labels.namespace if metric.get(k)]
+    pod = [metric[k] for k in labels.pod if metric.get(k)]
+    return (namespace[-1], pod[-1]) if namespace and pod else None
 
 
 def _points(row: Mapping[str, Any]) -> list[tuple[float, float]]:
@@ -114,9 +120,8 @@ class Learner:
             logger.warning("reclaim: idle history not read (learned idle windows wait; tier windows apply): %s", exc)
             return
         for row in rows:
-            metric = row.get("metric") or {}
-            key = (str(metric.get(utilisation.NAMESPACE, "")), str(metric.get(utilisation.POD, "")))
-            if all(key):
+            key = pod_of(row.get("metric") or {}, labels=self._config.prometheus.labels)
+            if key is not None:
                 self._histories[key] = idle_learning.fold(
                     self._histories.get(key, idle_learning.History()), _points(row),
                     step_seconds=learning.step_seconds, threshold_percent=threshold)

@@ -159,6 +159,6 @@ async def test_history_not_read_keeps_the_tier_window() -> None:
 
 def test_query_reads_every_device_kind_by_pod() -> None:
     promql = idle_history.query(config=settings.Prometheus(), step_seconds=300)
-    assert promql.startswith("max by (gs_namespace, gs_pod) (")
-    assert 'max_over_time(DCGM_FI_DEV_GPU_UTIL{GPU_I_PROFILE=""}[300s])' in promql
-    assert 'max_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!=""}[300s]) * 100' in promql
+    assert promql == ('max by (exported_namespace, exported_pod, namespace, pod) '
+                      '(max_over_time(DCGM_FI_DEV_GPU_UTIL{GPU_I_PROFILE=""}[300s]) or '
+                      'max_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!=""}[300s]) * 100)')

@@ -24,7 +24,7 @@ class Fake:
         self.asked.append((start - T0, end - T0))
         if self.fail:
             raise prometheus.PrometheusError("boom")
-        return [{"metric": {"gs_namespace": "a", "gs_pod": "p"},
+        return [{"metric": {"namespace": "a", "pod": "p"},
                  "values": [[t, "0"] for t in range(int(start), int(end) + 1, int(step))]}]
 
 
@@ -98,3 +98,17 @@ async def test_a_look_back_shorter_than_a_refresh_is_still_read_before_it_counts
     assert not learner.fresh(T0)
     await learner.read(threshold=5.0, now=T0)
     assert fake.asked == [(-1500, 0)] and learner.fresh(T0)
+
+
+@pytest.mark.parametrize(
+    ("metric", "key"),
+    [
+        pytest.param({"namespace": "a", "pod": "p"}, ("a", "p"), id="plain"),
+        pytest.param({"namespace": "gpu-operator", "pod": "dcgm-x", "exported_namespace": "a", "exported_pod": "p"},
+                     ("a", "p"), id="exported-wins-after-a-rename"),
+        pytest.param({"namespace": "a", "pod": "p", "exported_pod": ""}, ("a", "p"), id="empty-spelling-ignored"),
+        pytest.param({"namespace": "a"}, None, id="no-pod-no-history"),
+    ],
+)
+def test_pod_of(metric: dict[str, str], key: tuple[str, str] | None) -> None:
+    assert idle_history.pod_of(metric, labels=settings.PrometheusLabels()) == key
