@@ -550,10 +550,11 @@ class LearnedWindow(Model):
         "still judged idle over its window by the normal fail-closed query every cycle.",
     )
     chunk_seconds: Seconds = pydantic.Field(
-        default=21600,
-        description="At start (or after a failure) the look-back is read in range queries of this much history "
-        "each, one per cycle, so that no query nor cycle grows with the look-back (seconds). Until the whole "
-        "look-back is read, every pod keeps its tier's window.",
+        default=1800,
+        description="At start the look-back is read in range queries of this much history each, one per cycle, "
+        "so that no query grows with the look-back (seconds). Until the whole look-back is read (7 d / 30 min: "
+        "336 cycles, 5.6 h at 60 s cycles) every pod keeps its tier's window. A query's cost grows with GPUs x "
+        "this (benchmarks/RESULTS.md, Learned idle windows: 30 min of 10,000 GPUs ~1 s on a loaded 2-core VM).",
     )
     bucket_seconds: Seconds = pydantic.Field(
         default=600,
