@@ -20,6 +20,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
+import prometheus_client
+
 from common import prometheus, settings, snapshot
 from descheduler import cooldowns, idle_learning, policy, reclaim, utilisation
 
@@ -68,9 +70,12 @@ class _Read:
 
 class Learner:
     """Per-descheduler state: the histories folded so far. `until` (benchmarks only): read no history after it,
-    to learn on one part of a trace and judge on another."""
+    to learn on one part of a trace and judge on another. Metrics: `gpu_steward_reclaim_history_queries_total`,
+    `..._history_errors_total` (a failed read: one log line and this), `..._history_fresh` (1: learned windows
+    apply; 0: tier windows, history not read yet or stale)."""
 
-    def __init__(self, *, config: settings.Settings, prometheus: object | None, until: float | None = None) -> None:
+    def __init__(self, *, config: settings.Settings, prometheus: object | None, until: float | None = None,
+                 registry: prometheus_client.CollectorRegistry | None = None) -> None:
         self._config = config
         self._querier = prometheus if isinstance(prometheus, RangeQuerier) else None
         self._until = until
@@ -79,6 +84,16 @@ class Learner:
         self.queries = 0
         self.errors = 0
         self._reported: set[str] = set()  # unreadable opt-ins already logged
+        registry = registry if registry is not None else prometheus_client.CollectorRegistry()
+        self._queries = prometheus_client.Counter(
+            "gpu_steward_reclaim_history_queries", "Range queries reading learned idle windows' history.",
+            registry=registry)
+        self._errors = prometheus_client.Counter(
+            "gpu_steward_reclaim_history_errors", "Failed history reads (learned windows wait; tier windows apply).",
+            registry=registry)
+        self._fresh = prometheus_client.Gauge(
+            "gpu_steward_reclaim_history_fresh", "1: the look-back is read and fresh, learned windows apply.",
+            registry=registry)
 
     @property
     def _learning(self) -> settings.LearnedWindow:
@@ -111,12 +126,14 @@ class Learner:
         start = self._read.end + learning.step_seconds
         stop = min(end, self._read.end + learning.chunk_seconds)
         self.queries += 1
+        self._queries.inc()
         try:
             rows = await self._querier.query_range(query(config=self._config.prometheus,
                                                          step_seconds=learning.step_seconds),
                                                    start=start, end=stop, step=learning.step_seconds)
         except prometheus.PrometheusError as exc:
             self.errors += 1
+            self._errors.inc()
             logger.warning("reclaim: idle history not read (learned idle windows wait; tier windows apply): %s", exc)
             return
         for row in rows:
@@ -153,6 +170,7 @@ class Learner:
             return dict(screened), {}
         threshold = max(policies[name].threshold_percent for name in tier_windows)
         await self.read(threshold=threshold, now=now)
+        self._fresh.set(1 if self.fresh(now) else 0)
         learned = idle_learning.windows(
             (cluster.pods[key] for key in screened), tier_windows=tier_windows,
             histories=self._histories if self.fresh(now) else None,

@@ -103,9 +103,10 @@ class ReclaimLoop:
         self._evictor = evictor.Evictor(evictions, config=config.descheduler.reclaim)
         self._api = api
         self._clock = clock
-        self._metrics = Metrics(registry if registry is not None else prometheus_client.CollectorRegistry())
+        registry = registry if registry is not None else prometheus_client.CollectorRegistry()
+        self._metrics = Metrics(registry)
         self._memory = cooldowns.State()  # dry-run / offline cooldowns
-        self.learner = idle_history.Learner(config=config, prometheus=prometheus)  # learned idle windows
+        self.learner = idle_history.Learner(config=config, prometheus=prometheus, registry=registry)
         self._reported: set[tuple[str, str]] = set()  # (class, problem) already reported
         # Pods evicted (or, in dry-run, that would have been) -> (the demand they were evicted for, until when
         # it is remembered: the preemptor cooldown). Until the snapshot shows them gone their GPUs are that

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import prometheus_client
 import pytest
 
 from common import prometheus, settings, snapshot, source
@@ -110,11 +111,12 @@ class Counting:
         return await self.client.query_range(promql, start=start, end=end, step=step)
 
 
-def loop(querier: Any, now: float) -> reclaim_loop.ReclaimLoop:
+def loop(querier: Any, now: float, *, registry: prometheus_client.CollectorRegistry | None = None
+         ) -> reclaim_loop.ReclaimLoop:
     cluster = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=PODS, priority_classes=CLASSES,
                              names=CONFIG.names, taken_at=now)
     return reclaim_loop.ReclaimLoop(config=CONFIG, cluster=source.StaticSource(cluster), prometheus=querier,
-                                    evictions=evictor.DryRunClient(), api=None, clock=lambda: now)
+                                    evictions=evictor.DryRunClient(), api=None, clock=lambda: now, registry=registry)
 
 
 async def test_learned_window_evicts_what_the_tier_window_cannot_and_says_why(server: PrometheusServer) -> None:
@@ -144,13 +146,16 @@ async def test_learned_window_evicts_what_the_tier_window_cannot_and_says_why(se
 async def test_history_not_read_keeps_the_tier_window() -> None:
     now = datetime.datetime.now(datetime.UTC).timestamp()
     down = prometheus.Client(settings.Prometheus(url=f"http://127.0.0.1:{free_port()}", timeout_seconds=2))
+    registry = prometheus_client.CollectorRegistry()
     try:
-        reclaim = loop(down, now)
+        reclaim = loop(down, now, registry=registry)
         cycle = await reclaim.cycle()
     finally:
         down.close()
     assert cycle.plan.evictions == ()
     assert (reclaim.learner.queries, reclaim.learner.errors) == (1, 1)
+    assert registry.get_sample_value("gpu_steward_reclaim_history_errors_total") == 1
+    assert registry.get_sample_value("gpu_steward_reclaim_history_fresh") == 0
     spared = {s.pod: s.reason for s in cycle.plan.spared}
     assert spared["team-a/serve-7d9f8-aaaaa"].startswith("not idle: Prometheus query failed: cannot reach")
     assert spared["team-a/serve-7d9f8-aaaaa"].endswith("; history not read (yet): tier window")
