@@ -817,8 +817,8 @@ def table(result: Mapping[str, Any]) -> str:
 
 
 CURVES = {  # series of the reclaimed-vs-regret picture: which rows, in which colour
-    "gpu-steward, fixed windows (peak <5%)": (lambda p: p["kind"] == "gpu-steward" and p["threshold_percent"] == 5.0,
-                                              (0, 90, 200)),
+    "gpu-steward, fixed windows (peak <5%)": (lambda p: p["kind"] == "gpu-steward" and p["threshold_percent"] == 5.0
+                                              and not p.get("learned"), (0, 90, 200)),
     "ReclaimIdleResource plugin semantics (average)": (lambda p: p["kind"] == "plugin", (200, 60, 0)),
 }
 
