@@ -77,7 +77,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout; the tests package is not installed
 
 from common import prometheus, settings, settings_loader, snapshot  # noqa: E402
-from descheduler import evictor, policy, reclaim_loop, utilisation_promql  # noqa: E402
+from descheduler import evictor, idle_history, policy, reclaim_loop, utilisation_promql  # noqa: E402
 from gpu_steward import localprometheus  # noqa: E402
 from tests import builders  # noqa: E402
 
@@ -96,6 +96,8 @@ VICTIM_CLASS = "replay-tier"
 VICTIM_PRIORITY = 10_000
 PREEMPTOR_PRIORITY = 100_000
 METRIC = "DCGM_FI_DEV_GPU_UTIL"
+# The learned-window arms: the product defaults, but the trace is one day, so one day of look-back read at once.
+LEARNED = {"lookback_seconds": 86400, "chunk_seconds": 86400}
 
 Kind = Literal["gpu-steward", "plugin", "instant", "strict", "none"]
 
@@ -177,6 +179,7 @@ class Policy:
     threshold_percent: float
     toleration_seconds: int
     tier: str | None = None  # the chart tier whose default this is
+    learned: bool = False  # gpu-steward: the tier's window is learned per workload (`learned_window` settings)
 
     @property
     def needed_seconds(self) -> int:
@@ -227,13 +230,27 @@ def baselines(tiers: Sequence[Policy]) -> list[Policy]:
     return out
 
 
+def learned_arms(tiers: Sequence[Policy], *, floor_seconds: float) -> list[Policy]:
+    """Each chart tier with its window learned per workload (where the tier's window exceeds the floor: below
+    it no learned window is shorter than the tier's)."""
+    return [dataclasses.replace(t, name=f"{t.tier} tier, learned window", learned=True)
+            for t in tiers if t.window_seconds > floor_seconds]
+
+
+def judged_as(rule: Policy, *, floor_seconds: int) -> Policy:
+    """The policy its reclaimable time is scored by: a learned window may be as short as the floor, so its
+    reclaimable time starts `floor_seconds` into each idle stretch (the tier's own window would leave out
+    what it rightly frees early)."""
+    return dataclasses.replace(rule, window_seconds=floor_seconds) if rule.learned else rule
+
+
 def distinct(policies: Iterable[Policy]) -> list[Policy]:
     """Drop repeats that behave the same (same kind, window, threshold and earliest judgement): the first
     one named wins, so a chart tier keeps its name over the sweep point it equals."""
     seen: set[tuple[Any, ...]] = set()
     out = []
     for p in policies:
-        key = (p.kind, p.window_seconds, p.threshold_percent, p.needed_seconds)
+        key = (p.kind, p.window_seconds, p.threshold_percent, p.needed_seconds, p.learned)
         if key not in seen:
             seen.add(key)
             out.append(p)
@@ -331,13 +348,14 @@ def aftermath(pod: PodTrace, slot: int, *, step: float) -> Aftermath:
     )
 
 
-def clairvoyant_hours(trace: Trace) -> float:
+def clairvoyant_hours(trace: Trace, *, since: int = 0) -> float:
     """The clairvoyant regret-free reclaim: each pod evicted right after its last busy sample, so it frees
-    every idle sample after it and never regrets (a pod never busy is evicted at its first sample)."""
+    every idle sample after it and never regrets (a pod never busy is evicted at its first sample).
+    `since`: only decisions from this slot on (a split run judges only its second part)."""
     idle = 0
     for pod in trace.pods.values():
         busy = [s for s in pod.slots if pod.samples[s] >= IDLE_PERCENT]
-        last = busy[-1] if busy else -1
+        last = max(busy[-1] if busy else -1, since - 1)
         idle += sum(1 for s in pod.slots if s > last and pod.samples[s] < IDLE_PERCENT)
     return idle * trace.step / 3600
 
@@ -347,6 +365,7 @@ class Eviction:
     pod: str
     slot: int
     reason: str  # the deciding policy's own words
+    window_seconds: int | None = None  # the window it was judged over, when not the policy's (a learned one)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -376,15 +395,19 @@ class Score:
         }
 
 
-def score(trace: Trace, policy: Policy, evictions: Sequence[Eviction], *, yardstick: Yardstick) -> Score:
+def score(trace: Trace, policy: Policy, evictions: Sequence[Eviction], *, yardstick: Yardstick,
+          since: int = 0) -> Score:
+    """`since`: decisions are only made from this slot on (a split run): what is reclaimable starts there too."""
     hours = yardstick.step / 3600
-    possible = {name: reclaimable(pod, policy, yardstick=yardstick) for name, pod in trace.pods.items()}
+    possible = {name: frozenset(s for s in reclaimable(pod, policy, yardstick=yardstick) if s >= since)
+                for name, pod in trace.pods.items()}
     reclaimed = idle = busy = regretted = missing = 0
     details = []
     for eviction in evictions:
         pod = trace.pods[eviction.pod]
         after = aftermath(pod, eviction.slot, step=yardstick.step)
-        lacking = missing_data(pod, eviction.slot, window_seconds=policy.window_seconds, yardstick=yardstick)
+        window = policy.window_seconds if eviction.window_seconds is None else eviction.window_seconds
+        lacking = missing_data(pod, eviction.slot, window_seconds=window, yardstick=yardstick)
         regret = after.busy_after_seconds is not None and after.busy_after_seconds <= REGRET_SECONDS
         reclaimed += len(after.idle & possible[eviction.pod])
         idle += len(after.idle)
@@ -481,10 +504,12 @@ def class_annotations(rule: Policy) -> dict[str, str]:
     """The PriorityClass annotations of a gpu-steward policy, as the chart writes them."""
     if rule.kind != "gpu-steward":
         return {}
+    learned = {settings.Names().learned_idle_window: "true"} if rule.learned else {}
     return {
         f"{policy.PREFIX}resource-idle-seconds": str(rule.window_seconds),
         f"{policy.PREFIX}resource-idle-usage-threshold": f"{rule.threshold_percent:g}",
         f"{policy.PREFIX}toleration-seconds": str(rule.toleration_seconds),
+        **learned,
     }
 
 
@@ -522,6 +547,7 @@ class SharedQueries:
         self._answers: dict[str, list[dict[str, Any]]] = {}
         self.sent = 0
         self.seconds = 0.0
+        self.range_seconds: list[float] = []  # duration of each range query
 
     async def instant(self, promql: str, *, time: float | None = None) -> prometheus.Answer:
         if promql == utilisation_promql.TIME_QUERY:
@@ -537,6 +563,14 @@ class SharedQueries:
             self.seconds += _perf() - started
             self.sent += 1
         return self._answers[promql]
+
+    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """The learned-window arms' history reads (each arm reads its own; not shared)."""
+        started = _perf()
+        try:
+            return await self._client.query_range(promql, start=start, end=end, step=step)
+        finally:
+            self.range_seconds.append(_perf() - started)
 
 
 def _perf() -> float:
@@ -556,7 +590,7 @@ class Runner:
     """One policy over the day: its own replayed cluster, its evictions, the time its decisions took."""
 
     def __init__(self, rule: Policy, *, trace: Trace, wall: float, queries: SharedQueries,
-                 config: settings.Settings) -> None:
+                 config: settings.Settings, learn_until: float | None = None) -> None:
         self.rule = rule
         self.replay = Replay(trace, wall=wall)
         self.evictions: list[Eviction] = []
@@ -571,6 +605,8 @@ class Runner:
             config=config, cluster=self._source, prometheus=queries, evictions=evictor.DryRunClient(), api=None,
             clock=self._clock,
         ) if rule.kind == "gpu-steward" else None
+        if self._loop is not None and learn_until is not None:  # the split: history only up to `learn_until`
+            self._loop.learner = idle_history.Learner(config=config, prometheus=queries, until=learn_until)
 
     async def cycle(self, slot: int) -> None:
         started = _perf()
@@ -591,7 +627,7 @@ class Runner:
             cycle = await self._loop.cycle()
             self.fail_closed += sum(1 for s in cycle.plan.spared
                                     if s.reason.startswith("not idle:") and "GPU utilisation" not in s.reason)
-            return [Eviction(o.eviction.pod.partition("/")[2], slot, o.eviction.reason)
+            return [Eviction(o.eviction.pod.partition("/")[2], slot, o.eviction.reason, o.eviction.window_seconds)
                     for o in cycle.outcomes if o.result in evictor.SUCCESS]
         window = f"[{self.rule.window_seconds}s]"
         promql = {"plugin": f"avg_over_time({METRIC}{window})", "instant": METRIC,
@@ -647,13 +683,17 @@ def history(trace: Trace) -> list[localprometheus.Series]:
 
 
 async def replay(trace: Trace, rules: Sequence[Policy], *, interval_slots: int, config: settings.Settings,
-                 wall: float) -> tuple[list[Runner], SharedQueries, int]:
+                 wall: float, judge_from: int = 0) -> tuple[list[Runner], SharedQueries, int]:
+    """`judge_from`: the first slot with a cycle; learned windows learn only from the history before it."""
     client = prometheus.Client(config.prometheus)
     try:
         queries = SharedQueries(client)
-        runners = [Runner(r, trace=trace, wall=wall, queries=queries, config=config) for r in rules]
+        until = wall + judge_from * trace.step if judge_from else None
+        runners = [Runner(r, trace=trace, wall=wall, queries=queries, config=config, learn_until=until)
+                   for r in rules]
         cycles = 0
-        for slot in range(interval_slots, trace.slots, interval_slots):
+        first = interval_slots * max(1, math.ceil(judge_from / interval_slots))
+        for slot in range(first, trace.slots, interval_slots):
             cycles += 1
             for runner in runners:
                 await runner.cycle(slot)
@@ -662,8 +702,10 @@ async def replay(trace: Trace, rules: Sequence[Policy], *, interval_slots: int, 
         client.close()
 
 
-def run(trace: Trace, rules: Sequence[Policy], *, interval_seconds: float) -> dict[str, Any]:
+def run(trace: Trace, rules: Sequence[Policy], *, interval_seconds: float, judge_from_hours: float = 0.0
+        ) -> dict[str, Any]:
     interval_slots = max(1, round(interval_seconds / trace.step))
+    judge_from = round(judge_from_hours * 3600 / trace.step)
     started = _perf()
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="reclaim-trace-") as tmp:
@@ -674,17 +716,19 @@ def run(trace: Trace, rules: Sequence[Policy], *, interval_seconds: float) -> di
             backfill_seconds = _perf() - started
             config = settings_loader.load(overrides={
                 "prometheus": {"url": server.url, "timeout_seconds": 30},
-                "descheduler": {"reclaim": {"mode": "on-demand", "dry_run": True}},
+                "descheduler": {"reclaim": {"mode": "on-demand", "dry_run": True, "learned_window": LEARNED}},
             })
             runners, queries, cycles = asyncio.run(
-                replay(trace, rules, interval_slots=interval_slots, config=config, wall=wall))
+                replay(trace, rules, interval_slots=interval_slots, config=config, wall=wall, judge_from=judge_from))
         finally:
             server.stop()
     stick = yardstick(trace, config)
-    clairvoyant = clairvoyant_hours(trace)
+    clairvoyant = clairvoyant_hours(trace, since=judge_from)
     rows = []
+    floor = int(config.descheduler.reclaim.learned_window.floor_seconds)
     for runner in runners:
-        result = score(trace, runner.rule, runner.evictions, yardstick=stick)
+        result = score(trace, judged_as(runner.rule, floor_seconds=floor), runner.evictions, yardstick=stick,
+                       since=judge_from)
         goals = result.goals() if runner.rule.tier and runner.rule.kind == "gpu-steward" else None
         of_clairvoyant = result.reclaimed_hours / clairvoyant if clairvoyant else None  # None: nothing to free
         if goals is not None and of_clairvoyant is not None:
@@ -712,6 +756,10 @@ def run(trace: Trace, rules: Sequence[Policy], *, interval_seconds: float) -> di
         "clairvoyant_gpu_hours": round(clairvoyant, 3),
         "cycles": cycles, "cycle_interval_seconds": interval_slots * trace.step,
         "promql_queries": queries.sent, "promql_seconds": round(queries.seconds, 2),
+        "judged_from_hours": round(judge_from * trace.step / 3600, 2),
+        "learned_window": {**config.descheduler.reclaim.learned_window.model_dump(mode="json"),
+                           "range_queries": len(queries.range_seconds),
+                           "range_query_seconds_max": round(max(queries.range_seconds, default=0.0), 3)},
         "backfill_and_start_seconds": round(backfill_seconds, 2), "wall_seconds": round(_perf() - started, 1),
         "yardstick": {"idle_below_percent": IDLE_PERCENT, "regret_within_seconds": REGRET_SECONDS,
                       **dataclasses.asdict(stick)},
@@ -776,8 +824,8 @@ def table(result: Mapping[str, Any]) -> str:
 
 
 CURVES = {  # series of the reclaimed-vs-regret picture: which rows, in which colour
-    "gpu-steward, fixed windows (peak <5%)": (lambda p: p["kind"] == "gpu-steward" and p["threshold_percent"] == 5.0,
-                                              (0, 90, 200)),
+    "gpu-steward, fixed windows (peak <5%)": (lambda p: p["kind"] == "gpu-steward" and p["threshold_percent"] == 5.0
+                                              and not p.get("learned"), (0, 90, 200)),
     "ReclaimIdleResource plugin semantics (average)": (lambda p: p["kind"] == "plugin", (200, 60, 0)),
 }
 
@@ -841,6 +889,14 @@ def main() -> None:
                              "the chart's loop runs every 60)")
     parser.add_argument("--quick", action="store_true", help="CI-sized: 10 pods, 3 hours, chart tiers only")
     parser.add_argument("--tiers-only", action="store_true", help="no window/threshold sweep")
+    parser.add_argument("--learned", action="store_true",
+                        help="add each chart tier with its idle window learned per workload")
+    parser.add_argument("--learned-only", action="store_true",
+                        help="the chart tiers, learned and fixed, and the plugin's semantics only (implies --learned)")
+    parser.add_argument("--learned-setting", action="append", default=[], metavar="KEY=VALUE",
+                        help="a descheduler.reclaim.learned_window setting for the learned arms (repeatable)")
+    parser.add_argument("--judge-from", type=float, default=0.0, metavar="HOURS",
+                        help="the split: cycles only from this hour on; learned windows learn only before it")
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
     parser.add_argument("--png", type=pathlib.Path, default=None,
                         help=f"write the reclaimed-vs-regret curve here (a full run: {DEFAULT_PNG.relative_to(ROOT)})")
@@ -848,13 +904,20 @@ def main() -> None:
     if args.quick:
         args.pods, args.hours = args.pods or 10, args.hours or 3.0
     tiers = chart_tiers(yaml.safe_load(VALUES.read_text()))
-    swept = not (args.quick or args.tiers_only)
-    rules = distinct([*tiers, *(sweep(SWEEP_WINDOWS, SWEEP_THRESHOLDS) if swept else []), *baselines(tiers),
-                      *(plugin_sweep(SWEEP_WINDOWS, threshold_percent=IDLE_PERCENT) if swept else []),
-                      *what_if(SWEEP_WINDOWS if swept else [t.window_seconds for t in tiers],
-                               threshold_percent=IDLE_PERCENT)])
+    LEARNED.update({k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.learned_setting)})
+    learning = settings.LearnedWindow(**LEARNED)
+    learned = learned_arms(tiers, floor_seconds=learning.floor_seconds) if args.learned or args.learned_only else []
+    swept = not (args.quick or args.tiers_only or args.learned_only)
+    if args.learned_only:
+        rules = distinct([*learned, *tiers, *(b for b in baselines(tiers) if b.kind == "plugin")])
+    else:
+        rules = distinct([*tiers, *learned, *(sweep(SWEEP_WINDOWS, SWEEP_THRESHOLDS) if swept else []),
+                          *baselines(tiers), *(plugin_sweep(SWEEP_WINDOWS, threshold_percent=IDLE_PERCENT) if swept
+                                               else []),
+                          *what_if(SWEEP_WINDOWS if swept else [t.window_seconds for t in tiers],
+                                   threshold_percent=IDLE_PERCENT)])
     trace = load_trace(args.trace, pods=args.pods, hours=args.hours)
-    result = run(trace, rules, interval_seconds=args.interval)
+    result = run(trace, rules, interval_seconds=args.interval, judge_from_hours=args.judge_from)
     result["command"] = " ".join(["python", "benchmarks/reclaim_trace.py", *sys.argv[1:]])
     print(table(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -88,9 +88,23 @@ class Client:
         """An instant query at `time`, or at the store's own "now" when None (the store's clock decides
         what "the last hour" is: see descheduler.measurement)."""
         form = {"query": promql} if time is None else {"query": promql, "time": f"{time:.3f}"}
+        return await self._ask("query", form)
+
+    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[Series]:
+        """The `result` matrix of a range query: `values` [[t, "v"], ...] per series, every `step` seconds. An
+        answer with `warnings` is refused (PrometheusError): a history with holes the store admits is not used."""
+        answer = await self._ask("query_range", {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                                 "step": f"{step:g}"})
+        if answer.warnings:
+            raise PrometheusError(f"partial answer from {self.url}: {'; '.join(answer.warnings):.300}")
+        return answer.series
+
+    async def _ask(self, endpoint: str, form: dict[str, str]) -> Answer:
+        """POST `form` to /api/v1/<endpoint> in a worker thread, bounded by the timeout; every failure is a
+        PrometheusError naming the server, never the query."""
         try:
             async with asyncio.timeout(self._config.timeout_seconds):
-                body = await asyncio.to_thread(self._post, form)
+                body = await asyncio.to_thread(self._post, endpoint, form)
         except TimeoutError as exc:
             raise PrometheusError(f"query timed out after {self._config.timeout_seconds}s at {self.url}") from exc
         except orjson.JSONDecodeError as exc:
@@ -99,8 +113,9 @@ class Client:
             raise PrometheusError(f"cannot reach {self.url}: {exc}") from exc
         return _checked(body, url=self.url)
 
-    def _post(self, form: dict[str, str]) -> Any:
-        response = self._session.post(f"{self._url}/api/v1/query", data=form, timeout=self._config.timeout_seconds)
+    def _post(self, endpoint: str, form: dict[str, str]) -> Any:
+        response = self._session.post(f"{self._url}/api/v1/{endpoint}", data=form,
+                                      timeout=self._config.timeout_seconds)
         if response.status_code != 200:
             raise PrometheusError(
                 f"query failed at {self.url}: HTTP Status Code {response.status_code} ({response.content[:300]!r})")

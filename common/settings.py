@@ -102,6 +102,11 @@ class Names(Model):
     def cooldown(self) -> str:
         return f"{self.prefix}reclaim-cooldown-until"
 
+    @property
+    def learned_idle_window(self) -> str:
+        """PriorityClass annotation: "true" turns on idle windows learned per workload for that tier."""
+        return f"{self.prefix}learned-idle-window"
+
 
 class Scoring(Model):
     """Constants of the NVLink-aware node score (points unless stated). See docs/scoring.md."""
@@ -523,6 +528,59 @@ class LeaderElection(Model):
         return self
 
 
+class LearnedWindow(Model):
+    """Idle windows learned per workload from its own history (descheduler/idle_learning.py), for the tiers whose
+    PriorityClass says `<prefix>learned-idle-window: "true"`: a pod is reclaimable once idle for its workload's
+    learned window, clamp(quantile of its idle stretches that ended in work x margin, floor, tier window)."""
+
+    quantile: float = pydantic.Field(
+        default=1.0, gt=0, le=1,
+        description="Which of a workload's idle stretches that ended in work sets its window (nearest rank; 1: the "
+        "longest, 0.9: the 90th percentile). Below 1 the longest stretches are ignored: more reclaimed, more regret.",
+    )
+    margin: float = pydantic.Field(
+        default=3.0, ge=1,
+        description="The window is this many times that stretch. On the one-day GenAI trace 2.5 regretted 23 % of "
+        "evictions, 3 7 % while reclaiming 58 % of the clairvoyant reclaim, 4 7.5 % for 50 % (benchmarks/RESULTS.md, "
+        "Learned idle windows).",
+    )
+    floor_seconds: Seconds = pydantic.Field(
+        default=1800, description="No learned window is shorter than this (seconds), however short the stretches."
+    )
+    min_stretches: int = pydantic.Field(
+        default=6, ge=1,
+        description="A workload with fewer idle stretches that ended in work in the look-back keeps the tier's "
+        "window: too little history to learn from.",
+    )
+    lookback_seconds: Seconds = pydantic.Field(
+        default=7 * 86400,
+        description="History learned from (seconds; 7 d). Bounded in fact by what Prometheus retains: older "
+        "data is simply absent, so a short retention means fewer stretches, not a wrong window.",
+    )
+    step_seconds: Seconds = pydantic.Field(
+        default=300,
+        description="Resolution of the history (seconds): the peak of each step of a pod's GPUs, read by one "
+        "range query. Idle stretches are measured in whole steps; a step with no sample is a gap, never idle.",
+    )
+    refresh_seconds: Seconds = pydantic.Field(
+        default=1800,
+        description="Read the new history this often (seconds): it changes slowly, and between reads each pod is "
+        "still judged idle over its window by the normal fail-closed query every cycle.",
+    )
+    chunk_seconds: Seconds = pydantic.Field(
+        default=1800,
+        description="At start the look-back is read in range queries of this much history each, one per cycle, "
+        "so that no query grows with the look-back (seconds). Until the whole look-back is read (7 d / 30 min: "
+        "336 cycles, 5.6 h at 60 s cycles) every pod keeps its tier's window. A query's cost grows with GPUs x "
+        "this (benchmarks/RESULTS.md, Learned idle windows: 30 min of 10,000 GPUs ~1 s on a loaded 2-core VM).",
+    )
+    bucket_seconds: Seconds = pydantic.Field(
+        default=600,
+        description="Learned windows are rounded up to a multiple of this (seconds): one utilisation query per "
+        "distinct window each cycle, so few distinct windows keep the cycle's cost bounded.",
+    )
+
+
 class Reclaim(Model):
     enabled: bool = pydantic.Field(default=True, description="Run the idle-GPU reclaim loop.")
     interval_seconds: Seconds = pydantic.Field(default=60, description="Seconds between reclaim cycles.")
@@ -593,6 +651,7 @@ class Reclaim(Model):
         "descheduler's clock by more than this (seconds, after the query's round trip), nothing measured by "
         "that query is idle (fail closed), and the skew is logged and exported as a metric.",
     )
+    learned_window: LearnedWindow = LearnedWindow()
 
 
 class Gangs(Model):

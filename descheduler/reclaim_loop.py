@@ -30,7 +30,17 @@ import prometheus_client
 from kubernetes_asyncio import client
 
 from common import events, settings, snapshot, source
-from descheduler import cooldown_store, cooldowns, evictor, limits, measurement, policy, reclaim, utilisation
+from descheduler import (
+    cooldown_store,
+    cooldowns,
+    evictor,
+    idle_history,
+    limits,
+    measurement,
+    policy,
+    reclaim,
+    utilisation,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +124,7 @@ class ReclaimLoop:
         self._metrics = Metrics(registry)
         self._measurement_metrics = measurement.Metrics(registry)
         self._memory = cooldowns.State()  # dry-run / offline cooldowns
+        self.learner = idle_history.Learner(config=config, prometheus=prometheus, registry=registry)
         self._reported: set[tuple[str, str]] = set()  # (class, problem) already reported
         # Pods evicted (or, in dry-run, that would have been) -> (the demand they were evicted for, until when
         # it is remembered: the preemptor cooldown). Until the snapshot shows them gone their GPUs are that
@@ -160,9 +171,11 @@ class ReclaimLoop:
             state = await cooldown_store.load(self._api, config=self._config)
         lap("policies")
         screened = reclaim.screen_all(cluster, policies=policies, state=state, config=self._config, now=now)
+        screened, learned = await self.learner.screen(cluster, screened, policies=policies, state=state, now=now)
         wanted = reclaim.windows_needed(screened)
         lap("screen")
         assessments, queries, errors = await self._measure(cluster, wanted, policies, now=now)
+        assessments = idle_history.explained(assessments, learned)
         lap("measure")
         demands = reclaim.demands_from_snapshot(cluster, names=self._config.names)
         if self._gang_demands is not None:

@@ -16,6 +16,7 @@ Member = pending.Member
 Demand = pending.Demand
 demands_from_snapshot = pending.demands_from_snapshot
 gang_demand = pending.gang_demand
+Screened = screening.Screened
 scheduled_at = screening.scheduled_at
 screen = screening.screen
 screen_all = screening.screen_all
@@ -26,5 +27,5 @@ DemandOutcome = planner.DemandOutcome
 Plan = planner.Plan
 plan = planner.plan
 
-__all__ = ["Demand", "DemandOutcome", "Eviction", "Member", "Plan", "Spared", "demands_from_snapshot",
+__all__ = ["Demand", "DemandOutcome", "Eviction", "Member", "Plan", "Screened", "Spared", "demands_from_snapshot",
            "gang_demand", "plan", "scheduled_at", "screen", "screen_all", "windows_needed"]

@@ -378,6 +378,17 @@ def check_reclaim_and_release_off(objects: Objects) -> None:
     assert not [r for r in rules if "pods/eviction" in r[1] or "jobs" in r[1]]
 
 
+def check_learned_idle_window(objects: Objects) -> None:
+    """On for the normal tier under a custom prefix: our own annotation there, the plugin's keys unchanged."""
+    classes = {o["metadata"]["name"]: o["metadata"].get("annotations", {})
+               for o in objects if o["kind"] == "PriorityClass"}
+    reclaim = "reclaim-idle-resource.scheduling.x-k8s.io/"
+    assert classes["gpu-steward-normal"] == {
+        "gpu.example.com/learned-idle-window": "true", f"{reclaim}resource-idle-seconds": "10800",
+        f"{reclaim}resource-idle-usage-threshold": "5", f"{reclaim}toleration-seconds": "1800"}
+    assert "gpu.example.com/learned-idle-window" not in classes["gpu-steward-scavenger"]  # learnedIdleWindow unset
+
+
 def check_service_monitors(objects: Objects) -> None:
     webhook = _one(objects, "ServiceMonitor", f"{PREFIX}-webhook")["spec"]
     assert webhook["endpoints"][0]["scheme"] == "https"
@@ -495,6 +506,9 @@ SCENARIOS = [
     pytest.param({"priorityClasses": {"normal": {"reclaim": {"enabled": False}}, "scavenger": {"reclaim": None},
                                       "critical": {"reclaim": {"enabled": True, "toleration-seconds": 60}}}},
                  check_reclaim_off_per_tier, id="reclaim-off-per-tier"),
+    pytest.param({"priorityClasses": {"normal": {"reclaim": {"learnedIdleWindow": True}}},
+                  "settings": {"names": {"prefix": "gpu.example.com/"}}}, check_learned_idle_window,
+                 id="learned-idle-window-on"),
     pytest.param({"labeler": {"nodeSelector": {"node.example.com/gpu": "yes"}}}, check_labeler_node_selector_replaced,
                  id="labeler-node-selector-replaces"),
     pytest.param({"webhook": {"replicas": 1}}, check_single_replica_has_no_pdb, id="one-replica-no-pdb"),
@@ -561,6 +575,8 @@ def test_config_change_rolls_the_pods() -> None:
         pytest.param({"tls": {"mode": "self-signed"}}, "/tls/mode", id="helm-generated-certificates-are-gone"),
         pytest.param({"priorityClasses": {"normal": {"reclaim": {"idle-seconds": 5}}}},
                      "additional properties 'idle-seconds'", id="unknown-reclaim-annotation"),
+        pytest.param({"priorityClasses": {"normal": {"reclaim": {"learnedIdleWindow": "yes"}}}},
+                     "/priorityClasses/normal/reclaim/learnedIdleWindow", id="learned-idle-window-not-boolean"),
         pytest.param({"settings": {"webhook": {"request_timeout_seconds": 3}}},
                      "settings.webhook.request_timeout_seconds must be below webhook.timeoutSeconds",
                      id="request-budget-not-below-webhook-timeout"),

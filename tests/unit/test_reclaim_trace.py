@@ -235,3 +235,42 @@ def test_replayed_cluster_gives_an_evicted_pods_gpu_to_the_preemptor() -> None:
 def test_clairvoyant_regret_free_reclaim(samples: dict[int, float], idle_slots: int) -> None:
     trace = rt.Trace(step=STEP, slots=max(samples) + 1, pods={"p": pod(samples)})
     assert rt.clairvoyant_hours(trace) == pytest.approx(idle_slots * STEP / 3600)
+
+
+@pytest.mark.parametrize(
+    ("samples", "since", "idle_slots"),
+    [
+        pytest.param({**run(0, 3, BUSY), **run(4, 9)}, 6, 4, id="split-after-the-last-busy-sample"),
+        pytest.param({**run(0, 3, BUSY), **run(4, 9)}, 4, 6, id="split-at-the-first-idle-sample"),
+        pytest.param({**run(0, 3, BUSY), **run(4, 9)}, 3, 6, id="split-before-the-last-busy-sample"),
+        pytest.param(run(0, 4), 5, 0, id="pod-ended-before-the-split"),
+    ],
+)
+def test_clairvoyant_judged_from_a_split(samples: dict[int, float], since: int, idle_slots: int) -> None:
+    trace = rt.Trace(step=STEP, slots=max(samples) + 1, pods={"p": pod(samples)})
+    assert rt.clairvoyant_hours(trace, since=since) == pytest.approx(idle_slots * STEP / 3600)
+
+
+def test_score_from_a_split_and_at_a_learned_window() -> None:
+    trace = rt.Trace(step=STEP, slots=30, pods={"p": pod({**run(0, 29), 20: BUSY})})
+    # reclaimable with a 300 s window: 6..19 and 27..29; from slot 10 on: 10..19 and 27..29
+    split = rt.score(trace, rule(300), [rt.Eviction("p", 12, "why")], yardstick=YARDSTICK, since=10)
+    assert split.reclaimable_hours == pytest.approx(13 / 60)
+    assert split.reclaimed_hours == pytest.approx(10 / 60)
+    # judged over a learned 300 s window, not the tier's 1800 s: no missing data at slot 12
+    learned = rt.score(trace, rule(1800), [rt.Eviction("p", 12, "why", 300)], yardstick=YARDSTICK)
+    tier = rt.score(trace, rule(1800), [rt.Eviction("p", 12, "why")], yardstick=YARDSTICK)
+    assert (learned.missing_data, tier.missing_data) == (0, 1)
+
+
+def test_learned_arms_and_their_class() -> None:
+    tiers = [rt.Policy("normal (chart default)", "gpu-steward", 10800, 5.0, 1800, tier="normal"),
+             rt.Policy("scavenger (chart default)", "gpu-steward", 600, 5.0, 300, tier="scavenger")]
+    [arm] = rt.learned_arms(tiers, floor_seconds=1800)  # scavenger's 600 s is below the floor: nothing to learn
+    assert (arm.name, arm.window_seconds, arm.learned) == ("normal tier, learned window", 10800, True)
+    assert rt.learned_arms(tiers, floor_seconds=10800) == []  # boundary: a window at the floor learns nothing
+    assert rt.class_annotations(arm)["gpu-steward.io/learned-idle-window"] == "true"
+    assert "gpu-steward.io/learned-idle-window" not in rt.class_annotations(tiers[0])
+    assert [p.name for p in rt.distinct([tiers[0], arm])] == ["normal (chart default)", "normal tier, learned window"]
+    assert rt.judged_as(arm, floor_seconds=1800).window_seconds == 1800  # reclaimable from the floor on
+    assert rt.judged_as(tiers[0], floor_seconds=1800) == tiers[0]

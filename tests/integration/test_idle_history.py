@@ -1,0 +1,169 @@
+"""Learned idle windows in a real reclaim cycle against a real Prometheus (descheduler/idle_history.py).
+
+Every pod below idles for the last 40 minutes and, before that, alternates 10 busy minutes with 10 idle ones
+(or with silence). The tier window is 3 h, so only a learned window can find any of them idle."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import prometheus_client
+import pytest
+
+from common import prometheus, settings, settings_loader, snapshot, source
+from descheduler import evictor, idle_history, policy, reclaim_loop
+from tests import builders
+from tests.support.prometheus import PrometheusServer, Series, free_port, start_prometheus
+
+pytestmark = pytest.mark.prometheus
+
+UTIL = "DCGM_FI_DEV_GPU_UTIL"
+P = policy.PREFIX
+LEARN = "gpu-steward.io/learned-idle-window"
+IDLE_FOR = 2400  # the last 40 min idle
+CHUNK = 600  # then 10 min busy, 10 min idle, ... back in time
+
+
+def history(*, newest: float, oldest: float, busy: float | None = 50.0) -> list[tuple[float, float]]:
+    """One sample a minute: idle for the last IDLE_FOR s, then alternating chunks, from `newest` to `oldest` s
+    ago; `busy` None: the busy chunks have no samples (the idle stretches end in gaps, not in work)."""
+    samples = []
+    for ago in range(30, int(oldest), 60):
+        if ago < newest:
+            continue
+        working = ago >= IDLE_FOR and (ago - IDLE_FOR) // CHUNK % 2 == 0
+        if working and busy is None:
+            continue
+        samples.append((float(ago), busy if working else 1.0))
+    return samples
+
+
+def dcgm(gpu: str, pod: str) -> dict[str, str]:
+    return {"gpu": gpu, "UUID": f"GPU-n1-{gpu}", "Hostname": "n1", "namespace": "team-a", "pod": pod}
+
+
+HISTORY = [
+    # Deployment serve: 3 stretches in the current replica's life, 3 more in a replica of an older rollout.
+    Series(UTIL, dcgm("0", "serve-7d9f8-aaaaa"), history(newest=0, oldest=6000)),
+    Series(UTIL, dcgm("0", "serve-11111-bbbbb"), history(newest=6000, oldest=9600)),
+    # The same behaviour, in a class that does not learn.
+    Series(UTIL, dcgm("1", "plain-7d9f8-ccccc"), history(newest=0, oldest=9600)),
+    # A Job with 2 stretches only: too little history.
+    Series(UTIL, dcgm("2", "train-x1y2z"), history(newest=0, oldest=4800)),
+    # Idle stretches ended in silence, never in work: nothing learned.
+    Series(UTIL, dcgm("3", "gappy-qwert"), history(newest=0, oldest=9600, busy=None)),
+]
+
+
+def running(name: str, *, gpu_class: str, owner: tuple[str, str], labels: dict[str, str] | None = None
+            ) -> dict[str, Any]:
+    def mutate(body: dict[str, Any]) -> None:
+        body["spec"].update(priorityClassName=gpu_class, priority=1000)
+        body["metadata"]["ownerReferences"] = [{"kind": owner[0], "name": owner[1], "controller": True}]
+
+    return builders.pod(name, namespace="team-a", gpus=1, node="n1", phase="Running", labels=labels,
+                        created="2020-01-01T00:00:00Z", mutate=mutate)
+
+
+TIER = {f"{P}resource-idle-seconds": "10800", f"{P}resource-idle-usage-threshold": "5"}
+CLASSES = [builders.priority_class("learning", 1000, annotations={**TIER, LEARN: "true"}),
+           builders.priority_class("fixed", 1000, annotations=TIER)]
+PODS = [
+    running("serve-7d9f8-aaaaa", gpu_class="learning", owner=("ReplicaSet", "serve-7d9f8"),
+            labels={"pod-template-hash": "7d9f8"}),
+    running("plain-7d9f8-ccccc", gpu_class="fixed", owner=("ReplicaSet", "plain-7d9f8"),
+            labels={"pod-template-hash": "7d9f8"}),
+    running("train-x1y2z", gpu_class="learning", owner=("Job", "train")),
+    running("gappy-qwert", gpu_class="learning", owner=("ReplicaSet", "gappy")),
+]
+# 6 h of look-back read in one range query; everything else as the defaults.
+CONFIG = settings_loader.load(overrides={"descheduler": {"reclaim": {
+    "mode": "always", "limits": {"per_cycle": 100, "per_node": 100, "per_namespace": 100},
+    "learned_window": {"lookback_seconds": 21600, "chunk_seconds": 21600}}}})
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    now = math.floor(time.time() / 300) * 300  # on the history's 5-min steps, so the chunks are whole steps
+    started = start_prometheus(tmp_path_factory.mktemp("prometheus"), HISTORY, now=now)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+class Counting:
+    def __init__(self, client: prometheus.Client) -> None:
+        self.client = client
+        self.ranges = 0
+        self.instants = 0
+
+    async def query(self, promql: str, *, time: float | None = None) -> list[dict[str, Any]]:
+        self.instants += 1
+        return await self.client.query(promql, time=time)
+
+    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        self.ranges += 1
+        return await self.client.query_range(promql, start=start, end=end, step=step)
+
+
+def loop(querier: Any, now: float, *, registry: prometheus_client.CollectorRegistry | None = None
+         ) -> reclaim_loop.ReclaimLoop:
+    cluster = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=PODS, priority_classes=CLASSES,
+                             names=CONFIG.names, taken_at=now)
+    return reclaim_loop.ReclaimLoop(config=CONFIG, cluster=source.StaticSource(cluster), prometheus=querier,
+                                    evictions=evictor.DryRunClient(), api=None, clock=lambda: now, registry=registry)
+
+
+async def test_learned_window_evicts_what_the_tier_window_cannot_and_says_why(server: PrometheusServer) -> None:
+    querier = Counting(prometheus.Client(settings.Prometheus(url=server.url)))
+    try:
+        reclaim = loop(querier, server.now)
+        first = await reclaim.cycle()
+        await reclaim.cycle()  # history is fresh: no second range query
+    finally:
+        querier.client.close()
+    assert (querier.ranges, first.queries) == (1, 2)  # one utilisation query per window: 1800 s and 10800 s
+    [eviction] = first.plan.evictions
+    assert (eviction.pod, eviction.window_seconds) == ("team-a/serve-7d9f8-aaaaa", 1800)
+    assert eviction.reason.startswith(
+        "peak GPU utilisation 1.0% < 5% over 1800s; learned idle window 30 min: longest idle stretch of this "
+        "workload that ended in work in 6.0 h: 10 min (of 6) x 3; mode always")
+    spared = {s.pod: s.reason for s in first.plan.spared}
+    assert spared["team-a/plain-7d9f8-ccccc"] == "not idle: peak GPU utilisation 50.0% >= 5% over 10800s"
+    assert spared["team-a/train-x1y2z"] == (
+        "not idle: peak GPU utilisation 50.0% >= 5% over 10800s; 2 idle stretch(es) of this workload ended in "
+        "work in 6.0 h, fewer than 6: tier window")
+    assert spared["team-a/gappy-qwert"].startswith("not idle: DCGM_FI_DEV_GPU_UTIL: coverage")
+    assert spared["team-a/gappy-qwert"].endswith("0 idle stretch(es) of this workload ended in work in 6.0 h, "
+                                                 "fewer than 6: tier window")
+
+
+async def test_history_not_read_keeps_the_tier_window() -> None:
+    now = datetime.datetime.now(datetime.UTC).timestamp()
+    down = prometheus.Client(settings.Prometheus(url=f"http://127.0.0.1:{free_port()}", timeout_seconds=2))
+    registry = prometheus_client.CollectorRegistry()
+    try:
+        reclaim = loop(down, now, registry=registry)
+        cycle = await reclaim.cycle()
+    finally:
+        down.close()
+    assert cycle.plan.evictions == ()
+    assert (reclaim.learner.queries, reclaim.learner.errors) == (1, 1)
+    assert registry.get_sample_value("gpu_steward_reclaim_history_errors_total") == 1
+    assert registry.get_sample_value("gpu_steward_reclaim_history_fresh") == 0
+    spared = {s.pod: s.reason for s in cycle.plan.spared}
+    assert spared["team-a/serve-7d9f8-aaaaa"].startswith("not idle: Prometheus query failed: cannot reach")
+    assert spared["team-a/serve-7d9f8-aaaaa"].endswith("; history not read (yet): tier window")
+    assert "history" not in spared["team-a/plain-7d9f8-ccccc"]
+
+
+def test_query_reads_every_device_kind_by_pod() -> None:
+    promql = idle_history.query(config=settings.Prometheus(), step_seconds=300)
+    assert promql == ('max by (exported_namespace, exported_pod, namespace, pod) '
+                      '(max_over_time(DCGM_FI_DEV_GPU_UTIL{GPU_I_PROFILE=""}[300s]) or '
+                      'max_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!=""}[300s]) * 100)')

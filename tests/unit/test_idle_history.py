@@ -1,0 +1,114 @@
+"""When the history reader queries (descheduler/idle_history.py): bounded chunks, rare refreshes, fail closed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from common import prometheus, settings, settings_loader
+from descheduler import idle_history
+
+HOUR = 3600.0
+T0 = 1_800_000_000.0  # a multiple of the 300 s step
+CONFIG = settings_loader.load(overrides={"descheduler": {"reclaim": {"learned_window": {
+    "lookback_seconds": 4 * HOUR, "chunk_seconds": HOUR, "refresh_seconds": 1800}}}})
+
+
+class Fake:
+    def __init__(self) -> None:
+        self.asked: list[tuple[float, float]] = []
+        self.fail = False
+
+    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        self.asked.append((start - T0, end - T0))
+        if self.fail:
+            raise prometheus.PrometheusError("boom")
+        return [{"metric": {"namespace": "a", "pod": "p"},
+                 "values": [[t, "0"] for t in range(int(start), int(end) + 1, int(step))]}]
+
+
+async def test_backfill_in_chunks_then_rare_refreshes() -> None:
+    fake = Fake()
+    learner = idle_history.Learner(config=CONFIG, prometheus=fake)
+    for minute in range(0, 5):  # one chunk of an hour per cycle: 4 h of look-back in 4 cycles
+        await learner.read(threshold=5.0, now=T0 + 60 * minute)
+        assert learner.fresh(T0 + 60 * minute) is (minute >= 3)
+    assert fake.asked == [(-4 * HOUR + 300, -3 * HOUR), (-3 * HOUR + 300, -2 * HOUR), (-2 * HOUR + 300, -HOUR),
+                          (-HOUR + 300, 0)]
+    await learner.read(threshold=5.0, now=T0 + 1800)  # boundary: read exactly refresh_seconds ago, not due
+    assert len(fake.asked) == 4 and learner.fresh(T0 + 1800)
+    await learner.read(threshold=5.0, now=T0 + 2100)  # due: only the new part
+    assert fake.asked[-1] == (300, 2100)
+
+
+@pytest.mark.parametrize(
+    ("change", "reads_again_from"),
+    [
+        pytest.param({"threshold": 10.0, "now": T0}, -4 * HOUR + 300, id="other-threshold-folds-again"),
+        pytest.param({"threshold": 5.0, "now": T0 - 600}, -4 * HOUR - 300, id="clock-went-back-folds-again"),
+        pytest.param({"threshold": 5.0, "now": T0 + 300}, None, id="same-threshold-nothing-due"),
+    ],
+)
+async def test_what_restarts_the_fold(change: dict[str, float], reads_again_from: float | None) -> None:
+    fake = Fake()
+    learner = idle_history.Learner(config=CONFIG.model_copy(update={}), prometheus=fake)
+    for _ in range(4):
+        await learner.read(threshold=5.0, now=T0)
+    asked = len(fake.asked)
+    await learner.read(**change)
+    assert (fake.asked[-1][0] if len(fake.asked) > asked else None) == reads_again_from
+
+
+async def test_a_failed_read_is_retried_and_history_goes_stale() -> None:
+    fake = Fake()
+    learner = idle_history.Learner(config=CONFIG, prometheus=fake)
+    for _ in range(4):
+        await learner.read(threshold=5.0, now=T0)
+    fake.fail = True
+    await learner.read(threshold=5.0, now=T0 + 2100)
+    assert learner.errors == 1 and learner.fresh(T0 + 2100)  # read 2100 s ago: within refresh + a step
+    await learner.read(threshold=5.0, now=T0 + 2400)
+    assert learner.errors == 2 and not learner.fresh(T0 + 2400)  # stale: tier windows until a read succeeds
+    assert fake.asked[-1] == (300, 2400)  # the same part asked again
+
+
+async def test_until_reads_nothing_after_it() -> None:
+    fake = Fake()
+    learner = idle_history.Learner(config=CONFIG, prometheus=fake, until=T0 - HOUR)
+    for minute in range(5):
+        await learner.read(threshold=5.0, now=T0 + 60 * minute)
+    assert max(end for _, end in fake.asked) == -HOUR
+    assert learner.fresh(T0 + 240)
+
+
+def test_a_client_without_range_queries_learns_nothing() -> None:
+    class InstantOnly:
+        async def query(self, promql: str, *, time: float | None = None) -> list[dict[str, Any]]:
+            return []
+
+    assert not idle_history.Learner(config=CONFIG, prometheus=InstantOnly()).fresh(T0)
+
+
+async def test_a_look_back_shorter_than_a_refresh_is_still_read_before_it_counts() -> None:
+    fake = Fake()
+    short = settings_loader.load(overrides={"descheduler": {"reclaim": {"learned_window": {
+        "lookback_seconds": 1800, "chunk_seconds": 1800, "refresh_seconds": 1800}}}})
+    learner = idle_history.Learner(config=short, prometheus=fake)
+    assert not learner.fresh(T0)
+    await learner.read(threshold=5.0, now=T0)
+    assert fake.asked == [(-1500, 0)] and learner.fresh(T0)
+
+
+@pytest.mark.parametrize(
+    ("metric", "key"),
+    [
+        pytest.param({"namespace": "a", "pod": "p"}, ("a", "p"), id="plain"),
+        pytest.param({"namespace": "gpu-operator", "pod": "dcgm-x", "exported_namespace": "a", "exported_pod": "p"},
+                     ("a", "p"), id="exported-wins-after-a-rename"),
+        pytest.param({"namespace": "a", "pod": "p", "exported_pod": ""}, ("a", "p"), id="empty-spelling-ignored"),
+        pytest.param({"namespace": "a"}, None, id="no-pod-no-history"),
+    ],
+)
+def test_pod_of(metric: dict[str, str], key: tuple[str, str] | None) -> None:
+    assert idle_history.pod_of(metric, labels=settings.PrometheusLabels()) == key

@@ -1,0 +1,258 @@
+"""Idle windows learned per workload (descheduler/idle_learning.py): each rule a match, a no-match, a boundary."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from common import settings, snapshot
+from descheduler import idle_learning
+from tests import builders
+
+STEP = 300.0
+IDLE, BUSY, NAN = 0.0, 50.0, float("nan")
+CONFIG = settings.LearnedWindow()  # quantile 1, margin 3, floor 1800 s, 6 stretches, buckets of 600 s
+TIER = 10800
+
+
+def points(values: Sequence[float | None], *, start: float = 0.0) -> list[tuple[float, float]]:
+    """One point per step; None: no point at that step (a gap in the data)."""
+    return [(start + i * STEP, v) for i, v in enumerate(values) if v is not None]
+
+
+def fold(values: Sequence[float | None], *, threshold: float = 5.0) -> idle_learning.History:
+    return idle_learning.fold(idle_learning.History(), points(values), step_seconds=STEP, threshold_percent=threshold)
+
+
+@pytest.mark.parametrize(
+    ("values", "stretches", "open_steps"),
+    [
+        pytest.param([BUSY, IDLE, IDLE, BUSY], [(900.0, 600.0)], 0, id="stretch-ended-in-work-counts"),
+        pytest.param([BUSY, IDLE, IDLE], [], 2, id="still-idle-is-no-stretch-yet"),
+        pytest.param([BUSY, IDLE, IDLE, None, BUSY], [], 0, id="gap-ends-the-run-not-work"),
+        pytest.param([BUSY, IDLE, NAN, BUSY], [], 0, id="nan-step-is-a-gap-never-idle"),
+        pytest.param([BUSY, IDLE, NAN, BUSY, IDLE, BUSY], [(1500.0, 300.0)], 0, id="folding-goes-on-after-nan"),
+        pytest.param([IDLE, None, IDLE, BUSY], [(900.0, 300.0)], 0, id="only-the-idle-after-a-gap-counts"),
+        pytest.param([IDLE, IDLE, BUSY], [(600.0, 600.0)], 0, id="idle-from-the-first-step-counts"),
+        pytest.param([BUSY, IDLE, BUSY, IDLE, IDLE, IDLE, BUSY], [(600.0, 300.0), (1800.0, 900.0)], 0,
+                     id="two-stretches"),
+        pytest.param([BUSY, 4.99, 5.0], [(600.0, 300.0)], 0, id="threshold-boundary-is-busy"),
+        pytest.param([BUSY, 5.0, 5.0, BUSY], [], 0, id="at-threshold-is-not-idle"),
+        # A restart that keeps the series (the pod's GPUs idle while it reloads) is idle time like any.
+        pytest.param([BUSY, 0.0, 0.0, 0.0, 80.0], [(1200.0, 900.0)], 0, id="restart-with-data-counts"),
+    ],
+)
+def test_fold(values: list[float | None], stretches: list[tuple[float, float]], open_steps: int) -> None:
+    history = fold(values)
+    assert list(history.stretches) == stretches
+    assert history.run_steps == open_steps
+
+
+@pytest.mark.parametrize(
+    ("spacing", "counts"),
+    [
+        pytest.param(1.0, True, id="next-step-contiguous"),
+        pytest.param(idle_learning.GAP_TOLERANCE, True, id="boundary-tolerated-jitter"),
+        pytest.param(idle_learning.GAP_TOLERANCE + 0.01, False, id="past-tolerance-is-a-gap"),
+    ],
+)
+def test_fold_gap_tolerance(spacing: float, counts: bool) -> None:
+    got = idle_learning.fold(idle_learning.History(), [(0.0, BUSY), (STEP, IDLE), (STEP + spacing * STEP, BUSY)],
+                             step_seconds=STEP, threshold_percent=5.0)
+    assert bool(got.stretches) is counts
+
+
+def test_fold_in_chunks_equals_one_fold_and_overlap_folds_once() -> None:
+    values = [BUSY, IDLE, IDLE, IDLE, BUSY, IDLE, None, IDLE, IDLE, BUSY, IDLE]
+    whole = fold(values)
+    every = points(values)
+    chunked = idle_learning.History()
+    for cut in ((0, 3), (2, 7), (7, 11)):  # overlapping reads
+        chunked = idle_learning.fold(chunked, every[cut[0]:cut[1]], step_seconds=STEP, threshold_percent=5.0)
+    assert chunked == whole
+    assert whole.stretches == ((1200.0, 900.0), (2700.0, 600.0))
+
+
+@pytest.mark.parametrize(
+    ("start", "kept"),
+    [
+        pytest.param(900.0, 2, id="ended-at-start-kept"),
+        pytest.param(901.0, 1, id="ended-before-start-dropped"),
+    ],
+)
+def test_since(start: float, kept: int) -> None:
+    history = fold([BUSY, IDLE, IDLE, BUSY, IDLE, BUSY])
+    assert len(history.since(start).stretches) == kept
+
+
+@pytest.mark.parametrize(
+    ("stretches", "config", "window", "learned", "reason"),
+    [
+        pytest.param(None, CONFIG, TIER, False, "history not read (yet): tier window", id="no-history"),
+        pytest.param([600.0] * 5, CONFIG, TIER, False, "5 idle stretch(es) of this workload ended in work in 7 d, "
+                     "fewer than 6: tier window", id="too-few-stretches"),
+        pytest.param([600.0] * 6, CONFIG, 1800, True, "learned idle window 30 min: longest idle stretch of this "
+                     "workload that ended in work in 7 d: 10 min (of 6) x 3", id="boundary-just-enough-stretches"),
+        pytest.param([600.0] * 5 + [1200.0], CONFIG, 3600, True, "longest idle stretch of this workload that ended "
+                     "in work in 7 d: 20 min (of 6) x 3", id="longest-times-margin"),
+        pytest.param([300.0] * 6, CONFIG, 1800, True, "raised to the floor 30 min", id="floor"),
+        pytest.param([600.0] * 6, CONFIG, 1800, True, "(of 6) x 3$", id="boundary-at-the-floor-not-raised"),
+        pytest.param([600.0] * 6, CONFIG.model_copy(update={"floor_seconds": 1799}), 1800, True, "x 3$",
+                     id="floor-boundary-margin-wins"),
+        pytest.param([700.0] * 6, CONFIG, 2400, True, "learned idle window 40 min", id="rounded-up-to-bucket"),
+        pytest.param([3600.0] * 6, CONFIG, TIER, False, "reaches the tier window 3.0 h: tier window",
+                     id="boundary-margin-reaches-tier"),
+        pytest.param([3500.0] * 6, CONFIG, TIER, False, "(rounded up to 600s) reaches the tier window",
+                     id="bucket-reaches-tier"),
+        pytest.param([3300.0] * 6, CONFIG, 9900 + 300, True, "learned idle window 2.8 h", id="just-under-tier"),
+        pytest.param([600.0] * 9 + [6000.0], CONFIG.model_copy(update={"quantile": 0.9}), 1800, True,
+                     "90% quantile of the idle stretch", id="quantile-ignores-the-outlier"),
+        pytest.param([600.0] * 9 + [6000.0], CONFIG.model_copy(update={"quantile": 0.91}), TIER, False,
+                     "reaches the tier window", id="quantile-boundary-takes-the-outlier"),
+        # A serving workload that idled 10 min at most for days, then 50 min before its last burst: the
+        # longest stretch decides, so the window grows at once (the price: it shrinks only as it ages out).
+        pytest.param([600.0] * 20 + [3000.0], CONFIG, 9000, True, "50 min (of 21)", id="behaviour-change-widens"),
+    ],
+)
+def test_learn(stretches: list[float] | None, config: settings.LearnedWindow, window: int, learned: bool,
+               reason: str) -> None:
+    got = idle_learning.learn(stretches, tier_window=TIER, config=config)
+    assert (got.window_seconds, got.learned) == (window, learned)
+    if reason.endswith("$"):  # the reason's end, nothing after it
+        assert got.reason.endswith(reason[:-1])
+    else:
+        assert reason in got.reason
+
+
+def parsed(raw: dict[str, object]) -> snapshot.Pod:
+    built = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=[raw], names=settings.Names(), taken_at=0.0)
+    return next(iter(built.pods.values()))
+
+
+def rs_pod(name: str, owner: str, *, kind: str = "ReplicaSet", labels: dict[str, str] | None = None) -> snapshot.Pod:
+    def own(p: dict[str, object]) -> None:
+        p["metadata"]["ownerReferences"] = [{"kind": kind, "name": owner, "controller": True}]  # type: ignore[index]
+
+    return parsed(builders.pod(name, gpus=1, node="n1", phase="Running", labels=labels, mutate=own))
+
+
+@pytest.mark.parametrize(
+    ("pod", "name", "owns", "not_owns"),
+    [
+        pytest.param(rs_pod("web-7d9f8-abcde", "web-7d9f8", labels={"pod-template-hash": "7d9f8"}),
+                     "Deployment web", ["web-55aa1-zzzzz"], ["web-api-7d9f8-abcde", "web-abcde", "web-"],
+                     id="deployment-across-rollouts"),
+        pytest.param(rs_pod("rs-abcde", "rs"), "ReplicaSet rs", ["rs-x1y2z"], ["rs-x-y", "rsx-abcde"],
+                     id="replicaset-without-hash"),
+        pytest.param(rs_pod("train-abcde", "train", kind="Job"), "Job train", ["train-qwert"], ["train-big-abcde"],
+                     id="job"),
+        pytest.param(rs_pod("train-0-abcde", "train", kind="Job",
+                            labels={"batch.kubernetes.io/job-completion-index": "0"}),
+                     "Job train", ["train-3-qwert"], ["train-qwert"], id="indexed-job"),
+        pytest.param(rs_pod("db-0", "db", kind="StatefulSet"), "StatefulSet db", ["db-1"], ["db-1-x"],
+                     id="statefulset"),
+        pytest.param(rs_pod("rs-abc-x1y2z", "rs-abc", labels={"pod-template-hash": "zzz"}), "ReplicaSet rs-abc",
+                     ["rs-abc-qwert"], ["rs-abc-zzz-qwert"], id="hash-not-in-the-owner-name-is-no-deployment"),
+        pytest.param(rs_pod("lost", ""), "pod lost", ["lost"], ["lost-abcde"], id="owner-without-name-is-alone"),
+        pytest.param(parsed(builders.pod("notebook", gpus=1, node="n1", phase="Running")),
+                     "pod notebook", ["notebook"], ["notebook-2", "notebook-abcde"], id="bare-pod-alone"),
+    ],
+)
+def test_workload(pod: snapshot.Pod, name: str, owns: list[str], not_owns: list[str]) -> None:
+    found = idle_learning.workload(pod)
+    assert found.name == name
+    assert found.owns(pod.name)
+    assert all(found.owns(n) for n in owns)
+    assert not any(found.owns(n) for n in not_owns)
+
+
+def test_members_by_prefix_in_its_namespace_only() -> None:
+    web = idle_learning.workload(rs_pod("web-7d9f8-abcde", "web-7d9f8", labels={"pod-template-hash": "7d9f8"}))
+    api = idle_learning.workload(rs_pod("web-api-11111-abcde", "web-api-11111", labels={"pod-template-hash": "11111"}))
+    found = idle_learning.members([web, api], [("default", "web-1-a"), ("default", "web-api-2-b"),
+                                              ("other", "web-1-a"), ("default", "web-x")])
+    assert found == {web: [("default", "web-1-a")], api: [("default", "web-api-2-b")]}
+
+
+def learning_class(annotations: dict[str, str]) -> snapshot.PriorityClass:
+    return snapshot.PriorityClass("normal", 10_000, "PreemptLowerPriority", annotations)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "on", "problem"),
+    [
+        pytest.param({"gpu-steward.io/learned-idle-window": "true"}, True, None, id="on"),
+        pytest.param({"gpu-steward.io/learned-idle-window": " TRUE "}, True, None, id="on-spelling"),
+        pytest.param({}, False, None, id="absent-off"),
+        pytest.param({"gpu-steward.io/learned-idle-window": "false"}, False, None, id="off"),
+        pytest.param({"gpu-steward.io/learned-idle-window": "maybe"}, False, "PriorityClass normal: "
+                     "gpu-steward.io/learned-idle-window='maybe' is not true/false; learned idle windows off",
+                     id="unreadable-off-with-problem"),
+        pytest.param({"example.com/learned-idle-window": "true"}, False, None, id="other-prefix-ignored"),
+    ],
+)
+def test_enabled(annotations: dict[str, str], on: bool, problem: str | None) -> None:
+    got = idle_learning.enabled(learning_class(annotations), names=settings.Names())
+    assert got.value is on
+    assert got.problem == problem
+
+
+def with_class(pod: snapshot.Pod, class_name: str) -> snapshot.Pod:
+    raw = dict(pod.raw)
+    raw["spec"] = {**raw["spec"], "priorityClassName": class_name}  # type: ignore[dict-item]
+    return parsed(raw)
+
+
+def test_windows_share_the_workload_history_and_respect_the_lookback() -> None:
+    labels = {"pod-template-hash": "7d9f8"}
+    serving = with_class(rs_pod("web-7d9f8-abcde", "web-7d9f8", labels=labels), "normal")
+    other = with_class(rs_pod("solo", "x", kind="Node"), "normal")  # owner kind without a pod naming rule
+    scavenger = with_class(parsed(builders.pod("batch", gpus=1, node="n1", phase="Running")), "scavenger")
+    short = fold([BUSY] + [IDLE, IDLE, BUSY] * 3)  # three 10-min stretches, ending at 900, 1800, 2700
+    histories = {("default", "web-7d9f8-abcde"): short, ("default", "web-0aaaa-gone1"): short}  # a gone replica
+    got = idle_learning.windows([serving, other, scavenger], tier_windows={"normal": TIER}, histories=histories,
+                                since=900.0, config=CONFIG)
+    assert got[serving.key] == idle_learning.Learned(1800, True, got[serving.key].reason)
+    assert "(of 6)" in got[serving.key].reason
+    assert not got[other.key].learned and "0 idle stretch(es)" in got[other.key].reason
+    assert scavenger.key not in got  # its class does not learn
+    later = idle_learning.windows([serving], tier_windows={"normal": TIER}, histories=histories, since=901.0,
+                                  config=CONFIG)
+    assert not later[serving.key].learned and "4 idle stretch(es)" in later[serving.key].reason
+    odd = with_class(rs_pod("renamed", "web-7d9f8", labels=labels), "normal")  # not named as its owner names
+    alone = idle_learning.windows([odd], tier_windows={"normal": TIER}, config=CONFIG, since=0.0,
+                                  histories={("default", "renamed"): short, **histories})
+    assert "(of 9)" in alone[odd.key].reason  # its own 3 and its Deployment's 6
+    unread = idle_learning.windows([serving], tier_windows={"normal": TIER}, histories=None, since=0.0, config=CONFIG)
+    assert unread[serving.key] == idle_learning.Learned(TIER, False, "history not read (yet): tier window")
+
+
+def test_a_job_shares_its_gone_pods_history() -> None:
+    job = with_class(rs_pod("train-abcde", "train", kind="Job"), "normal")
+    got = idle_learning.windows([job], tier_windows={"normal": TIER}, since=0.0, config=CONFIG,
+                                histories={("default", "train-qwert"): fold([BUSY] + [IDLE, IDLE, BUSY] * 6)})
+    assert got[job.key].window_seconds == 1800 and "(of 6)" in got[job.key].reason
+
+
+@pytest.mark.parametrize(
+    ("seconds", "said"),
+    [
+        pytest.param(86400 * 7, "7 d", id="whole-days"),
+        pytest.param(86400, "1 d", id="boundary-one-day"),
+        pytest.param(90000, "25.0 h", id="not-whole-days-in-hours"),
+        pytest.param(7200, "2.0 h", id="boundary-two-hours"),
+        pytest.param(7140, "119 min", id="under-two-hours-in-minutes"),
+        pytest.param(0, "0 min", id="zero"),
+    ],
+)
+def test_duration(seconds: float, said: str) -> None:
+    assert idle_learning.duration(seconds) == said
+
+
+def test_quantile_nearest_rank() -> None:
+    assert idle_learning.quantile([4.0, 1.0, 3.0, 2.0], 0.25) == 1.0
+    assert idle_learning.quantile([7.0], 0.5) == 7.0
+    assert idle_learning.quantile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.0
+    assert idle_learning.quantile([4.0, 1.0, 3.0, 2.0], 0.51) == 3.0
+    assert idle_learning.quantile([4.0, 1.0, 3.0, 2.0], 1.0) == 4.0
