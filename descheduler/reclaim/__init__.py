@@ -12,6 +12,7 @@ Callers use the names below; the modules' own names are for the package and its 
 
 from descheduler.reclaim import pending, planner, screening
 
+GANG = pending.GANG
 Member = pending.Member
 Demand = pending.Demand
 demands_from_snapshot = pending.demands_from_snapshot
@@ -27,5 +28,5 @@ DemandOutcome = planner.DemandOutcome
 Plan = planner.Plan
 plan = planner.plan
 
-__all__ = ["Demand", "DemandOutcome", "Eviction", "Member", "Plan", "Screened", "Spared", "demands_from_snapshot",
+__all__ = ["GANG", "Demand", "DemandOutcome", "Eviction", "Member", "Plan", "Screened", "Spared", "demands_from_snapshot",
            "gang_demand", "plan", "scheduled_at", "screen", "screen_all", "windows_needed"]
