@@ -28,5 +28,5 @@ DemandOutcome = planner.DemandOutcome
 Plan = planner.Plan
 plan = planner.plan
 
-__all__ = ["GANG", "Demand", "DemandOutcome", "Eviction", "Member", "Plan", "Screened", "Spared", "demands_from_snapshot",
-           "gang_demand", "plan", "scheduled_at", "screen", "screen_all", "windows_needed"]
+__all__ = ["GANG", "Demand", "DemandOutcome", "Eviction", "Member", "Plan", "Screened", "Spared",
+           "demands_from_snapshot", "gang_demand", "plan", "scheduled_at", "screen", "screen_all", "windows_needed"]
