@@ -98,8 +98,11 @@ def main() -> None:
     parser.add_argument("--hours", type=float, default=6.0)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
+    parser.add_argument("--quick", action="store_true", help="CI size: 100 GPUs, 1 h of history, 2 repeats")
     args = parser.parse_args()
     rows = []
+    if args.quick:
+        args.gpus, args.hours, args.repeats = [100], 1.0, 2
     for gpus in args.gpus:
         with tempfile.TemporaryDirectory(prefix="idle-history-") as tmp:
             started = time.perf_counter()

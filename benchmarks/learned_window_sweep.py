@@ -102,7 +102,10 @@ def main() -> None:
     parser.add_argument("--hours", type=float, default=None)
     parser.add_argument("--judge-from", type=float, default=0.0, metavar="HOURS")
     parser.add_argument("--out", type=pathlib.Path, default=None)
+    parser.add_argument("--quick", action="store_true", help="CI size: the first 6 h of the trace")
     args = parser.parse_args()
+    if args.quick and args.hours is None:
+        args.hours = 6.0
     trace = rt.load_trace(rt.DEFAULT_TRACE, pods=None, hours=args.hours)
     judge_from = round(args.judge_from * 3600 / trace.step)
     base = settings.LearnedWindow()

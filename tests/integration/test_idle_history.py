@@ -15,7 +15,7 @@ import prometheus_client
 import pytest
 
 from common import prometheus, settings, settings_loader, snapshot, source
-from descheduler import evictor, idle_history, policy, reclaim_loop
+from descheduler import evictor, idle_history, policy, reclaim_loop, utilisation_promql
 from tests import builders
 from tests.support.prometheus import PrometheusServer, Series, free_port, start_prometheus
 
@@ -97,14 +97,23 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServe
 
 
 class Counting:
-    def __init__(self, client: prometheus.Client) -> None:
+    """The real Prometheus, its clock read as 7 s before `now` (the history's own, floored to its steps): every
+    query of a cycle is then evaluated at the time the history was written for, as the trace replay does. The 7 s
+    keep the window's part boundaries off the samples' 60 s grid: Prometheus 2.x ranges include their left end,
+    so a sample exactly on a boundary counts in two parts and makes the coverage judgement stricter."""
+
+    def __init__(self, client: prometheus.Client, *, now: float) -> None:
         self.client = client
+        self.now = now
         self.ranges = 0
         self.instants = 0
 
-    async def query(self, promql: str, *, time: float | None = None) -> list[dict[str, Any]]:
+    async def instant(self, promql: str, *, time: float | None = None) -> prometheus.Answer:
         self.instants += 1
-        return await self.client.query(promql, time=time)
+        if promql == utilisation_promql.TIME_QUERY:
+            at = self.now - 7
+            return prometheus.Answer([{"metric": {}, "value": [at, repr(at)]}])
+        return await self.client.instant(promql, time=time)
 
     async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[dict[str, Any]]:
         self.ranges += 1
@@ -120,14 +129,14 @@ def loop(querier: Any, now: float, *, registry: prometheus_client.CollectorRegis
 
 
 async def test_learned_window_evicts_what_the_tier_window_cannot_and_says_why(server: PrometheusServer) -> None:
-    querier = Counting(prometheus.Client(settings.Prometheus(url=server.url)))
+    querier = Counting(prometheus.Client(settings.Prometheus(url=server.url)), now=server.now)
     try:
         reclaim = loop(querier, server.now)
         first = await reclaim.cycle()
         await reclaim.cycle()  # history is fresh: no second range query
     finally:
         querier.client.close()
-    assert (querier.ranges, first.queries) == (1, 2)  # one utilisation query per window: 1800 s and 10800 s
+    assert querier.ranges == 1
     [eviction] = first.plan.evictions
     assert (eviction.pod, eviction.window_seconds) == ("team-a/serve-7d9f8-aaaaa", 1800)
     assert eviction.reason.startswith(
@@ -157,7 +166,7 @@ async def test_history_not_read_keeps_the_tier_window() -> None:
     assert registry.get_sample_value("gpu_steward_reclaim_history_errors_total") == 1
     assert registry.get_sample_value("gpu_steward_reclaim_history_fresh") == 0
     spared = {s.pod: s.reason for s in cycle.plan.spared}
-    assert spared["team-a/serve-7d9f8-aaaaa"].startswith("not idle: Prometheus query failed: cannot reach")
+    assert spared["team-a/serve-7d9f8-aaaaa"].startswith("not idle: Prometheus query for the store's time failed")
     assert spared["team-a/serve-7d9f8-aaaaa"].endswith("; history not read (yet): tier window")
     assert "history" not in spared["team-a/plain-7d9f8-ccccc"]
 
