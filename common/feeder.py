@@ -176,9 +176,13 @@ class Feeder:
         registry: prometheus_client.CollectorRegistry | None = None,
         clock: Callable[[], float] = time.time,
         watch_controller: bool = False,
+        read_budgets: bool = True,
     ) -> None:
-        """`watch_controller`: also watch the descheduler's leader Lease (`controller_seen_at`)."""
+        """`watch_controller`: also watch the descheduler's leader Lease (`controller_seen_at`).
+        `read_budgets`: list and watch PodDisruptionBudgets (reclaim plans within them); a reader that never
+        evicts (the webhook, not granted them) leaves them out instead of being refused every backoff."""
         self._config = config
+        self._kinds = tuple(k for k in KINDS if read_budgets or k.name != "poddisruptionbudgets")
         self._watch_controller = watch_controller
         self._lease_mark: object = _NEVER_LISTED
         self._controller_seen_at: float | None = None
@@ -187,7 +191,7 @@ class Feeder:
         self._clock = clock
         self._metrics = _Metrics(registry if registry is not None else prometheus_client.CollectorRegistry())
         self._metrics.age.set_function(self._age)
-        self._stores: dict[str, dict[str, dict[str, Any]]] = {k.name: {} for k in KINDS}
+        self._stores: dict[str, dict[str, dict[str, Any]]] = {k.name: {} for k in KINDS}  # build() reads all
         self._listed: set[str] = set()
         self._contact: dict[str, float] = {}  # kind -> last confirmed contact
         self._streaming: set[str] = set()  # kinds whose watch stream is open right now
@@ -227,7 +231,7 @@ class Feeder:
     async def run(self) -> None:
         """Feed until cancelled. Failures are retried forever; only cancellation ends it."""
         async with asyncio.TaskGroup() as tg:
-            for kind in KINDS:
+            for kind in self._kinds:
                 tg.create_task(self._feed(kind), name=f"feeder:{kind.name}")
             tg.create_task(self._publish(), name="feeder:publish")
             if self._watch_controller:
@@ -421,7 +425,7 @@ class Feeder:
         """
         while True:
             pause = self._config.kubernetes.rebuild_interval_seconds
-            if self._dirty and len(self._listed) == len(KINDS):
+            if self._dirty and len(self._listed) == len(self._kinds):
                 self._dirty = False
                 pause = max(pause, await self._rebuild())
             elif self._snapshot.taken_at != (taken_at := self._taken_at()):
@@ -458,7 +462,7 @@ class Feeder:
         return took
 
     def _taken_at(self) -> float | None:
-        if len(self._contact) < len(KINDS):
+        if len(self._contact) < len(self._kinds):
             return None
         now = self._clock()
         return min(now if name in self._streaming else at for name, at in self._contact.items())

@@ -125,7 +125,8 @@ async def _live(*, config: settings.Settings, context: ssl.SSLContext, stop: asy
     dcgm = prometheus.Client(config.prometheus) if config.prometheus.url else None
     api = await kube.api_client(config.kubernetes)
     try:
-        live = feeder.Feeder(config=config, api=api, prometheus=dcgm, registry=registry, watch_controller=True)
+        live = feeder.Feeder(config=config, api=api, prometheus=dcgm, registry=registry, watch_controller=True,
+                            read_budgets=False)
         tasks = {
             "feeder": live.run(),
             "server": _serve(config=config, snapshots=live, context=context, registry=registry,

@@ -471,6 +471,19 @@ async def test_the_lease_is_not_watched_unless_asked(fake_api: FakeApi, running:
     assert fake_api.lists("leases") == 0 and running.feeder.controller_seen_at is None
 
 
+async def test_budgets_are_left_out_by_a_reader_that_never_evicts(
+    fake_api: FakeApi, api_client: client.ApiClient
+) -> None:
+    """The webhook is not granted PodDisruptionBudgets: it neither lists them nor waits for them to sync."""
+    seed(fake_api)
+    fed = feeder.Feeder(config=CONFIG, api=api_client, prometheus=None, read_budgets=False)
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(fed.run())
+        await eventually(lambda: fed.synced and fake_api.open_watches() == len(feeder.KINDS) - 1, "synced, watching")
+        assert fake_api.lists("poddisruptionbudgets") == 0 and fed.snapshot.taken_at is not None
+        task.cancel()
+
+
 async def test_raw_list_is_cheaper_than_models(fake_api: FakeApi, api_client: client.ApiClient) -> None:
     """Why `common.kube` decodes JSON itself: prints the cost of both ways for 10,000 pods."""
     for i in range(10_000):
