@@ -10,6 +10,8 @@ trace samples (as the range query returns it), refreshed every `refresh_seconds`
 was scheduled longer than max(toleration, window) ago and every sample of the window is below 5 % with enough
 data (`reclaim_trace.missing_data`). No limits, cooldowns or demand: every idle pod goes. Scored by
 `reclaim_trace.score` exactly as the replay is (regret: busy within 10 min; reclaimable from the floor on).
+Arms: the fixed tier window; the rule this replaced (longest stretch that ended in work x 3, clamped to the
+floor and the tier window: `previous()`); the product's defaults; and one setting changed at a time.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from descheduler import idle_learning  # noqa: E402
 WALL = 1_700_000_000.0  # unix seconds of slot 0: an arbitrary phase against the history's steps
 TIER, TOLERATION, THRESHOLD = 10800, 1800, 5.0  # the chart's normal tier
 INTERVAL_SLOTS = 5  # a cycle every 5 trace steps (285 s), as the replay's default
-SWEEP: list[dict[str, Any]] = [{}, {"min_stretches": 10}, {"margin": 2.5}, {"margin": 4.0},
-                               {"floor_seconds": 3600.0}, {"quantile": 0.9}]
+SWEEP: list[dict[str, Any]] = [{}, {"min_at_risk": 10}, {"min_at_risk": 30}, {"resume_probability": 0.1},
+                               {"resume_probability": 0.025}, {"min_stretches": 3}, {"floor_seconds": 3600.0}]
+PREVIOUS_MARGIN = 3.0  # the rule learned windows had before the survival estimate
 
 
 def coarse(pod: rt.PodTrace, *, step: float, history_step: float) -> list[tuple[float, float]]:
@@ -45,13 +48,23 @@ def coarse(pod: rt.PodTrace, *, step: float, history_step: float) -> list[tuple[
     return sorted(peaks.items())
 
 
-def replay(trace: rt.Trace, config: settings.LearnedWindow | None, *, judge_from: int) -> list[rt.Eviction]:
-    """Evictions of the normal tier, learned (`config`) or fixed (None)."""
+def previous(stretches: list[float], *, config: settings.LearnedWindow) -> int:
+    """The earlier rule: clamp(longest x 3, floor, tier window), rounded up to the bucket (too few: the tier's)."""
+    if len(stretches) < config.min_stretches:
+        return TIER
+    window = max(max(stretches) * PREVIOUS_MARGIN, config.floor_seconds)
+    return min(TIER, math.ceil(window / config.bucket_seconds) * config.bucket_seconds)
+
+
+def replay(trace: rt.Trace, config: settings.LearnedWindow | None, *, judge_from: int,
+           earlier: bool = False) -> list[rt.Eviction]:
+    """Evictions of the normal tier, learned (`config`; by the previous rule if `earlier`) or fixed (None)."""
     step, hstep = trace.step, config.step_seconds if config else 300.0
     yardstick = rt.Yardstick(step, 180.0, rt.MIN_COVERAGE)
     peaks = {name: coarse(pod, step=step, history_step=hstep) for name, pod in trace.pods.items()}
     histories = dict.fromkeys(trace.pods, idle_learning.History())
     read_to: float | None = None
+    pool = idle_learning.Pool()
     until = WALL + judge_from * step if judge_from else math.inf
     evicted: set[str] = set()
     out = []
@@ -66,13 +79,16 @@ def replay(trace: rt.Trace, config: settings.LearnedWindow | None, *, judge_from
                     histories[name] = idle_learning.fold(histories[name], fresh, step_seconds=hstep,
                                                          threshold_percent=THRESHOLD)
                 read_to = end
+                pool = idle_learning.pool(histories.values(), step_seconds=hstep,
+                                          min_stretches=config.min_stretches)
         for name, pod in trace.pods.items():
             if name in evicted or not pod.first <= slot <= pod.last:
                 continue
             window = TIER
             if config is not None:
                 stretches = idle_learning.stretches_of([histories[name]], since=now - config.lookback_seconds)
-                window = idle_learning.learn(stretches, tier_window=TIER, config=config).window_seconds
+                window = previous(stretches, config=config) if earlier else idle_learning.learn(
+                    stretches, tier_window=TIER, pool=pool, config=config).window_seconds
             if (slot - pod.first) * step <= max(TOLERATION, window):
                 continue
             seen = pod.slots[bisect.bisect_left(pod.slots, slot - window / step):bisect.bisect_right(pod.slots, slot)]
@@ -84,10 +100,12 @@ def replay(trace: rt.Trace, config: settings.LearnedWindow | None, *, judge_from
     return out
 
 
-def row(trace: rt.Trace, name: str, config: settings.LearnedWindow | None, *, judge_from: int) -> dict[str, Any]:
+def row(trace: rt.Trace, name: str, config: settings.LearnedWindow | None, *, judge_from: int,
+        earlier: bool = False) -> dict[str, Any]:
     rule = rt.Policy(name, "gpu-steward", TIER, THRESHOLD, TOLERATION, tier="normal", learned=config is not None)
     floor = int(config.floor_seconds) if config else TIER
-    result = rt.score(trace, rt.judged_as(rule, floor_seconds=floor), replay(trace, config, judge_from=judge_from),
+    result = rt.score(trace, rt.judged_as(rule, floor_seconds=floor),
+                      replay(trace, config, judge_from=judge_from, earlier=earlier),
                       yardstick=rt.Yardstick(trace.step, 180.0, rt.MIN_COVERAGE), since=judge_from)
     clairvoyant = rt.clairvoyant_hours(trace, since=judge_from)
     return {"arm": name, "evictions": result.evictions, "regretted": result.regretted,
@@ -109,7 +127,8 @@ def main() -> None:
     trace = rt.load_trace(rt.DEFAULT_TRACE, pods=None, hours=args.hours)
     judge_from = round(args.judge_from * 3600 / trace.step)
     base = settings.LearnedWindow()
-    rows = [row(trace, "fixed 3 h (the tier)", None, judge_from=judge_from)]
+    rows = [row(trace, "fixed 3 h (the tier)", None, judge_from=judge_from),
+            row(trace, "previous rule: longest x 3", base, judge_from=judge_from, earlier=True)]
     for change in SWEEP:
         name = "learned, defaults" if not change else "learned, " + ", ".join(f"{k} {v:g}" for k, v in change.items())
         rows.append(row(trace, name, base.model_copy(update=change), judge_from=judge_from))
