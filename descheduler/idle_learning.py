@@ -41,7 +41,9 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import math
+import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -198,16 +200,13 @@ def pool(series: Iterable[History], *, step_seconds: float, min_stretches: int) 
     ended: list[float] = []
     censored: list[float] = []
     for history in series:
-        stretches = history.stretches  # in time order
-        if len(stretches) < min_stretches:
+        if len(history.stretches) < min_stretches:
             continue
-        longest = max(seconds for _, seconds in stretches[:min_stretches]) + step_seconds
-        for _, seconds in stretches[min_stretches:]:
-            length = seconds + step_seconds  # lasted(), inlined: this loop runs once per stretch of every pod
-            ended.append(length / longest)
-            longest = max(longest, length)
+        lengths = [seconds + step_seconds for _, seconds in history.stretches]  # lasted(), in time order
+        longest = list(itertools.accumulate(lengths, max))  # the longest up to each stretch
+        ended.extend(map(operator.truediv, lengths[min_stretches:], longest[min_stretches - 1:-1]))
         if history.run_start is not None:
-            censored.append(lasted(history.run_steps * step_seconds, step_seconds=step_seconds) / longest)
+            censored.append(lasted(history.run_steps * step_seconds, step_seconds=step_seconds) / longest[-1])
     ended.sort()
     censored.sort()
     times, survival, alive = [], [], 1.0
