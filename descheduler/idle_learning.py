@@ -188,6 +188,15 @@ class Pool:
         return 1.0 - self.surviving(until) / self.surviving(ratio)
 
 
+def below(share: float, limit: float) -> str:
+    """`share` in percent, with as many decimals as it takes to print it under `limit` (4.96 %, not 5.0 %)."""
+    for decimals in range(1, 4):
+        said = f"{share:.{decimals}%}"
+        if float(said[:-1]) < limit * 100:
+            return said
+    return f"{share:%}"
+
+
 def lasted(seconds: float, *, step_seconds: float) -> float:
     """How long an idle stretch of whole idle steps lasted: one step more (its partly idle neighbours, a busy
     step on either side, add half a step each on average)."""
@@ -241,7 +250,7 @@ def learn(stretches: Sequence[float] | None, *, tier_window: int, pool: Pool,
         if at_risk >= config.min_at_risk and resumed < limit:
             return Learned(int(idle), True, f"learned idle window {duration(idle)} = {ratio:.1f}x {scale}: of the "
                            f"{at_risk} idle stretches of all pods that lasted {ratio:.1f}x their pod's longest, "
-                           f"{resumed:.1%} ended in work within {duration(horizon)}, under {limit:.0%}")
+                           f"{below(resumed, limit)} ended in work within {duration(horizon)}, under {limit:.0%}")
         idle += config.bucket_seconds
     return Learned(tier_window, False, f"{scale[0].upper()}{scale[1:]}: at no idle time under the tier window did "
                    f"fewer than {limit:.0%} of at least {config.min_at_risk} idle stretches of all pods as long "

@@ -197,6 +197,19 @@ def test_learn(stretches: list[float] | None, pool: idle_learning.Pool, config: 
     assert reason in got.reason
 
 
+@pytest.mark.parametrize(
+    ("share", "said"),
+    [
+        pytest.param(0.047, "4.7%", id="one-decimal"),
+        pytest.param(0.0496, "4.96%", id="boundary-rounds-to-the-limit-more-decimals"),
+        pytest.param(0.04996, "4.996%", id="three-decimals"),
+        pytest.param(0.0, "0.0%", id="zero"),
+    ],
+)
+def test_below(share: float, said: str) -> None:
+    assert idle_learning.below(share, 0.05) == said
+
+
 def parsed(raw: dict[str, object]) -> snapshot.Pod:
     built = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=[raw], names=settings.Names(), taken_at=0.0)
     return next(iter(built.pods.values()))
