@@ -106,6 +106,14 @@ class Learner:
         end = now if self._until is None else min(now, self._until)
         return math.floor(end / step) * step
 
+    @property
+    def pool(self) -> idle_learning.Pool:
+        """All pods' stretches read so far (`idle_learning.pool`), built once after each read."""
+        if self._pool is None:
+            self._pool = idle_learning.pool(self._histories.values(), step_seconds=self._learning.step_seconds,
+                                            min_stretches=self._learning.min_stretches)
+        return self._pool
+
     def fresh(self, now: float) -> bool:
         """The whole look-back is read, up to `refresh_seconds` (and a step) ago."""
         learning = self._learning
@@ -174,13 +182,10 @@ class Learner:
         threshold = max(policies[name].threshold_percent for name in tier_windows)
         await self.read(threshold=threshold, now=now)
         self._fresh.set(1 if self.fresh(now) else 0)
-        if self._pool is None:
-            self._pool = idle_learning.pool(self._histories.values(), step_seconds=self._learning.step_seconds,
-                                            min_stretches=self._learning.min_stretches)
         learned = idle_learning.windows(
             (cluster.pods[key] for key in screened), tier_windows=tier_windows,
             histories=self._histories if self.fresh(now) else None,
-            since=self._end(now) - self._learning.lookback_seconds, pool=self._pool, config=self._learning)
+            since=self._end(now) - self._learning.lookback_seconds, pool=self.pool, config=self._learning)
         out = dict(screened)
         for key, found in learned.items():
             pod = cluster.pods[key]

@@ -9,15 +9,17 @@ within the next `resume_horizon_seconds` with a probability below `resume_probab
 
 The probability comes from every series read (all pods, in the look-back), each stretch measured against the
 longest earlier stretch of its own pod (a scale-free survival estimate; `Pool`), at the workload's scale: its
-longest idle stretch that ended in work. So a workload that idles 10 min at most is judged at 50 min by how
-often stretches 5x their pod's longest resumed, and one that idles 1 h by the same pool at its own scale.
+longest idle stretch that ended in work. So a workload whose stretches lasted 15 min at most is judged at 30 min
+by how often stretches that lasted 2x their pod's longest ended in work within the next 0.67x, and one whose
+stretches lasted 1 h by the same pool at 0.5x and the next 0.17x.
 Rules, each with its reason in words:
 - History: per pod, the peak utilisation of each `step_seconds` (a range query; `fold()` consumes it in time
   order, chunk by chunk, keeping only what it needs). An idle step is below the threshold. An idle stretch is
   a run of consecutive idle steps; it counts only if it *ended in work*: the very next step is busy. A step
   with no value (no sample, NaN) is a gap: never idle, and the run before it ended in a gap, not in work, so
   it does not count (a restart that loses data teaches nothing; one that keeps the series counts as the idle
-  time it was). A stretch is measured in whole steps (its first and last step may be partly busy).
+  time it was). A stretch is measured in whole steps and taken to have lasted one step more (`lasted()`: the busy
+  steps on either side of it are partly idle, half a step each on average).
 - Workload: a Deployment's pods (through their ReplicaSets, across rollouts), a ReplicaSet's, Job's or
   StatefulSet's pods share one history, found by their controller's pod names (`workload()`); a bare pod has
   its own. Pods that are gone still count: their series carry their names.
@@ -27,12 +29,14 @@ Rules, each with its reason in words:
   that pod's earlier ones in the look-back (counted once `min_stretches` came before it: a prediction, not
   hindsight), and each pod's open idle run (still idle, or ended in a gap or with the pod) divided by its
   longest, as *censored*: it lasted at least that long. Kaplan-Meier over these ratios estimates the
-  probability that a stretch which has lasted r times its pod's longest ends in work within the next h/longest.
+  probability that a stretch which has lasted a/longest ends in work before (a + h)/longest (h:
+  `resume_horizon_seconds`). It assumes stretches independent: pods that go idle and resume together (a fleet
+  at night) weigh as many.
 - Few stretches that long: a probability is only taken from at least `min_at_risk` pooled stretches that
-  lasted longer than the idle time judged (relative to their pod's longest); fewer, that idle time is not
-  learned (and longer ones are judged in turn). None qualifies below the tier's window: the tier's window.
-- The probability must be strictly below `resume_probability`; the first qualifying idle time, at least the
-  floor and rounded to `bucket_seconds`, is the window.
+  lasted at least as long as the idle time judged (relative to their pod's longest); fewer, that idle time is
+  not learned (and longer ones are judged in turn). None qualifies below the tier's window: the tier's window.
+- The probability must be strictly below `resume_probability`. Idle times are judged from the floor rounded up
+  to `bucket_seconds`, in steps of it; the first that qualifies is the window.
 - Missing data fails closed: everything that is not a full, fresh history keeps the tier window, and a pod
   screened with a learned window is still judged idle over it by the normal fail-closed assessment.
 """
