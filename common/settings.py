@@ -531,18 +531,26 @@ class LeaderElection(Model):
 class LearnedWindow(Model):
     """Idle windows learned per workload from its own history (descheduler/idle_learning.py), for the tiers whose
     PriorityClass says `<prefix>learned-idle-window: "true"`: a pod is reclaimable once idle for its workload's
-    learned window, clamp(quantile of its idle stretches that ended in work x margin, floor, tier window)."""
+    learned window, the shortest idle time (from the floor, below the tier window) at which an idle stretch that long
+    is estimated to end in work soon with a probability below resume_probability."""
 
-    quantile: float = pydantic.Field(
-        default=1.0, gt=0, le=1,
-        description="Which of a workload's idle stretches that ended in work sets its window (nearest rank; 1: the "
-        "longest, 0.9: the 90th percentile). Below 1 the longest stretches are ignored: more reclaimed, more regret.",
+    resume_probability: float = pydantic.Field(
+        default=0.05, gt=0, lt=1,
+        description="A pod is reclaimed once an idle stretch as long as its own is estimated to end in work within "
+        "resume_horizon_seconds with a probability below this (0.05: the regret goal, at most 5 % of evictions "
+        "followed by work within 10 min). Estimated from the idle stretches of every pod in the look-back, each "
+        "measured against its pod's longest earlier one, at the workload's longest.",
     )
-    margin: float = pydantic.Field(
-        default=3.0, ge=1,
-        description="The window is this many times that stretch. On the one-day GenAI trace 2.5 regretted 23 % of "
-        "evictions, 3 7 % while reclaiming 58 % of the clairvoyant reclaim, 4 7.5 % for 50 % (benchmarks/RESULTS.md, "
-        "Learned idle windows).",
+    resume_horizon_seconds: Seconds = pydantic.Field(
+        default=600,
+        description="How soon after an eviction work would make it a regret (seconds; 600: the reclaim benchmarks' "
+        "regret). The probability above is of work within this long.",
+    )
+    min_at_risk: int = pydantic.Field(
+        default=20, ge=1,
+        description="A probability is only taken from at least this many pooled idle stretches that lasted as long "
+        "(relative to their pod's longest); fewer, and that idle time is not learned. 20 = 1 / 0.05: a single "
+        "stretch that ended in work then weighs 5 %.",
     )
     floor_seconds: Seconds = pydantic.Field(
         default=1800, description="No learned window is shorter than this (seconds), however short the stretches."
@@ -550,7 +558,8 @@ class LearnedWindow(Model):
     min_stretches: int = pydantic.Field(
         default=6, ge=1,
         description="A workload with fewer idle stretches that ended in work in the look-back keeps the tier's "
-        "window: too little history to learn from.",
+        "window: too little history to learn from. Likewise a pod's stretch joins the pool of all pods' stretches "
+        "only once this many of that pod's ended before it.",
     )
     lookback_seconds: Seconds = pydantic.Field(
         default=7 * 86400,

@@ -4,7 +4,8 @@ chunks, and hand the reclaim cycle each learning pod's window (`descheduler.idle
 Cost: one range query, `max by (namespace, pod)` of each pod's peak per `step_seconds`, over only the history
 not read yet: at start (or after failures) `chunk_seconds` of it per cycle until the look-back is read, then
 every `refresh_seconds` the new part. Each GPU's raw samples are read once in all; what is kept per pod is a
-few numbers (`idle_learning.History`), not its samples. No tier learning: no query at all.
+few numbers (`idle_learning.History`), not its samples. After each read the pool of all pods' stretches
+(`idle_learning.pool`) is built once, O(stretches in the look-back). No tier learning: no query at all.
 
 Fails closed: no range-capable Prometheus client, a failed or malformed query, or history older than
 `refresh_seconds` (plus a step) means no learned window — every pod keeps its tier window, and says why.
@@ -80,6 +81,7 @@ class Learner:
         self._querier = prometheus if isinstance(prometheus, RangeQuerier) else None
         self._until = until
         self._histories: dict[tuple[str, str], idle_learning.History] = {}
+        self._pool: idle_learning.Pool | None = None  # of `_histories`, built when first needed after a read
         self._read: _Read | None = None
         self.queries = 0
         self.errors = 0
@@ -104,6 +106,14 @@ class Learner:
         end = now if self._until is None else min(now, self._until)
         return math.floor(end / step) * step
 
+    @property
+    def pool(self) -> idle_learning.Pool:
+        """All pods' stretches read so far (`idle_learning.pool`), built once after each read."""
+        if self._pool is None:
+            self._pool = idle_learning.pool(self._histories.values(), step_seconds=self._learning.step_seconds,
+                                            min_stretches=self._learning.min_stretches)
+        return self._pool
+
     def fresh(self, now: float) -> bool:
         """The whole look-back is read, up to `refresh_seconds` (and a step) ago."""
         learning = self._learning
@@ -118,7 +128,7 @@ class Learner:
         if self._read is not None and (self._read.threshold != threshold or self._read.end > end):
             self._read = None  # another threshold, or the clock went back: fold again from scratch
         if self._read is None:
-            self._histories = {}
+            self._histories, self._pool = {}, None
             start = end - math.ceil(learning.lookback_seconds / learning.step_seconds) * learning.step_seconds
             self._read = _Read(start, start, threshold)
         if self._read.end >= end - (learning.refresh_seconds if self.fresh(now) else 0) or self._querier is None:
@@ -146,6 +156,7 @@ class Learner:
         since = end - learning.lookback_seconds
         self._histories = {k: h.since(since) for k, h in self._histories.items()
                            if h.stretches or (h.last is not None and h.last >= since)}
+        self._pool = None
 
     async def screen(
         self,
@@ -174,7 +185,7 @@ class Learner:
         learned = idle_learning.windows(
             (cluster.pods[key] for key in screened), tier_windows=tier_windows,
             histories=self._histories if self.fresh(now) else None,
-            since=self._end(now) - self._learning.lookback_seconds, config=self._learning)
+            since=self._end(now) - self._learning.lookback_seconds, pool=self.pool, config=self._learning)
         out = dict(screened)
         for key, found in learned.items():
             pod = cluster.pods[key]

@@ -1,32 +1,53 @@
 """Idle windows learned per workload from its own history — pure: no I/O, no clock.
 
 A tier whose PriorityClass says `<prefix>learned-idle-window: "true"` reclaims a pod once it has been idle
-for its workload's learned window instead of the tier's fixed one:
+for its workload's learned window instead of the tier's fixed one: the shortest idle time (from the floor, in
+steps of `bucket_seconds`, below the tier's window) at which an idle stretch that long is estimated to end in work
+within the next `resume_horizon_seconds` with a probability below `resume_probability`:
 
-    window = clamp(quantile q of the workload's idle stretches that ended in work x margin, floor, tier window)
+    window = min { a = floor, floor + bucket, ... < tier window : P(resumes within h | idle a) < p }, else the tier's
 
-rounded up to `bucket_seconds` (one utilisation query per distinct window) and never above the tier window.
+The probability comes from every series read (all pods, in the look-back), each stretch measured against the
+longest earlier stretch of its own pod (a scale-free survival estimate; `Pool`), at the workload's scale: its
+longest idle stretch that ended in work. So a workload whose stretches lasted 15 min at most is judged at 30 min
+by how often stretches that lasted 2x their pod's longest ended in work within the next 0.67x, and one whose
+stretches lasted 1 h by the same pool at 0.5x and the next 0.17x.
 Rules, each with its reason in words:
 - History: per pod, the peak utilisation of each `step_seconds` (a range query; `fold()` consumes it in time
   order, chunk by chunk, keeping only what it needs). An idle step is below the threshold. An idle stretch is
   a run of consecutive idle steps; it counts only if it *ended in work*: the very next step is busy. A step
   with no value (no sample, NaN) is a gap: never idle, and the run before it ended in a gap, not in work, so
   it does not count (a restart that loses data teaches nothing; one that keeps the series counts as the idle
-  time it was). A stretch is measured in whole steps (its first and last step may be partly busy: the margin
-  covers that).
+  time it was). A stretch is measured in whole steps and taken to have lasted one step more (`lasted()`: the busy
+  steps on either side of it are partly idle, half a step each on average).
 - Workload: a Deployment's pods (through their ReplicaSets, across rollouts), a ReplicaSet's, Job's or
   StatefulSet's pods share one history, found by their controller's pod names (`workload()`); a bare pod has
   its own. Pods that are gone still count: their series carry their names.
 - Too little history: fewer than `min_stretches` stretches that ended in work within the look-back, or
   history not read yet (`None`): the tier window.
+- The pool (`pool()`): each pod's stretches that ended in work, in time order, each divided by the longest of
+  that pod's earlier ones in the look-back (counted once `min_stretches` came before it: a prediction, not
+  hindsight), and each pod's open idle run (still idle, or ended in a gap or with the pod) divided by its
+  longest, as *censored*: it lasted at least that long. Kaplan-Meier over these ratios estimates the
+  probability that a stretch which has lasted a/longest ends in work before (a + h)/longest (h:
+  `resume_horizon_seconds`). It assumes stretches independent: pods that go idle and resume together (a fleet
+  at night) weigh as many.
+- Few stretches that long: a probability is only taken from at least `min_at_risk` pooled stretches that
+  lasted at least as long as the idle time judged (relative to their pod's longest); fewer, that idle time is
+  not learned (and longer ones are judged in turn). None qualifies below the tier's window: the tier's window.
+- The probability must be strictly below `resume_probability`. Idle times are judged from the floor rounded up
+  to `bucket_seconds`, in steps of it; the first that qualifies is the window.
 - Missing data fails closed: everything that is not a full, fresh history keeps the tier window, and a pod
   screened with a learned window is still judged idle over it by the normal fail-closed assessment.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import math
+import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -143,33 +164,101 @@ def duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min"
 
 
-def quantile(values: Sequence[float], q: float) -> float:
-    """Nearest rank: the smallest value with at least q of them at or below it."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+@dataclasses.dataclass(frozen=True)
+class Pool:
+    """Idle stretches of every series read, as ratios to their pod's longest earlier stretch (`pool()`), and
+    their Kaplan-Meier survival. `resumed()` reads it."""
+
+    ended: tuple[float, ...] = ()  # ratios of the stretches that ended in work, ascending
+    censored: tuple[float, ...] = ()  # ratios of the open runs (lasted at least that long), ascending
+    times: tuple[float, ...] = ()  # the distinct ratios in `ended`
+    survival: tuple[float, ...] = ()  # the estimated share of stretches lasting beyond each of `times`
+
+    def surviving(self, ratio: float) -> float:
+        """The estimated share of stretches lasting at least `ratio` (none ended before it)."""
+        ended = bisect.bisect_left(self.times, ratio)
+        return self.survival[ended - 1] if ended else 1.0
+
+    def at_risk(self, ratio: float) -> int:
+        """Pooled stretches that lasted at least `ratio` (ended in work then or later, or still idle past it)."""
+        return (len(self.ended) - bisect.bisect_left(self.ended, ratio)
+                + len(self.censored) - bisect.bisect_left(self.censored, ratio))
+
+    def resumed(self, ratio: float, until: float) -> float:
+        """Estimated probability that a stretch which has lasted `ratio` ends in work before `until` (1 when
+        none lasted that long)."""
+        if not self.at_risk(ratio):
+            return 1.0
+        return 1.0 - self.surviving(until) / self.surviving(ratio)
 
 
-def learn(stretches: Sequence[float] | None, *, tier_window: int, config: settings.LearnedWindow) -> Learned:
+def below(share: float, limit: float) -> str:
+    """`share` in percent, with as many decimals as it takes to print it under `limit` (4.96 %, not 5.0 %)."""
+    for decimals in range(1, 4):
+        said = f"{share:.{decimals}%}"
+        if float(said[:-1]) < limit * 100:
+            return said
+    return f"{share:%}"
+
+
+def lasted(seconds: float, *, step_seconds: float) -> float:
+    """How long an idle stretch of whole idle steps lasted: one step more (its partly idle neighbours, a busy
+    step on either side, add half a step each on average)."""
+    return seconds + step_seconds
+
+
+def pool(series: Iterable[History], *, step_seconds: float, min_stretches: int) -> Pool:
+    """The pool of `series`' stretches (see the module's rules): ended in work when at least `min_stretches`
+    of its pod's stretches ended before it, censored (its open run) when the pod has `min_stretches`."""
+    ended: list[float] = []
+    censored: list[float] = []
+    for history in series:
+        if len(history.stretches) < min_stretches:
+            continue
+        lengths = [seconds + step_seconds for _, seconds in history.stretches]  # lasted(), in time order
+        longest = list(itertools.accumulate(lengths, max))  # the longest up to each stretch
+        ended.extend(map(operator.truediv, lengths[min_stretches:], longest[min_stretches - 1:-1]))
+        if history.run_start is not None:
+            censored.append(lasted(history.run_steps * step_seconds, step_seconds=step_seconds) / longest[-1])
+    ended.sort()
+    censored.sort()
+    times, survival, alive = [], [], 1.0
+    for ratio in sorted(set(ended)):
+        first = bisect.bisect_left(ended, ratio)
+        at_risk = len(ended) - first + len(censored) - bisect.bisect_left(censored, ratio)
+        alive *= 1 - (bisect.bisect_right(ended, ratio) - first) / at_risk  # of those lasting this long, ended
+        times.append(ratio)
+        survival.append(alive)
+    return Pool(tuple(ended), tuple(censored), tuple(times), tuple(survival))
+
+
+def learn(stretches: Sequence[float] | None, *, tier_window: int, pool: Pool,
+          config: settings.LearnedWindow) -> Learned:
     """The window for a workload whose idle stretches that ended in work (seconds, within the look-back) are
-    `stretches` (None: its history is not known: not read yet, or the read failed)."""
+    `stretches` (None: its history is not known: not read yet, or the read failed), judged on `pool`."""
     span = duration(config.lookback_seconds)
     if stretches is None:
         return Learned(tier_window, False, "history not read (yet): tier window")
     if len(stretches) < config.min_stretches:
         return Learned(tier_window, False, f"{len(stretches)} idle stretch(es) of this workload ended in work in "
                        f"{span}, fewer than {config.min_stretches}: tier window")
-    base = quantile(stretches, config.quantile)
-    which = "longest" if config.quantile >= 1 else f"{config.quantile:.0%} quantile of the"
-    said = (f"{which} idle stretch of this workload that ended in work in {span}: {duration(base)} "
-            f"(of {len(stretches)}) x {config.margin:g}")
-    window = max(base * config.margin, config.floor_seconds)
-    floored = base * config.margin < config.floor_seconds
-    bucketed = math.ceil(window / config.bucket_seconds) * config.bucket_seconds
-    if bucketed >= tier_window:
-        return Learned(tier_window, False, f"{said} (rounded up to {config.bucket_seconds:g}s) reaches the tier "
-                       f"window {duration(tier_window)}: tier window")
-    floor = f", raised to the floor {duration(config.floor_seconds)}" if floored else ""
-    return Learned(int(bucketed), True, f"learned idle window {duration(bucketed)}: {said}{floor}")
+    longest = lasted(max(stretches), step_seconds=config.step_seconds)
+    scale = (f"this workload's longest idle stretch that ended in work in {span} (about {duration(longest)}, "
+             f"of {len(stretches)})")
+    horizon, limit = config.resume_horizon_seconds, config.resume_probability
+    idle = math.ceil(config.floor_seconds / config.bucket_seconds) * config.bucket_seconds
+    while idle < tier_window:
+        ratio = idle / longest
+        at_risk = pool.at_risk(ratio)
+        resumed = pool.resumed(ratio, (idle + horizon) / longest)  # one division: no rounding gap at its end
+        if at_risk >= config.min_at_risk and resumed < limit:
+            return Learned(int(idle), True, f"learned idle window {duration(idle)} = {ratio:.1f}x {scale}: of the "
+                           f"{at_risk} idle stretches of all pods that lasted {ratio:.1f}x their pod's longest, "
+                           f"{below(resumed, limit)} ended in work within {duration(horizon)}, under {limit:.0%}")
+        idle += config.bucket_seconds
+    return Learned(tier_window, False, f"{scale[0].upper()}{scale[1:]}: at no idle time under the tier window did "
+                   f"fewer than {limit:.0%} of at least {config.min_at_risk} idle stretches of all pods as long "
+                   f"(against their pod's longest) end in work within {duration(horizon)}: tier window")
 
 
 def enabled(pc: snapshot.PriorityClass, *, names: settings.Names) -> label_values.Parsed[bool]:
@@ -193,10 +282,11 @@ def windows(
     tier_windows: Mapping[str, int],
     histories: Mapping[tuple[str, str], History] | None,
     since: float,
+    pool: Pool,
     config: settings.LearnedWindow,
 ) -> dict[str, Learned]:
-    """Per pod key, the learned window of pods whose class learns (`tier_windows`: class -> its window).
-    `histories` None: not read (every pod keeps its tier window, with that reason)."""
+    """Per pod key, the learned window of pods whose class learns (`tier_windows`: class -> its window), judged
+    on `pool` (of the same histories). `histories` None: not read (every pod keeps its tier window, so says)."""
     chosen = [p for p in pods if p.priority_class_name in tier_windows]
     of = {p.key: workload(p) for p in chosen}
     owned = members(set(of.values()), histories or {}) if histories is not None else {}
@@ -206,5 +296,6 @@ def windows(
         if histories is not None:  # its workload's pods, and itself whatever its name (not its owner's pattern)
             keys = set(owned.get(of[pod.key], ())) | {(pod.namespace, pod.name)}
             found = stretches_of((histories[k] for k in sorted(keys) if k in histories), since=since)
-        out[pod.key] = learn(found, tier_window=tier_windows[pod.priority_class_name or ""], config=config)
+        out[pod.key] = learn(found, tier_window=tier_windows[pod.priority_class_name or ""], pool=pool,
+                             config=config)
     return out

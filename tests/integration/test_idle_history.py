@@ -1,7 +1,8 @@
 """Learned idle windows in a real reclaim cycle against a real Prometheus (descheduler/idle_history.py).
 
 Every pod below idles for the last 40 minutes and, before that, alternates 10 busy minutes with 10 idle ones
-(or with silence). The tier window is 3 h, so only a learned window can find any of them idle."""
+(or with silence). The tier window is 3 h, so only a learned window can find any of them idle. 21 more pods, not
+in the cluster, make the pool the learned window's probability is estimated from."""
 
 from __future__ import annotations
 
@@ -56,6 +57,10 @@ HISTORY = [
     Series(UTIL, dcgm("2", "train-x1y2z"), history(newest=0, oldest=4800)),
     # Idle stretches ended in silence, never in work: nothing learned.
     Series(UTIL, dcgm("3", "gappy-qwert"), history(newest=0, oldest=9600, busy=None)),
+    # The pool: 21 pods elsewhere, each with 8 stretches, now idle for 3x their longest and still idle: evidence
+    # that a stretch lasting twice its pod's longest rarely ends in work within 10 min.
+    *(Series(UTIL, {**dcgm("0", f"fleet-{i}"), "Hostname": f"n{i + 2}", "namespace": "team-b"},
+             history(newest=0, oldest=12000)) for i in range(21)),
 ]
 
 
@@ -140,8 +145,9 @@ async def test_learned_window_evicts_what_the_tier_window_cannot_and_says_why(se
     [eviction] = first.plan.evictions
     assert (eviction.pod, eviction.window_seconds) == ("team-a/serve-7d9f8-aaaaa", 1800)
     assert eviction.reason.startswith(
-        "peak GPU utilisation 1.0% < 5% over 1800s; learned idle window 30 min: longest idle stretch of this "
-        "workload that ended in work in 6.0 h: 10 min (of 6) x 3; mode always")
+        "peak GPU utilisation 1.0% < 5% over 1800s; learned idle window 30 min = 2.0x this workload's longest idle "
+        "stretch that ended in work in 6.0 h (about 15 min, of 6): of the 22 idle stretches of all pods that lasted "
+        "2.0x their pod's longest, 0.0% ended in work within 10 min, under 5%; mode always")
     spared = {s.pod: s.reason for s in first.plan.spared}
     assert spared["team-a/plain-7d9f8-ccccc"] == "not idle: peak GPU utilisation 50.0% >= 5% over 10800s"
     assert spared["team-a/train-x1y2z"] == (

@@ -73,6 +73,26 @@ async def test_a_failed_read_is_retried_and_history_goes_stale() -> None:
     assert fake.asked[-1] == (300, 2400)  # the same part asked again
 
 
+class Bursty(Fake):
+    """Busy every third 5-min step, idle the two between: a stretch of two steps ends at every busy one."""
+
+    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        rows = await super().query_range(promql, start=start, end=end, step=step)
+        rows[0]["values"] = [[t, "50" if t // 300 % 3 == 0 else "0"] for t, _ in rows[0]["values"]]
+        return rows
+
+
+async def test_the_pool_is_rebuilt_after_each_read() -> None:
+    learner = idle_history.Learner(config=CONFIG, prometheus=Bursty())
+    for _ in range(4):
+        await learner.read(threshold=5.0, now=T0)
+    before = learner.pool
+    assert (len(before.ended), before.censored) == (16 - 6, ())  # 16 stretches in 4 h, the first 6 not pooled
+    assert learner.pool is before  # not rebuilt without a read
+    await learner.read(threshold=5.0, now=T0 + 2100)  # 7 more steps: 2 stretches in, 2 out of the look-back,
+    assert (len(learner.pool.ended), len(learner.pool.censored)) == (10, 1)  # and the last step idle: censored
+
+
 async def test_until_reads_nothing_after_it() -> None:
     fake = Fake()
     learner = idle_history.Learner(config=CONFIG, prometheus=fake, until=T0 - HOUR)

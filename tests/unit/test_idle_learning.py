@@ -12,7 +12,7 @@ from tests import builders
 
 STEP = 300.0
 IDLE, BUSY, NAN = 0.0, 50.0, float("nan")
-CONFIG = settings.LearnedWindow()  # quantile 1, margin 3, floor 1800 s, 6 stretches, buckets of 600 s
+CONFIG = settings.LearnedWindow()  # p 5 % within 10 min, 20 at risk, floor 1800 s, 6 stretches, 600-s buckets
 TIER = 10800
 
 
@@ -86,43 +86,128 @@ def test_since(start: float, kept: int) -> None:
     assert len(history.since(start).stretches) == kept
 
 
+EARLIER = 2700.0  # each pooled pod's six earlier stretches: 45 min of whole idle steps, lasting about 50 min
+
+
+def one(ratio: float, *, ended: bool = True, before: int = 6) -> idle_learning.History:
+    """A pod with `before` earlier stretches that ended in work, then one lasting `ratio` x theirs (a multiple of
+    0.1: whole steps): ended in work, or still idle (censored)."""
+    earlier = tuple((float(i), EARLIER) for i in range(before))
+    steps = round(ratio * 10) - 1  # lasting (steps + 1) x 300 s = ratio x 3000 s
+    if ended:
+        return idle_learning.History(last=99.0, stretches=(*earlier, (98.0, steps * STEP)))
+    return idle_learning.History(last=99.0, run_start=50.0, run_steps=steps, stretches=earlier)
+
+
+def pooled(ended: Sequence[float] = (), censored: Sequence[float] = ()) -> idle_learning.Pool:
+    return idle_learning.pool([*(one(r) for r in ended), *(one(r, ended=False) for r in censored)],
+                              step_seconds=STEP, min_stretches=6)
+
+
+SAFE = pooled(censored=[10.0] * 20)  # 20 stretches still idle at 10x their pod's longest: none resumed
+
+
 @pytest.mark.parametrize(
-    ("stretches", "config", "window", "learned", "reason"),
+    ("histories", "ended", "censored"),
     [
-        pytest.param(None, CONFIG, TIER, False, "history not read (yet): tier window", id="no-history"),
-        pytest.param([600.0] * 5, CONFIG, TIER, False, "5 idle stretch(es) of this workload ended in work in 7 d, "
-                     "fewer than 6: tier window", id="too-few-stretches"),
-        pytest.param([600.0] * 6, CONFIG, 1800, True, "learned idle window 30 min: longest idle stretch of this "
-                     "workload that ended in work in 7 d: 10 min (of 6) x 3", id="boundary-just-enough-stretches"),
-        pytest.param([600.0] * 5 + [1200.0], CONFIG, 3600, True, "longest idle stretch of this workload that ended "
-                     "in work in 7 d: 20 min (of 6) x 3", id="longest-times-margin"),
-        pytest.param([300.0] * 6, CONFIG, 1800, True, "raised to the floor 30 min", id="floor"),
-        pytest.param([600.0] * 6, CONFIG, 1800, True, "(of 6) x 3$", id="boundary-at-the-floor-not-raised"),
-        pytest.param([600.0] * 6, CONFIG.model_copy(update={"floor_seconds": 1799}), 1800, True, "x 3$",
-                     id="floor-boundary-margin-wins"),
-        pytest.param([700.0] * 6, CONFIG, 2400, True, "learned idle window 40 min", id="rounded-up-to-bucket"),
-        pytest.param([3600.0] * 6, CONFIG, TIER, False, "reaches the tier window 3.0 h: tier window",
-                     id="boundary-margin-reaches-tier"),
-        pytest.param([3500.0] * 6, CONFIG, TIER, False, "(rounded up to 600s) reaches the tier window",
-                     id="bucket-reaches-tier"),
-        pytest.param([3300.0] * 6, CONFIG, 9900 + 300, True, "learned idle window 2.8 h", id="just-under-tier"),
-        pytest.param([600.0] * 9 + [6000.0], CONFIG.model_copy(update={"quantile": 0.9}), 1800, True,
-                     "90% quantile of the idle stretch", id="quantile-ignores-the-outlier"),
-        pytest.param([600.0] * 9 + [6000.0], CONFIG.model_copy(update={"quantile": 0.91}), TIER, False,
-                     "reaches the tier window", id="quantile-boundary-takes-the-outlier"),
-        # A serving workload that idled 10 min at most for days, then 50 min before its last burst: the
-        # longest stretch decides, so the window grows at once (the price: it shrinks only as it ages out).
-        pytest.param([600.0] * 20 + [3000.0], CONFIG, 9000, True, "50 min (of 21)", id="behaviour-change-widens"),
+        pytest.param([one(2.0)], [2.0], [], id="ratio-to-the-longest-earlier-stretch"),
+        pytest.param([one(2.0, before=5)], [], [], id="fewer-earlier-than-min-stretches-not-pooled"),
+        pytest.param([idle_learning.History(stretches=tuple((float(i), EARLIER) for i in range(7)))], [1.0], [],
+                     id="boundary-the-seventh-counts"),
+        # Lasting 1500 s (1200 s of whole steps) against 3000 s, then 3000 s against 3000 s (not against 1500 s).
+        pytest.param([idle_learning.History(stretches=((0.0, 1200.0), *((float(i), EARLIER) for i in range(1, 6)),
+                                                       (6.0, 1200.0), (7.0, 2700.0)))], [0.5, 1.0], [],
+                     id="each-against-the-longest-before-it"),
+        pytest.param([one(3.0, ended=False)], [], [3.0], id="open-run-censored"),
+        pytest.param([one(3.0, ended=False, before=5)], [], [], id="open-run-of-a-short-history-not-pooled"),
+        pytest.param([fold([BUSY, IDLE, IDLE, BUSY] * 6 + [IDLE, IDLE, NAN])], [], [],
+                     id="run-ended-in-a-gap-not-pooled"),
+        pytest.param([fold([BUSY, IDLE, IDLE, BUSY] * 6 + [IDLE, IDLE])], [], [1.0], id="boundary-run-still-open"),
     ],
 )
-def test_learn(stretches: list[float] | None, config: settings.LearnedWindow, window: int, learned: bool,
-               reason: str) -> None:
-    got = idle_learning.learn(stretches, tier_window=TIER, config=config)
+def test_pool(histories: list[idle_learning.History], ended: list[float], censored: list[float]) -> None:
+    got = idle_learning.pool(histories, step_seconds=STEP, min_stretches=6)
+    assert got.ended == pytest.approx(sorted(ended))
+    assert got.censored == pytest.approx(sorted(censored))
+
+
+@pytest.mark.parametrize(
+    ("pool", "ratio", "until", "resumed", "at_risk"),
+    [
+        pytest.param(pooled([2.0, 2.0], [1.5, 1.5, 3.0, 3.0]), 1.0, 1.6, 0.0, 6, id="censored-earlier-is-no-end"),
+        # Kaplan-Meier: at 2.0, 4 still at risk (the two censored at 1.5 left), 2 end: half of them (not 2 of 6).
+        pytest.param(pooled([2.0, 2.0], [1.5, 1.5, 3.0, 3.0]), 1.0, 2.1, 0.5, 6, id="ends-before-until"),
+        pytest.param(pooled([2.0, 2.0], [1.5, 1.5, 3.0, 3.0]), 1.0, 2.0, 0.0, 6, id="boundary-end-at-until-is-after"),
+        # Lasted 2.0 and ended at 2.0: work in the very next step.
+        pytest.param(pooled([2.0, 2.0], [1.5, 1.5, 3.0, 3.0]), 2.0, 2.5, 0.5, 4, id="boundary-ended-at-the-ratio"),
+        pytest.param(pooled([2.0, 2.0], [1.5, 1.5, 3.0, 3.0]), 2.1, 3.1, 0.0, 2, id="after-the-ends"),
+        pytest.param(pooled([2.0, 2.0], [1.5, 1.5]), 2.1, 3.0, 1.0, 0, id="none-that-long-is-certain-resumption"),
+        pytest.param(idle_learning.Pool(), 1.0, 2.0, 1.0, 0, id="empty-pool"),
+    ],
+)
+def test_pool_resumed(pool: idle_learning.Pool, ratio: float, until: float, resumed: float, at_risk: int) -> None:
+    assert pool.resumed(ratio, until) == pytest.approx(resumed)
+    assert pool.at_risk(ratio) == at_risk
+
+
+# A workload with 10-min stretches of whole idle steps (lasting about 15 min) is judged at 30 min (2.0x, the
+# floor), 40 min (2.67x), ..., the next 10 min reaching 0.67x further.
+@pytest.mark.parametrize(
+    ("stretches", "pool", "config", "window", "learned", "reason"),
+    [
+        pytest.param(None, SAFE, CONFIG, TIER, False, "history not read (yet): tier window", id="no-history"),
+        pytest.param([600.0] * 5, SAFE, CONFIG, TIER, False, "5 idle stretch(es) of this workload ended in work in "
+                     "7 d, fewer than 6: tier window", id="too-few-stretches"),
+        pytest.param([600.0] * 6, SAFE, CONFIG, 1800, True, "learned idle window 30 min = 2.0x this workload's "
+                     "longest idle stretch that ended in work in 7 d (about 15 min, of 6): of the 20 idle stretches "
+                     "of all pods that lasted 2.0x their pod's longest, 0.0% ended in work within 10 min, under 5%",
+                     id="boundary-just-enough-stretches-learned-at-the-floor"),
+        pytest.param([600.0] * 6, pooled(censored=[10.0] * 19), CONFIG, TIER, False, "This workload's longest idle "
+                     "stretch that ended in work in 7 d (about 15 min, of 6): at no idle time under the tier window "
+                     "did fewer than 5% of at least 20 idle stretches of all pods as long (against their pod's "
+                     "longest) end in work within 10 min: tier window", id="boundary-too-few-at-risk"),
+        pytest.param([600.0] * 6, pooled(censored=[10.0] * 19), CONFIG.model_copy(update={"min_at_risk": 19}),
+                     1800, True, "of the 19 idle stretches", id="boundary-min-at-risk-met"),
+        # 21 lasted 2.0x, one of them ended at 2.5x: 1/21 = 4.8 % resumed before 2.67x.
+        pytest.param([600.0] * 6, pooled([2.5], [10.0] * 20), CONFIG, 1800, True, "4.8% ended in work",
+                     id="resumed-under-the-probability"),
+        pytest.param([600.0] * 6, pooled([2.5], [10.0] * 19), CONFIG, TIER, False, "tier window",
+                     id="boundary-resumed-at-the-probability-is-not-under"),
+        pytest.param([600.0] * 6, pooled([2.5] * 30, [10.0] * 20), CONFIG, 2400, True,
+                     "learned idle window 40 min = 2.7x", id="first-qualifying-idle-time-past-the-floor"),
+        pytest.param([600.0] * 6, pooled([2.5] * 30, [10.0] * 20),
+                     CONFIG.model_copy(update={"resume_horizon_seconds": 240}), 1800, True, "within 4 min",
+                     id="horizon-short-of-the-resumptions"),
+        pytest.param([600.0] * 6, SAFE, CONFIG.model_copy(update={"floor_seconds": 1801}), 2400, True,
+                     "learned idle window 40 min", id="floor-rounded-up-to-the-bucket"),
+        pytest.param([600.0] * 5 + [1200.0], SAFE, CONFIG, 1800, True, "1.2x this workload's longest",
+                     id="scale-is-the-longest"),
+        # Resumptions at every 0.1x up to 3.3x; a workload whose stretches last 50 min (the next 10 min: 0.2x) is
+        # safe at 3.4x = 170 min, under the 3-h tier; with resumptions up to 3.5x, only at 180 min: the tier's.
+        pytest.param([2700.0] * 6, pooled([k / 10 for k in range(2, 34)] * 5, [100.0] * 20), CONFIG, 10200, True,
+                     "learned idle window 2.8 h = 3.4x", id="boundary-just-under-the-tier"),
+        pytest.param([2700.0] * 6, pooled([k / 10 for k in range(2, 36)] * 5, [100.0] * 20), CONFIG, TIER, False,
+                     "at no idle time under the tier window", id="tier-window-bounds"),
+    ],
+)
+def test_learn(stretches: list[float] | None, pool: idle_learning.Pool, config: settings.LearnedWindow, window: int,
+               learned: bool, reason: str) -> None:
+    got = idle_learning.learn(stretches, tier_window=TIER, pool=pool, config=config)
     assert (got.window_seconds, got.learned) == (window, learned)
-    if reason.endswith("$"):  # the reason's end, nothing after it
-        assert got.reason.endswith(reason[:-1])
-    else:
-        assert reason in got.reason
+    assert reason in got.reason
+
+
+@pytest.mark.parametrize(
+    ("share", "said"),
+    [
+        pytest.param(0.047, "4.7%", id="one-decimal"),
+        pytest.param(0.0496, "4.96%", id="boundary-rounds-to-the-limit-more-decimals"),
+        pytest.param(0.04996, "4.996%", id="three-decimals"),
+        pytest.param(0.0, "0.0%", id="zero"),
+    ],
+)
+def test_below(share: float, said: str) -> None:
+    assert idle_learning.below(share, 0.05) == said
 
 
 def parsed(raw: dict[str, object]) -> snapshot.Pod:
@@ -211,28 +296,29 @@ def test_windows_share_the_workload_history_and_respect_the_lookback() -> None:
     scavenger = with_class(parsed(builders.pod("batch", gpus=1, node="n1", phase="Running")), "scavenger")
     short = fold([BUSY] + [IDLE, IDLE, BUSY] * 3)  # three 10-min stretches, ending at 900, 1800, 2700
     histories = {("default", "web-7d9f8-abcde"): short, ("default", "web-0aaaa-gone1"): short}  # a gone replica
-    got = idle_learning.windows([serving, other, scavenger], tier_windows={"normal": TIER}, histories=histories,
-                                since=900.0, config=CONFIG)
+    got = idle_learning.windows([serving, other, scavenger], tier_windows={"normal": TIER}, pool=SAFE,
+                                histories=histories, since=900.0, config=CONFIG)
     assert got[serving.key] == idle_learning.Learned(1800, True, got[serving.key].reason)
-    assert "(of 6)" in got[serving.key].reason
+    assert "of 6)" in got[serving.key].reason
     assert not got[other.key].learned and "0 idle stretch(es)" in got[other.key].reason
     assert scavenger.key not in got  # its class does not learn
-    later = idle_learning.windows([serving], tier_windows={"normal": TIER}, histories=histories, since=901.0,
-                                  config=CONFIG)
+    later = idle_learning.windows([serving], tier_windows={"normal": TIER}, pool=SAFE, histories=histories,
+                                  since=901.0, config=CONFIG)
     assert not later[serving.key].learned and "4 idle stretch(es)" in later[serving.key].reason
     odd = with_class(rs_pod("renamed", "web-7d9f8", labels=labels), "normal")  # not named as its owner names
-    alone = idle_learning.windows([odd], tier_windows={"normal": TIER}, config=CONFIG, since=0.0,
+    alone = idle_learning.windows([odd], tier_windows={"normal": TIER}, pool=SAFE, config=CONFIG, since=0.0,
                                   histories={("default", "renamed"): short, **histories})
-    assert "(of 9)" in alone[odd.key].reason  # its own 3 and its Deployment's 6
-    unread = idle_learning.windows([serving], tier_windows={"normal": TIER}, histories=None, since=0.0, config=CONFIG)
+    assert "of 9)" in alone[odd.key].reason  # its own 3 and its Deployment's 6
+    unread = idle_learning.windows([serving], tier_windows={"normal": TIER}, pool=SAFE, histories=None, since=0.0,
+                                   config=CONFIG)
     assert unread[serving.key] == idle_learning.Learned(TIER, False, "history not read (yet): tier window")
 
 
 def test_a_job_shares_its_gone_pods_history() -> None:
     job = with_class(rs_pod("train-abcde", "train", kind="Job"), "normal")
-    got = idle_learning.windows([job], tier_windows={"normal": TIER}, since=0.0, config=CONFIG,
+    got = idle_learning.windows([job], tier_windows={"normal": TIER}, pool=SAFE, since=0.0, config=CONFIG,
                                 histories={("default", "train-qwert"): fold([BUSY] + [IDLE, IDLE, BUSY] * 6)})
-    assert got[job.key].window_seconds == 1800 and "(of 6)" in got[job.key].reason
+    assert got[job.key].window_seconds == 1800 and "of 6)" in got[job.key].reason
 
 
 @pytest.mark.parametrize(
@@ -248,11 +334,3 @@ def test_a_job_shares_its_gone_pods_history() -> None:
 )
 def test_duration(seconds: float, said: str) -> None:
     assert idle_learning.duration(seconds) == said
-
-
-def test_quantile_nearest_rank() -> None:
-    assert idle_learning.quantile([4.0, 1.0, 3.0, 2.0], 0.25) == 1.0
-    assert idle_learning.quantile([7.0], 0.5) == 7.0
-    assert idle_learning.quantile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.0
-    assert idle_learning.quantile([4.0, 1.0, 3.0, 2.0], 0.51) == 3.0
-    assert idle_learning.quantile([4.0, 1.0, 3.0, 2.0], 1.0) == 4.0
