@@ -72,8 +72,10 @@ class Metrics:
 
 
 def _release_kind(decision: planning.Decision) -> str:
+    if decision.event_reason == planning.PREEMPTING:  # a single pod released unpinned, or a gang pinned
+        return "preempting"
     if decision.action is planning.Action.RELEASE_ALONE:
-        return {planning.ORPHANED: "orphaned", planning.UNPLACED: "unplaced", planning.PREEMPTING: "preempting"}.get(
+        return {planning.ORPHANED: "orphaned", planning.UNPLACED: "unplaced"}.get(
             decision.event_reason or "", "invalid")
     return "resumed" if decision.action is planning.Action.RESUME else "released"
 

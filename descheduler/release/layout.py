@@ -47,6 +47,7 @@ class Layout:
 
 
 Rooms = Mapping[str, capacity.Room]
+NOWHERE = placement.Allocation((), ())  # taken when a pod's GPU indices are not known: its requests still count
 
 
 def rooms(cluster: snapshot.Snapshot, *, assumed: Mapping[str, str] = {}) -> dict[str, capacity.Room]:
@@ -61,7 +62,7 @@ def rooms(cluster: snapshot.Snapshot, *, assumed: Mapping[str, str] = {}) -> dic
         if isinstance(choice, placement.Allocation):
             room.take_pod(pod, choice)
         else:  # over-committed in our view: still keep what it asks off the node
-            room.take_pod(pod, placement.Allocation((), ()))
+            room.take_pod(pod, NOWHERE)
     return out
 
 
@@ -247,26 +248,126 @@ def shortfall(
             f"one NVLink domain and its other requests met ({'; '.join(reasons)})", 0, False)
 
 
+def preemptor(pods: Sequence[snapshot.Pod]) -> int | None:
+    """The priority with which kube-scheduler's preemption would act for these pods (all of them: the lowest of
+    theirs, since each member preempts for itself), or None when one of them may not preempt (preemptionPolicy
+    Never)."""
+    if not pods or any(p.preemption_policy == "Never" for p in pods):
+        return None
+    return min(p.priority for p in pods)
+
+
+def victims(node: snapshot.Node, cluster: snapshot.Snapshot, *, below: int) -> frozenset[str]:
+    """The GPU pods holding the node that kube-scheduler's preemption may remove for a pod of priority `below`:
+    those of lower priority (equal is never preempted). kube-scheduler respects PodDisruptionBudgets only as a
+    preference among victims, not as a bar, so they do not protect a pod here either."""
+    return frozenset(k for k in (*node.pods, *node.reserved) if k in cluster.pods and cluster.pods[k].priority < below)
+
+
+def preempted_room(node: snapshot.Node, cluster: snapshot.Snapshot, *, below: int) -> capacity.Room | None:
+    """The node's room once preemption removed every pod it may remove for priority `below` (what kube-scheduler
+    checks before it chooses victims), or None when there is none to remove. Conservative: pods without GPUs are not
+    counted as freeing CPU or memory."""
+    lower = victims(node, cluster, below=below)
+    return capacity.Room.of(node, cluster=cluster, leaving=lower) if lower else None
+
+
 def preemptible(pod: snapshot.Pod, candidates: frozenset[str], cluster: snapshot.Snapshot) -> str | None:
     """Where kube-scheduler's own preemption could make room for this pod now (None: nowhere, or it may not
     preempt): a schedulable node among its candidates that would hold it once the GPU pods there of lower priority
-    are gone (the victims the scheduler may choose; a pod's domains do not matter to it). Says the node with the
-    fewest such pods. Conservative: pods without GPUs are not counted as freeing CPU or memory."""
-    if pod.preemption_policy == "Never":
+    are gone (`preempted_room`: the victims the scheduler may choose; a pod's domains do not matter to it). Says the
+    node with the fewest such pods."""
+    below = preemptor([pod])
+    if below is None:
         return None
     best: tuple[int, str] | None = None
     for name in sorted(candidates):
         node = cluster.nodes.get(name)
         if node is None or not node.schedulable:
             continue
-        lower = {k for k in (*node.pods, *node.reserved)
-                 if k in cluster.pods and cluster.pods[k].priority < pod.priority}
-        if not lower:
+        room = preempted_room(node, cluster, below=below)
+        if room is None:
             continue
-        room = capacity.Room.of(node, cluster=cluster, leaving=lower)
+        count = len(victims(node, cluster, below=below))
         if isinstance(room.place_pod(pod, one_domain=False), placement.Allocation) and (
-                best is None or len(lower) < best[0]):
-            best = (len(lower), name)
+                best is None or count < best[0]):
+            best = (count, name)
     if best is None:
         return None
     return f"preempting lower-priority pods on {best[1]} would make room ({best[0]} there)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Preemption:
+    """A gang placed once kube-scheduler's preemption has made room (`preempting`)."""
+
+    layout: Layout
+    rooms: dict[str, capacity.Room]  # the rooms it leaves on the nodes it uses (after preemption where it preempts)
+    victims: Mapping[str, int]  # node where some member needs preemption -> lower-priority pods there it may remove
+
+    def describe(self) -> str:
+        where = ", ".join(f"{n} ({c} there)" for n, c in sorted(self.victims.items()))
+        return (f"fits no node now; once kube-scheduler preempts lower-priority pods on {where}: "
+                f"{self.layout.describe()}")
+
+
+def preempting(
+    members: Sequence[snapshot.Pod],
+    candidates: Mapping[str, frozenset[str]],
+    rooms: Rooms,
+    cluster: snapshot.Snapshot,
+    allowed: frozenset[str],
+    *,
+    scoring: settings.Scoring,
+    untouched: frozenset[str],
+) -> Preemption | None:
+    """Where a gang that fits nowhere now (all members at once) goes once kube-scheduler's own preemption has removed
+    pods of lower priority than every member (`preemptor`, `preempted_room`): the one model, asked per member.
+
+    Members one at a time, the largest first, each as a gang of one (`place`: the best NVLink score, then packing):
+    on free room if any node has it (free room is never given up for a preemption), else on the node whose room
+    after preemption scores best. Only nodes in `untouched` (whose rooms no earlier placement of this plan changed)
+    are counted as preemptible. None: a member may not preempt, or some member fits nowhere even after preemption
+    (a gang is never started in part)."""
+    below = preemptor(members)
+    if below is None:
+        return None
+    usable = frozenset(n for n in allowed if n in rooms)
+    free: dict[str, capacity.Room] = {n: rooms[n] for n in usable}
+    after: dict[str, capacity.Room] = {}
+    counts: dict[str, int] = {}
+    for name in sorted(usable & untouched):
+        node = cluster.nodes.get(name)
+        room = preempted_room(node, cluster, below=below) if node is not None and node.schedulable else None
+        if node is not None and room is not None:
+            after[name], counts[name] = room, len(victims(node, cluster, below=below))
+    assigned: dict[str, str] = {}
+    spanning: list[str] = []
+    preempts: set[str] = set()
+    for pod in sorted(members, key=lambda p: (-p.request.full, -sum(p.request.mig.values()), p.key)):
+        wanted = candidates[pod.key]
+        found = _one(pod, wanted & frozenset(free), free, scoring)
+        needs = found is None
+        if needs:
+            found = _one(pod, wanted & frozenset(after), after, scoring)
+        if found is None:
+            return None
+        _, name, choice, _, _ = found
+        view = after if needs else free
+        view[name] = view[name].copy()
+        view[name].take_pod(pod, choice)
+        if needs:
+            preempts.add(name)
+            free.pop(name, None)  # once preempted, the node's free room is the room after preemption
+        elif name in after:  # keep the view after preemption true to what the member takes
+            after[name] = after[name].copy()
+            there = after[name].place_pod(pod, one_domain=False)
+            after[name].take_pod(pod, there if isinstance(there, placement.Allocation) else NOWHERE)
+        assigned[pod.key] = name
+        if choice.spanned > 1:
+            spanning.append(pod.key)
+    used = sorted(set(assigned.values()))
+    held = {rooms[n].node.topology.clique for n in used}
+    clique = next(iter(held)) if len(held) == 1 and len(used) > 1 else None
+    left = {n: after[n] if n in preempts else free[n] for n in used}
+    return Preemption(Layout(assigned, clique, tuple(sorted(spanning))), left, {n: counts[n] for n in preempts})

@@ -35,8 +35,16 @@ Pure: a `Snapshot`, the settings and `now` in, decisions with their reasons out.
 - A single pod (a gang of one) that fits no node now (reserved nodes included) but would fit once
   kube-scheduler's preemption removed pods of lower priority (`layout.preemptible`; its preemptionPolicy is not
   Never) is released at once, unpinned, with a `ReleasedToPreempt` Event: a gated pod is invisible to preemption,
-  and a pin could force a preemption on a node the scheduler would not have chosen. A gang of several waits
-  (preempting for it member by member could start it half-way); idle reclaim is its path.
+  and a pin could force a preemption on a node the scheduler would not have chosen.
+- A gang of several that fits nowhere now (not even on nodes kept for gangs ahead) but whose every member would fit
+  once preemption removed pods of lower priority than all of its members (`layout.preempting`: every member's
+  preemptionPolicy not Never; equal priority is never preempted) is planned all at once on that view and released at
+  once, each member pinned, with a `ReleasedToPreempt` Event: a member goes where there is free room if any node
+  has it, and only otherwise to the node where preemption leaves the best NVLink score (so a pin never causes a
+  preemption another node would have avoided). All members are released together; kube-scheduler preempts for each
+  on its pinned node, and pin recovery (`recovery`) takes back the whole gang if a member is still not placed by
+  its deadline. A gang that only partly fits even after preemption waits (never started in part). Nodes an
+  earlier placement of the same pass changed are not counted as preemptible.
 - No pod waits on us forever: a complete gang that cannot be placed within
   `descheduler.gangs.max_wait_seconds` (a gang of one; several members: `gang_max_wait_seconds`) is
   released unpinned with a Warning `ReleasedUnplaced`, so that kube-scheduler's preemption and cluster
@@ -352,7 +360,9 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
         else:
             decisions.append(early)
 
-    rooms = layout.rooms(cluster, assumed={k: n for k, n in assumed.items() if n})
+    pinned = {k: n for k, n in assumed.items() if n}
+    rooms = layout.rooms(cluster, assumed=pinned)
+    touched = set(pinned.values())  # nodes whose rooms this plan changed: preemption is not counted on them
     shortages: list[Shortage] = []
     reserved: set[str] = set()  # nodes the blocked gangs ahead may use (backfill off)
     blockers: list[str] = []
@@ -367,11 +377,12 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
             continue
         candidates = {p.key: layout.candidates(p, cluster) for p in placing}
         reachable: frozenset[str] = frozenset().union(*candidates.values())
-        placed = layout.place(placing, candidates, rooms, everywhere if cfg.backfill else everywhere - reserved,
-                                     scoring=config.scoring)
+        allowed = everywhere if cfg.backfill else everywhere - reserved
+        placed = layout.place(placing, candidates, rooms, allowed, scoring=config.scoring)
         if placed is not None:
             chosen, trial = placed
             rooms.update(trial)
+            touched.update(trial)
             members = tuple(_member(p, gate=gate, node=chosen.nodes.get(p.key)) for p in gang.members)
             decisions.append(gang.decide(Action.RELEASE, chosen.describe() + gang.unpinned(), "Normal", RELEASED,
                                          members=members, summary=chosen.describe(short=True) + gang.unpinned()))
@@ -381,11 +392,22 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
         queued = not cfg.backfill and bool(reserved & reachable) and layout.place(
             placing, candidates, rooms, everywhere, scoring=config.scoring) is not None
         if gang.single and not queued and (
-                room := layout.preemptible(placing[0], candidates[placing[0].key], cluster)):
+                room := layout.preemptible(placing[0], candidates[placing[0].key] - touched, cluster)):
             # Gated, it is invisible to kube-scheduler's preemption: released at once, unpinned, it preempts as the
             # stock scheduler would have (which pods, on which node, is the scheduler's choice, never forced by a pin).
             message = f"fits no node now; {room}: released unpinned at once so that kube-scheduler preempts for it"
             decisions.append(gang.decide(Action.RELEASE_ALONE, message, "Normal", PREEMPTING, members=members))
+            continue
+        if not gang.single and not queued and (pre := layout.preempting(
+                placing, candidates, rooms, cluster, allowed, scoring=config.scoring,
+                untouched=everywhere - touched)):
+            # Gated, its members are invisible to kube-scheduler's preemption: all pinned and released together, each
+            # preempts for itself on the node planned for it, and only where no node has free room for it.
+            rooms.update(pre.rooms)
+            touched.update(pre.rooms)
+            members = tuple(_member(p, gate=gate, node=pre.layout.nodes.get(p.key)) for p in gang.members)
+            message = f"{pre.describe()}{gang.unpinned()}; released at once so that kube-scheduler preempts for it"
+            decisions.append(gang.decide(Action.RELEASE, message, "Normal", PREEMPTING, members=members))
             continue
         waited = gang.waited(mark=mark, now=now)
         limit = cfg.max_wait_seconds if gang.single else cfg.gang_max_wait_seconds
