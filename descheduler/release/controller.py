@@ -68,6 +68,10 @@ class Metrics:
         self.failures = prometheus_client.Counter(
             "gpu_steward_gang_release_failures", "Releases stopped by an API error (retried).", registry=registry
         )
+        self.overtaken = prometheus_client.Counter(
+            "gpu_steward_release_overtaken", "Releases held back right before their first patch because a node "
+            "planned for them was taken since the plan (planned afresh on the next pass).", registry=registry,
+        )
         self.recovery = recoverer.Metrics(registry)
 
 
@@ -80,7 +84,7 @@ def _release_kind(decision: planning.Decision) -> str:
     return "resumed" if decision.action is planning.Action.RESUME else "released"
 
 
-async def _all(calls: Iterable[Awaitable[None]]) -> None:
+async def _all(calls: Iterable[Awaitable[object]]) -> None:
     """Run the calls concurrently; once all have finished, raise the first unexpected error, else the first API
     failure (if any)."""
     failed = [r for r in await asyncio.gather(*calls, return_exceptions=True) if isinstance(r, BaseException)]
@@ -128,7 +132,7 @@ class Controller:
         result = planning.plan(cluster, config=self._config, now=now,
                                    assumed={key: node for key, (node, _) in self._assumed.items()})
         planned = time.perf_counter()
-        await asyncio.gather(*(self._apply_safely(d, cluster, now=now) for d in result.decisions))
+        await asyncio.gather(*(self._apply_safely(d, cluster, result, now=now) for d in result.decisions))
         done = time.perf_counter()
         self._metrics.pass_seconds.observe(done - started)
         logger.debug("release pass: %d decisions planned in %.3fs, applied in %.3fs", len(result.decisions),
@@ -149,18 +153,20 @@ class Controller:
             if key in cluster.pods and gate in cluster.pods[key].scheduling_gates and now - at < patience
         }
 
-    async def _apply_safely(self, decision: planning.Decision, cluster: snapshot.Snapshot, *, now: float) -> None:
+    async def _apply_safely(self, decision: planning.Decision, cluster: snapshot.Snapshot,
+                            result: planning.ReleasePlan, *, now: float) -> None:
         try:
-            await self._apply(decision, cluster, now=now)
+            await self._apply(decision, cluster, result, now=now)
         except (kube.ApiError, aiohttp.ClientError, TimeoutError) as exc:
             self._metrics.failures.inc()
             logger.warning("gang %s: %s stopped: %s; retrying on the next pass", decision.gang, decision.action, exc)
 
-    async def _apply(self, decision: planning.Decision, cluster: snapshot.Snapshot, *, now: float) -> None:
+    async def _apply(self, decision: planning.Decision, cluster: snapshot.Snapshot, result: planning.ReleasePlan,
+                     *, now: float) -> None:
         if decision.action is planning.Action.NONE:
             return
         if decision.action in RELEASING:
-            await self._release(decision, cluster, now=now)
+            await self._release(decision, cluster, result, now=now)
             return
         for key in decision.mark:
             await self._patch(key, patches.mark(annotation=planning.complete_mark(self._config.names),
@@ -171,11 +177,26 @@ class Controller:
             self._metrics.timeouts.inc()
         await self._tell(decision, only_changes=True)
 
-    async def _release(self, decision: planning.Decision, cluster: snapshot.Snapshot, *, now: float) -> None:
+    def _overtaken(self, decision: planning.Decision, cluster: snapshot.Snapshot, result: planning.ReleasePlan,
+                   ) -> str | None:
+        """Why the release must not go out as planned, judged on the freshest snapshot (`planning.overtaken`)."""
+        why = planning.overtaken(decision, planned=cluster, fresh=self._source.snapshot, left=result.left,
+                                 assumed={key: node for key, (node, _) in self._assumed.items()})
+        if why:
+            self._metrics.overtaken.inc()
+            logger.info("%s %s: held back, planned afresh on the next pass: %s", "pod" if decision.single else "gang",
+                        decision.gang, why)
+        return why
+
+    async def _release(self, decision: planning.Decision, cluster: snapshot.Snapshot, result: planning.ReleasePlan,
+                       *, now: float) -> None:
         gate, pins = self._config.names.gate, decision.pins
         if len(decision.ungate) > 1 and pins:
             # Several members: pin them all before any is un-gated, so a failure half-way releases none (the
-            # next pass re-plans them, honouring pins already set) and a started gang always has its pins.
+            # next pass re-plans them, honouring pins already set) and a started gang always has its pins. Judged as
+            # a unit on the freshest snapshot first: a node taken since the plan holds back every member.
+            if self._overtaken(decision, cluster, result):
+                return
             await _all(self._patch(key, patch, content_type=JSON_PATCH) for key, node in pins.items()
                        if (patch := patches.tighten(cluster.pods[key].raw, nodes=[node])))
 
@@ -184,14 +205,24 @@ class Controller:
         record = (self._config.names.release, label_values.stamp(_rfc3339(now), decision.message))
         single = len(decision.ungate) == 1
 
+        held_back: list[str] = []
+
         async def one(key: str) -> None:
             pod = cluster.pods[key].raw
-            patch = patches.release(pod, gate=gate, node=pins.get(key) if single else None, record=record)
-            if patch:
-                await self._patch(key, patch, content_type=JSON_PATCH)
+            pin = pins.get(key) if single else None
+            patch = patches.release(pod, gate=gate, node=pin, record=record)
+            if not patch:
+                return
+            # A single pod is re-checked on the freshest snapshot right before its patch (after waiting for a slot).
+            guard = (lambda: self._overtaken(decision, cluster, result)) if pin else None
+            if await self._patch(key, patch, content_type=JSON_PATCH, guard=guard):
                 self._assumed[key] = (pins.get(key, ""), now)
+            else:
+                held_back.append(key)
 
         await _all(one(key) for key in decision.ungate)
+        if held_back:
+            return
         logger.info("%s %s: %s: %s", "pod" if decision.single else "gang", decision.gang, decision.action,
                     decision.message)
         self._metrics.releases.labels(_release_kind(decision)).inc()
@@ -202,10 +233,15 @@ class Controller:
                 self._metrics.wait_seconds.observe(max(0.0, now - started))
         await self._tell(decision, only_changes=False)  # one Event per release, a single pod's too
 
-    async def _patch(self, key: str, body: object, *, content_type: str) -> None:
+    async def _patch(self, key: str, body: object, *, content_type: str,
+                     guard: Callable[[], str | None] | None = None) -> bool:
+        """Send the patch once a slot is free; not if `guard` then says why not (False)."""
         async with self._calls:
+            if guard is not None and guard():
+                return False
             await kube.request(self._api, "PATCH", _pod_path(key), body=body, content_type=content_type,
                                timeout_seconds=self._config.kubernetes.request_timeout_seconds)
+            return True
 
     async def _tell(self, decision: planning.Decision, *, only_changes: bool) -> None:
         """One Event per member (gated ones, for a gang that releases: they are the ones it concerns)."""

@@ -67,7 +67,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from common import capacity, gangs, gpu, settings, snapshot, timestamps
+from common import capacity, gangs, gpu, resources, settings, snapshot, timestamps
 from descheduler.release import layout
 
 EventType = Literal["Normal", "Warning"]
@@ -172,6 +172,7 @@ class Shortage:
 class ReleasePlan:
     decisions: tuple[Decision, ...]  # invalid first, then by queue order
     shortages: tuple[Shortage, ...]  # complete gangs waiting only for GPUs: what reclaim may free capacity for
+    left: Mapping[str, capacity.Room] = dataclasses.field(default_factory=dict)  # each node's room after the plan
 
 
 def place(members: Sequence[snapshot.Pod], *, cluster: snapshot.Snapshot,
@@ -438,4 +439,53 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
         if not never and not gang.single and waited <= cfg.reservation_seconds:
             reserved |= reachable
             blockers.append(gang.key)
-    return ReleasePlan(tuple(decisions) + tuple(idle), tuple(shortages))
+    return ReleasePlan(tuple(decisions) + tuple(idle), tuple(shortages), rooms)
+
+
+def _holders(cluster: snapshot.Snapshot, node: str) -> Mapping[str, Mapping[str, int]]:
+    """Every pod holding the node (GPU pods or not: bound, nominated, pinned and released) -> its requests; indexed
+    once per snapshot."""
+    key = ("planning.holders",)
+    index: dict[str, dict[str, Mapping[str, int]]] | None = cluster.memo.get(key)
+    if index is None:
+        index = {}
+        for pod_key, (_, entry) in cluster.parsed.items():
+            if entry.held_on:
+                index.setdefault(entry.held_on, {})[pod_key] = entry.requests
+        cluster.memo[key] = index
+    return index.get(node, {})
+
+
+def overtaken(decision: Decision, *, planned: snapshot.Snapshot, fresh: snapshot.Snapshot,
+              left: Mapping[str, capacity.Room], assumed: Mapping[str, str] = {}) -> str | None:
+    """Why a release planned on `planned` must not pin its members where planned now that `fresh` (a newer snapshot,
+    kept current by the feeder's watch) shows its nodes (None: it still may). Asked right before the release's first
+    patch: a pod bound to (or nominated to, or released onto) a node since the plan takes it from the pin only when it
+    needs more than the plan left free there (`left`: the nodes' rooms after every release of the plan; pods this
+    controller released meanwhile, `assumed`, are counted there already); a node gone, cordoned or no longer ready, a
+    filter that now refuses a member (taints, labels, a host port or an anti-affinity term of a pod there) take it too.
+    A gang is judged as a unit: one node taken holds back all of its members, to be planned afresh on the next pass."""
+    pins = decision.pins
+    if fresh is planned or not pins:
+        return None
+    for name in sorted(set(pins.values())):
+        node = fresh.nodes.get(name)
+        if node is None or not node.schedulable:
+            return f"node {name} is gone, cordoned or not ready since the plan"
+        for key in sorted(k for k, n in pins.items() if n == name):
+            pod = fresh.pods.get(key)
+            why = capacity.never_pod(pod, node) if pod is not None else f"{key} is gone"
+            if why:
+                return f"node {name} refuses {key} since the plan: {why}"
+        before = _holders(planned, name)
+        arrived = {k: r for k, r in _holders(fresh, name).items() if k not in before and k not in assumed}
+        if not arrived:
+            continue
+        grown = resources.add(*arrived.values(), {resources.PODS: len(arrived)})
+        room = left.get(name)
+        free = room.free if room is not None else {}
+        short = sorted(r for r, amount in grown.items() if amount > 0 and amount > free.get(r, 0))
+        if short:
+            return (f"node {name} was taken since the plan by {', '.join(sorted(arrived))} "
+                    f"(short of {', '.join(short)})")
+    return None

@@ -795,3 +795,77 @@ def test_a_gang_preempts_on_no_node_an_earlier_release_of_the_same_pass_took() -
     decisions = outcome(planning.plan(cluster([EIGHT], pods), config=config(), now=NOW))
     check(decisions["team/first"], Want(A.RELEASE, planning.RELEASED, "placed on big", pins={"first-0": "big"}))
     check(decisions["team/g"], Want(A.WAIT, planning.WAITING, "waiting for", waiting=W.CAPACITY, ungate=[]))
+
+
+# --- the re-check right before a release's first patch, on the freshest snapshot -----------------------------------
+
+
+def bound_since(name: str, *, node: str, gpus: int, nominated: bool = False) -> dict[str, Any]:
+    """A never-gated pod the scheduler bound (or, `nominated`, reserved by preemption) to `node` after the plan."""
+    pod = running(name, node=node, gpus=gpus, priority=0)
+    if nominated:
+        pod["spec"].pop("nodeName")
+        pod["status"] = {"phase": "Pending", "nominatedNodeName": node}
+    return pod
+
+
+def cordoned(node: dict[str, Any]) -> dict[str, Any]:
+    node["spec"]["unschedulable"] = True
+    return node
+
+
+@pytest.mark.parametrize(
+    ("gated", "fresh_nodes", "arrived", "assumed", "want"),
+    [
+        pytest.param([solo("p", gpus=8)], None, [bound_since("racer", node="big", gpus=1)], {},
+                     "node big was taken since the plan by other/racer (short of nvidia.com/gpu)",
+                     id="bound-since-and-needs-what-the-plan-left/match"),
+        pytest.param([solo("p", gpus=4)], None, [bound_since("racer", node="big", gpus=4)], {}, None,
+                     id="bound-since-takes-exactly-what-the-plan-left/boundary"),
+        pytest.param([solo("p", gpus=4)], None, [bound_since("racer", node="big", gpus=5)], {},
+                     "node big was taken since the plan by other/racer (short of nvidia.com/gpu)",
+                     id="one-gpu-more-than-the-plan-left/boundary"),
+        pytest.param([solo("p", gpus=4)], None, [], {}, None, id="nothing-arrived/no-match"),
+        pytest.param([solo("p", gpus=8)], None, [bound_since("racer", node="big", gpus=1, nominated=True)], {},
+                     "node big was taken since the plan by other/racer", id="nominated-since-holds-the-node"),
+        pytest.param([solo("p", gpus=8)], None, [bound_since("racer", node="big", gpus=1)], {"other/racer": "big"},
+                     None, id="a-pod-this-controller-released-is-counted-already"),
+        pytest.param([solo("p", gpus=4)], [cordoned(builders.gpu_node("big", gpus=8, domains=SPLIT_8))], [], {},
+                     "node big is gone, cordoned or not ready since the plan", id="node-cordoned-since"),
+        pytest.param([solo("p", gpus=4)], [], [], {}, "node big is gone, cordoned or not ready since the plan",
+                     id="node-gone-since"),
+        pytest.param(gang("g", 2, size=2, gpus=4), None, [bound_since("racer", node="big", gpus=1)], {},
+                     "node big was taken since the plan by other/racer", id="a-gang-is-held-back-as-a-unit"),
+    ],
+)
+def test_a_release_is_held_back_when_its_node_was_taken_since_the_plan(
+    gated: list[dict[str, Any]], fresh_nodes: list[dict[str, Any]] | None, arrived: list[dict[str, Any]],
+    assumed: Mapping[str, str], want: str | None,
+) -> None:
+    planned = cluster([EIGHT], gated)
+    result = planning.plan(planned, config=config(), now=NOW)
+    [decision] = [d for d in result.decisions if d.action is A.RELEASE]
+    assert set(decision.pins.values()) == {"big"}
+    fresh = cluster([EIGHT] if fresh_nodes is None else fresh_nodes, [*gated, *arrived])
+    said = planning.overtaken(decision, planned=planned, fresh=fresh, left=result.left, assumed=assumed)
+    assert said == want if want is None else said is not None and said.startswith(want), said
+
+
+def test_the_plan_s_own_snapshot_is_never_overtaken() -> None:
+    planned = cluster([EIGHT], [solo("p", gpus=8)])
+    result = planning.plan(planned, config=config(), now=NOW)
+    [decision] = result.decisions
+    assert planning.overtaken(decision, planned=planned, fresh=planned, left=result.left) is None
+
+
+def test_a_member_a_filter_refuses_since_the_plan_holds_back_its_release() -> None:
+    port = {"containerPort": 80, "hostPort": 8080}
+    pod = solo("p", gpus=4)
+    pod["spec"]["containers"][0]["ports"] = [port]
+    holder = bound_since("web", node="big", gpus=0)
+    holder["spec"]["containers"][0]["ports"] = [port]
+    planned = cluster([EIGHT], [pod])
+    result = planning.plan(planned, config=config(), now=NOW)
+    [decision] = result.decisions
+    said = planning.overtaken(decision, planned=planned, fresh=cluster([EIGHT], [pod, holder]), left=result.left)
+    assert said == "node big refuses team/p since the plan: host port 8080/TCP in use"
