@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -100,8 +101,11 @@ def test_gang_only_preemption_can_place_is_released_pinned_and_preempts_on_one_n
         cluster.kubectl("create", "-f", "-", input=json.dumps(member))
 
     # Within 60 s: the descheduler would have kept the gang gated for 600 s (gang_max_wait_seconds) without the rule.
-    bound = kube.poll("both members bound", lambda: (now := kube.pods(cluster, ns)) and all(
-        now.get(m, {}).get("spec", {}).get("nodeName") for m in members) and now, timeout_seconds=60)
+    def both_bound() -> dict[str, dict[str, Any]] | None:
+        now = kube.pods(cluster, ns)
+        return now if all(now.get(m, {}).get("spec", {}).get("nodeName") for m in members) else None
+
+    bound = kube.poll("both members bound", both_bound, timeout_seconds=60)
     hosts = {bound[m]["spec"]["nodeName"] for m in members}
     assert len(hosts) == 1, f"one node holds the whole gang (the best NVLink domain after preemption): {hosts}"
     [host] = hosts
