@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from common import capacity, nvlink_score, placement, settings, snapshot
 
@@ -79,7 +80,39 @@ def candidates(pod: snapshot.Pod, cluster: snapshot.Snapshot) -> frozenset[str]:
     return found
 
 
-_Rank = tuple[float, int, int, str]
+_Rank = tuple[float, int, int, int, str]
+Contested = Mapping[str, int]  # node -> pending pods that prefer it (`contested`)
+
+
+def contested(cluster: snapshot.Snapshot) -> Contested:
+    """Per node, the pending pods kube-scheduler may bind there at any moment that no plan of ours counts: GPU pods
+    not bound, holding nothing (not nominated, not released pinned), carrying no scheduling gate and not terminating,
+    whose preferred node-affinity terms name the node (`matchFields metadata.name In`, as the webhook writes them for
+    the pods it does not gate). A tie-break only: among nodes release ranks equal, it takes the one fewer such pods
+    prefer, so that a pin and a never-gated pod race for the same node less often. Counting them as holding the node
+    instead cost gated pods their nodes (issue #20). Once per snapshot."""
+    key = ("layout.contested",)
+    found: dict[str, int] | None = cluster.memo.get(key)
+    if found is None:
+        found = {}
+        for pod in cluster.pods.values():
+            if (pod.node_name or pod.held_on or pod.scheduling_gates or pod.deleting or not pod.request.any
+                    or pod.phase != "Pending"):
+                continue
+            for node in _preferred_nodes(pod.raw):
+                found[node] = found.get(node, 0) + 1
+        cluster.memo[key] = found
+    return found
+
+
+def _preferred_nodes(raw: Mapping[str, Any]) -> frozenset[str]:
+    affinity = ((raw.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}
+    named: set[str] = set()
+    for term in affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ():
+        for requirement in (term.get("preference") or {}).get("matchFields") or ():
+            if requirement.get("key") == snapshot.NAME_FIELD and requirement.get("operator") == "In":
+                named.update(str(v) for v in requirement.get("values") or ())
+    return frozenset(named)
 
 
 Scores = dict[tuple[object, ...], "nvlink_score.NodeScore | None"]
@@ -96,7 +129,7 @@ def _score(room: capacity.Room, need: int, scoring: settings.Scoring, scores: Sc
 
 
 def _evaluate(pod: snapshot.Pod, room: capacity.Room, scoring: settings.Scoring, scores: Scores,
-              ) -> tuple[_Rank, placement.Allocation, str, str] | str:
+              contested: Mapping[str, int] = {}) -> tuple[_Rank, placement.Allocation, str, str] | str:
     """A gang of one on one node: its rank (lower is better), where its GPUs land, why and why in short; or why it
     does not fit."""
     choice = room.place_pod(pod)
@@ -109,15 +142,15 @@ def _evaluate(pod: snapshot.Pod, room: capacity.Room, scoring: settings.Scoring,
     left = f"{room.free_gpus - need} GPUs left free there"
     why = f"NVLink score {points:g} ({score.explain()}); {left}" if score is not None else left
     short = f"NVLink score {points:g}; {left}" if score is not None else left
-    return (-points, room.free_gpus - need, domain_left, name), choice, why, short
+    return (-points, room.free_gpus - need, domain_left, contested.get(name, 0), name), choice, why, short
 
 
 def _one(pod: snapshot.Pod, names: frozenset[str], rooms: Rooms, scoring: settings.Scoring,
-         ) -> tuple[_Rank, str, placement.Allocation, str, str] | None:
+         contested: Mapping[str, int] = {}) -> tuple[_Rank, str, placement.Allocation, str, str] | None:
     best: tuple[_Rank, str, placement.Allocation, str, str] | None = None
     scores: Scores = {}
     for name in sorted(names):
-        found = _evaluate(pod, rooms[name], scoring, scores)
+        found = _evaluate(pod, rooms[name], scoring, scores, contested)
         if not isinstance(found, str) and (best is None or found[0] < best[0]):
             best = (found[0], name, found[1], found[2], found[3])
     return best
@@ -131,7 +164,7 @@ def explain(pod: snapshot.Pod, cluster: snapshot.Snapshot, *, scoring: settings.
     refused: list[tuple[str, bool, str]] = []
     for name, room in sorted(rooms(cluster).items()):
         why_never = capacity.never_pod(pod, room.node)
-        found = why_never if why_never else _evaluate(pod, room, scoring, {})
+        found = why_never if why_never else _evaluate(pod, room, scoring, {}, contested(cluster))
         if isinstance(found, str):
             refused.append((name, False, found))
         else:
@@ -146,13 +179,14 @@ def _greedy(
     candidates: Mapping[str, frozenset[str]],
     rooms: Rooms,
     allowed: frozenset[str],
+    contested: Mapping[str, int] = {},
 ) -> tuple[dict[str, str], dict[str, capacity.Room], list[str]] | None:
     trial: dict[str, capacity.Room] = {}
     nodes: dict[str, str] = {}
     spanning: list[str] = []
     order = sorted(members, key=lambda p: (-p.request.full, -sum(p.request.mig.values()), p.key))
     for pod in order:
-        best: tuple[tuple[bool, int, int, str], str, placement.Allocation] | None = None
+        best: tuple[tuple[bool, int, int, int, str], str, placement.Allocation] | None = None
         for name in sorted(candidates[pod.key] & allowed):
             if name not in rooms:
                 continue
@@ -162,7 +196,7 @@ def _greedy(
                 continue
             fresh = name not in trial
             left = room.free_gpus
-            rank = (fresh, choice.spanned, -left if fresh else left - pod.request.full, name)
+            rank = (fresh, choice.spanned, -left if fresh else left - pod.request.full, contested.get(name, 0), name)
             if best is None or rank < best[0]:
                 best = (rank, name, choice)
         if best is None:
@@ -184,12 +218,14 @@ def place(
     allowed: frozenset[str],
     *,
     scoring: settings.Scoring,
+    contested: Mapping[str, int] = {},
 ) -> tuple[Layout, dict[str, capacity.Room]] | None:
-    """The best simultaneous placement within `allowed` nodes, and the rooms it leaves (None: none fits)."""
+    """The best simultaneous placement within `allowed` nodes, and the rooms it leaves (None: none fits). Among
+    placements ranked equal, the one on nodes fewer pending never-gated pods prefer (`contested`)."""
     usable = frozenset(n for n in allowed if n in rooms)
     if len(members) == 1:
         pod = members[0]
-        found = _one(pod, candidates[pod.key] & usable, rooms, scoring)
+        found = _one(pod, candidates[pod.key] & usable, rooms, scoring, contested)
         if found is None:
             return None
         _, name, choice, why, short = found
@@ -203,9 +239,9 @@ def place(
         if clique:
             cliques.setdefault(clique, set()).add(name)
     options = [frozenset([n]) for n in sorted(everyone)] + [frozenset(n) for _, n in sorted(cliques.items())]
-    best: tuple[tuple[int, int, int, str], Layout, dict[str, capacity.Room]] | None = None
+    best: tuple[tuple[int, int, int, int, str], Layout, dict[str, capacity.Room]] | None = None
     for nodes in [*options, usable]:
-        result = _greedy(members, candidates, rooms, nodes)
+        result = _greedy(members, candidates, rooms, nodes, contested)
         if result is None:
             continue
         assigned, trial, spanning = result
@@ -214,7 +250,7 @@ def place(
         clique = next(iter(held)) if len(held) == 1 else None
         together = len(used) == 1 or clique is not None
         leftover = sum(trial[n].free_gpus for n in used)
-        rank = (0 if together else 1, len(used), leftover, ",".join(used))
+        rank = (0 if together else 1, len(used), leftover, sum(contested.get(n, 0) for n in used), ",".join(used))
         if best is None or rank < best[0]:
             best = (rank, Layout(assigned, clique, tuple(spanning)), trial)
     return None if best is None else (best[1], best[2])
@@ -320,6 +356,7 @@ def preempting(
     *,
     scoring: settings.Scoring,
     untouched: frozenset[str],
+    contested: Mapping[str, int] = {},
 ) -> Preemption | None:
     """Where a gang that fits nowhere now (all members at once) goes once kube-scheduler's own preemption has removed
     pods of lower priority than every member (`preemptor`, `preempted_room`): the one model, asked per member.
@@ -346,10 +383,10 @@ def preempting(
     preempts: set[str] = set()
     for pod in sorted(members, key=lambda p: (-p.request.full, -sum(p.request.mig.values()), p.key)):
         wanted = candidates[pod.key]
-        found = _one(pod, wanted & frozenset(free), free, scoring)
+        found = _one(pod, wanted & frozenset(free), free, scoring, contested)
         needs = found is None
         if needs:
-            found = _one(pod, wanted & frozenset(after), after, scoring)
+            found = _one(pod, wanted & frozenset(after), after, scoring, contested)
         if found is None:
             return None
         _, name, choice, _, _ = found

@@ -364,6 +364,7 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
     pinned = {k: n for k, n in assumed.items() if n}
     rooms = layout.rooms(cluster, assumed=pinned)
     touched = set(pinned.values())  # nodes whose rooms this plan changed: preemption is not counted on them
+    contested = layout.contested(cluster)
     shortages: list[Shortage] = []
     reserved: set[str] = set()  # nodes the blocked gangs ahead may use (backfill off)
     blockers: list[str] = []
@@ -379,7 +380,7 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
         candidates = {p.key: layout.candidates(p, cluster) for p in placing}
         reachable: frozenset[str] = frozenset().union(*candidates.values())
         allowed = everywhere if cfg.backfill else everywhere - reserved
-        placed = layout.place(placing, candidates, rooms, allowed, scoring=config.scoring)
+        placed = layout.place(placing, candidates, rooms, allowed, scoring=config.scoring, contested=contested)
         if placed is not None:
             chosen, trial = placed
             rooms.update(trial)
@@ -401,7 +402,7 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
             continue
         if not gang.single and not queued and (pre := layout.preempting(
                 placing, candidates, rooms, cluster, allowed, scoring=config.scoring,
-                untouched=everywhere - touched)):
+                untouched=everywhere - touched, contested=contested)):
             # Gated, its members are invisible to kube-scheduler's preemption: all pinned and released together, each
             # preempts for itself on the node planned for it, and only where no node has free room for it.
             rooms.update(pre.rooms)
