@@ -180,8 +180,10 @@ class Controller:
     def _overtaken(self, decision: planning.Decision, cluster: snapshot.Snapshot, result: planning.ReleasePlan,
                    ) -> str | None:
         """Why the release must not go out as planned, judged on the freshest snapshot (`planning.overtaken`)."""
+        # Pods this pass pins count in the plan already, whether or not their patch has returned yet.
+        ours = {key: node for d in result.decisions for key, node in d.pins.items()}
         why = planning.overtaken(decision, planned=cluster, fresh=self._source.snapshot, left=result.left,
-                                 assumed={key: node for key, (node, _) in self._assumed.items()})
+                                 assumed={**{key: node for key, (node, _) in self._assumed.items()}, **ours})
         if why:
             self._metrics.overtaken.inc()
             logger.info("%s %s: held back, planned afresh on the next pass: %s", "pod" if decision.single else "gang",
