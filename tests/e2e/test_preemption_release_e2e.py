@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from common import gpu, settings, snapshot
+from common import settings, snapshot
 from descheduler.release import planning
 from gpu_steward import localcluster
 from tests.e2e import conftest
@@ -114,7 +114,6 @@ def test_gang_only_preemption_can_place_is_released_pinned_and_preempts_on_one_n
     preempted = sorted(name for name in fillers if name not in left or left[name]["metadata"].get("deletionTimestamp"))
     assert preempted == sorted(n for n, node in fillers.items() if node == host), (
         f"only the fillers on {host} were preempted: {preempted}")
-    assert sum(int(left[m]["spec"]["containers"][0]["resources"]["requests"][gpu.FULL_GPU]) for m in members) == 8
     for name in members:
         [said] = [e["message"] for e in kube.events_about(cluster, ns, name, reason=planning.PREEMPTING)]
         assert said.startswith(f"gang {ns}/g: fits no node now; once kube-scheduler preempts lower-priority pods on "
