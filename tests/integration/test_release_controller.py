@@ -590,3 +590,24 @@ async def test_a_release_whose_node_was_taken_since_the_plan_is_held_back_and_pl
     else:
         assert [gates_of(p) for p in stored] == [[]] and snapshot.pinned_node(stored[0]) == "gpu-0"
         assert registry.get_sample_value("gpu_steward_release_overtaken_total") == 0
+
+
+async def test_gang_only_preemption_can_place_is_pinned_released_together_and_counted(
+    fake: tuple[FakeApiServer, client.ApiClient],
+) -> None:
+    server, api = fake
+    low = builders.pod("low", namespace="other", gpus=4, node="gpu-0", phase="Running")  # priority 0
+    server.put(low, notify=False)
+    for i in range(2):
+        member = gang_member(f"g-{i}", gang="g", size=2, gpus=4, namespace=NAMESPACE, gated=True)
+        member["spec"]["priority"] = 1000
+        server.put(member, notify=False)
+    registry = prometheus_client.CollectorRegistry()
+    ctl = controller.Controller(config=config(), source=StoreSource(server, NODES[:1], clock=time.time), api=api,
+                                metrics=controller.Metrics(registry))
+    await ctl.reconcile(now=time.time())
+    pods = await gang_pods(api, name="g")
+    assert [(gates_of(p), snapshot.pinned_node(p)) for p in pods] == [([], "gpu-0")] * 2
+    assert [kind for _, kind in server.patches] == ["pin", "pin", "ungate", "ungate"]
+    assert all(server.reasons(p["metadata"]["name"]) == [planning.PREEMPTING] for p in pods)
+    assert registry.get_sample_value("gpu_steward_gang_releases_total", {"kind": "preempting"}) == 1
