@@ -19,6 +19,11 @@ members are all pinned first, then all un-gated, so a failure while pinning rele
 un-gating leaves a started gang whose rest the next pass releases (see `planning`, "already started"),
 keeping the pins already set. Calls run concurrently, at most `descheduler.gangs.max_concurrent_patches`
 in flight.
+
+Right before a release's first patch (a single pod: once its patch has a slot; a gang: before any member is
+pinned) the release is re-checked on the freshest snapshot the feeder holds (`planning.overtaken`): when a node
+planned for it was taken since the plan, it is held back (`gpu_steward_release_overtaken_total`), a gang as a
+unit, and the next pass, which the newer snapshot has already woken, plans it afresh.
 """
 
 from __future__ import annotations
