@@ -27,6 +27,7 @@ class Layout:
     spanning: tuple[str, ...]  # members that span several NVLink domains (larger than any)
     why: str = ""  # a gang of one: its score and what decided
     short: str = ""  # a gang of one: its score and what is left, for its Event
+    apart: str = "no single node or NVLink clique could hold the gang: fewest nodes"  # why several unrelated nodes
 
     def describe(self, *, short: bool = False) -> str:
         used = sorted(set(self.nodes.values()))
@@ -38,7 +39,7 @@ class Layout:
         elif self.clique:
             why = f"one multi-node NVLink domain {self.clique}"
         else:
-            why = "no single node or NVLink clique could hold the gang: fewest nodes"
+            why = self.apart
         domains = (
             f"; {', '.join(self.spanning)} span several NVLink domains (larger than one)"
             if self.spanning
@@ -395,7 +396,7 @@ def preempting(
         view[name].take_pod(pod, choice)
         if needs:
             preempts.add(name)
-            free.pop(name, None)  # once preempted, the node's free room is the room after preemption
+            free.pop(name, None)  # preempted for one member, the node takes others only as its after-view allows
         elif name in after:  # keep the view after preemption true to what the member takes
             after[name] = after[name].copy()
             there = after[name].place_pod(pod, one_domain=False)
@@ -407,4 +408,6 @@ def preempting(
     held = {rooms[n].node.topology.clique for n in used}
     clique = next(iter(held)) if len(held) == 1 and len(used) > 1 else None
     left = {n: after[n] if n in preempts else free[n] for n in used}
-    return Preemption(Layout(assigned, clique, tuple(sorted(spanning))), left, {n: counts[n] for n in preempts})
+    chosen = Layout(assigned, clique, tuple(sorted(spanning)),
+                    apart="member by member: free room first, else where preemption leaves the best NVLink score")
+    return Preemption(chosen, left, {n: counts[n] for n in preempts})

@@ -757,7 +757,8 @@ FULL_A, FULL_B = builders.gpu_node("a", gpus=8, domains=SPLIT_8), builders.gpu_n
         pytest.param([FULL_A, FULL_B], [*gang("g", 2, size=2, gpus=8), low("la", node="a", gpus=8),
                                         low("lb", node="b", gpus=8)],
                      Want(A.RELEASE, planning.PREEMPTING, "preempts lower-priority pods on a (1 there), b (1 there): "
-                          "2 members on 2 node(s) (a, b)", pins={"g-0": "a", "g-1": "b"}),
+                          "2 members on 2 node(s) (a, b): member by member: free room first, else where preemption "
+                          "leaves the best NVLink score", pins={"g-0": "a", "g-1": "b"}),
                      id="members-need-preemption-on-two-nodes"),
         pytest.param([FULL_A, FULL_B], [*gang("g", 2, size=2, gpus=8), low("lb", node="b", gpus=8)],
                      Want(A.RELEASE, planning.PREEMPTING, "preempts lower-priority pods on b (1 there): 2 members",
