@@ -870,3 +870,25 @@ def test_a_member_a_filter_refuses_since_the_plan_holds_back_its_release() -> No
     [decision] = result.decisions
     said = planning.overtaken(decision, planned=planned, fresh=cluster([EIGHT], [pod, holder]), left=result.left)
     assert said == "node big refuses team/p since the plan: host port 8080/TCP in use"
+
+
+def nominated_to(node: str, *, gpus: int, deleting: bool = False) -> dict[str, Any]:
+    """A pending pod kube-scheduler nominated to `node` (its preemption reservation)."""
+    pod = bound_since("preemptor", node=node, gpus=gpus, nominated=True)
+    return leaving(pod) if deleting else pod
+
+
+@pytest.mark.parametrize(
+    ("others", "node"),
+    [
+        pytest.param([nominated_to("a", gpus=1)], "b", id="a-nominated-pod-holds-its-node/match"),
+        pytest.param([], "a", id="no-nomination-the-first-equal-node/no-match"),
+        pytest.param([nominated_to("a", gpus=1, deleting=True)], "a",
+                     id="a-terminating-nominated-pod-holds-nothing/boundary"),
+    ],
+)
+def test_release_never_pins_onto_room_a_preemption_makes_for_another_pod(others: list[dict[str, Any]],
+                                                                        node: str) -> None:
+    decisions = outcome(planning.plan(cluster([FULL_A, FULL_B], [solo("p", gpus=8), *others]), config=config(),
+                                      now=NOW))
+    check(decisions["team/p"], Want(A.RELEASE, planning.RELEASED, f"placed on {node}", pins={"p": node}))
