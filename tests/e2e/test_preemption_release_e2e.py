@@ -92,7 +92,9 @@ def test_gang_only_preemption_can_place_is_released_pinned_and_preempts_on_one_n
         cluster.kubectl("create", "-f", "-", input=json.dumps(filler))
     kube.poll("every filler bound", lambda: all(
         (p := kube.pods(cluster, ns).get(name)) and p["spec"].get("nodeName") for name in fillers))
-    descheduler_factory(HOLD_FOR_LONG)
+    # The pin deadline well past the wait below: recovery must not take the gang back while kube-scheduler, slow on a
+    # loaded machine, is still binding it after the preemption.
+    descheduler_factory(settings.merge(HOLD_FOR_LONG, {"descheduler": {"gangs": {"pin_deadline_seconds": 300}}}))
 
     members = [f"member-{i}" for i in range(2)]
     for name in members:
@@ -100,16 +102,26 @@ def test_gang_only_preemption_can_place_is_released_pinned_and_preempts_on_one_n
                           gates=[NAMES.gate], labels={NAMES.gang_name: "g", NAMES.gang_size: "2"})
         cluster.kubectl("create", "-f", "-", input=json.dumps(member))
 
-    # Within 60 s: the descheduler would have kept the gang gated for 600 s (gang_max_wait_seconds) without the rule.
+    # Within 120 s: the descheduler would have kept the gang gated for 600 s (gang_max_wait_seconds) without the rule.
     def both_bound() -> dict[str, dict[str, Any]] | None:
         now = kube.pods(cluster, ns)
         return now if all(now.get(m, {}).get("spec", {}).get("nodeName") for m in members) else None
 
-    bound = kube.poll("both members bound", both_bound, timeout_seconds=60)
+    def story() -> str:
+        told = [(e.get("lastTimestamp") or e.get("eventTime"), e["involvedObject"]["name"], e["reason"],
+                 e.get("message", "")) for e in kube.events(cluster, ns)]
+        state = {n: (p["spec"].get("nodeName"), p["status"].get("nominatedNodeName"),
+                     p["metadata"].get("deletionTimestamp")) for n, p in kube.pods(cluster, ns).items()}
+        return f"events: {told}\npods: {state}"
+
+    try:
+        bound = kube.poll("both members bound", both_bound, timeout_seconds=120)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{story()}") from None
     hosts = {bound[m]["spec"]["nodeName"] for m in members}
     assert len(hosts) == 1, f"one node holds the whole gang (the best NVLink domain after preemption): {hosts}"
     [host] = hosts
-    assert all(snapshot.pinned_node(bound[m]) == host for m in members), "each member pinned where it was planned"
+    assert all(snapshot.pinned_node(bound[m]) == host for m in members), f"each member pinned where planned\n{story()}"
     left = kube.pods(cluster, ns)
     preempted = sorted(name for name in fillers if name not in left or left[name]["metadata"].get("deletionTimestamp"))
     assert preempted == sorted(n for n, node in fillers.items() if node == host), (
