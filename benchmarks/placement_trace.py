@@ -54,7 +54,9 @@ Measured per arm: for every multi-GPU pod, the NVLink domains its GPUs span and 
 have spanned on any node that could hold it (GPUs, cpu, memory) at the moment it was bound; the share
 of domain-fittable pods (fewest == 1) placed in one domain; GPU fragmentation sampled every
 `SAMPLE_SECONDS` (free GPUs in partly used domains / partly used nodes); pods never scheduled and
-waits; burst throughput. Prints a table, writes JSON (--out) and a PNG bar chart (--picture).
+waits; pins refused: pods our release pinned that kube-scheduler reported Unschedulable (the pin lost its
+node to another pod), and how many of them were never bound; burst throughput. Prints a table, writes JSON
+(--out) and a PNG bar chart (--picture).
 """
 
 from __future__ import annotations
@@ -376,11 +378,13 @@ class Tracker:
     assignments: devicesim.Assignments = dataclasses.field(default_factory=devicesim.Assignments)
     bindings: dict[str, Binding] = dataclasses.field(default_factory=dict)
     samples: list[tuple[float, Fragmentation]] = dataclasses.field(default_factory=list)
+    refused: set[str] = dataclasses.field(default_factory=set)  # pinned pods seen Unschedulable (a race lost)
 
     def observe(self, cluster: snapshot.Snapshot, *, now: float) -> list[Binding]:
         """Record pods bound since the last call, in creation order, each judged against the cluster as
         the earlier ones left it (pods that ended are gone first)."""
         resident = {p.key for p in cluster.pods.values() if p.holds_gpus and p.request.full}
+        self.refused |= {p.key for p in cluster.pods.values() if p.node_name is None and refused_pin(p.raw)}
         new = sorted((p for p in cluster.pods.values() if p.key in resident and p.key not in self.bindings),
                      key=lambda p: (p.created, p.key))
         fresh = {p.key for p in new}
@@ -432,6 +436,15 @@ class Tracker:
 
     def resident(self) -> int:
         return sum(len(pods) for pods in self.assignments.by_node.values())
+
+
+def refused_pin(raw: Mapping[str, Any]) -> bool:
+    """Pinned to one node by our release, not bound, and reported Unschedulable by kube-scheduler: the pin lost
+    the race for its node (what pin recovery then takes back)."""
+    conditions = (raw.get("status") or {}).get("conditions") or ()
+    return snapshot.pinned_node(raw) is not None and any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in conditions)
 
 
 # --- summarising (pure) -----------------------------------------------------------------------------
@@ -728,6 +741,8 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
     finally:
         await api.close()
     replayed = [b for k, b in tracker.bindings.items() if k.startswith(f"{NAMESPACE}/")]
+    refused = sorted(k for k in tracker.refused if k.startswith(f"{NAMESPACE}/"))
+    replay["pins_refused"] = {"pods": len(refused), "never_bound": sum(k not in tracker.bindings for k in refused)}
     return {**replay, "placement": placement_summary(replayed),
             "fragmentation": fragmentation_summary(tracker.samples), "burst": burst}
 
@@ -781,6 +796,8 @@ def table(arms: Mapping[str, Mapping[str, Any]]) -> list[str]:
     row("pending pod-seconds", lambda r: _fmt(r["pending"]["pending_pod_seconds"], ".0f"))
     row("wait p50 / p99 (s)", lambda r: f"{_fmt(r['pending']['wait_p50_seconds'])} / "
         f"{_fmt(r['pending']['wait_p99_seconds'])}")
+    row("pins refused (never bound)", lambda r: f"{r.get('pins_refused', {}).get('pods', 0)} "
+        f"({r.get('pins_refused', {}).get('never_bound', 0)})")
     row("burst pods bound / s", lambda r: _fmt(r["burst"]["pods_per_second"], ".1f"))
     width = max(len(r[0]) for r in rows) + 2
     return [r[0].ljust(width) + "".join(cell.ljust(18) for cell in r[1:]) for r in rows]

@@ -19,6 +19,11 @@ members are all pinned first, then all un-gated, so a failure while pinning rele
 un-gating leaves a started gang whose rest the next pass releases (see `planning`, "already started"),
 keeping the pins already set. Calls run concurrently, at most `descheduler.gangs.max_concurrent_patches`
 in flight.
+
+Right before a release's first patch (a single pod: once its patch has a slot; a gang: before any member is
+pinned) the release is re-checked on the freshest snapshot the feeder holds (`planning.overtaken`): when a node
+planned for it was taken since the plan, it is held back (`gpu_steward_release_overtaken_total`), a gang as a
+unit, and the next pass, which the newer snapshot has already woken, plans it afresh.
 """
 
 from __future__ import annotations
@@ -68,17 +73,23 @@ class Metrics:
         self.failures = prometheus_client.Counter(
             "gpu_steward_gang_release_failures", "Releases stopped by an API error (retried).", registry=registry
         )
+        self.overtaken = prometheus_client.Counter(
+            "gpu_steward_release_overtaken", "Releases held back right before their first patch because a node "
+            "planned for them was taken since the plan (planned afresh on the next pass).", registry=registry,
+        )
         self.recovery = recoverer.Metrics(registry)
 
 
 def _release_kind(decision: planning.Decision) -> str:
+    if decision.event_reason == planning.PREEMPTING:  # a single pod released unpinned, or a gang pinned
+        return "preempting"
     if decision.action is planning.Action.RELEASE_ALONE:
-        return {planning.ORPHANED: "orphaned", planning.UNPLACED: "unplaced", planning.PREEMPTING: "preempting"}.get(
+        return {planning.ORPHANED: "orphaned", planning.UNPLACED: "unplaced"}.get(
             decision.event_reason or "", "invalid")
     return "resumed" if decision.action is planning.Action.RESUME else "released"
 
 
-async def _all(calls: Iterable[Awaitable[None]]) -> None:
+async def _all(calls: Iterable[Awaitable[object]]) -> None:
     """Run the calls concurrently; once all have finished, raise the first unexpected error, else the first API
     failure (if any)."""
     failed = [r for r in await asyncio.gather(*calls, return_exceptions=True) if isinstance(r, BaseException)]
@@ -126,7 +137,7 @@ class Controller:
         result = planning.plan(cluster, config=self._config, now=now,
                                    assumed={key: node for key, (node, _) in self._assumed.items()})
         planned = time.perf_counter()
-        await asyncio.gather(*(self._apply_safely(d, cluster, now=now) for d in result.decisions))
+        await asyncio.gather(*(self._apply_safely(d, cluster, result, now=now) for d in result.decisions))
         done = time.perf_counter()
         self._metrics.pass_seconds.observe(done - started)
         logger.debug("release pass: %d decisions planned in %.3fs, applied in %.3fs", len(result.decisions),
@@ -147,18 +158,20 @@ class Controller:
             if key in cluster.pods and gate in cluster.pods[key].scheduling_gates and now - at < patience
         }
 
-    async def _apply_safely(self, decision: planning.Decision, cluster: snapshot.Snapshot, *, now: float) -> None:
+    async def _apply_safely(self, decision: planning.Decision, cluster: snapshot.Snapshot,
+                            result: planning.ReleasePlan, *, now: float) -> None:
         try:
-            await self._apply(decision, cluster, now=now)
+            await self._apply(decision, cluster, result, now=now)
         except (kube.ApiError, aiohttp.ClientError, TimeoutError) as exc:
             self._metrics.failures.inc()
             logger.warning("gang %s: %s stopped: %s; retrying on the next pass", decision.gang, decision.action, exc)
 
-    async def _apply(self, decision: planning.Decision, cluster: snapshot.Snapshot, *, now: float) -> None:
+    async def _apply(self, decision: planning.Decision, cluster: snapshot.Snapshot, result: planning.ReleasePlan,
+                     *, now: float) -> None:
         if decision.action is planning.Action.NONE:
             return
         if decision.action in RELEASING:
-            await self._release(decision, cluster, now=now)
+            await self._release(decision, cluster, result, now=now)
             return
         for key in decision.mark:
             await self._patch(key, patches.mark(annotation=planning.complete_mark(self._config.names),
@@ -169,11 +182,28 @@ class Controller:
             self._metrics.timeouts.inc()
         await self._tell(decision, only_changes=True)
 
-    async def _release(self, decision: planning.Decision, cluster: snapshot.Snapshot, *, now: float) -> None:
+    def _overtaken(self, decision: planning.Decision, cluster: snapshot.Snapshot, result: planning.ReleasePlan,
+                   ) -> str | None:
+        """Why the release must not go out as planned, judged on the freshest snapshot (`planning.overtaken`)."""
+        # Pods this pass pins count in the plan already, whether or not their patch has returned yet.
+        ours = {key: node for d in result.decisions for key, node in d.pins.items()}
+        why = planning.overtaken(decision, planned=cluster, fresh=self._source.snapshot, left=result.left,
+                                 assumed={**{key: node for key, (node, _) in self._assumed.items()}, **ours})
+        if why:
+            self._metrics.overtaken.inc()
+            logger.info("%s %s: held back, planned afresh on the next pass: %s", "pod" if decision.single else "gang",
+                        decision.gang, why)
+        return why
+
+    async def _release(self, decision: planning.Decision, cluster: snapshot.Snapshot, result: planning.ReleasePlan,
+                       *, now: float) -> None:
         gate, pins = self._config.names.gate, decision.pins
         if len(decision.ungate) > 1 and pins:
             # Several members: pin them all before any is un-gated, so a failure half-way releases none (the
-            # next pass re-plans them, honouring pins already set) and a started gang always has its pins.
+            # next pass re-plans them, honouring pins already set) and a started gang always has its pins. Judged as
+            # a unit on the freshest snapshot first: a node taken since the plan holds back every member.
+            if self._overtaken(decision, cluster, result):
+                return
             await _all(self._patch(key, patch, content_type=JSON_PATCH) for key, node in pins.items()
                        if (patch := patches.tighten(cluster.pods[key].raw, nodes=[node])))
 
@@ -182,14 +212,24 @@ class Controller:
         record = (self._config.names.release, label_values.stamp(_rfc3339(now), decision.message))
         single = len(decision.ungate) == 1
 
+        held_back: list[str] = []
+
         async def one(key: str) -> None:
             pod = cluster.pods[key].raw
-            patch = patches.release(pod, gate=gate, node=pins.get(key) if single else None, record=record)
-            if patch:
-                await self._patch(key, patch, content_type=JSON_PATCH)
+            pin = pins.get(key) if single else None
+            patch = patches.release(pod, gate=gate, node=pin, record=record)
+            if not patch:
+                return
+            # A single pod is re-checked on the freshest snapshot right before its patch (after waiting for a slot).
+            guard = (lambda: self._overtaken(decision, cluster, result)) if pin else None
+            if await self._patch(key, patch, content_type=JSON_PATCH, guard=guard):
                 self._assumed[key] = (pins.get(key, ""), now)
+            else:
+                held_back.append(key)
 
         await _all(one(key) for key in decision.ungate)
+        if held_back:
+            return
         logger.info("%s %s: %s: %s", "pod" if decision.single else "gang", decision.gang, decision.action,
                     decision.message)
         self._metrics.releases.labels(_release_kind(decision)).inc()
@@ -200,10 +240,15 @@ class Controller:
                 self._metrics.wait_seconds.observe(max(0.0, now - started))
         await self._tell(decision, only_changes=False)  # one Event per release, a single pod's too
 
-    async def _patch(self, key: str, body: object, *, content_type: str) -> None:
+    async def _patch(self, key: str, body: object, *, content_type: str,
+                     guard: Callable[[], str | None] | None = None) -> bool:
+        """Send the patch once a slot is free; not if `guard` then says why not (False)."""
         async with self._calls:
+            if guard is not None and guard():
+                return False
             await kube.request(self._api, "PATCH", _pod_path(key), body=body, content_type=content_type,
                                timeout_seconds=self._config.kubernetes.request_timeout_seconds)
+            return True
 
     async def _tell(self, decision: planning.Decision, *, only_changes: bool) -> None:
         """One Event per member (gated ones, for a gang that releases: they are the ones it concerns)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from common import capacity, nvlink_score, placement, settings, snapshot
 
@@ -26,6 +27,7 @@ class Layout:
     spanning: tuple[str, ...]  # members that span several NVLink domains (larger than any)
     why: str = ""  # a gang of one: its score and what decided
     short: str = ""  # a gang of one: its score and what is left, for its Event
+    apart: str = "no single node or NVLink clique could hold the gang: fewest nodes"  # why several unrelated nodes
 
     def describe(self, *, short: bool = False) -> str:
         used = sorted(set(self.nodes.values()))
@@ -37,7 +39,7 @@ class Layout:
         elif self.clique:
             why = f"one multi-node NVLink domain {self.clique}"
         else:
-            why = "no single node or NVLink clique could hold the gang: fewest nodes"
+            why = self.apart
         domains = (
             f"; {', '.join(self.spanning)} span several NVLink domains (larger than one)"
             if self.spanning
@@ -47,6 +49,7 @@ class Layout:
 
 
 Rooms = Mapping[str, capacity.Room]
+NOWHERE = placement.Allocation((), ())  # taken when a pod's GPU indices are not known: its requests still count
 
 
 def rooms(cluster: snapshot.Snapshot, *, assumed: Mapping[str, str] = {}) -> dict[str, capacity.Room]:
@@ -61,7 +64,7 @@ def rooms(cluster: snapshot.Snapshot, *, assumed: Mapping[str, str] = {}) -> dic
         if isinstance(choice, placement.Allocation):
             room.take_pod(pod, choice)
         else:  # over-committed in our view: still keep what it asks off the node
-            room.take_pod(pod, placement.Allocation((), ()))
+            room.take_pod(pod, NOWHERE)
     return out
 
 
@@ -78,7 +81,39 @@ def candidates(pod: snapshot.Pod, cluster: snapshot.Snapshot) -> frozenset[str]:
     return found
 
 
-_Rank = tuple[float, int, int, str]
+_Rank = tuple[float, int, int, int, str]
+Contested = Mapping[str, int]  # node -> pending pods that prefer it (`contested`)
+
+
+def contested(cluster: snapshot.Snapshot) -> Contested:
+    """Per node, the pending pods kube-scheduler may bind there at any moment that no plan of ours counts: GPU pods
+    not bound, holding nothing (not nominated, not released pinned), carrying no scheduling gate and not terminating,
+    whose preferred node-affinity terms name the node (`matchFields metadata.name In`, as the webhook writes them for
+    the pods it does not gate). A tie-break only: among nodes release ranks equal, it takes the one fewer such pods
+    prefer, so that a pin and a never-gated pod race for the same node less often. Counting them as holding the node
+    instead cost gated pods their nodes (issue #20). Once per snapshot."""
+    key = ("layout.contested",)
+    found: dict[str, int] | None = cluster.memo.get(key)
+    if found is None:
+        found = {}
+        for pod in cluster.pods.values():
+            if (pod.node_name or pod.held_on or pod.scheduling_gates or pod.deleting or not pod.request.any
+                    or pod.phase != "Pending"):
+                continue
+            for node in _preferred_nodes(pod.raw):
+                found[node] = found.get(node, 0) + 1
+        cluster.memo[key] = found
+    return found
+
+
+def _preferred_nodes(raw: Mapping[str, Any]) -> frozenset[str]:
+    affinity = ((raw.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}
+    named: set[str] = set()
+    for term in affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ():
+        for requirement in (term.get("preference") or {}).get("matchFields") or ():
+            if requirement.get("key") == snapshot.NAME_FIELD and requirement.get("operator") == "In":
+                named.update(str(v) for v in requirement.get("values") or ())
+    return frozenset(named)
 
 
 Scores = dict[tuple[object, ...], "nvlink_score.NodeScore | None"]
@@ -95,7 +130,7 @@ def _score(room: capacity.Room, need: int, scoring: settings.Scoring, scores: Sc
 
 
 def _evaluate(pod: snapshot.Pod, room: capacity.Room, scoring: settings.Scoring, scores: Scores,
-              ) -> tuple[_Rank, placement.Allocation, str, str] | str:
+              contested: Mapping[str, int] = {}) -> tuple[_Rank, placement.Allocation, str, str] | str:
     """A gang of one on one node: its rank (lower is better), where its GPUs land, why and why in short; or why it
     does not fit."""
     choice = room.place_pod(pod)
@@ -108,15 +143,15 @@ def _evaluate(pod: snapshot.Pod, room: capacity.Room, scoring: settings.Scoring,
     left = f"{room.free_gpus - need} GPUs left free there"
     why = f"NVLink score {points:g} ({score.explain()}); {left}" if score is not None else left
     short = f"NVLink score {points:g}; {left}" if score is not None else left
-    return (-points, room.free_gpus - need, domain_left, name), choice, why, short
+    return (-points, room.free_gpus - need, domain_left, contested.get(name, 0), name), choice, why, short
 
 
 def _one(pod: snapshot.Pod, names: frozenset[str], rooms: Rooms, scoring: settings.Scoring,
-         ) -> tuple[_Rank, str, placement.Allocation, str, str] | None:
+         contested: Mapping[str, int] = {}) -> tuple[_Rank, str, placement.Allocation, str, str] | None:
     best: tuple[_Rank, str, placement.Allocation, str, str] | None = None
     scores: Scores = {}
     for name in sorted(names):
-        found = _evaluate(pod, rooms[name], scoring, scores)
+        found = _evaluate(pod, rooms[name], scoring, scores, contested)
         if not isinstance(found, str) and (best is None or found[0] < best[0]):
             best = (found[0], name, found[1], found[2], found[3])
     return best
@@ -130,7 +165,7 @@ def explain(pod: snapshot.Pod, cluster: snapshot.Snapshot, *, scoring: settings.
     refused: list[tuple[str, bool, str]] = []
     for name, room in sorted(rooms(cluster).items()):
         why_never = capacity.never_pod(pod, room.node)
-        found = why_never if why_never else _evaluate(pod, room, scoring, {})
+        found = why_never if why_never else _evaluate(pod, room, scoring, {}, contested(cluster))
         if isinstance(found, str):
             refused.append((name, False, found))
         else:
@@ -145,13 +180,14 @@ def _greedy(
     candidates: Mapping[str, frozenset[str]],
     rooms: Rooms,
     allowed: frozenset[str],
+    contested: Mapping[str, int] = {},
 ) -> tuple[dict[str, str], dict[str, capacity.Room], list[str]] | None:
     trial: dict[str, capacity.Room] = {}
     nodes: dict[str, str] = {}
     spanning: list[str] = []
     order = sorted(members, key=lambda p: (-p.request.full, -sum(p.request.mig.values()), p.key))
     for pod in order:
-        best: tuple[tuple[bool, int, int, str], str, placement.Allocation] | None = None
+        best: tuple[tuple[bool, int, int, int, str], str, placement.Allocation] | None = None
         for name in sorted(candidates[pod.key] & allowed):
             if name not in rooms:
                 continue
@@ -161,7 +197,7 @@ def _greedy(
                 continue
             fresh = name not in trial
             left = room.free_gpus
-            rank = (fresh, choice.spanned, -left if fresh else left - pod.request.full, name)
+            rank = (fresh, choice.spanned, -left if fresh else left - pod.request.full, contested.get(name, 0), name)
             if best is None or rank < best[0]:
                 best = (rank, name, choice)
         if best is None:
@@ -183,12 +219,14 @@ def place(
     allowed: frozenset[str],
     *,
     scoring: settings.Scoring,
+    contested: Mapping[str, int] = {},
 ) -> tuple[Layout, dict[str, capacity.Room]] | None:
-    """The best simultaneous placement within `allowed` nodes, and the rooms it leaves (None: none fits)."""
+    """The best simultaneous placement within `allowed` nodes, and the rooms it leaves (None: none fits). Among
+    placements ranked equal, the one on nodes fewer pending never-gated pods prefer (`contested`)."""
     usable = frozenset(n for n in allowed if n in rooms)
     if len(members) == 1:
         pod = members[0]
-        found = _one(pod, candidates[pod.key] & usable, rooms, scoring)
+        found = _one(pod, candidates[pod.key] & usable, rooms, scoring, contested)
         if found is None:
             return None
         _, name, choice, why, short = found
@@ -202,9 +240,9 @@ def place(
         if clique:
             cliques.setdefault(clique, set()).add(name)
     options = [frozenset([n]) for n in sorted(everyone)] + [frozenset(n) for _, n in sorted(cliques.items())]
-    best: tuple[tuple[int, int, int, str], Layout, dict[str, capacity.Room]] | None = None
+    best: tuple[tuple[int, int, int, int, str], Layout, dict[str, capacity.Room]] | None = None
     for nodes in [*options, usable]:
-        result = _greedy(members, candidates, rooms, nodes)
+        result = _greedy(members, candidates, rooms, nodes, contested)
         if result is None:
             continue
         assigned, trial, spanning = result
@@ -213,7 +251,7 @@ def place(
         clique = next(iter(held)) if len(held) == 1 else None
         together = len(used) == 1 or clique is not None
         leftover = sum(trial[n].free_gpus for n in used)
-        rank = (0 if together else 1, len(used), leftover, ",".join(used))
+        rank = (0 if together else 1, len(used), leftover, sum(contested.get(n, 0) for n in used), ",".join(used))
         if best is None or rank < best[0]:
             best = (rank, Layout(assigned, clique, tuple(spanning)), trial)
     return None if best is None else (best[1], best[2])
@@ -247,26 +285,129 @@ def shortfall(
             f"one NVLink domain and its other requests met ({'; '.join(reasons)})", 0, False)
 
 
+def preemptor(pods: Sequence[snapshot.Pod]) -> int | None:
+    """The priority with which kube-scheduler's preemption would act for these pods (all of them: the lowest of
+    theirs, since each member preempts for itself), or None when one of them may not preempt (preemptionPolicy
+    Never)."""
+    if not pods or any(p.preemption_policy == "Never" for p in pods):
+        return None
+    return min(p.priority for p in pods)
+
+
+def victims(node: snapshot.Node, cluster: snapshot.Snapshot, *, below: int) -> frozenset[str]:
+    """The GPU pods holding the node that kube-scheduler's preemption may remove for a pod of priority `below`:
+    those of lower priority (equal is never preempted). kube-scheduler respects PodDisruptionBudgets only as a
+    preference among victims, not as a bar, so they do not protect a pod here either."""
+    return frozenset(k for k in (*node.pods, *node.reserved) if k in cluster.pods and cluster.pods[k].priority < below)
+
+
+def preempted_room(node: snapshot.Node, cluster: snapshot.Snapshot, *, below: int) -> capacity.Room | None:
+    """The node's room once preemption removed every pod it may remove for priority `below` (what kube-scheduler
+    checks before it chooses victims), or None when there is none to remove. Conservative: pods without GPUs are not
+    counted as freeing CPU or memory."""
+    lower = victims(node, cluster, below=below)
+    return capacity.Room.of(node, cluster=cluster, leaving=lower) if lower else None
+
+
 def preemptible(pod: snapshot.Pod, candidates: frozenset[str], cluster: snapshot.Snapshot) -> str | None:
     """Where kube-scheduler's own preemption could make room for this pod now (None: nowhere, or it may not
     preempt): a schedulable node among its candidates that would hold it once the GPU pods there of lower priority
-    are gone (the victims the scheduler may choose; a pod's domains do not matter to it). Says the node with the
-    fewest such pods. Conservative: pods without GPUs are not counted as freeing CPU or memory."""
-    if pod.preemption_policy == "Never":
+    are gone (`preempted_room`: the victims the scheduler may choose; a pod's domains do not matter to it). Says the
+    node with the fewest such pods."""
+    below = preemptor([pod])
+    if below is None:
         return None
     best: tuple[int, str] | None = None
     for name in sorted(candidates):
         node = cluster.nodes.get(name)
         if node is None or not node.schedulable:
             continue
-        lower = {k for k in (*node.pods, *node.reserved)
-                 if k in cluster.pods and cluster.pods[k].priority < pod.priority}
-        if not lower:
+        room = preempted_room(node, cluster, below=below)
+        if room is None:
             continue
-        room = capacity.Room.of(node, cluster=cluster, leaving=lower)
+        count = len(victims(node, cluster, below=below))
         if isinstance(room.place_pod(pod, one_domain=False), placement.Allocation) and (
-                best is None or len(lower) < best[0]):
-            best = (len(lower), name)
+                best is None or count < best[0]):
+            best = (count, name)
     if best is None:
         return None
     return f"preempting lower-priority pods on {best[1]} would make room ({best[0]} there)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Preemption:
+    """A gang placed once kube-scheduler's preemption has made room (`preempting`)."""
+
+    layout: Layout
+    rooms: dict[str, capacity.Room]  # the rooms it leaves on the nodes it uses (after preemption where it preempts)
+    victims: Mapping[str, int]  # node where some member needs preemption -> lower-priority pods there it may remove
+
+    def describe(self) -> str:
+        where = ", ".join(f"{n} ({c} there)" for n, c in sorted(self.victims.items()))
+        return (f"fits no node now; once kube-scheduler preempts lower-priority pods on {where}: "
+                f"{self.layout.describe()}")
+
+
+def preempting(
+    members: Sequence[snapshot.Pod],
+    candidates: Mapping[str, frozenset[str]],
+    rooms: Rooms,
+    cluster: snapshot.Snapshot,
+    allowed: frozenset[str],
+    *,
+    scoring: settings.Scoring,
+    untouched: frozenset[str],
+    contested: Mapping[str, int] = {},
+) -> Preemption | None:
+    """Where a gang that fits nowhere now (all members at once) goes once kube-scheduler's own preemption has removed
+    pods of lower priority than every member (`preemptor`, `preempted_room`): the one model, asked per member.
+
+    Members one at a time, the largest first, each as a gang of one (`place`: the best NVLink score, then packing):
+    on free room if any node has it (free room is never given up for a preemption), else on the node whose room
+    after preemption scores best. Only nodes in `untouched` (whose rooms no earlier placement of this plan changed)
+    are counted as preemptible. None: a member may not preempt, or some member fits nowhere even after preemption
+    (a gang is never started in part)."""
+    below = preemptor(members)
+    if below is None:
+        return None
+    usable = frozenset(n for n in allowed if n in rooms)
+    free: dict[str, capacity.Room] = {n: rooms[n] for n in usable}
+    after: dict[str, capacity.Room] = {}
+    counts: dict[str, int] = {}
+    for name in sorted(usable & untouched):
+        node = cluster.nodes.get(name)
+        room = preempted_room(node, cluster, below=below) if node is not None and node.schedulable else None
+        if node is not None and room is not None:
+            after[name], counts[name] = room, len(victims(node, cluster, below=below))
+    assigned: dict[str, str] = {}
+    spanning: list[str] = []
+    preempts: set[str] = set()
+    for pod in sorted(members, key=lambda p: (-p.request.full, -sum(p.request.mig.values()), p.key)):
+        wanted = candidates[pod.key]
+        found = _one(pod, wanted & frozenset(free), free, scoring, contested)
+        needs = found is None
+        if needs:
+            found = _one(pod, wanted & frozenset(after), after, scoring, contested)
+        if found is None:
+            return None
+        _, name, choice, _, _ = found
+        view = after if needs else free
+        view[name] = view[name].copy()
+        view[name].take_pod(pod, choice)
+        if needs:
+            preempts.add(name)
+            free.pop(name, None)  # preempted for one member, the node takes others only as its after-view allows
+        elif name in after:  # keep the view after preemption true to what the member takes
+            after[name] = after[name].copy()
+            there = after[name].place_pod(pod, one_domain=False)
+            after[name].take_pod(pod, there if isinstance(there, placement.Allocation) else NOWHERE)
+        assigned[pod.key] = name
+        if choice.spanned > 1:
+            spanning.append(pod.key)
+    used = sorted(set(assigned.values()))
+    held = {rooms[n].node.topology.clique for n in used}
+    clique = next(iter(held)) if len(held) == 1 and len(used) > 1 else None
+    left = {n: after[n] if n in preempts else free[n] for n in used}
+    chosen = Layout(assigned, clique, tuple(sorted(spanning)),
+                    apart="member by member: free room first, else where preemption leaves the best NVLink score")
+    return Preemption(chosen, left, {n: counts[n] for n in preempts})

@@ -35,8 +35,16 @@ Pure: a `Snapshot`, the settings and `now` in, decisions with their reasons out.
 - A single pod (a gang of one) that fits no node now (reserved nodes included) but would fit once
   kube-scheduler's preemption removed pods of lower priority (`layout.preemptible`; its preemptionPolicy is not
   Never) is released at once, unpinned, with a `ReleasedToPreempt` Event: a gated pod is invisible to preemption,
-  and a pin could force a preemption on a node the scheduler would not have chosen. A gang of several waits
-  (preempting for it member by member could start it half-way); idle reclaim is its path.
+  and a pin could force a preemption on a node the scheduler would not have chosen.
+- A gang of several that fits nowhere now (not even on nodes kept for gangs ahead) but whose every member would fit
+  once preemption removed pods of lower priority than all of its members (`layout.preempting`: every member's
+  preemptionPolicy not Never; equal priority is never preempted) is planned all at once on that view and released at
+  once, each member pinned, with a `ReleasedToPreempt` Event: a member goes where there is free room if any node
+  has it, and only otherwise to the node where preemption leaves the best NVLink score (so a pin never causes a
+  preemption another node would have avoided). All members are released together; kube-scheduler preempts for each
+  on its pinned node, and pin recovery (`recovery`) takes back the whole gang if a member is still not placed by
+  its deadline. A gang that only partly fits even after preemption waits (never started in part). Nodes an
+  earlier placement of the same pass changed are not counted as preemptible.
 - No pod waits on us forever: a complete gang that cannot be placed within
   `descheduler.gangs.max_wait_seconds` (a gang of one; several members: `gang_max_wait_seconds`) is
   released unpinned with a Warning `ReleasedUnplaced`, so that kube-scheduler's preemption and cluster
@@ -59,7 +67,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from common import capacity, gangs, gpu, settings, snapshot, timestamps
+from common import capacity, gangs, gpu, resources, settings, snapshot, timestamps
 from descheduler.release import layout
 
 EventType = Literal["Normal", "Warning"]
@@ -164,6 +172,7 @@ class Shortage:
 class ReleasePlan:
     decisions: tuple[Decision, ...]  # invalid first, then by queue order
     shortages: tuple[Shortage, ...]  # complete gangs waiting only for GPUs: what reclaim may free capacity for
+    left: Mapping[str, capacity.Room] = dataclasses.field(default_factory=dict)  # each node's room after the plan
 
 
 def place(members: Sequence[snapshot.Pod], *, cluster: snapshot.Snapshot,
@@ -352,7 +361,10 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
         else:
             decisions.append(early)
 
-    rooms = layout.rooms(cluster, assumed={k: n for k, n in assumed.items() if n})
+    pinned = {k: n for k, n in assumed.items() if n}
+    rooms = layout.rooms(cluster, assumed=pinned)
+    touched = set(pinned.values())  # nodes whose rooms this plan changed: preemption is not counted on them
+    contested = layout.contested(cluster)
     shortages: list[Shortage] = []
     reserved: set[str] = set()  # nodes the blocked gangs ahead may use (backfill off)
     blockers: list[str] = []
@@ -367,11 +379,12 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
             continue
         candidates = {p.key: layout.candidates(p, cluster) for p in placing}
         reachable: frozenset[str] = frozenset().union(*candidates.values())
-        placed = layout.place(placing, candidates, rooms, everywhere if cfg.backfill else everywhere - reserved,
-                                     scoring=config.scoring)
+        allowed = everywhere if cfg.backfill else everywhere - reserved
+        placed = layout.place(placing, candidates, rooms, allowed, scoring=config.scoring, contested=contested)
         if placed is not None:
             chosen, trial = placed
             rooms.update(trial)
+            touched.update(trial)
             members = tuple(_member(p, gate=gate, node=chosen.nodes.get(p.key)) for p in gang.members)
             decisions.append(gang.decide(Action.RELEASE, chosen.describe() + gang.unpinned(), "Normal", RELEASED,
                                          members=members, summary=chosen.describe(short=True) + gang.unpinned()))
@@ -381,11 +394,22 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
         queued = not cfg.backfill and bool(reserved & reachable) and layout.place(
             placing, candidates, rooms, everywhere, scoring=config.scoring) is not None
         if gang.single and not queued and (
-                room := layout.preemptible(placing[0], candidates[placing[0].key], cluster)):
+                room := layout.preemptible(placing[0], candidates[placing[0].key] - touched, cluster)):
             # Gated, it is invisible to kube-scheduler's preemption: released at once, unpinned, it preempts as the
             # stock scheduler would have (which pods, on which node, is the scheduler's choice, never forced by a pin).
             message = f"fits no node now; {room}: released unpinned at once so that kube-scheduler preempts for it"
             decisions.append(gang.decide(Action.RELEASE_ALONE, message, "Normal", PREEMPTING, members=members))
+            continue
+        if not gang.single and not queued and (pre := layout.preempting(
+                placing, candidates, rooms, cluster, allowed, scoring=config.scoring,
+                untouched=everywhere - touched, contested=contested)):
+            # Gated, its members are invisible to kube-scheduler's preemption: all pinned and released together, each
+            # preempts for itself on the node planned for it, and only where no node has free room for it.
+            rooms.update(pre.rooms)
+            touched.update(pre.rooms)
+            members = tuple(_member(p, gate=gate, node=pre.layout.nodes.get(p.key)) for p in gang.members)
+            message = f"{pre.describe()}{gang.unpinned()}; released at once so that kube-scheduler preempts for it"
+            decisions.append(gang.decide(Action.RELEASE, message, "Normal", PREEMPTING, members=members))
             continue
         waited = gang.waited(mark=mark, now=now)
         limit = cfg.max_wait_seconds if gang.single else cfg.gang_max_wait_seconds
@@ -416,4 +440,53 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
         if not never and not gang.single and waited <= cfg.reservation_seconds:
             reserved |= reachable
             blockers.append(gang.key)
-    return ReleasePlan(tuple(decisions) + tuple(idle), tuple(shortages))
+    return ReleasePlan(tuple(decisions) + tuple(idle), tuple(shortages), rooms)
+
+
+def _holders(cluster: snapshot.Snapshot, node: str) -> Mapping[str, Mapping[str, int]]:
+    """Every pod holding the node (GPU pods or not: bound, nominated, pinned and released) -> its requests; indexed
+    once per snapshot."""
+    key = ("planning.holders",)
+    index: dict[str, dict[str, Mapping[str, int]]] | None = cluster.memo.get(key)
+    if index is None:
+        index = {}
+        for pod_key, (_, entry) in cluster.parsed.items():
+            if entry.held_on:
+                index.setdefault(entry.held_on, {})[pod_key] = entry.requests
+        cluster.memo[key] = index
+    return index.get(node, {})
+
+
+def overtaken(decision: Decision, *, planned: snapshot.Snapshot, fresh: snapshot.Snapshot,
+              left: Mapping[str, capacity.Room], assumed: Mapping[str, str] = {}) -> str | None:
+    """Why a release planned on `planned` must not pin its members where planned now that `fresh` (a newer snapshot,
+    kept current by the feeder's watch) shows its nodes (None: it still may). Asked right before the release's first
+    patch: a pod bound to (or nominated to, or released onto) a node since the plan takes it from the pin only when it
+    needs more than the plan left free there (`left`: the nodes' rooms after every release of the plan; pods this
+    controller released meanwhile, `assumed`, are counted there already); a node gone, cordoned or no longer ready, a
+    filter that now refuses a member (taints, labels, a host port or an anti-affinity term of a pod there) take it too.
+    A gang is judged as a unit: one node taken holds back all of its members, to be planned afresh on the next pass."""
+    pins = decision.pins
+    if fresh is planned or not pins:
+        return None
+    for name in sorted(set(pins.values())):
+        node = fresh.nodes.get(name)
+        if node is None or not node.schedulable:
+            return f"node {name} is gone, cordoned or not ready since the plan"
+        for key in sorted(k for k, n in pins.items() if n == name):
+            pod = fresh.pods.get(key)
+            why = capacity.never_pod(pod, node) if pod is not None else f"{key} is gone"
+            if why:
+                return f"node {name} refuses {key} since the plan: {why}"
+        before = _holders(planned, name)
+        arrived = {k: r for k, r in _holders(fresh, name).items() if k not in before and k not in assumed}
+        if not arrived:
+            continue
+        grown = resources.add(*arrived.values(), {resources.PODS: len(arrived)})
+        room = left.get(name)
+        free = room.free if room is not None else {}
+        short = sorted(r for r, amount in grown.items() if amount > 0 and amount > free.get(r, 0))
+        if short:
+            return (f"node {name} was taken since the plan by {', '.join(sorted(arrived))} "
+                    f"(short of {', '.join(short)})")
+    return None

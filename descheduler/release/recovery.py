@@ -11,6 +11,9 @@ a new leader finds the same stuck pins. Rules:
   - kube-scheduler reports it Unschedulable (condition PodScheduled False, reason Unschedulable) and more than
     `descheduler.gangs.pin_deadline_seconds` have passed since its release (`unschedulable`). Within the deadline,
     or before the scheduler has said so, it is left alone. A record without a time counts from the pod's creation.
+    Nor is it stuck while kube-scheduler has nominated it to its pinned node and a pod bound there is terminating:
+    the scheduler's preemption is making room for it (a gang released to preempt, `planning`), and the victims'
+    grace periods bound that wait.
 - Recovered as a unit: a stuck gang member brings every member of its gang that is pinned, released and not bound
   (they are re-planned together, never half-placed by an old plan); members already bound are left running.
 - How, by what re-creates each pod of the unit:
@@ -148,6 +151,9 @@ def cause(pod: snapshot.Pod, node: str, cluster: snapshot.Snapshot, *, names: se
     if since is None:
         since = timestamps.epoch(pod.created)
     waited = now - since if since is not None else 0.0
+    if (pod.raw.get("status") or {}).get("nominatedNodeName") == node and any(
+            cluster.pods[k].deleting for k in found.pods if k in cluster.pods):
+        return None  # preemption is making room for it there
     if _unschedulable(pod) and waited > cfg.pin_deadline_seconds:
         # No running count in the text: a reported pin is told again only when what it says changes.
         return Cause.UNSCHEDULABLE, (f"kube-scheduler reports it Unschedulable more than "

@@ -1,12 +1,15 @@
 """Preemption-aware release on the real 1.37.2 control plane: a gated pod that fits no node, but would once
 kube-scheduler preempted a pod of lower priority, is released at once (unpinned), and the scheduler's own preemption
-makes room for it — instead of waiting gated (invisible to preemption) for `descheduler.gangs.max_wait_seconds`."""
+makes room for it — instead of waiting gated (invisible to preemption) for `descheduler.gangs.max_wait_seconds`.
+A gang likewise: all members pinned where preemption frees the best NVLink domain, released together, both bound after
+the scheduler preempted there, and no filler preempted on a node the gang did not need."""
 
 from __future__ import annotations
 
 import json
 import secrets
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -20,7 +23,8 @@ pytestmark = pytest.mark.e2e
 
 NAMES = settings.Names()
 # The descheduler would keep an unplaceable pod gated for 600 s: only the preemption rule can release it in time.
-HOLD_FOR_LONG = {"descheduler": {"reclaim": {"enabled": False}, "gangs": {"max_wait_seconds": 600}}}
+HOLD_FOR_LONG = {"descheduler": {"reclaim": {"enabled": False},
+                                 "gangs": {"max_wait_seconds": 600, "gang_max_wait_seconds": 600}}}
 
 
 @pytest.fixture
@@ -57,3 +61,72 @@ def test_pod_only_preemption_can_place_is_released_at_once_and_preempts(
     [said] = [e["message"] for e in kube.events_about(cluster, ns, "urgent", reason=planning.PREEMPTING)]
     assert said == (f"fits no node now; preempting lower-priority pods on {spare_node} would make room (1 there): "
                     "released unpinned at once so that kube-scheduler preempts for it")
+
+
+@pytest.fixture
+def full_pool(control_plane: localcluster.LocalCluster) -> Iterator[tuple[str, list[str]]]:
+    """Three 8-GPU kwok nodes of the test's own (two NVLink domains of 4) labelled with one pool label: (the label's
+    value, the node names); deleted after."""
+    pool = f"pool-{secrets.token_hex(3)}"
+    nodes = localcluster.gpu_nodes("3x8g2d", names=NAMES, name_prefix=pool)
+    for node in nodes:
+        node["metadata"].setdefault("labels", {})["e2e-pool"] = pool
+    control_plane.add_nodes(nodes)
+    names = [str(n["metadata"]["name"]) for n in nodes]
+    try:
+        yield pool, names
+    finally:
+        control_plane.kubectl("delete", "node", *names, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_gang_only_preemption_can_place_is_released_pinned_and_preempts_on_one_node_only(
+    gpu_cluster: conftest.GpuCluster, descheduler_factory: conftest.StartDescheduler, plain_namespace: str,
+    full_pool: tuple[str, list[str]], classes: tuple[str, str],
+) -> None:
+    cluster, ns = gpu_cluster.cluster, plain_namespace
+    (pool, nodes), (low, high) = full_pool, classes
+    fillers = {f"filler-{i}-{half}": node for i, node in enumerate(nodes) for half in (0, 1)}
+    for name, node in fillers.items():
+        filler = kube.pod(name, namespace=ns, gpus=4, node_selector={"kubernetes.io/hostname": node},
+                          priority_class=low)
+        cluster.kubectl("create", "-f", "-", input=json.dumps(filler))
+    kube.poll("every filler bound", lambda: all(
+        (p := kube.pods(cluster, ns).get(name)) and p["spec"].get("nodeName") for name in fillers))
+    # The pin deadline well past the wait below: recovery must not take the gang back while kube-scheduler, slow on a
+    # loaded machine, is still binding it after the preemption.
+    descheduler_factory(settings.merge(HOLD_FOR_LONG, {"descheduler": {"gangs": {"pin_deadline_seconds": 300}}}))
+
+    members = [f"member-{i}" for i in range(2)]
+    for name in members:
+        member = kube.pod(name, namespace=ns, gpus=4, node_selector={"e2e-pool": pool}, priority_class=high,
+                          gates=[NAMES.gate], labels={NAMES.gang_name: "g", NAMES.gang_size: "2"})
+        cluster.kubectl("create", "-f", "-", input=json.dumps(member))
+
+    # Within 120 s: the descheduler would have kept the gang gated for 600 s (gang_max_wait_seconds) without the rule.
+    def both_bound() -> dict[str, dict[str, Any]] | None:
+        now = kube.pods(cluster, ns)
+        return now if all(now.get(m, {}).get("spec", {}).get("nodeName") for m in members) else None
+
+    def story() -> str:
+        told = [(e.get("lastTimestamp") or e.get("eventTime"), e["involvedObject"]["name"], e["reason"],
+                 e.get("message", "")) for e in kube.events(cluster, ns)]
+        state = {n: (p["spec"].get("nodeName"), p["status"].get("nominatedNodeName"),
+                     p["metadata"].get("deletionTimestamp")) for n, p in kube.pods(cluster, ns).items()}
+        return f"events: {told}\npods: {state}"
+
+    try:
+        bound = kube.poll("both members bound", both_bound, timeout_seconds=120)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{story()}") from None
+    hosts = {bound[m]["spec"]["nodeName"] for m in members}
+    assert len(hosts) == 1, f"one node holds the whole gang (the best NVLink domain after preemption): {hosts}"
+    [host] = hosts
+    assert all(snapshot.pinned_node(bound[m]) == host for m in members), f"each member pinned where planned\n{story()}"
+    left = kube.pods(cluster, ns)
+    preempted = sorted(name for name in fillers if name not in left or left[name]["metadata"].get("deletionTimestamp"))
+    assert preempted == sorted(n for n, node in fillers.items() if node == host), (
+        f"only the fillers on {host} were preempted: {preempted}")
+    for name in members:
+        [said] = [e["message"] for e in kube.events_about(cluster, ns, name, reason=planning.PREEMPTING)]
+        assert said.startswith(f"gang {ns}/g: fits no node now; once kube-scheduler preempts lower-priority pods on "
+                               f"{host} (2 there): 2 members on 1 node(s) ({host}): one node"), said

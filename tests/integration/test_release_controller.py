@@ -536,3 +536,78 @@ async def test_single_pod_that_cannot_be_placed_is_released_unpinned_after_its_m
     stored = server.pods[f"{NAMESPACE}/huge"]
     assert gates_of(stored) == [] and snapshot.pinned_node(stored) is None
     assert server.reasons("huge")[-1] == planning.UNPLACED
+
+
+class RacingSource(StoreSource):
+    """A feeder whose watch delivers a binding right after the plan was read: `racer` (a never-gated pod) is bound to
+    gpu-0 once the first snapshot has been served."""
+
+    def __init__(self, server: FakeApiServer, nodes: Sequence[Json], *, racer: Json) -> None:
+        super().__init__(server, nodes, clock=time.time)
+        self.racer, self.reads = racer, 0
+
+    @property
+    def snapshot(self) -> snapshot.Snapshot:
+        seen = super().snapshot
+        self.reads += 1
+        if self.reads == 1:
+            self._server.put(copy.deepcopy(self.racer), notify=False)
+        return seen
+
+
+def racer(gpus: int) -> Json:
+    return builders.pod("racer", namespace="other", gpus=gpus, node="gpu-0", phase="Running")
+
+
+@pytest.mark.parametrize(
+    ("gated", "racing_gpus", "held_back"),
+    [
+        pytest.param([single("solo", gpus=8)], 1, True, id="single-pod-node-taken/match"),
+        pytest.param([single("solo", gpus=4)], 4, False, id="single-pod-racer-fits-what-the-plan-left/no-match"),
+        pytest.param([gang_member(f"g-{i}", gang="g", size=2, gpus=4, namespace=NAMESPACE, gated=True)
+                      for i in range(2)], 1, True, id="gang-held-back-as-a-unit-none-pinned"),
+    ],
+)
+async def test_a_release_whose_node_was_taken_since_the_plan_is_held_back_and_planned_afresh(
+    fake: tuple[FakeApiServer, client.ApiClient], gated: list[Json], racing_gpus: int, held_back: bool,
+) -> None:
+    server, api = fake
+    for pod in gated:
+        server.put(pod, notify=False)
+    registry = prometheus_client.CollectorRegistry()
+    ctl = controller.Controller(config=config(), source=RacingSource(server, NODES[:1], racer=racer(racing_gpus)),
+                                api=api, metrics=controller.Metrics(registry))
+    await ctl.reconcile(now=time.time())
+    names = [p["metadata"]["name"] for p in gated]
+    stored = [server.pods[f"{NAMESPACE}/{n}"] for n in names]
+    if held_back:
+        assert server.patches == [], "nothing pinned, nothing un-gated"
+        assert all(gates_of(p) == [GATE] for p in stored)
+        assert registry.get_sample_value("gpu_steward_release_overtaken_total") == 1
+        await ctl.reconcile(now=time.time())  # the next pass plans on what the node holds now: no room, it waits
+        assert {kind for _, kind in server.patches} <= {"mark"}, "still nothing pinned or un-gated"
+        assert all(server.reasons(n) == [planning.WAITING] for n in names)
+    else:
+        assert [gates_of(p) for p in stored] == [[]] and snapshot.pinned_node(stored[0]) == "gpu-0"
+        assert registry.get_sample_value("gpu_steward_release_overtaken_total") == 0
+
+
+async def test_gang_only_preemption_can_place_is_pinned_released_together_and_counted(
+    fake: tuple[FakeApiServer, client.ApiClient],
+) -> None:
+    server, api = fake
+    low = builders.pod("low", namespace="other", gpus=4, node="gpu-0", phase="Running")  # priority 0
+    server.put(low, notify=False)
+    for i in range(2):
+        member = gang_member(f"g-{i}", gang="g", size=2, gpus=4, namespace=NAMESPACE, gated=True)
+        member["spec"]["priority"] = 1000
+        server.put(member, notify=False)
+    registry = prometheus_client.CollectorRegistry()
+    ctl = controller.Controller(config=config(), source=StoreSource(server, NODES[:1], clock=time.time), api=api,
+                                metrics=controller.Metrics(registry))
+    await ctl.reconcile(now=time.time())
+    pods = await gang_pods(api, name="g")
+    assert [(gates_of(p), snapshot.pinned_node(p)) for p in pods] == [([], "gpu-0")] * 2
+    assert [kind for _, kind in server.patches] == ["pin", "pin", "ungate", "ungate"]
+    assert all(server.reasons(p["metadata"]["name"]) == [planning.PREEMPTING] for p in pods)
+    assert registry.get_sample_value("gpu_steward_gang_releases_total", {"kind": "preempting"}) == 1

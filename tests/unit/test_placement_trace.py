@@ -264,3 +264,28 @@ def _arm(share: float | None, never: int, rate: float, p99: float = 2.0) -> dict
 def test_goals_compare_gpu_steward_with_the_baselines(ours: dict[str, Any], met: list[bool]) -> None:
     arms = {"default": _arm(0.5, 5, 100.0), "binpack": _arm(0.6, 3, 98.0), "gpu-steward": ours}
     assert [g["met"] for g in pt.goals(arms)] == met
+
+
+def _pinned(name: str, *, reason: str | None) -> dict[str, Any]:
+    """A pending 2-GPU pod our release pinned to big; `reason`: the PodScheduled=False reason kube-scheduler gave."""
+    def mutate(pod: dict[str, Any]) -> None:
+        pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["big"]}]}]}}}
+        if reason:
+            pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": reason}]
+
+    return builders.pod(name, gpus=2, mutate=mutate)
+
+
+@pytest.mark.parametrize(
+    ("pod", "refused"),
+    [
+        pytest.param(_pinned("p", reason="Unschedulable"), True, id="pinned-and-unschedulable/match"),
+        pytest.param(_pinned("p", reason=None), False, id="pinned-not-yet-tried/no-match"),
+        pytest.param(_pinned("p", reason="SchedulingGated"), False, id="pinned-but-still-gated/boundary"),
+    ],
+)
+def test_tracker_counts_pins_the_scheduler_refused(pod: dict[str, Any], refused: bool) -> None:
+    tracker = pt.Tracker(rooms=ROOMS, requests={})
+    tracker.observe(_cluster([pod]), now=1.0)
+    assert tracker.refused == ({"default/p"} if refused else set())

@@ -121,3 +121,59 @@ def test_candidates_are_the_nodes_the_pod_could_ever_use() -> None:
     pod = cluster.pods["team/m-0"]
     assert layout.candidates(pod, cluster) == frozenset({"a"})
     assert "cordoned" not in layout.rooms(cluster), "a cordoned node offers no room"
+
+
+# --- the tie-break: among nodes ranked equal, the one fewer pending never-gated pods prefer -------------------------
+
+
+def preferring(name: str, *, node_name: str, gpus: int = 1, mutate: Any = None) -> dict[str, Any]:
+    """A pending pod kube-scheduler may bind at any moment, preferring `node_name` (the webhook's preferred term)."""
+    def edit(pod: dict[str, Any]) -> None:
+        pod["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 100, "preference": {"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node_name]}]}}]}}
+        if mutate:
+            mutate(pod)
+
+    return builders.pod(name, namespace="other", gpus=gpus, mutate=edit)
+
+
+def gated(pod: dict[str, Any]) -> None:
+    pod["spec"]["schedulingGates"] = [{"name": "example.com/other"}]
+
+
+def nominated(pod: dict[str, Any]) -> None:
+    pod["status"]["nominatedNodeName"] = "a"
+
+
+@pytest.mark.parametrize(
+    ("running", "gang", "want"),
+    [
+        pytest.param([preferring("q", node_name="a")], members(1, gpus=8), {"m-0": "b"},
+                     id="single-equal-nodes-the-uncontested-one/match"),
+        pytest.param([preferring("q", node_name="a")], members(2, gpus=4), {"m-0": "b", "m-1": "b"},
+                     id="gang-equal-nodes-the-uncontested-one/match"),
+        pytest.param([preferring("q", node_name="a"), busy("x", on="a", gpus=4)], members(1, gpus=4), {"m-0": "a"},
+                     id="a-tighter-node-still-wins-it-is-only-a-tie-break/no-match"),
+        pytest.param([preferring("q", node_name="a"), preferring("r", node_name="b"), preferring("s", node_name="b")],
+                     members(1, gpus=8), {"m-0": "a"}, id="fewer-preferring-pods-wins/boundary"),
+        pytest.param([preferring("q", node_name="a", mutate=gated)], members(1, gpus=8), {"m-0": "a"},
+                     id="a-gated-pod-races-nobody/no-match"),
+        pytest.param([preferring("q", node_name="a", mutate=nominated)], members(1, gpus=8), {"m-0": "b"},
+                     id="a-nominated-pod-holds-the-node-instead/boundary"),
+    ],
+)
+def test_equal_nodes_go_to_the_one_fewer_pending_pods_prefer(
+    running: list[dict[str, Any]], gang: list[dict[str, Any]], want: Mapping[str, str],
+) -> None:
+    cluster = snapshot.build(nodes=[node("a"), node("b")], pods=[*running, *gang], names=NAMES, taken_at=NOW)
+    pods = [cluster.pods[f"team/{p['metadata']['name']}"] for p in gang]
+    candidates = {p.key: layout.candidates(p, cluster) for p in pods}
+    contested = layout.contested(cluster)
+    found = layout.place(pods, candidates, layout.rooms(cluster), frozenset(cluster.nodes), scoring=settings.Scoring(),
+                         contested=contested)
+    assert found is not None
+    assert dict(by_name(found[0])) == dict(want)
+    racing = [p for p in running if not p["spec"].get("nodeName") and not p["spec"].get("schedulingGates")
+              and not p["status"].get("nominatedNodeName")]
+    assert sum(contested.values()) == len(racing), "only pending pods that hold nothing and carry no gate count"

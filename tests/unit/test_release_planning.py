@@ -77,8 +77,17 @@ def gang(prefix: str, count: int, **kwargs: Any) -> list[dict[str, Any]]:
     return [member(f"{prefix}-{i}", gang=prefix, **kwargs) for i in range(count)]
 
 
-def running(name: str, *, node: str, gpus: int) -> dict[str, Any]:
-    return builders.pod(name, namespace="other", gpus=gpus, node=node, phase="Running")
+def running(name: str, *, node: str, gpus: int, priority: int = 1_000_000) -> dict[str, Any]:
+    """A running pod; by default of a priority above every gated pod here, so that no preemption can remove it."""
+    def mutate(pod: dict[str, Any]) -> None:
+        pod["spec"]["priority"] = priority
+
+    return builders.pod(name, namespace="other", gpus=gpus, node=node, phase="Running", mutate=mutate)
+
+
+def low(name: str, *, node: str, gpus: int, priority: int = 0) -> dict[str, Any]:
+    """A running pod of a priority below the gated pods here (default 10,000): preemption may remove it."""
+    return running(name, node=node, gpus=gpus, priority=priority)
 
 
 def cluster(
@@ -691,22 +700,22 @@ def test_every_waiting_message_ends_with_what_to_do(pods: list[dict[str, Any]], 
 @pytest.mark.parametrize(
     ("pods", "want"),
     [
-        pytest.param([solo("urgent", gpus=8), running("low", node="big", gpus=4)],
+        pytest.param([solo("urgent", gpus=8), low("low", node="big", gpus=4)],
                      Want(A.RELEASE_ALONE, planning.PREEMPTING, "fits no node now; preempting lower-priority pods on "
                           "big would make room (1 there): released unpinned at once", pins={}, ungate=["urgent"]),
                      id="lower-priority-pods-in-the-way/match"),
         pytest.param([ranked(solo("urgent", gpus=8), priority=10_000, policy="Never"),
-                      running("low", node="big", gpus=4)],
+                      low("low", node="big", gpus=4)],
                      Want(A.WAIT, planning.WAITING, "waiting for 4 more free GPUs", waiting=W.CAPACITY, ungate=[]),
                      id="preemption-policy-never-waits/no-match"),
         pytest.param([solo("urgent", gpus=8), ranked(running("peer", node="big", gpus=4), priority=10_000)],
                      Want(A.WAIT, planning.WAITING, "waiting for 4 more free GPUs", waiting=W.CAPACITY, ungate=[]),
                      id="equal-priority-is-never-preempted/boundary"),
-        pytest.param([ranked(solo("urgent", gpus=4), priority=10_000), running("low", node="big", gpus=2),
+        pytest.param([ranked(solo("urgent", gpus=4), priority=10_000), busy_above("busy", node="big", gpus=2),
                       *gang("large", 2, size=2, gpus=4, priority=20_000, created=EARLIER)],
                      Want(A.WAIT, planning.WAITING, "fits, but queued behind team/large", waiting=W.QUEUED, ungate=[]),
                      id="fits-now-on-nodes-kept-for-a-gang-ahead-is-queued-not-released"),
-        pytest.param([solo("urgent", gpus=8), running("low", node="big", gpus=4),
+        pytest.param([solo("urgent", gpus=8), low("low", node="big", gpus=4),
                       busy_above("high", node="big", gpus=2)],
                      Want(A.WAIT, planning.WAITING, "waiting for 6 more free GPUs", waiting=W.CAPACITY, ungate=[]),
                      id="not-enough-lower-priority-pods-to-make-room"),
@@ -717,7 +726,169 @@ def test_released_at_once_when_only_preemption_can_place_it(pods: list[dict[str,
     check(decisions["team/urgent"], want)
 
 
-def test_a_gang_does_not_preempt_member_by_member() -> None:
-    pods = [*gang("g", 2, size=2, gpus=4), running("low", node="big", gpus=4)]
+# --- preemption-aware release of a gang: all members planned at once on the view after preemption, pinned -----------
+
+FULL_A, FULL_B = builders.gpu_node("a", gpus=8, domains=SPLIT_8), builders.gpu_node("b", gpus=8, domains=SPLIT_8)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "pods", "want"),
+    [
+        pytest.param([EIGHT], [*gang("g", 2, size=2, gpus=4), low("low", node="big", gpus=4)],
+                     Want(A.RELEASE, planning.PREEMPTING, "fits no node now; once kube-scheduler preempts "
+                          "lower-priority pods on big (1 there): 2 members on 1 node(s) (big): one node",
+                          pins={"g-0": "big", "g-1": "big"}, ungate=["g-0", "g-1"]),
+                     id="lower-priority-pod-in-the-way/match"),
+        pytest.param([EIGHT], [*gang("g", 2, size=2, gpus=4)[:1], ranked(gang("g", 2, size=2, gpus=4)[1],
+                                                                        priority=10_000, policy="Never"),
+                               low("low", node="big", gpus=4)],
+                     Want(A.WAIT, planning.WAITING, "waiting for 4 more free GPUs", waiting=W.CAPACITY, ungate=[]),
+                     id="one-member-with-preemption-policy-never-waits/no-match"),
+        pytest.param([EIGHT], [*gang("g", 2, size=2, gpus=4), low("peer", node="big", gpus=4, priority=10_000)],
+                     Want(A.WAIT, planning.WAITING, "waiting for 4 more free GPUs", waiting=W.CAPACITY, ungate=[]),
+                     id="victim-of-equal-priority-is-never-preempted/boundary"),
+        pytest.param([EIGHT], [*gang("g", 2, size=2, gpus=4), low("peer", node="big", gpus=4, priority=9_999)],
+                     Want(A.RELEASE, planning.PREEMPTING, "(1 there)", pins={"g-0": "big", "g-1": "big"}),
+                     id="victim-one-below-the-gang-is-preempted/boundary"),
+        pytest.param([EIGHT], [*gang("g", 2, size=2, gpus=4)[:1], ranked(gang("g", 2, size=2, gpus=4)[1], priority=0),
+                               low("peer", node="big", gpus=4, priority=5_000)],
+                     Want(A.WAIT, planning.WAITING, "waiting for 4 more free GPUs", waiting=W.CAPACITY),
+                     id="every-member-must-outrank-the-victims"),
+        pytest.param([FULL_A, FULL_B], [*gang("g", 2, size=2, gpus=8), low("la", node="a", gpus=8),
+                                        low("lb", node="b", gpus=8)],
+                     Want(A.RELEASE, planning.PREEMPTING, "preempts lower-priority pods on a (1 there), b (1 there): "
+                          "2 members on 2 node(s) (a, b): member by member: free room first, else where preemption "
+                          "leaves the best NVLink score", pins={"g-0": "a", "g-1": "b"}),
+                     id="members-need-preemption-on-two-nodes"),
+        pytest.param([FULL_A, FULL_B], [*gang("g", 2, size=2, gpus=8), low("lb", node="b", gpus=8)],
+                     Want(A.RELEASE, planning.PREEMPTING, "preempts lower-priority pods on b (1 there): 2 members",
+                          pins={"g-0": "a", "g-1": "b"}),
+                     id="a-member-with-free-room-takes-it-preempting-nothing"),
+        pytest.param([FULL_A, FULL_B], [*gang("g", 2, size=2, gpus=4), low("lb", node="b", gpus=8)],
+                     Want(A.RELEASE, planning.RELEASED, "2 members on 1 node(s) (a): one node", pins={"g-0": "a",
+                                                                                                  "g-1": "a"}),
+                     id="a-gang-that-fits-free-room-preempts-nothing"),
+        pytest.param([FULL_A, FULL_B], [*gang("g", 2, size=2, gpus=4), low("la", node="a", gpus=4, priority=5_000),
+                                        busy_above("ha", node="a", gpus=4), low("lb", node="b", gpus=8)],
+                     Want(A.RELEASE, planning.PREEMPTING, "preempts lower-priority pods on a (1 there), b (1 there)",
+                          pins={"g-0": "a", "g-1": "b"}),
+                     id="needs-preemption-on-two-nodes-takes-the-best-domain-on-each"),
+        pytest.param([EIGHT], [*gang("g", 2, size=2, gpus=8), low("low", node="big", gpus=8)],
+                     Want(A.WAIT, planning.WAITING, "can never fit as the cluster stands", waiting=W.CAPACITY,
+                          ungate=[]),
+                     id="only-part-fits-even-after-preemption-waits"),
+        pytest.param([FULL_A], [*gang("g", 2, size=2, gpus=4), low("la", node="a", gpus=4),
+                                busy_above("ha", node="a", gpus=4)],
+                     Want(A.WAIT, planning.WAITING, "waiting for 8 more free GPUs", waiting=W.CAPACITY, ungate=[]),
+                     id="one-member-fits-after-preemption-the-other-nowhere-waits"),
+    ],
+)
+def test_a_gang_that_only_preemption_can_place_is_released_pinned(nodes: list[dict[str, Any]],
+                                                                  pods: list[dict[str, Any]], want: Want) -> None:
+    decisions = outcome(planning.plan(cluster(nodes, pods), config=config(), now=NOW))
+    check(decisions["team/g"], want)
+
+
+def test_a_gang_preempts_on_no_node_an_earlier_release_of_the_same_pass_took() -> None:
+    """A gang ahead (higher priority) placed on the only free node leaves nothing there to count as preemptible."""
+    pods = [*gang("first", 1, size=1, gpus=4, priority=20_000), *gang("g", 2, size=2, gpus=4),
+            low("low", node="big", gpus=4)]
     decisions = outcome(planning.plan(cluster([EIGHT], pods), config=config(), now=NOW))
-    check(decisions["team/g"], Want(A.WAIT, planning.WAITING, "waiting for 4 more free GPUs", waiting=W.CAPACITY))
+    check(decisions["team/first"], Want(A.RELEASE, planning.RELEASED, "placed on big", pins={"first-0": "big"}))
+    check(decisions["team/g"], Want(A.WAIT, planning.WAITING, "waiting for", waiting=W.CAPACITY, ungate=[]))
+
+
+# --- the re-check right before a release's first patch, on the freshest snapshot -----------------------------------
+
+
+def bound_since(name: str, *, node: str, gpus: int, nominated: bool = False) -> dict[str, Any]:
+    """A never-gated pod the scheduler bound (or, `nominated`, reserved by preemption) to `node` after the plan."""
+    pod = running(name, node=node, gpus=gpus, priority=0)
+    if nominated:
+        pod["spec"].pop("nodeName")
+        pod["status"] = {"phase": "Pending", "nominatedNodeName": node}
+    return pod
+
+
+def cordoned(node: dict[str, Any]) -> dict[str, Any]:
+    node["spec"]["unschedulable"] = True
+    return node
+
+
+@pytest.mark.parametrize(
+    ("gated", "fresh_nodes", "arrived", "assumed", "want"),
+    [
+        pytest.param([solo("p", gpus=8)], None, [bound_since("racer", node="big", gpus=1)], {},
+                     "node big was taken since the plan by other/racer (short of nvidia.com/gpu)",
+                     id="bound-since-and-needs-what-the-plan-left/match"),
+        pytest.param([solo("p", gpus=4)], None, [bound_since("racer", node="big", gpus=4)], {}, None,
+                     id="bound-since-takes-exactly-what-the-plan-left/boundary"),
+        pytest.param([solo("p", gpus=4)], None, [bound_since("racer", node="big", gpus=5)], {},
+                     "node big was taken since the plan by other/racer (short of nvidia.com/gpu)",
+                     id="one-gpu-more-than-the-plan-left/boundary"),
+        pytest.param([solo("p", gpus=4)], None, [], {}, None, id="nothing-arrived/no-match"),
+        pytest.param([solo("p", gpus=8)], None, [bound_since("racer", node="big", gpus=1, nominated=True)], {},
+                     "node big was taken since the plan by other/racer", id="nominated-since-holds-the-node"),
+        pytest.param([solo("p", gpus=8)], None, [bound_since("racer", node="big", gpus=1)], {"other/racer": "big"},
+                     None, id="a-pod-this-controller-released-is-counted-already"),
+        pytest.param([solo("p", gpus=4)], [cordoned(builders.gpu_node("big", gpus=8, domains=SPLIT_8))], [], {},
+                     "node big is gone, cordoned or not ready since the plan", id="node-cordoned-since"),
+        pytest.param([solo("p", gpus=4)], [], [], {}, "node big is gone, cordoned or not ready since the plan",
+                     id="node-gone-since"),
+        pytest.param(gang("g", 2, size=2, gpus=4), None, [bound_since("racer", node="big", gpus=1)], {},
+                     "node big was taken since the plan by other/racer", id="a-gang-is-held-back-as-a-unit"),
+    ],
+)
+def test_a_release_is_held_back_when_its_node_was_taken_since_the_plan(
+    gated: list[dict[str, Any]], fresh_nodes: list[dict[str, Any]] | None, arrived: list[dict[str, Any]],
+    assumed: Mapping[str, str], want: str | None,
+) -> None:
+    planned = cluster([EIGHT], gated)
+    result = planning.plan(planned, config=config(), now=NOW)
+    [decision] = [d for d in result.decisions if d.action is A.RELEASE]
+    assert set(decision.pins.values()) == {"big"}
+    fresh = cluster([EIGHT] if fresh_nodes is None else fresh_nodes, [*gated, *arrived])
+    said = planning.overtaken(decision, planned=planned, fresh=fresh, left=result.left, assumed=assumed)
+    assert said == want if want is None else said is not None and said.startswith(want), said
+
+
+def test_the_plan_s_own_snapshot_is_never_overtaken() -> None:
+    planned = cluster([EIGHT], [solo("p", gpus=8)])
+    result = planning.plan(planned, config=config(), now=NOW)
+    [decision] = result.decisions
+    assert planning.overtaken(decision, planned=planned, fresh=planned, left=result.left) is None
+
+
+def test_a_member_a_filter_refuses_since_the_plan_holds_back_its_release() -> None:
+    port = {"containerPort": 80, "hostPort": 8080}
+    pod = solo("p", gpus=4)
+    pod["spec"]["containers"][0]["ports"] = [port]
+    holder = bound_since("web", node="big", gpus=0)
+    holder["spec"]["containers"][0]["ports"] = [port]
+    planned = cluster([EIGHT], [pod])
+    result = planning.plan(planned, config=config(), now=NOW)
+    [decision] = result.decisions
+    said = planning.overtaken(decision, planned=planned, fresh=cluster([EIGHT], [pod, holder]), left=result.left)
+    assert said == "node big refuses team/p since the plan: host port 8080/TCP in use"
+
+
+def nominated_to(node: str, *, gpus: int, deleting: bool = False) -> dict[str, Any]:
+    """A pending pod kube-scheduler nominated to `node` (its preemption reservation)."""
+    pod = bound_since("preemptor", node=node, gpus=gpus, nominated=True)
+    return leaving(pod) if deleting else pod
+
+
+@pytest.mark.parametrize(
+    ("others", "node"),
+    [
+        pytest.param([nominated_to("a", gpus=1)], "b", id="a-nominated-pod-holds-its-node/match"),
+        pytest.param([], "a", id="no-nomination-the-first-equal-node/no-match"),
+        pytest.param([nominated_to("a", gpus=1, deleting=True)], "a",
+                     id="a-terminating-nominated-pod-holds-nothing/boundary"),
+    ],
+)
+def test_release_never_pins_onto_room_a_preemption_makes_for_another_pod(others: list[dict[str, Any]],
+                                                                        node: str) -> None:
+    decisions = outcome(planning.plan(cluster([FULL_A, FULL_B], [solo("p", gpus=8), *others]), config=config(),
+                                      now=NOW))
+    check(decisions["team/p"], Want(A.RELEASE, planning.RELEASED, f"placed on {node}", pins={"p": node}))

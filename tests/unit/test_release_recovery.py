@@ -37,6 +37,7 @@ def pinned(
     gated: bool = False,
     deleting: bool = False,
     created: str = "2026-11-21T11:00:00Z",
+    nominated: str | None = None,
 ) -> dict[str, Any]:
     labels = {NAMES.gang_name: gang[0], NAMES.gang_size: str(gang[1])} if gang else {}
     annotations = {}
@@ -56,6 +57,8 @@ def pinned(
             spec["schedulingGates"] = [{"name": NAMES.gate}]
         if deleting:
             meta["deletionTimestamp"] = at(1)
+        if nominated:
+            pod["status"]["nominatedNodeName"] = nominated
         if unschedulable:
             pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                             "message": "0/2 nodes are available: 1 node(s) didn't satisfy plugin(s) "
@@ -64,6 +67,12 @@ def pinned(
     return builders.pod(name, namespace="team", gpus=4, node=node if bound else None,
                         phase="Running" if bound else "Pending", labels=labels, annotations=annotations,
                         created=created, mutate=mutate)
+
+
+def terminating_on(node: str) -> dict[str, Any]:
+    """A lower-priority pod bound to `node` that kube-scheduler's preemption is deleting."""
+    return builders.pod("victim", namespace="other", gpus=4, node=node, phase="Running",
+                        mutate=lambda p: p["metadata"].update(deletionTimestamp=at(5)))
 
 
 N1 = builders.gpu_node("n1", gpus=8)
@@ -112,6 +121,22 @@ def test_when_a_pin_is_stuck(nodes: list[dict[str, Any]], pod: dict[str, Any], w
     [item] = found.values()
     assert (item.unit, item.cause, item.how) == ("team/p", want, H.EVICT)
     assert says in item.message and "recovered: team/p: its ReplicaSet rs re-creates it" in item.message
+
+
+@pytest.mark.parametrize(
+    ("nominated", "others", "stuck"),
+    [
+        pytest.param("n1", [terminating_on("n1")], False,
+                     id="nominated-to-its-pin-while-a-victim-terminates-is-being-made-room-for/match"),
+        pytest.param("n1", [], True, id="nominated-but-no-victim-terminating-is-stuck/no-match"),
+        pytest.param("n2", [terminating_on("n1")], True, id="nominated-to-another-node-than-its-pin-is-stuck/boundary"),
+    ],
+)
+def test_a_pin_kube_scheduler_preempts_for_is_not_stuck_while_its_victims_leave(
+    nominated: str, others: list[dict[str, Any]], stuck: bool,
+) -> None:
+    found = assess([N1, N2], [pinned("p", released=600, unschedulable=True, nominated=nominated), *others])
+    assert [(r.unit, r.cause) for r in found.values()] == ([("team/p", C.UNSCHEDULABLE)] if stuck else [])
 
 
 # --- how it is recovered, by what re-creates it ------------------------------------------------------------------
