@@ -289,7 +289,7 @@ def windows(
     on `pool` (of the same histories). `histories` None: not read (every pod keeps its tier window, so says)."""
     chosen = [p for p in pods if p.priority_class_name in tier_windows]
     of = {p.key: workload(p) for p in chosen}
-    owned = members(set(of.values()), histories or {}) if histories is not None else {}
+    owned = members(set(of.values()), histories or {})
     out = {}
     for pod in chosen:
         found = None
