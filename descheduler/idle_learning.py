@@ -27,8 +27,9 @@ Rules, each with its reason in words:
   history not read yet (`None`): the tier window.
 - The pool (`pool()`): each pod's stretches that ended in work, in time order, each divided by the longest of
   that pod's earlier ones in the look-back (counted once `min_stretches` came before it: a prediction, not
-  hindsight), and each pod's open idle run (still idle, or ended in a gap or with the pod) divided by its
-  longest, as *censored*: it lasted at least that long. Kaplan-Meier over these ratios estimates the
+  hindsight), and each pod's open idle run (idle at the last point read: still idle, or the pod gone while
+  idle; a run that ended in a gap is no open run, see History) divided by its longest, as *censored*: it
+  lasted at least that long. Kaplan-Meier over these ratios estimates the
   probability that a stretch which has lasted a/longest ends in work before (a + h)/longest (h:
   `resume_horizon_seconds`). It assumes stretches independent: pods that go idle and resume together (a fleet
   at night) weigh as many.
