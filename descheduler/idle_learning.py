@@ -193,13 +193,21 @@ class Pool:
         return 1.0 - self.surviving(until) / self.surviving(ratio)
 
 
+def percent(share: float) -> str:
+    """A setting's share in percent, as written (0.05: 5%, 0.025: 2.5%), without float noise (0.07 x 100 is
+    7.000000000000001)."""
+    return f"{round(share * 100, 9):g}%"
+
+
 def below(share: float, limit: float) -> str:
-    """`share` in percent, with as many decimals as it takes to print it under `limit` (4.96 %, not 5.0 %)."""
-    for decimals in range(1, 4):
+    """`share` (under `limit`) in percent, with as many decimals as it takes to print it under `limit` (4.96 %,
+    not 5.0 %)."""
+    under = float(percent(limit)[:-1])
+    for decimals in range(1, 16):
         said = f"{share:.{decimals}%}"
-        if float(said[:-1]) < limit * 100:
+        if float(said[:-1]) < under:
             return said
-    return f"{share:%}"
+    return said
 
 
 def lasted(seconds: float, *, step_seconds: float) -> float:
@@ -255,10 +263,10 @@ def learn(stretches: Sequence[float] | None, *, tier_window: int, pool: Pool,
         if at_risk >= config.min_at_risk and resumed < limit:
             return Learned(int(idle), True, f"learned idle window {duration(idle)} = {ratio:.1f}x {scale}: of the "
                            f"{at_risk} idle stretches of all pods that lasted {ratio:.1f}x their pod's longest, "
-                           f"{below(resumed, limit)} ended in work within {duration(horizon)}, under {limit:.0%}")
+                           f"{below(resumed, limit)} ended in work within {duration(horizon)}, under {percent(limit)}")
         idle += config.bucket_seconds
     return Learned(tier_window, False, f"{scale[0].upper()}{scale[1:]}: at no idle time under the tier window did "
-                   f"fewer than {limit:.0%} of at least {config.min_at_risk} idle stretches of all pods as long "
+                   f"fewer than {percent(limit)} of at least {config.min_at_risk} idle stretches of all pods as long "
                    f"(against their pod's longest) end in work within {duration(horizon)}: tier window")
 
 

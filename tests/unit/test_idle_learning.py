@@ -213,6 +213,11 @@ def test_pool_resumed(pool: Pooled, ratio: float, until: float, resumed: float, 
                      "20.0% ended in work", id="resumed-just-under-a-wider-probability"),
         pytest.param([600.0] * 6, pooled([2.5] * 30, [10.0] * 20), CONFIG, 2400, True,
                      "learned idle window 40 min = 2.7x", id="first-qualifying-idle-time-past-the-floor"),
+        # The limit as set, not rounded to a whole percent (2.5 %, not 2 %), in both reasons.
+        pytest.param([600.0] * 6, pooled([2.5], [10.0] * 40), CONFIG.model_copy(update={"resume_probability": 0.025}),
+                     1800, True, "2.4% ended in work within 10 min, under 2.5%", id="limit-with-decimals-said-so"),
+        pytest.param([600.0] * 6, pooled([2.5], [2.6] * 38), CONFIG.model_copy(update={"resume_probability": 0.025}),
+                     TIER, False, "did fewer than 2.5% of at least 20", id="limit-with-decimals-said-so-tier"),
         pytest.param([600.0] * 6, pooled([2.5] * 30, [10.0] * 20),
                      CONFIG.model_copy(update={"resume_horizon_seconds": 240}), 1800, True, "within 4 min",
                      id="horizon-short-of-the-resumptions"),
@@ -242,7 +247,8 @@ def test_learn(stretches: list[float] | None, pool: Pooled, config: settings.Lea
         pytest.param(0.0496, "4.96%", id="boundary-rounds-to-the-limit-more-decimals"),
         pytest.param(0.04996, "4.996%", id="three-decimals"),
         pytest.param(0.0, "0.0%", id="zero"),
-        pytest.param(0.049996, "4.999600%", id="past-three-decimals-all-of-them"),
+        pytest.param(0.049996, "4.9996%", id="four-decimals"),
+        pytest.param(0.0499999999, "4.99999999%", id="eight-decimals"),
     ],
 )
 def test_below(share: float, said: str) -> None:
@@ -255,10 +261,25 @@ def test_below(share: float, said: str) -> None:
         pytest.param(0.4996, 0.5, "49.96%", id="two-digit-percent-rounds-to-the-limit"),
         pytest.param(0.0469, 0.047, "4.69%", id="limit-with-decimals-rounds-to-it"),
         pytest.param(0.0461, 0.047, "4.6%", id="limit-with-decimals-under-it"),
+        # 0.07 x 100 is 7.000000000000001 in floating point: 7.0 is not under 7 %.
+        pytest.param(0.06999, 0.07, "6.999%", id="limit-float-noise-rounds-to-it"),
+        pytest.param(0.0689, 0.07, "6.9%", id="limit-float-noise-under-it"),
     ],
 )
 def test_below_other_limits(share: float, limit: float, said: str) -> None:
     assert idle_learning.below(share, limit) == said
+
+
+@pytest.mark.parametrize(
+    ("share", "said"),
+    [
+        pytest.param(0.05, "5%", id="whole-percent"),
+        pytest.param(0.025, "2.5%", id="with-decimals"),
+        pytest.param(0.07, "7%", id="float-noise-dropped"),
+    ],
+)
+def test_percent(share: float, said: str) -> None:
+    assert idle_learning.percent(share) == said
 
 
 def parsed(raw: dict[str, object]) -> snapshot.Pod:
