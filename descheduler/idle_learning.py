@@ -34,8 +34,12 @@ Rules, each with its reason in words:
   `resume_horizon_seconds`). It assumes stretches independent: pods that go idle and resume together (a fleet
   at night) weigh as many.
 - Few stretches that long: a probability is only taken from at least `min_at_risk` pooled stretches that
-  lasted at least as long as the idle time judged (relative to their pod's longest); fewer, that idle time is
-  not learned (and longer ones are judged in turn). None qualifies below the tier's window: the tier's window.
+  lasted at least as long as the idle time judged (relative to their pod's longest) and were *followed* over the
+  horizon: ended in work (then or later), or still idle at its end (`Pool.followed()`). A run still idle, or
+  gone, before the horizon's end counts in Kaplan-Meier's estimate but not here: it says nothing of the horizon,
+  and pods that have just gone quiet together must not make an idle time learnable on their own. Fewer, that idle
+  time is not learned (and longer ones are judged in turn). None qualifies below the tier's window: the tier's
+  window.
 - The probability must be strictly below `resume_probability`. Idle times are judged from the floor rounded up
   to `bucket_seconds`, in steps of it; the first that qualifies is the window.
 - Missing data fails closed: everything that is not a full, fresh history keeps the tier window, and a pod
@@ -185,6 +189,12 @@ class Pool:
         return (len(self.ended) - bisect.bisect_left(self.ended, ratio)
                 + len(self.censored) - bisect.bisect_left(self.censored, ratio))
 
+    def followed(self, ratio: float, until: float) -> int:
+        """Pooled stretches that lasted at least `ratio` and were seen to work or to `until`: what is known of
+        the next stretch of time. A run still idle (or gone) short of `until` says nothing of it."""
+        return (len(self.ended) - bisect.bisect_left(self.ended, ratio)
+                + len(self.censored) - bisect.bisect_left(self.censored, until))
+
     def resumed(self, ratio: float, until: float) -> float:
         """Estimated probability that a stretch which has lasted `ratio` ends in work before `until` (1 when
         none lasted that long)."""
@@ -257,17 +267,19 @@ def learn(stretches: Sequence[float] | None, *, tier_window: int, pool: Pool,
     horizon, limit = config.resume_horizon_seconds, config.resume_probability
     idle = math.ceil(config.floor_seconds / config.bucket_seconds) * config.bucket_seconds
     while idle < tier_window:
-        ratio = idle / longest
-        at_risk = pool.at_risk(ratio)
-        resumed = pool.resumed(ratio, (idle + horizon) / longest)  # one division: no rounding gap at its end
-        if at_risk >= config.min_at_risk and resumed < limit:
+        ratio, until = idle / longest, (idle + horizon) / longest  # one division each: no rounding gap at its end
+        followed = pool.followed(ratio, until)
+        resumed = pool.resumed(ratio, until)
+        if followed >= config.min_at_risk and resumed < limit:
             return Learned(int(idle), True, f"learned idle window {duration(idle)} = {ratio:.1f}x {scale}: of the "
-                           f"{at_risk} idle stretches of all pods that lasted {ratio:.1f}x their pod's longest, "
-                           f"{below(resumed, limit)} ended in work within {duration(horizon)}, under {percent(limit)}")
+                           f"{followed} idle stretches of all pods that lasted {ratio:.1f}x their pod's longest, "
+                           f"followed to work or to {until:.1f}x, an estimated {below(resumed, limit)} ended in work "
+                           f"within {duration(horizon)}, under {percent(limit)}")
         idle += config.bucket_seconds
     return Learned(tier_window, False, f"{scale[0].upper()}{scale[1:]}: at no idle time under the tier window did "
                    f"fewer than {percent(limit)} of at least {config.min_at_risk} idle stretches of all pods as long "
-                   f"(against their pod's longest) end in work within {duration(horizon)}: tier window")
+                   f"(against their pod's longest), followed to work or {duration(horizon)} further, end in work "
+                   f"within {duration(horizon)}: tier window")
 
 
 def enabled(pc: snapshot.PriorityClass, *, names: settings.Names) -> label_values.Parsed[bool]:

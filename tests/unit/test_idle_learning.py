@@ -181,6 +181,21 @@ def test_pool_resumed(pool: Pooled, ratio: float, until: float, resumed: float, 
     assert built.at_risk(ratio) == at_risk
 
 
+@pytest.mark.parametrize(
+    ("ratio", "until", "followed"),
+    [
+        # Ended at 2.0, 3.0, 3.0; still idle at 2.5 and 4.0.
+        pytest.param(1.0, 2.4, 5, id="ended-later-or-idle-past-until"),
+        pytest.param(1.0, 2.6, 4, id="idle-short-of-until-not-followed"),
+        pytest.param(1.0, 2.5, 5, id="boundary-idle-at-until-followed"),
+        pytest.param(2.1, 2.6, 3, id="ended-before-ratio-not-counted"),
+        pytest.param(2.0, 2.6, 4, id="boundary-ended-at-ratio-counted"),
+    ],
+)
+def test_pool_followed(ratio: float, until: float, followed: int) -> None:
+    assert pooled([2.0, 3.0, 3.0], [2.5, 4.0]).build().followed(ratio, until) == followed
+
+
 # A workload with 10-min stretches of whole idle steps (lasting about 15 min) is judged at 30 min (2.0x, the
 # floor), 40 min (2.67x), ..., the next 10 min reaching 0.67x further.
 @pytest.mark.parametrize(
@@ -191,12 +206,23 @@ def test_pool_resumed(pool: Pooled, ratio: float, until: float, resumed: float, 
                      "7 d, fewer than 6: tier window", id="too-few-stretches"),
         pytest.param([600.0] * 6, SAFE, CONFIG, 1800, True, "learned idle window 30 min = 2.0x this workload's "
                      "longest idle stretch that ended in work in 7 d (about 15 min, of 6): of the 20 idle stretches "
-                     "of all pods that lasted 2.0x their pod's longest, 0.0% ended in work within 10 min, under 5%",
+                     "of all pods that lasted 2.0x their pod's longest, followed to work or to 2.7x, an estimated 0.0% "
+                     "ended in work within 10 min, under 5%",
                      id="boundary-just-enough-stretches-learned-at-the-floor"),
         pytest.param([600.0] * 6, pooled(censored=[10.0] * 19), CONFIG, TIER, False, "This workload's longest idle "
                      "stretch that ended in work in 7 d (about 15 min, of 6): at no idle time under the tier window "
                      "did fewer than 5% of at least 20 idle stretches of all pods as long (against their pod's "
-                     "longest) end in work within 10 min: tier window", id="boundary-too-few-at-risk"),
+                     "longest), followed to work or 10 min further, end in work within 10 min: tier window",
+                     id="boundary-too-few-at-risk"),
+        # A workload whose stretches lasted 20 min is judged at 30 min = 1.5x, the next 10 min reaching 2.0x. A run
+        # still idle short of 2.0x (pods that have just gone quiet) tells nothing of those 10 min: no evidence.
+        pytest.param([900.0] * 6, pooled(censored=[2.1] * 19 + [10.0]), CONFIG, 1800, True,
+                     "of the 20 idle stretches of all pods that lasted 1.5x their pod's longest, followed to work or "
+                     "to 2.0x, an estimated 0.0%", id="still-idle-past-the-horizon-is-followed"),
+        pytest.param([900.0] * 6, pooled(censored=[1.9] * 19 + [10.0]), CONFIG, TIER, False, "tier window",
+                     id="still-idle-short-of-the-horizon-is-no-evidence"),
+        pytest.param([900.0] * 6, pooled(censored=[2.0] * 19 + [10.0]), CONFIG, 1800, True,
+                     "of the 20 idle stretches", id="boundary-still-idle-at-the-horizon-is-followed"),
         pytest.param([600.0] * 6, pooled(censored=[10.0] * 19), CONFIG.model_copy(update={"min_at_risk": 19}),
                      1800, True, "of the 19 idle stretches", id="boundary-min-at-risk-met"),
         # 21 lasted 2.0x, one of them ended at 2.5x: 1/21 = 4.8 % resumed before 2.67x.
