@@ -138,7 +138,7 @@ SAFE = pooled(censored=[10.0] * 20)  # 20 stretches still idle at 10x their pod'
         pytest.param([idle_learning.History(stretches=(*((float(i), 1200.0) for i in range(6)), (6.0, 2700.0),
                                                        (7.0, 1200.0)))], [2.0, 0.5], [],
                      id="a-new-longest-counts-from-the-next-stretch"),
-        pytest.param([one(2.0, before=5), one(3.0)], [3.0], [], id="a-short-history-skipped-not-the-rest"),
+        pytest.param([one(2.0, before=4), one(3.0)], [3.0], [], id="a-short-history-skipped-not-the-rest"),
         pytest.param([one(3.0, ended=False)], [], [3.0], id="open-run-censored"),
         # Still idle for 3000 s, against the longest of all (3000 s, the last), not an earlier one (1500 s).
         pytest.param([idle_learning.History(run_start=50.0, run_steps=9,
