@@ -271,8 +271,8 @@ def learn(stretches: Sequence[float] | None, *, tier_window: int, pool: Pool,
         followed = pool.followed(ratio, until)
         resumed = pool.resumed(ratio, until)
         if followed >= config.min_at_risk and resumed < limit:
-            return Learned(int(idle), True, f"learned idle window {duration(idle)} = {ratio:.1f}x {scale}: of the "
-                           f"{followed} idle stretches of all pods that lasted {ratio:.1f}x their pod's longest, "
+            return Learned(math.ceil(idle), True, f"learned idle window {duration(idle)} = {ratio:.1f}x {scale}: of "
+                           f"the {followed} idle stretches of all pods that lasted {ratio:.1f}x their pod's longest, "
                            f"followed to work or to {until:.1f}x, an estimated {below(resumed, limit)} ended in work "
                            f"within {duration(horizon)}, under {percent(limit)}")
         idle += config.bucket_seconds

@@ -249,6 +249,11 @@ def test_pool_followed(ratio: float, until: float, followed: int) -> None:
                      id="horizon-short-of-the-resumptions"),
         pytest.param([600.0] * 6, SAFE, CONFIG.model_copy(update={"floor_seconds": 1801}), 2400, True,
                      "learned idle window 40 min", id="floor-rounded-up-to-the-bucket"),
+        # Windows are whole seconds: a fractional floor and bucket round the window up, never under the floor.
+        pytest.param([600.0] * 6, SAFE, CONFIG.model_copy(update={"floor_seconds": 1800.5, "bucket_seconds": 1800.5}),
+                     1801, True, "learned idle window 30 min", id="fractional-window-rounded-up-not-under-the-floor"),
+        pytest.param([600.0] * 6, SAFE, CONFIG.model_copy(update={"floor_seconds": 1800.0, "bucket_seconds": 1800.0}),
+                     1800, True, "learned idle window 30 min", id="boundary-whole-window-kept"),
         pytest.param([600.0] * 5 + [1200.0], SAFE, CONFIG, 1800, True, "1.2x this workload's longest",
                      id="scale-is-the-longest"),
         # Resumptions at every 0.1x up to 3.3x; a workload whose stretches last 50 min (the next 10 min: 0.2x) is
