@@ -549,8 +549,9 @@ class LearnedWindow(Model):
     min_at_risk: int = pydantic.Field(
         default=20, ge=1,
         description="A probability is only taken from at least this many pooled idle stretches that lasted as long "
-        "(relative to their pod's longest); fewer, and that idle time is not learned. 20 = 1 / 0.05: a single "
-        "stretch that ended in work then weighs 5 %.",
+        "(relative to their pod's longest) and were followed to work or to the horizon's end (a run still idle short "
+        "of it tells nothing of it); fewer, and that idle time is not learned. 20 = 1 / 0.05: a single stretch that "
+        "ended in work then weighs 5 %.",
     )
     floor_seconds: Seconds = pydantic.Field(
         default=1800, description="No learned window is shorter than this (seconds), however short the stretches."

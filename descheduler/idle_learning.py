@@ -27,14 +27,19 @@ Rules, each with its reason in words:
   history not read yet (`None`): the tier window.
 - The pool (`pool()`): each pod's stretches that ended in work, in time order, each divided by the longest of
   that pod's earlier ones in the look-back (counted once `min_stretches` came before it: a prediction, not
-  hindsight), and each pod's open idle run (still idle, or ended in a gap or with the pod) divided by its
-  longest, as *censored*: it lasted at least that long. Kaplan-Meier over these ratios estimates the
+  hindsight), and each pod's open idle run (idle at the last point read: still idle, or the pod gone while
+  idle; a run that ended in a gap is no open run, see History) divided by its longest, as *censored*: it
+  lasted at least that long. Kaplan-Meier over these ratios estimates the
   probability that a stretch which has lasted a/longest ends in work before (a + h)/longest (h:
   `resume_horizon_seconds`). It assumes stretches independent: pods that go idle and resume together (a fleet
   at night) weigh as many.
 - Few stretches that long: a probability is only taken from at least `min_at_risk` pooled stretches that
-  lasted at least as long as the idle time judged (relative to their pod's longest); fewer, that idle time is
-  not learned (and longer ones are judged in turn). None qualifies below the tier's window: the tier's window.
+  lasted at least as long as the idle time judged (relative to their pod's longest) and were *followed* over the
+  horizon: ended in work (then or later), or still idle at its end (`Pool.followed()`). A run still idle, or
+  gone, before the horizon's end counts in Kaplan-Meier's estimate but not here: it says nothing of the horizon,
+  and pods that have just gone quiet together must not make an idle time learnable on their own. Fewer, that idle
+  time is not learned (and longer ones are judged in turn). None qualifies below the tier's window: the tier's
+  window.
 - The probability must be strictly below `resume_probability`. Idle times are judged from the floor rounded up
   to `bucket_seconds`, in steps of it; the first that qualifies is the window.
 - Missing data fails closed: everything that is not a full, fresh history keeps the tier window, and a pod
@@ -184,6 +189,12 @@ class Pool:
         return (len(self.ended) - bisect.bisect_left(self.ended, ratio)
                 + len(self.censored) - bisect.bisect_left(self.censored, ratio))
 
+    def followed(self, ratio: float, until: float) -> int:
+        """Pooled stretches that lasted at least `ratio` and were seen to work or to `until`: what is known of
+        the next stretch of time. A run still idle (or gone) short of `until` says nothing of it."""
+        return (len(self.ended) - bisect.bisect_left(self.ended, ratio)
+                + len(self.censored) - bisect.bisect_left(self.censored, until))
+
     def resumed(self, ratio: float, until: float) -> float:
         """Estimated probability that a stretch which has lasted `ratio` ends in work before `until` (1 when
         none lasted that long)."""
@@ -192,13 +203,21 @@ class Pool:
         return 1.0 - self.surviving(until) / self.surviving(ratio)
 
 
+def percent(share: float) -> str:
+    """A setting's share in percent, as written (0.05: 5%, 0.025: 2.5%), without float noise (0.07 x 100 is
+    7.000000000000001)."""
+    return f"{round(share * 100, 9):g}%"
+
+
 def below(share: float, limit: float) -> str:
-    """`share` in percent, with as many decimals as it takes to print it under `limit` (4.96 %, not 5.0 %)."""
-    for decimals in range(1, 4):
+    """`share` (under `limit`) in percent, with as many decimals as it takes to print it under `limit` (4.96 %,
+    not 5.0 %)."""
+    under = float(percent(limit)[:-1])
+    for decimals in range(1, 16):
         said = f"{share:.{decimals}%}"
-        if float(said[:-1]) < limit * 100:
+        if float(said[:-1]) < under:
             return said
-    return f"{share:%}"
+    return said
 
 
 def lasted(seconds: float, *, step_seconds: float) -> float:
@@ -248,17 +267,19 @@ def learn(stretches: Sequence[float] | None, *, tier_window: int, pool: Pool,
     horizon, limit = config.resume_horizon_seconds, config.resume_probability
     idle = math.ceil(config.floor_seconds / config.bucket_seconds) * config.bucket_seconds
     while idle < tier_window:
-        ratio = idle / longest
-        at_risk = pool.at_risk(ratio)
-        resumed = pool.resumed(ratio, (idle + horizon) / longest)  # one division: no rounding gap at its end
-        if at_risk >= config.min_at_risk and resumed < limit:
-            return Learned(int(idle), True, f"learned idle window {duration(idle)} = {ratio:.1f}x {scale}: of the "
-                           f"{at_risk} idle stretches of all pods that lasted {ratio:.1f}x their pod's longest, "
-                           f"{below(resumed, limit)} ended in work within {duration(horizon)}, under {limit:.0%}")
+        ratio, until = idle / longest, (idle + horizon) / longest  # one division each: no rounding gap at its end
+        followed = pool.followed(ratio, until)
+        resumed = pool.resumed(ratio, until)
+        if followed >= config.min_at_risk and resumed < limit:
+            return Learned(math.ceil(idle), True, f"learned idle window {duration(idle)} = {ratio:.1f}x {scale}: of "
+                           f"the {followed} idle stretches of all pods that lasted {ratio:.1f}x their pod's longest, "
+                           f"followed to work or to {until:.1f}x, an estimated {below(resumed, limit)} ended in work "
+                           f"within {duration(horizon)}, under {percent(limit)}")
         idle += config.bucket_seconds
     return Learned(tier_window, False, f"{scale[0].upper()}{scale[1:]}: at no idle time under the tier window did "
-                   f"fewer than {limit:.0%} of at least {config.min_at_risk} idle stretches of all pods as long "
-                   f"(against their pod's longest) end in work within {duration(horizon)}: tier window")
+                   f"fewer than {percent(limit)} of at least {config.min_at_risk} idle stretches of all pods as long "
+                   f"(against their pod's longest), followed to work or {duration(horizon)} further, end in work "
+                   f"within {duration(horizon)}: tier window")
 
 
 def enabled(pc: snapshot.PriorityClass, *, names: settings.Names) -> label_values.Parsed[bool]:
@@ -289,7 +310,7 @@ def windows(
     on `pool` (of the same histories). `histories` None: not read (every pod keeps its tier window, so says)."""
     chosen = [p for p in pods if p.priority_class_name in tier_windows]
     of = {p.key: workload(p) for p in chosen}
-    owned = members(set(of.values()), histories or {}) if histories is not None else {}
+    owned = members(set(of.values()), histories or {})
     out = {}
     for pod in chosen:
         found = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import pytest
@@ -32,6 +33,7 @@ def fold(values: Sequence[float | None], *, threshold: float = 5.0) -> idle_lear
         pytest.param([BUSY, IDLE, IDLE], [], 2, id="still-idle-is-no-stretch-yet"),
         pytest.param([BUSY, IDLE, IDLE, None, BUSY], [], 0, id="gap-ends-the-run-not-work"),
         pytest.param([BUSY, IDLE, NAN, BUSY], [], 0, id="nan-step-is-a-gap-never-idle"),
+        pytest.param([BUSY, IDLE, IDLE, NAN], [], 0, id="nan-at-the-end-leaves-no-open-run"),
         pytest.param([BUSY, IDLE, NAN, BUSY, IDLE, BUSY], [(1500.0, 300.0)], 0, id="folding-goes-on-after-nan"),
         pytest.param([IDLE, None, IDLE, BUSY], [(900.0, 300.0)], 0, id="only-the-idle-after-a-gap-counts"),
         pytest.param([IDLE, IDLE, BUSY], [(600.0, 600.0)], 0, id="idle-from-the-first-step-counts"),
@@ -47,6 +49,7 @@ def test_fold(values: list[float | None], stretches: list[tuple[float, float]], 
     history = fold(values)
     assert list(history.stretches) == stretches
     assert history.run_steps == open_steps
+    assert (history.run_start is not None) is (open_steps > 0)
 
 
 @pytest.mark.parametrize(
@@ -99,9 +102,22 @@ def one(ratio: float, *, ended: bool = True, before: int = 6) -> idle_learning.H
     return idle_learning.History(last=99.0, run_start=50.0, run_steps=steps, stretches=earlier)
 
 
-def pooled(ended: Sequence[float] = (), censored: Sequence[float] = ()) -> idle_learning.Pool:
-    return idle_learning.pool([*(one(r) for r in ended), *(one(r, ended=False) for r in censored)],
-                              step_seconds=STEP, min_stretches=6)
+@dataclasses.dataclass(frozen=True)
+class Pooled:
+    """Pods (`one()`) whose last stretch ended in work at each of `ended` x their earlier ones, or is still idle at
+    each of `censored` x. Rows hold this, and the test builds the pool (`build()`): a pool built while pytest
+    collects would be no test's, and a mutation tool would not run `pool()`'s mutants against the rows."""
+
+    ended: Sequence[float] = ()
+    censored: Sequence[float] = ()
+
+    def build(self) -> idle_learning.Pool:
+        return idle_learning.pool([*(one(r) for r in self.ended), *(one(r, ended=False) for r in self.censored)],
+                                  step_seconds=STEP, min_stretches=6)
+
+
+def pooled(ended: Sequence[float] = (), censored: Sequence[float] = ()) -> Pooled:
+    return Pooled(tuple(ended), tuple(censored))
 
 
 SAFE = pooled(censored=[10.0] * 20)  # 20 stretches still idle at 10x their pod's longest: none resumed
@@ -118,7 +134,16 @@ SAFE = pooled(censored=[10.0] * 20)  # 20 stretches still idle at 10x their pod'
         pytest.param([idle_learning.History(stretches=((0.0, 1200.0), *((float(i), EARLIER) for i in range(1, 6)),
                                                        (6.0, 1200.0), (7.0, 2700.0)))], [0.5, 1.0], [],
                      id="each-against-the-longest-before-it"),
+        # A new longest counts from the next stretch on: 3000 s against 1500 s, then 1500 s against 3000 s.
+        pytest.param([idle_learning.History(stretches=(*((float(i), 1200.0) for i in range(6)), (6.0, 2700.0),
+                                                       (7.0, 1200.0)))], [2.0, 0.5], [],
+                     id="a-new-longest-counts-from-the-next-stretch"),
+        pytest.param([one(2.0, before=4), one(3.0)], [3.0], [], id="a-short-history-skipped-not-the-rest"),
         pytest.param([one(3.0, ended=False)], [], [3.0], id="open-run-censored"),
+        # Still idle for 3000 s, against the longest of all (3000 s, the last), not an earlier one (1500 s).
+        pytest.param([idle_learning.History(run_start=50.0, run_steps=9,
+                                            stretches=(*((float(i), 1200.0) for i in range(6)), (6.0, 2700.0)))],
+                     [2.0], [1.0], id="open-run-against-the-longest-of-all"),
         pytest.param([one(3.0, ended=False, before=5)], [], [], id="open-run-of-a-short-history-not-pooled"),
         pytest.param([fold([BUSY, IDLE, IDLE, BUSY] * 6 + [IDLE, IDLE, NAN])], [], [],
                      id="run-ended-in-a-gap-not-pooled"),
@@ -142,12 +167,33 @@ def test_pool(histories: list[idle_learning.History], ended: list[float], censor
         pytest.param(pooled([2.0, 2.0], [1.5, 1.5, 3.0, 3.0]), 2.0, 2.5, 0.5, 4, id="boundary-ended-at-the-ratio"),
         pytest.param(pooled([2.0, 2.0], [1.5, 1.5, 3.0, 3.0]), 2.1, 3.1, 0.0, 2, id="after-the-ends"),
         pytest.param(pooled([2.0, 2.0], [1.5, 1.5]), 2.1, 3.0, 1.0, 0, id="none-that-long-is-certain-resumption"),
-        pytest.param(idle_learning.Pool(), 1.0, 2.0, 1.0, 0, id="empty-pool"),
+        pytest.param(pooled(), 1.0, 2.0, 1.0, 0, id="empty-pool"),
+        # Kaplan-Meier over two end times: at 2.0, 1 of 5 ends (0.8 left); at 3.0, 2 of the 3 still at risk (the one
+        # censored at 2.5 left): 0.8 x 1/3. From 2.1 to 3.1: 1 - (0.8 / 3) / 0.8 = 2/3, not the 2 of 4 that ended.
+        pytest.param(pooled([2.0, 3.0, 3.0], [2.5, 4.0]), 2.1, 3.1, 2 / 3, 4, id="product-over-end-times"),
+        pytest.param(pooled([2.0, 3.0, 3.0], [2.5, 4.0]), 1.0, 3.1, 1 - 0.8 / 3, 5, id="product-from-the-start"),
+        pytest.param(pooled([2.0, 3.0, 3.0], [2.5, 4.0]), 2.0, 3.0, 0.2, 5, id="boundary-between-end-times"),
     ],
 )
-def test_pool_resumed(pool: idle_learning.Pool, ratio: float, until: float, resumed: float, at_risk: int) -> None:
-    assert pool.resumed(ratio, until) == pytest.approx(resumed)
-    assert pool.at_risk(ratio) == at_risk
+def test_pool_resumed(pool: Pooled, ratio: float, until: float, resumed: float, at_risk: int) -> None:
+    built = pool.build()
+    assert built.resumed(ratio, until) == pytest.approx(resumed)
+    assert built.at_risk(ratio) == at_risk
+
+
+@pytest.mark.parametrize(
+    ("ratio", "until", "followed"),
+    [
+        # Ended at 2.0, 3.0, 3.0; still idle at 2.5 and 4.0.
+        pytest.param(1.0, 2.4, 5, id="ended-later-or-idle-past-until"),
+        pytest.param(1.0, 2.6, 4, id="idle-short-of-until-not-followed"),
+        pytest.param(1.0, 2.5, 5, id="boundary-idle-at-until-followed"),
+        pytest.param(2.1, 2.6, 3, id="ended-before-ratio-not-counted"),
+        pytest.param(2.0, 2.6, 4, id="boundary-ended-at-ratio-counted"),
+    ],
+)
+def test_pool_followed(ratio: float, until: float, followed: int) -> None:
+    assert pooled([2.0, 3.0, 3.0], [2.5, 4.0]).build().followed(ratio, until) == followed
 
 
 # A workload with 10-min stretches of whole idle steps (lasting about 15 min) is judged at 30 min (2.0x, the
@@ -160,12 +206,23 @@ def test_pool_resumed(pool: idle_learning.Pool, ratio: float, until: float, resu
                      "7 d, fewer than 6: tier window", id="too-few-stretches"),
         pytest.param([600.0] * 6, SAFE, CONFIG, 1800, True, "learned idle window 30 min = 2.0x this workload's "
                      "longest idle stretch that ended in work in 7 d (about 15 min, of 6): of the 20 idle stretches "
-                     "of all pods that lasted 2.0x their pod's longest, 0.0% ended in work within 10 min, under 5%",
+                     "of all pods that lasted 2.0x their pod's longest, followed to work or to 2.7x, an estimated 0.0% "
+                     "ended in work within 10 min, under 5%",
                      id="boundary-just-enough-stretches-learned-at-the-floor"),
         pytest.param([600.0] * 6, pooled(censored=[10.0] * 19), CONFIG, TIER, False, "This workload's longest idle "
                      "stretch that ended in work in 7 d (about 15 min, of 6): at no idle time under the tier window "
                      "did fewer than 5% of at least 20 idle stretches of all pods as long (against their pod's "
-                     "longest) end in work within 10 min: tier window", id="boundary-too-few-at-risk"),
+                     "longest), followed to work or 10 min further, end in work within 10 min: tier window",
+                     id="boundary-too-few-at-risk"),
+        # A workload whose stretches lasted 20 min is judged at 30 min = 1.5x, the next 10 min reaching 2.0x. A run
+        # still idle short of 2.0x (pods that have just gone quiet) tells nothing of those 10 min: no evidence.
+        pytest.param([900.0] * 6, pooled(censored=[2.1] * 19 + [10.0]), CONFIG, 1800, True,
+                     "of the 20 idle stretches of all pods that lasted 1.5x their pod's longest, followed to work or "
+                     "to 2.0x, an estimated 0.0%", id="still-idle-past-the-horizon-is-followed"),
+        pytest.param([900.0] * 6, pooled(censored=[1.9] * 19 + [10.0]), CONFIG, TIER, False, "tier window",
+                     id="still-idle-short-of-the-horizon-is-no-evidence"),
+        pytest.param([900.0] * 6, pooled(censored=[2.0] * 19 + [10.0]), CONFIG, 1800, True,
+                     "of the 20 idle stretches", id="boundary-still-idle-at-the-horizon-is-followed"),
         pytest.param([600.0] * 6, pooled(censored=[10.0] * 19), CONFIG.model_copy(update={"min_at_risk": 19}),
                      1800, True, "of the 19 idle stretches", id="boundary-min-at-risk-met"),
         # 21 lasted 2.0x, one of them ended at 2.5x: 1/21 = 4.8 % resumed before 2.67x.
@@ -173,13 +230,30 @@ def test_pool_resumed(pool: idle_learning.Pool, ratio: float, until: float, resu
                      id="resumed-under-the-probability"),
         pytest.param([600.0] * 6, pooled([2.5], [10.0] * 19), CONFIG, TIER, False, "tier window",
                      id="boundary-resumed-at-the-probability-is-not-under"),
+        # 1 of 4 at risk ends in work: exactly 25 %, not under 25 %; at 40 min only 3 are at risk: the tier's.
+        pytest.param([600.0] * 6, pooled([2.5], [10.0] * 3),
+                     CONFIG.model_copy(update={"resume_probability": 0.25, "min_at_risk": 4}), TIER, False,
+                     "tier window", id="boundary-resumed-exactly-at-the-probability-is-not-under"),
+        pytest.param([600.0] * 6, pooled([2.5], [10.0] * 4),
+                     CONFIG.model_copy(update={"resume_probability": 0.25, "min_at_risk": 4}), 1800, True,
+                     "20.0% ended in work", id="resumed-just-under-a-wider-probability"),
         pytest.param([600.0] * 6, pooled([2.5] * 30, [10.0] * 20), CONFIG, 2400, True,
                      "learned idle window 40 min = 2.7x", id="first-qualifying-idle-time-past-the-floor"),
+        # The limit as set, not rounded to a whole percent (2.5 %, not 2 %), in both reasons.
+        pytest.param([600.0] * 6, pooled([2.5], [10.0] * 40), CONFIG.model_copy(update={"resume_probability": 0.025}),
+                     1800, True, "2.4% ended in work within 10 min, under 2.5%", id="limit-with-decimals-said-so"),
+        pytest.param([600.0] * 6, pooled([2.5], [2.6] * 38), CONFIG.model_copy(update={"resume_probability": 0.025}),
+                     TIER, False, "did fewer than 2.5% of at least 20", id="limit-with-decimals-said-so-tier"),
         pytest.param([600.0] * 6, pooled([2.5] * 30, [10.0] * 20),
                      CONFIG.model_copy(update={"resume_horizon_seconds": 240}), 1800, True, "within 4 min",
                      id="horizon-short-of-the-resumptions"),
         pytest.param([600.0] * 6, SAFE, CONFIG.model_copy(update={"floor_seconds": 1801}), 2400, True,
                      "learned idle window 40 min", id="floor-rounded-up-to-the-bucket"),
+        # Windows are whole seconds: a fractional floor and bucket round the window up, never under the floor.
+        pytest.param([600.0] * 6, SAFE, CONFIG.model_copy(update={"floor_seconds": 1800.5, "bucket_seconds": 1800.5}),
+                     1801, True, "learned idle window 30 min", id="fractional-window-rounded-up-not-under-the-floor"),
+        pytest.param([600.0] * 6, SAFE, CONFIG.model_copy(update={"floor_seconds": 1800.0, "bucket_seconds": 1800.0}),
+                     1800, True, "learned idle window 30 min", id="boundary-whole-window-kept"),
         pytest.param([600.0] * 5 + [1200.0], SAFE, CONFIG, 1800, True, "1.2x this workload's longest",
                      id="scale-is-the-longest"),
         # Resumptions at every 0.1x up to 3.3x; a workload whose stretches last 50 min (the next 10 min: 0.2x) is
@@ -190,9 +264,9 @@ def test_pool_resumed(pool: idle_learning.Pool, ratio: float, until: float, resu
                      "at no idle time under the tier window", id="tier-window-bounds"),
     ],
 )
-def test_learn(stretches: list[float] | None, pool: idle_learning.Pool, config: settings.LearnedWindow, window: int,
+def test_learn(stretches: list[float] | None, pool: Pooled, config: settings.LearnedWindow, window: int,
                learned: bool, reason: str) -> None:
-    got = idle_learning.learn(stretches, tier_window=TIER, pool=pool, config=config)
+    got = idle_learning.learn(stretches, tier_window=TIER, pool=pool.build(), config=config)
     assert (got.window_seconds, got.learned) == (window, learned)
     assert reason in got.reason
 
@@ -204,10 +278,39 @@ def test_learn(stretches: list[float] | None, pool: idle_learning.Pool, config: 
         pytest.param(0.0496, "4.96%", id="boundary-rounds-to-the-limit-more-decimals"),
         pytest.param(0.04996, "4.996%", id="three-decimals"),
         pytest.param(0.0, "0.0%", id="zero"),
+        pytest.param(0.049996, "4.9996%", id="four-decimals"),
+        pytest.param(0.0499999999, "4.99999999%", id="eight-decimals"),
     ],
 )
 def test_below(share: float, said: str) -> None:
     assert idle_learning.below(share, 0.05) == said
+
+
+@pytest.mark.parametrize(
+    ("share", "limit", "said"),
+    [
+        pytest.param(0.4996, 0.5, "49.96%", id="two-digit-percent-rounds-to-the-limit"),
+        pytest.param(0.0469, 0.047, "4.69%", id="limit-with-decimals-rounds-to-it"),
+        pytest.param(0.0461, 0.047, "4.6%", id="limit-with-decimals-under-it"),
+        # 0.07 x 100 is 7.000000000000001 in floating point: 7.0 is not under 7 %.
+        pytest.param(0.06999, 0.07, "6.999%", id="limit-float-noise-rounds-to-it"),
+        pytest.param(0.0689, 0.07, "6.9%", id="limit-float-noise-under-it"),
+    ],
+)
+def test_below_other_limits(share: float, limit: float, said: str) -> None:
+    assert idle_learning.below(share, limit) == said
+
+
+@pytest.mark.parametrize(
+    ("share", "said"),
+    [
+        pytest.param(0.05, "5%", id="whole-percent"),
+        pytest.param(0.025, "2.5%", id="with-decimals"),
+        pytest.param(0.07, "7%", id="float-noise-dropped"),
+    ],
+)
+def test_percent(share: float, said: str) -> None:
+    assert idle_learning.percent(share) == said
 
 
 def parsed(raw: dict[str, object]) -> snapshot.Pod:
@@ -250,6 +353,8 @@ def test_workload(pod: snapshot.Pod, name: str, owns: list[str], not_owns: list[
     assert found.owns(pod.name)
     assert all(found.owns(n) for n in owns)
     assert not any(found.owns(n) for n in not_owns)
+    series = [(pod.namespace, n) for n in [pod.name, *owns, *not_owns]] + [("other", pod.name)]
+    assert idle_learning.members([found], series) == {found: [(pod.namespace, n) for n in [pod.name, *owns]]}
 
 
 def test_members_by_prefix_in_its_namespace_only() -> None:
@@ -296,27 +401,27 @@ def test_windows_share_the_workload_history_and_respect_the_lookback() -> None:
     scavenger = with_class(parsed(builders.pod("batch", gpus=1, node="n1", phase="Running")), "scavenger")
     short = fold([BUSY] + [IDLE, IDLE, BUSY] * 3)  # three 10-min stretches, ending at 900, 1800, 2700
     histories = {("default", "web-7d9f8-abcde"): short, ("default", "web-0aaaa-gone1"): short}  # a gone replica
-    got = idle_learning.windows([serving, other, scavenger], tier_windows={"normal": TIER}, pool=SAFE,
+    got = idle_learning.windows([serving, other, scavenger], tier_windows={"normal": TIER}, pool=SAFE.build(),
                                 histories=histories, since=900.0, config=CONFIG)
     assert got[serving.key] == idle_learning.Learned(1800, True, got[serving.key].reason)
     assert "of 6)" in got[serving.key].reason
     assert not got[other.key].learned and "0 idle stretch(es)" in got[other.key].reason
     assert scavenger.key not in got  # its class does not learn
-    later = idle_learning.windows([serving], tier_windows={"normal": TIER}, pool=SAFE, histories=histories,
+    later = idle_learning.windows([serving], tier_windows={"normal": TIER}, pool=SAFE.build(), histories=histories,
                                   since=901.0, config=CONFIG)
     assert not later[serving.key].learned and "4 idle stretch(es)" in later[serving.key].reason
     odd = with_class(rs_pod("renamed", "web-7d9f8", labels=labels), "normal")  # not named as its owner names
-    alone = idle_learning.windows([odd], tier_windows={"normal": TIER}, pool=SAFE, config=CONFIG, since=0.0,
+    alone = idle_learning.windows([odd], tier_windows={"normal": TIER}, pool=SAFE.build(), config=CONFIG, since=0.0,
                                   histories={("default", "renamed"): short, **histories})
     assert "of 9)" in alone[odd.key].reason  # its own 3 and its Deployment's 6
-    unread = idle_learning.windows([serving], tier_windows={"normal": TIER}, pool=SAFE, histories=None, since=0.0,
-                                   config=CONFIG)
+    unread = idle_learning.windows([serving], tier_windows={"normal": TIER}, pool=SAFE.build(), histories=None,
+                                   since=0.0, config=CONFIG)
     assert unread[serving.key] == idle_learning.Learned(TIER, False, "history not read (yet): tier window")
 
 
 def test_a_job_shares_its_gone_pods_history() -> None:
     job = with_class(rs_pod("train-abcde", "train", kind="Job"), "normal")
-    got = idle_learning.windows([job], tier_windows={"normal": TIER}, pool=SAFE, since=0.0, config=CONFIG,
+    got = idle_learning.windows([job], tier_windows={"normal": TIER}, pool=SAFE.build(), since=0.0, config=CONFIG,
                                 histories={("default", "train-qwert"): fold([BUSY] + [IDLE, IDLE, BUSY] * 6)})
     assert got[job.key].window_seconds == 1800 and "of 6)" in got[job.key].reason
 
@@ -327,6 +432,7 @@ def test_a_job_shares_its_gone_pods_history() -> None:
         pytest.param(86400 * 7, "7 d", id="whole-days"),
         pytest.param(86400, "1 d", id="boundary-one-day"),
         pytest.param(90000, "25.0 h", id="not-whole-days-in-hours"),
+        pytest.param(907200, "252.0 h", id="ten-and-a-half-days-in-hours"),
         pytest.param(7200, "2.0 h", id="boundary-two-hours"),
         pytest.param(7140, "119 min", id="under-two-hours-in-minutes"),
         pytest.param(0, "0 min", id="zero"),
