@@ -476,9 +476,10 @@ class Run:
         our descheduler may pin a gated pod to the room that appeared: the race, the racer binding a moment after
         the snapshot the pin was planned on. The backlog is deleted again once the room is taken."""
         running: dict[str, int] = {}  # unit -> GPUs of its largest pod
+        finishing = {unit for _, unit, _ in self.finishing}
         for pod in self.pods.values():
             unit = pod["metadata"]["labels"].get(UNIT, "")
-            if (pod["spec"].get("nodeName") and not pod["metadata"].get("deletionTimestamp")
+            if (pod["spec"].get("nodeName") and not pod["metadata"].get("deletionTimestamp") and unit not in finishing
                     and unit.split("-")[-1] in ("bare", "one", "prefer", "claim", "gang")):
                 running[unit] = max(running.get(unit, 0), gpu.pod_request(pod).full)
         # Room for a gated pod that waits, so that our descheduler has something to pin there.
@@ -513,7 +514,7 @@ class Run:
         for due, unit, names in [f for f in self.finishing if f[0] <= self.now()]:
             self.finishing.remove((due, unit, names))
             self.departed |= set(names)
-            self.cluster.kubectl("delete", "pod", *names, "-n", self.namespace, "--wait=false")
+            self.cluster.kubectl("delete", "pod", *names, "-n", self.namespace, "--ignore-not-found", "--wait=false")
             if unit != "backlog":
                 self.say(f"{unit} finished ({', '.join(names)})")
 
