@@ -369,7 +369,7 @@ def scenario(seed: int, namespace: str) -> Scenario:
             units.append(Unit(name, kind, at, manifests, replicas))
             continue
         units.append(Unit(name, kind, at, manifests, len(manifests)))
-    departures = sorted(rng.uniform(ARRIVAL_SECONDS, RUN_SECONDS) for _ in range(rng.randint(7, 9)))
+    departures = sorted(rng.uniform(ARRIVAL_SECONDS, RUN_SECONDS) for _ in range(rng.randint(8, 10)))
     first = rng.uniform(ARRIVAL_SECONDS + 2, ARRIVAL_SECONDS + 8)
     disruptions = [(first, "cordon"), (first + rng.uniform(4, 8), "delete"), (RUN_SECONDS - 2, "uncordon")]
     return Scenario(seed, pool, nodes, volumes, guards, units, departures, disruptions)
@@ -482,8 +482,13 @@ class Run:
             if (pod["spec"].get("nodeName") and not pod["metadata"].get("deletionTimestamp") and unit not in finishing
                     and unit.split("-")[-1] in ("bare", "one", "prefer", "claim", "gang")):
                 running[unit] = max(running.get(unit, 0), gpu.pod_request(pod).full)
-        # Room for a gated pod that waits, so that our descheduler has something to pin there.
-        gated = sorted(gpu.pod_request(p).full for p in self.pods.values() if NAMES.gate in kube.gates(p))
+        # Room for a gated pod or gang that waits (all of it on one node), so that our descheduler pins there.
+        waiting: dict[str, int] = {}
+        for pod in self.pods.values():
+            if NAMES.gate in kube.gates(pod):
+                unit = pod["metadata"]["labels"].get(UNIT, "")
+                waiting[unit] = waiting.get(unit, 0) + gpu.pod_request(pod).full
+        gated = sorted(waiting.values())
         fitting = sorted(u for u, g in running.items() if gated and g >= gated[0])
         if not running:
             return
@@ -505,7 +510,7 @@ class Run:
         racer["spec"]["priorityClassName"] = URGENT_CLASS
         self.create(Unit(name, "prefer" if gpus > 1 else "one", self.now(), [racer]))
         self.say(f"racer {name} ({gpus} GPUs, never gated) arrives; {unit} finishes in {RACER_LEAD_SECONDS:g}s; "
-                 f"gated pods waiting (GPUs): {gated or 'none'}")
+                 f"gated units waiting (GPUs): {gated or 'none'}")
         self.finishing.append((self.now() + RACER_LEAD_SECONDS, unit, names))
         self.finishing.append((self.now() + RACER_LEAD_SECONDS + 2, "backlog", [h["metadata"]["name"]
                                                                                 for h in backlog]))
