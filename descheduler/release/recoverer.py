@@ -65,6 +65,14 @@ def journal(manifest: Mapping[str, Any], *, key: str, uid: str, names: settings.
     }
 
 
+def recreated(pod: Mapping[str, Any], *, names: settings.Names) -> dict[str, Any]:
+    """The manifest a stuck bare pod is created again from: `patches.recreation` without our annotations — the
+    release record, the gang's complete mark, and the webhook's decision record. With the decision record left on,
+    the webhook skips the new pod as already mutated: a gang member came back without its gate and started alone
+    (its gang part-running), and a governed pod was never placed afresh."""
+    return patches.recreation(pod, ours=[names.release, planning.complete_mark(names), names.decision])
+
+
 class Recoverer:
     def __init__(self, *, config: settings.Settings, api: client.ApiClient, metrics: Metrics) -> None:
         self._config = config
@@ -152,7 +160,7 @@ class Recoverer:
 
     async def _recreate(self, pod: snapshot.Pod) -> None:
         names = self._config.names
-        manifest = patches.recreation(pod.raw, ours=[names.release, planning.complete_mark(names)])
+        manifest = recreated(pod.raw, names=names)
         try:
             await kube.request(self._api, "POST", self._journal_path(), timeout_seconds=self._timeout,
                                body=journal(manifest, key=pod.key, uid=pod.uid, names=names))

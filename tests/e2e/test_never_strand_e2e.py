@@ -12,7 +12,6 @@ accepted for the pod is lost. (Seen to fail when admission writes a required ter
 from __future__ import annotations
 
 import copy
-import json
 import random
 import secrets
 from typing import Any
@@ -78,22 +77,8 @@ def _pinned_copy(pod: dict[str, Any], *, node: str, namespace: str) -> dict[str,
 
 def _binds(cluster: localcluster.LocalCluster, body: dict[str, Any]) -> bool | None:
     """Whether kube-scheduler binds the pod (None: the API server refused it); the pod is deleted after."""
-    meta = body["metadata"]
-    created = cluster.kubectl("create", "-f", "-", input=json.dumps(body), check=False)
-    if created.returncode != 0:
-        return None
-
-    def decided() -> tuple[bool] | None:
-        got = cluster.kubectl_json("get", "pod", meta["name"], "-n", meta["namespace"])
-        if got["spec"].get("nodeName"):
-            return (True,)
-        return (False,) if kube.scheduled_reason(got) == "Unschedulable" else None
-
-    try:
-        return kube.poll(f"scheduler decision for {meta['name']}", decided, timeout_seconds=30)[0]
-    finally:
-        cluster.kubectl("delete", "pod", meta["name"], "-n", meta["namespace"], "--grace-period=0", "--wait=true",
-                        check=False)
+    verdict = kube.scheduler_verdicts(cluster, [body])[body["metadata"]["name"]]
+    return None if verdict is None else bool(verdict)
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ the few reads and waits the end-to-end tests share."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -155,6 +156,46 @@ def preferred_nodes(pod: Mapping[str, Any]) -> list[tuple[int, list[str]]]:
             if field["key"] == "metadata.name" and field["operator"] == "In":
                 out.append((int(term["weight"]), list(field["values"])))
     return out
+
+
+def scheduler_verdicts(
+    cluster: Cluster, bodies: Sequence[Mapping[str, Any]], *, timeout_seconds: float = 30
+) -> dict[str, str | None]:
+    """kube-scheduler's own verdict on pods nobody else decides for: each is created (in order, one namespace),
+    its outcome awaited, then all are deleted. Pod name -> the node the scheduler bound it to, "" when it
+    reported the pod Unschedulable, None when the API server refused the pod."""
+    if not bodies:
+        return {}
+    namespace = bodies[0]["metadata"]["namespace"]
+    verdicts: dict[str, str | None] = {}
+    created = []
+    for body in bodies:
+        name = body["metadata"]["name"]
+        done = cluster.kubectl("create", "-f", "-", input=json.dumps(body), check=False)
+        verdicts[name] = None
+        if done.returncode == 0:
+            created.append(name)
+
+    def decided() -> dict[str, str] | None:
+        found = {p["metadata"]["name"]: p for p in cluster.kubectl_json("get", "pods", "-n", namespace)["items"]}
+        out = {}
+        for name in created:
+            pod = found.get(name) or {"spec": {}}
+            if pod["spec"].get("nodeName"):
+                out[name] = str(pod["spec"]["nodeName"])
+            elif scheduled_reason(pod) == "Unschedulable":
+                out[name] = ""
+        return out if len(out) == len(created) else None
+
+    try:
+        if created:
+            verdicts.update(poll(f"scheduler decisions for {', '.join(created)}", decided,
+                                 timeout_seconds=timeout_seconds))
+    finally:
+        if created:
+            cluster.kubectl("delete", "pod", *created, "-n", namespace, "--grace-period=0", "--wait=true",
+                            check=False)
+    return verdicts
 
 
 def gates(pod: Mapping[str, Any]) -> list[str]:
