@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import json
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
@@ -64,6 +65,7 @@ class Parts:
         self.caches: dict[str, utilisation_parts.Cache] = {}
         self.windows: dict[int, float] = {}
         self.read: list[int] = []  # parts read from the store by range queries, per cycle (the last ones)
+        self.left_closed: bool | None = None  # the store's ranges include their left end (Prometheus 2.x)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,10 +150,13 @@ class _Found:
     grid: utilisation_parts.Grid
     now: float
     average: bool
+    bound: float
+    left_closed: Parts  # read when judging: the probe runs after this is made
 
     def readings(self, pods: Mapping[tuple[str, str], str], *, window: int) -> utilisation.Readings:
-        return utilisation_parts.readings(self.caches, self.lives, pods=pods, window=window, now=self.now,
-                                          grid=self.grid, average=self.average, unread=self.unread)
+        judging = utilisation_parts.Judging(window, self.now, self.grid, self.average, self.bound,
+                                            self.left_closed.left_closed)
+        return utilisation_parts.readings(self.caches, self.lives, pods=pods, judging=judging, unread=self.unread)
 
 
 async def _read(asker: _Asker, kinds: Collection[str], *, window: int, now: float, config: settings.Settings,
@@ -178,7 +183,8 @@ async def _read(asker: _Asker, kinds: Collection[str], *, window: int, now: floa
         return_exceptions=True)
     errors: list[str] = []
     unread: dict[str, set[int]] = {kind: set() for kind in caches}
-    found = functools.partial(_Found, caches, unread=unread, grid=grid, now=now, average=statistic == "average")
+    found = functools.partial(_Found, caches, unread=unread, grid=grid, now=now, average=statistic == "average",
+                              bound=reclaim.max_gap_intervals, left_closed=kept)
     if isinstance(live_answers, BaseException):
         if not isinstance(live_answers, _Refused):
             raise live_answers
@@ -188,6 +194,11 @@ async def _read(asker: _Asker, kinds: Collection[str], *, window: int, now: floa
         return found({}, errors=tuple(errors), refused=reason)
     labels = config.prometheus.labels
     lives = {kind: cache.live(_stats(live_answers, kind), labels=labels) for kind, cache in caches.items()}
+    if kept.left_closed is None:
+        try:
+            kept.left_closed = await _left_closed(asker, live_answers, config=config.prometheus)
+        except _Refused as refused:
+            errors.append(f"whether the store's ranges include their left end: {refused}")
     kept.read = []
     for (kind, first, last), answers in zip(reads, read_answers, strict=True):
         if isinstance(answers, BaseException):
@@ -197,9 +208,27 @@ async def _read(asker: _Asker, kinds: Collection[str], *, window: int, now: floa
             unread[kind].update(range(first, last + 1))
             continue
         caches[kind].store(grid, _stats(answers, kind), first=first, last=last, now=now, live=lives[kind],
-                           labels=labels)
+                           labels=labels, left_closed=kept.left_closed)
         kept.read.append(last - first + 1)
     return found(lives, errors=tuple(errors), refused=None)
+
+
+async def _left_closed(asker: _Asker, answers: Mapping[str, Sequence[Mapping[str, Any]]], *,
+                       config: settings.Prometheus) -> bool | None:
+    """Whether the store's ranges include their left end (Prometheus 2.x) or not (3.x, VictoriaMetrics): a 1 ms
+    range ending 1 ms after a sample whose time the live stretch gave counts it or not. None: no sample known."""
+    metric = {"gpu": config.gpu_util_metric, "mig": config.mig_activity_metric}
+    for name, rows in answers.items():
+        kind, _, stat = name.partition("_")
+        for row in rows if stat == "last" else ():
+            try:
+                at = float(row["value"][1])
+            except (KeyError, IndexError, TypeError, ValueError):
+                continue
+            matchers = ",".join(f"{label}={json.dumps(value)}" for label, value in sorted(row["metric"].items()))
+            answer = await asker.one(f"count_over_time({metric[kind]}{{{matchers}}}[1ms])", at + 0.001)
+            return any(float(found["value"][1]) >= 1 for found in answer.series)
+    return None
 
 
 def _stats(answers: Mapping[str, Any], kind: str) -> dict[str, Any]:
@@ -229,7 +258,7 @@ class _Asker:
         self._limit = asyncio.Semaphore(config.prometheus.max_concurrent_queries)
         self.sent = 0
 
-    async def _one(self, promql: str, at: float | None) -> prometheus.Answer:
+    async def one(self, promql: str, at: float | None) -> prometheus.Answer:
         self.sent += 1
         try:
             async with self._limit:
@@ -247,7 +276,7 @@ class _Asker:
     async def store_time(self, clock: Callable[[], float]) -> float:
         """The store's "now", checked against our clock."""
         sent = clock()
-        store_now = utilisation.evaluated_at((await self._one(utilisation_promql.TIME_QUERY, None)).series)
+        store_now = utilisation.evaluated_at((await self.one(utilisation_promql.TIME_QUERY, None)).series)
         received = clock()
         if store_now is None:
             self._metrics.partial.labels(cause="no-time").inc()
@@ -290,7 +319,7 @@ class _Asker:
         missing = sorted({promql for promql in queries.values() if promql not in self._answers})
         try:
             async with asyncio.TaskGroup() as group:
-                tasks = {promql: group.create_task(self._one(promql, at)) for promql in missing}
+                tasks = {promql: group.create_task(self.one(promql, at)) for promql in missing}
         except* _Refused as refused:
             raise refused.exceptions[0] from None
         self._answers.update({promql: task.result() for promql, task in tasks.items()})

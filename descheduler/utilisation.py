@@ -80,23 +80,17 @@ def coverage(device: parts.DeviceReading, *, window_seconds: int,
     - 1 where a sample on the part's start may be counted twice, see descheduler.utilisation_parts). The
     interval I is the smallest mean stretch of a part (span / n_hi: exact wherever a part has no gap), at most
     `max_scrape_interval_seconds`. If every stretch but one is at least I, the longest stretch in a part is at
-    most span - (n_lo - 1) I, which is <= b I (b = `max_gap_intervals`) exactly when span / (n_lo + b - 1) <= I."""
+    most span - (n_lo - 1) I, which is <= b I (b = `max_gap_intervals`) exactly when span / (n_lo + b - 1) <= I
+    (`DeviceReading.worst`, the largest over the parts)."""
     if device.lost:
         return (f"{device.lost} of the window's parts hold samples but no last sample within the store's lookback "
                 "at their end (is the store's lookback delta shorter than part_seconds?)"), math.nan
     bound, ceiling = config.max_gap_intervals, config.max_scrape_interval_seconds
-    means, worst = [], 0.0
-    for n_lo, n_hi, span in device.stretches:
-        if n_hi > 0 and span > 0:
-            means.append(span / n_hi)
-        if span > 0:
-            room = n_lo + bound - 1
-            worst = max(worst, span / room if room > 0 else math.inf)
-    if not means:
+    if math.isinf(device.observed):
         return f"no spacing of samples to read a scrape interval from over {window_seconds}s", math.nan
-    observed = min(means)
+    observed = device.observed
     interval = min(observed, ceiling)
-    if worst > interval * (1 + 1e-9):  # float noise only; the bound itself is inclusive
+    if device.worst > interval * (1 + 1e-9):  # float noise only; the bound itself is inclusive
         sparse = (f"; samples ~{observed:.0f}s apart, sparser than the longest scrape interval believed "
                   f"({ceiling:g}s)") if observed > ceiling else ""
         return (f"a stretch of the {window_seconds}s window without a sample (or from its start to the first) "

@@ -17,10 +17,12 @@ end. One set of parts serves every window: a window's verdict is derived from th
   A part not read yet (a start, a leader change: the cache is empty and is read back from the store, newest
   first, `rebuild_parts_per_cycle` parts a cycle), or whose read failed this cycle, leaves the window unknown:
   its pods are not idle, and the reason says so. Nothing only in memory matters for correctness.
-- Prometheus 2.x ranges include their left end: a sample exactly on a part's start may be counted in the
-  part as well as in the one before. Where the last sample before a part sits exactly on its start, the part's
-  count is read as between n - 1 and n: the observed interval from n (shorter: stricter), the gaps from n - 1
-  (wider: stricter). A peak may take such a sample twice (stricter).
+- Prometheus 2.x ranges include their left end (3.x and VictoriaMetrics do not): a sample exactly on a part's
+  start is then counted in the part as well as in the one before. The shell asks the store which it does once
+  (`left_closed`, a 1 ms range ending 1 ms after a known sample); where the last sample before a part sits
+  exactly on its start, the part's count is then n - 1 or n; until it is known, between n - 1 and n: the
+  observed interval from n (shorter: stricter), the gaps from n - 1 (wider: stricter), which fails closed on
+  series whose samples sit on the grid. A peak may take such a sample twice (stricter).
 
 Devices: the pod, namespace and host (from `prometheus.labels`, a later non-empty spelling wins) and the GPU
 index on the host, else the UUID, plus the MIG instance. Copies of a device (two scrape jobs, one dropping
@@ -137,6 +139,8 @@ class Cache:
         self.pods: dict[tuple[str, str], list[int]] = {}  # (namespace, pod) -> its device indices
         self.keys: list[DeviceKey] = []
         self.parts: dict[int, Part] = {}
+        self.summaries: dict[tuple[int, bool, float, bool | None], tuple[int, list[Acc]]] = {}
+        self._raw: dict[tuple[str | None, ...], int | None] = {}  # raw label values -> device (None: no pod)
 
     def _at(self, key: DeviceKey) -> int:
         found = self.index.get(key)
@@ -145,6 +149,16 @@ class Cache:
             self.keys.append(key)
             self.pods.setdefault(key[:2], []).append(found)
         return found
+
+    def _row(self, metric: Mapping[str, str], labels: settings.PrometheusLabels) -> int | None:
+        """A row's device index (None: no pod): keyed by its raw label values first, so that the spellings are
+        picked once per series, not once per row."""
+        names = (*labels.namespace, *labels.pod, *labels.hostname, labels.gpu, labels.uuid, labels.mig_instance)
+        raw = tuple(map(metric.get, names))
+        if raw not in self._raw:
+            key = device_key(metric, labels)
+            self._raw[raw] = self._at(key) if key is not None else None
+        return self._raw[raw]
 
     def fetch(self, grid: Grid, *, window: float, now: float) -> list[tuple[int, int]]:
         """The kept parts to read this cycle for windows up to `window`, as runs (first, last part index): every
@@ -158,23 +172,24 @@ class Cache:
         folded: dict[int, list[float | None]] = {}
         for stat, rows in answers.items():
             for row in rows:
-                key = device_key(row.get("metric") or {}, labels)
+                i = self._row(row.get("metric") or {}, labels)
                 point = _value(row.get("value"))
-                if key is not None and point is not None:
-                    fold(folded.setdefault(self._at(key), [None, None, None, None]), stat, point[1])
+                if i is not None and point is not None:
+                    fold(folded.setdefault(i, [None, None, None, None]), stat, point[1])
         return Part(folded)
 
     def store(self, grid: Grid, answers: Mapping[str, Iterable[Mapping[str, Any]]], *, first: int, last: int,
-              now: float, live: Part, labels: settings.PrometheusLabels) -> list[int]:
+              now: float, live: Part, labels: settings.PrometheusLabels,
+              left_closed: bool | None = None) -> list[int]:
         """Keep parts `first`..`last` from range answers (`stat` -> matrix, one step per part end); returns the
-        parts kept final. `live`: this cycle's live stretch (a device reporting there reports later)."""
+        parts kept final. `live`: this cycle's live stretch (a device reporting there reports later);
+        `left_closed`: see `device_reading` (a sample on a part's start is not counted as the part's)."""
         folded: dict[int, dict[int, list[float | None]]] = {j: {} for j in range(first, last + 1)}
         for stat, rows in answers.items():
             for row in rows:
-                key = device_key(row.get("metric") or {}, labels)
-                if key is None:
+                i = self._row(row.get("metric") or {}, labels)
+                if i is None:
                     continue
-                i = self._at(key)
                 for raw in row.get("values") or ():
                     point = _value(raw)
                     if point is None:
@@ -192,7 +207,8 @@ class Cache:
             previous = Part(folded[j - 1]) if j - 1 in folded else before
             part.final = now - end >= grid.late or not any(
                 short(part.get(i), previous.get(i) if previous else EMPTY, end=end, part=grid.part,
-                      after=self._after(i, j, folded, live))
+                      after=self._after(i, j, folded, live, part=grid.part, left_closed=left_closed),
+                      left_closed=left_closed)
                 for i in reporting)
             if part.final:
                 final.append(j)
@@ -200,7 +216,8 @@ class Cache:
             reporting |= {i for i in range(len(part.n)) if part.n[i] > 0}
         return final
 
-    def _after(self, i: int, j: int, folded: Mapping[int, Mapping[int, Sequence[float | None]]], live: Part) -> float:
+    def _after(self, i: int, j: int, folded: Mapping[int, Mapping[int, Sequence[float | None]]], live: Part, *,
+               part: int, left_closed: bool | None) -> float:
         """The device's observed spacing in the part after j (or the live stretch): span / samples, or NaN."""
         nxt = folded.get(j + 1, {}).get(i)
         if nxt is not None and nxt[0] and nxt[3] is not None:
@@ -211,6 +228,7 @@ class Cache:
             n, _, _, last = live.get(i)
         mine = (folded.get(j) or {}).get(i)
         start = mine[3] if mine is not None and mine[3] is not None else NAN
+        n -= _on_start(start, (j + 1) * part, n, left_closed)
         return (last - start) / n if n > 0 and not math.isnan(last) and not math.isnan(start) else NAN
 
     def prune(self, keep_from: int) -> None:
@@ -218,12 +236,14 @@ class Cache:
         over half of it)."""
         for j in [j for j in self.parts if j < keep_from]:
             del self.parts[j]
+        self.summaries = {key: found for key, found in self.summaries.items() if key[0] >= keep_from}
         seen = {i for part in self.parts.values() for i in range(len(part.n)) if part.n[i] > 0
                 or not math.isnan(part.last[i])}
         if len(self.keys) < 1000 or len(seen) * 2 >= len(self.keys):
             return
         order = sorted(seen)
         remap = {old: new for new, old in enumerate(order)}
+        self._raw, self.summaries = {}, {}
         self.keys = [self.keys[old] for old in order]
         self.index = {key: i for i, key in enumerate(self.keys)}
         self.pods = {}
@@ -245,13 +265,20 @@ def runs(parts: Iterable[int]) -> list[tuple[int, int]]:
     return out
 
 
-def short(numbers: Numbers, previous: Numbers, *, end: float, part: int, after: float) -> bool:
+def _on_start(previous: float, start: float, n: float, left_closed: bool | None) -> int:
+    """1 where a part's count may hold the last sample before it (on its start, ranges closed on the left)."""
+    return int(n > 0 and left_closed is not False and abs(previous - start) <= BOUNDARY)
+
+
+def short(numbers: Numbers, previous: Numbers, *, end: float, part: int, after: float,
+          left_closed: bool | None = None) -> bool:
     """Whether a device that reports later looks short of samples in a part ending at `end`: fewer samples than
     its spacing (the smaller of this part's and the next stretch's, `after`) implies, or none within one spacing
     of the part's end (a late sample may still arrive). A device with no sample up to the part's end started
     later: not short."""
     n, _, _, last = numbers
     start = previous[3]
+    n -= _on_start(start, end - part, n, left_closed)
     if n == 0 and math.isnan(start):
         return False
     own = (last - start) / n if n > 0 and not math.isnan(start) and not math.isnan(last) else NAN
@@ -267,15 +294,75 @@ def short(numbers: Numbers, previous: Numbers, *, end: float, part: int, after: 
 
 @dataclasses.dataclass(frozen=True)
 class DeviceReading:
-    """One device over a window: its stretches oldest first as (n_lo, n_hi, span): the samples of a part split
-    `span` (from the last sample before it, or the window's start, to its own last) into between n_lo and n_hi
-    stretches; its newest sample (NaN: none within the store's lookback); parts with samples whose last sample
-    the store did not find (`lost`); and its value: the peak, or the average (None: no sample)."""
+    """One device over a window, from its stretches (each part's samples split its stretch, from the last sample
+    before it, or the window's start on the grid where the series started later, to its own last, into between
+    n_lo and n_hi stretches): `observed`, the smallest mean stretch (span / n_hi; inf: none); `worst`, the
+    largest span / (n_lo + b - 1) (b = `max_gap_intervals`: every stretch but one at least the interval I, the
+    longest is at most b I exactly when this is at most I); its newest sample (NaN: none within the store's
+    lookback); parts with samples whose last sample the store did not find (`lost`); and its value: the peak,
+    or the average (None: no sample)."""
 
-    stretches: tuple[tuple[float, float, float], ...]
+    observed: float
+    worst: float
     newest: float
     lost: int
     value: float | None
+
+
+class Acc:
+    """A device's stretches so far, folded (see DeviceReading), resumable: a window's kept final parts are
+    folded once and kept (`Cache.summaries`); each cycle adds the newer parts and the live stretch to a copy."""
+
+    __slots__ = ("counted", "lost", "nan", "observed", "on_sample", "peak", "previous", "samples", "total", "worst")
+
+    def __init__(self, previous: float, on_sample: bool) -> None:
+        self.previous, self.on_sample = previous, on_sample
+        self.observed, self.worst, self.lost = math.inf, 0.0, 0
+        self.peak, self.nan, self.samples = -math.inf, False, False
+        self.total, self.counted = 0.0, 0.0
+
+    def copy(self) -> Acc:
+        out = Acc(self.previous, self.on_sample)
+        out.observed, out.worst, out.lost = self.observed, self.worst, self.lost
+        out.peak, out.nan, out.samples = self.peak, self.nan, self.samples
+        out.total, out.counted = self.total, self.counted
+        return out
+
+    def add(self, numbers: Numbers, start: float, *, average: bool, left_closed: bool | None, bound: float) -> None:
+        """One part (or the live stretch) starting at `start`; `left_closed`: see `device_reading`."""
+        n, n_min, value, last = numbers
+        if n <= 0:
+            return
+        on_start = self.on_sample and left_closed is not False and abs(self.previous - start) <= BOUNDARY
+        n_lo = n - 1 if on_start else n
+        n_hi = n_lo if on_start and left_closed else n
+        if math.isnan(last):
+            self.lost += 1
+        else:
+            span = last - self.previous
+            if span > 0:
+                if n_hi > 0:
+                    self.observed = min(self.observed, span / n_hi)
+                room = n_lo + bound - 1
+                self.worst = max(self.worst, span / room if room > 0 else math.inf)
+            self.previous, self.on_sample = last, True
+        self.samples = True
+        if average:
+            self.total += value
+            self.counted += n_min - on_start
+        elif math.isnan(value):
+            self.nan = True
+        else:
+            self.peak = max(self.peak, value)
+
+    def reading(self, newest: float, *, average: bool) -> DeviceReading:
+        if not self.samples:
+            value = None
+        elif average:
+            value = self.total / self.counted if self.counted > 0 else NAN
+        else:
+            value = NAN if self.nan else self.peak
+        return DeviceReading(self.observed, self.worst, newest, self.lost, value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,6 +396,7 @@ def same_host(host: str, node: str) -> bool:
 
 
 def _folded(parts: Sequence[Part | None], copies: Sequence[int]) -> list[Numbers]:
+    """Copies of one device (several indices: host spellings) folded per part."""
     out = []
     for part in parts:
         acc: list[float | None] = [None, None, None, None]
@@ -324,51 +412,75 @@ def _folded(parts: Sequence[Part | None], copies: Sequence[int]) -> list[Numbers
     return out
 
 
-def device_reading(numbers: Sequence[Numbers], starts: Sequence[float], *, average: bool) -> DeviceReading:
+def device_reading(numbers: Sequence[Numbers], starts: Sequence[float], *, average: bool,
+                   left_closed: bool | None = None, bound: float = 2.0) -> DeviceReading:
     """A device's reading from its folded numbers: the part before the window, then each part of the window and
-    the live stretch, with each one's start (`starts`, one fewer: the window's parts and the live stretch)."""
+    the live stretch, with each one's start (`starts`, one fewer). `left_closed`: whether the store's ranges
+    include their left end (Prometheus 2.x; None: not known yet); `bound`: `max_gap_intervals`."""
     before = numbers[0][3]
-    previous, on_sample = (before, True) if not math.isnan(before) else (starts[0], False)
-    stretches, lost = [], 0
-    peak: float | None = None
-    total, counted = 0.0, 0.0
-    for (n, n_min, value, last), start in zip(numbers[1:], starts, strict=True):
-        on_start = on_sample and abs(previous - start) <= BOUNDARY
-        n_lo = n - 1 if on_start and n > 0 else n
-        span = 0.0
-        if n > 0:
-            if math.isnan(last):
-                lost += 1
-            else:
-                span, previous, on_sample = last - previous, last, True
-            if average:
-                total += value
-                counted += n_min - (1 if on_start else 0)
-            else:
-                nan = math.isnan(value) or (peak is not None and math.isnan(peak))
-                peak = NAN if nan else value if peak is None else max(peak, value)
-        stretches.append((n_lo, n, span))
-    if average:
-        result = None if not any(n for n, *_ in numbers[1:]) else total / counted if counted > 0 else NAN
-    else:
-        result = peak
-    return DeviceReading(tuple(stretches), numbers[-1][3], lost, result)
+    acc = Acc(before, True) if not math.isnan(before) else Acc(starts[0], False)
+    for found, start in zip(numbers[1:], starts, strict=True):
+        acc.add(found, start, average=average, left_closed=left_closed, bound=bound)
+    return acc.reading(numbers[-1][3], average=average)
+
+
+@dataclasses.dataclass(frozen=True)
+class Judging:
+    """What a window's reading depends on besides the data."""
+
+    window: float
+    now: float
+    grid: Grid
+    average: bool
+    bound: float  # max_gap_intervals
+    left_closed: bool | None = None
+
+
+def _summary(cache: Cache, judging: Judging, needed: range) -> tuple[int, list[Acc]]:
+    """Every device's stretches over the window's final kept parts from its start (the longest run of final
+    parts from the one before the window): (the part after the run, accumulators by device index). Kept in
+    `cache.summaries` and extended as parts turn final; a window whose start moved folds from scratch."""
+    first = needed[0]
+    start = (first + 1) * judging.grid.part
+    key = (first, judging.average, judging.bound, judging.left_closed)
+    end = first
+    while end in needed and end in cache.parts and cache.parts[end].final:
+        end += 1
+    done, accs = cache.summaries.get(key, (first, []))
+    if done > end:
+        done, accs = first, []
+    before = cache.parts.get(first)
+    for i in range(len(accs), len(cache.keys)):  # devices seen since: from the start
+        last = before.get(i)[3] if before is not None else NAN
+        accs.append(Acc(last, True) if not math.isnan(last) else Acc(start, False))
+        for j in range(first + 1, done):
+            accs[i].add(cache.parts[j].get(i), j * judging.grid.part, average=judging.average,
+                        left_closed=judging.left_closed, bound=judging.bound)
+    for j in range(max(done, first + 1), end):
+        part, at = cache.parts[j], j * judging.grid.part
+        for i in range(min(len(part.n), len(accs))):
+            if part.n[i] > 0:
+                accs[i].add(part.get(i), at, average=judging.average, left_closed=judging.left_closed,
+                            bound=judging.bound)
+    cache.summaries[key] = (max(done, end), accs)
+    return max(done, end), accs
 
 
 def readings(caches: Mapping[str, Cache], lives: Mapping[str, Part], *, pods: Mapping[tuple[str, str], str],
-             window: float, now: float, grid: Grid, average: bool,
-             unread: Mapping[str, Collection[int]]) -> dict[tuple[str, str], PodReading]:
+             judging: Judging, unread: Mapping[str, Collection[int]]) -> dict[tuple[str, str], PodReading]:
     """Each pod's reading over window (now - window, now] ((namespace, pod) -> its node)."""
-    needed = grid.needed(window, now)
-    live_start = grid.live_start(now)
+    grid, average = judging.grid, judging.average
+    needed = grid.needed(judging.window, judging.now)
+    live_start = grid.live_start(judging.now)
     starts = [j * grid.part for j in needed[1:]] + [live_start]
     out: dict[tuple[str, str], PodReading] = {}
-    unknown = {}
+    unknown, summaries = {}, {}
     for kind, cache in caches.items():
         missing = [j for j in needed if j not in cache.parts or j in unread.get(kind, ())]
         unknown[kind] = (f"{len(missing)} of the {len(needed)} parts of {grid.part}s the window needs are not read "
                          "from the store yet (the part cache is rebuilt after a start or a leader change) or their "
                          "read failed this cycle") if missing else None
+        summaries[kind] = _summary(cache, judging, needed) if not missing else (needed[0], [])
     for key, node in pods.items():
         hosts: set[str] = set()
         kinds: dict[str, KindReading] = {}
@@ -381,9 +493,26 @@ def readings(caches: Mapping[str, Cache], lives: Mapping[str, Part], *, pods: Ma
                     copies.setdefault(device, []).append(i)
             if not copies:
                 continue
-            parts = [cache.parts.get(j) for j in needed] + [lives.get(kind)]
-            kinds[kind] = KindReading({device: device_reading(_folded(parts, found), starts, average=average)
-                                       for device, found in sorted(copies.items())}, unknown[kind])
+            live = lives.get(kind)
+            done, accs = summaries[kind]
+            devices = {}
+            for device, found in sorted(copies.items()):
+                if len(found) == 1 and found[0] < len(accs):
+                    i = found[0]
+                    acc = accs[i].copy()
+                    for j in range(done, needed[-1] + 1):
+                        part = cache.parts.get(j)
+                        acc.add(part.get(i) if part is not None else EMPTY, j * grid.part, average=average,
+                                left_closed=judging.left_closed, bound=judging.bound)
+                    numbers = live.get(i) if live is not None else EMPTY
+                    acc.add(numbers, live_start, average=average, left_closed=judging.left_closed,
+                            bound=judging.bound)
+                    devices[device] = acc.reading(numbers[3], average=average)
+                else:  # copies under several host spellings (or a window not read yet): fold them part by part
+                    parts = [cache.parts.get(j) for j in needed] + [live]
+                    devices[device] = device_reading(_folded(parts, found), starts, average=average,
+                                                     left_closed=judging.left_closed, bound=judging.bound)
+            kinds[kind] = KindReading(devices, unknown[kind])
         if hosts:
             out[key] = PodReading(tuple(sorted(hosts)), kinds)
     return out
