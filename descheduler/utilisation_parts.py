@@ -328,14 +328,19 @@ class Acc:
         out.total, out.counted = self.total, self.counted
         return out
 
-    def add(self, numbers: Numbers, start: float, *, average: bool, left_closed: bool | None, bound: float) -> None:
-        """One part (or the live stretch) starting at `start`; `left_closed`: see `device_reading`."""
+    def add(self, numbers: Numbers, start: float, *, average: bool, left_closed: bool | None, bound: float,
+            length: float = 0.0) -> None:
+        """One part of `length` seconds (0: the live stretch) starting at `start`; `left_closed`: see
+        `device_reading`. A part of the window without a sample of its own holds a stretch of at least its length
+        (longer than `bound` intervals exactly when length / bound > I)."""
         n, n_min, value, last = numbers
-        if n <= 0:
-            return
-        on_start = self.on_sample and left_closed is not False and abs(self.previous - start) <= BOUNDARY
+        on_start = n > 0 and self.on_sample and left_closed is not False and abs(self.previous - start) <= BOUNDARY
         n_lo = n - 1 if on_start else n
         n_hi = n_lo if on_start and left_closed else n
+        if n_lo <= 0 and length > 0:
+            self.worst = max(self.worst, length / bound)
+        if n <= 0:
+            return
         if math.isnan(last):
             self.lost += 1
         else:
@@ -419,8 +424,9 @@ def device_reading(numbers: Sequence[Numbers], starts: Sequence[float], *, avera
     include their left end (Prometheus 2.x; None: not known yet); `bound`: `max_gap_intervals`."""
     before = numbers[0][3]
     acc = Acc(before, True) if not math.isnan(before) else Acc(starts[0], False)
-    for found, start in zip(numbers[1:], starts, strict=True):
-        acc.add(found, start, average=average, left_closed=left_closed, bound=bound)
+    for k, (found, start) in enumerate(zip(numbers[1:], starts, strict=True)):
+        length = starts[k + 1] - start if k + 1 < len(starts) else 0.0
+        acc.add(found, start, average=average, left_closed=left_closed, bound=bound, length=length)
     return acc.reading(numbers[-1][3], average=average)
 
 
@@ -455,13 +461,12 @@ def _summary(cache: Cache, judging: Judging, needed: range) -> tuple[int, list[A
         accs.append(Acc(last, True) if not math.isnan(last) else Acc(start, False))
         for j in range(first + 1, done):
             accs[i].add(cache.parts[j].get(i), j * judging.grid.part, average=judging.average,
-                        left_closed=judging.left_closed, bound=judging.bound)
+                        left_closed=judging.left_closed, bound=judging.bound, length=judging.grid.part)
     for j in range(max(done, first + 1), end):
         part, at = cache.parts[j], j * judging.grid.part
-        for i in range(min(len(part.n), len(accs))):
-            if part.n[i] > 0:
-                accs[i].add(part.get(i), at, average=judging.average, left_closed=judging.left_closed,
-                            bound=judging.bound)
+        for i in range(len(accs)):
+            accs[i].add(part.get(i), at, average=judging.average, left_closed=judging.left_closed,
+                        bound=judging.bound, length=judging.grid.part)
     cache.summaries[key] = (max(done, end), accs)
     return max(done, end), accs
 
@@ -503,7 +508,7 @@ def readings(caches: Mapping[str, Cache], lives: Mapping[str, Part], *, pods: Ma
                     for j in range(done, needed[-1] + 1):
                         part = cache.parts.get(j)
                         acc.add(part.get(i) if part is not None else EMPTY, j * grid.part, average=average,
-                                left_closed=judging.left_closed, bound=judging.bound)
+                                left_closed=judging.left_closed, bound=judging.bound, length=grid.part)
                     numbers = live.get(i) if live is not None else EMPTY
                     acc.add(numbers, live_start, average=average, left_closed=judging.left_closed,
                             bound=judging.bound)

@@ -291,6 +291,12 @@ def mig_series(instance: str = "1", *, value: float = 0.02 * 100, **kwargs: Any)
                      "longer than 2x", id="gap-across-a-part-boundary"),
         pytest.param([steady(missing=(NOW - 305, NOW - 305))], None, WINDOW, NOW, CONFIG, True, "1.0% < 10%",
                      id="one-missed-scrape-on-a-part-boundary"),
+        # a part with no sample of its own is a stretch of at least its length (the interval is not read from
+        # the one part holding every sample)
+        pytest.param([steady(start=NOW - 150)], None, WINDOW, NOW, CONFIG, False,
+                     "or from its start to the first) is longer than 2x", id="a-part-without-a-sample"),
+        pytest.param([steady(every=60, start=NOW - 150)], None, WINDOW, NOW, CONFIG, False, "longer than 2x",
+                     id="a-part-without-a-sample-at-60s"),
         # the first sample after the window's start on the grid
         pytest.param([steady(start=NOW - 575)], None, WINDOW, NOW, CONFIG, True, "1.0% < 10%",
                      id="first-sample-25s-after-start"),
