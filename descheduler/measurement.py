@@ -104,7 +104,8 @@ async def measure(
     kept.windows = {w: at for w, at in kept.windows.items() if store_now - at <= KEEP_SECONDS}
     keys = [key for pods in wanted.values() for key in pods]
     kinds = utilisation.kinds_needed((cluster.pods[k] for k in keys), cluster.nodes)
-    found = await _read(asker, kinds, window=max(kept.windows), now=store_now, config=config, kept=kept)
+    found = await _read(asker, kinds, window=max(kept.windows), now=store_now, config=config, kept=kept,
+                        short=list(wanted))
     if found.refused is not None:
         return Measured({key: utilisation.failed(found.refused) for key in keys}, asker.sent, found.errors)
     assessments: dict[str, utilisation.Assessment] = {}
@@ -112,6 +113,9 @@ async def measure(
         pods = wanted[window]
         nodes = {(key.split("/", 1)[0], key.split("/", 1)[1]): cluster.pods[key].node_name or "" for key in pods}
         readings = found.readings(nodes, window=window)
+        if isinstance(readings, str):
+            assessments.update({key: utilisation.failed(readings) for key in pods})
+            continue
         for key in pods:
             assessments[key] = utilisation.assess(cluster.pods[key], readings=readings, window_seconds=window,
                                                   threshold_percent=thresholds[key], config=config, now=store_now)
@@ -129,12 +133,14 @@ async def read_window(querier: Querier, pods: Mapping[tuple[str, str], str], win
     grid = utilisation_parts.Grid.of(config.descheduler.reclaim)
     needed = grid.needed(window, now)
     for _ in range(len(needed) // grid.budget + 1):  # a cold cache is read back over a few "cycles"
-        found = await _read(asker, utilisation.KINDS, window=window, now=now, config=config, kept=kept)
+        found = await _read(asker, utilisation.KINDS, window=window, now=now, config=config, kept=kept,
+                            short=[window])
         if found.errors or all(j in cache.parts for cache in found.caches.values() for j in needed):
             break
-    if found.errors:
+    readings = found.readings(pods, window=window)
+    if found.errors or isinstance(readings, str):
         raise RuntimeError("; ".join(found.errors))
-    return found.readings(pods, window=window)
+    return readings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,17 +158,25 @@ class _Found:
     average: bool
     bound: float
     left_closed: Parts  # read when judging: the probe runs after this is made
+    # short windows: (their stretch, the last sample before it) per kind, or why they failed
+    shorts: Mapping[int, tuple[Mapping[str, utilisation_parts.Part], Mapping[str, utilisation_parts.Part]] | str]
 
-    def readings(self, pods: Mapping[tuple[str, str], str], *, window: int) -> utilisation.Readings:
+    def readings(self, pods: Mapping[tuple[str, str], str], *, window: int) -> utilisation.Readings | str:
+        """The pods' readings over `window`, or why none (a short window's queries failed)."""
         judging = utilisation_parts.Judging(window, self.now, self.grid, self.average, self.bound,
                                             self.left_closed.left_closed)
-        return utilisation_parts.readings(self.caches, self.lives, pods=pods, judging=judging, unread=self.unread)
+        short = self.shorts.get(window)
+        if isinstance(short, str):
+            return short
+        return utilisation_parts.readings(self.caches, self.lives, pods=pods, judging=judging, unread=self.unread,
+                                          short=short)
 
 
 async def _read(asker: _Asker, kinds: Collection[str], *, window: int, now: float, config: settings.Settings,
-                kept: Parts) -> _Found:
+                kept: Parts, short: Collection[int] = ()) -> _Found:
     """Read what is not kept for windows up to `window` at store time `now`: the live stretch, and the parts
-    `Cache.fetch` names (range queries, concurrently)."""
+    `Cache.fetch` names (range queries, concurrently); and each `short` window (shorter than the live stretch)
+    as its own stretch: its statistics at `now` over it, the last sample at its start."""
     reclaim = config.descheduler.reclaim
     grid = utilisation_parts.Grid.of(reclaim)
     for kind in kinds:
@@ -175,12 +189,27 @@ async def _read(asker: _Asker, kinds: Collection[str], *, window: int, now: floa
                                               statistic=statistic, kinds=kinds)
     reads = [(kind, first, last) for kind, cache in caches.items()
              for first, last in cache.fetch(grid, window=window, now=now)]
-    live_answers, *read_answers = await asyncio.gather(
+    short = sorted(w for w in short if grid.short(w, now))
+
+    async def stretch(w: int) -> tuple[dict[str, list[prometheus.Series]], dict[str, list[prometheus.Series]]]:
+        asked = utilisation_promql.queries(utilisation_promql.live_range(w), config=config.prometheus,
+                                           statistic=statistic, kinds=kinds)
+        inside = {n: q for n, q in asked.items() if not n.endswith("_last")}
+        return (await asker.answers(inside, at=now),
+                await asker.answers({n: q for n, q in asked.items() if n.endswith("_last")}, at=now - w))
+
+    Answers = dict[str, list[prometheus.Series]]
+    done: list[Any] = await asyncio.gather(
         asker.answers(live_queries, at=now),
         *(asker.ranges({n: q for n, q in part_queries.items() if n.startswith(f"{kind}_")},
                        start=(first + 1) * grid.part, end=(last + 1) * grid.part, step=grid.part)
           for kind, first, last in reads),
+        *(stretch(w) for w in short),
         return_exceptions=True)
+    live_answers: Answers | BaseException = done[0]
+    read_answers: list[Answers | BaseException] = done[1:1 + len(reads)]
+    short_answers: dict[int, tuple[Answers, Answers] | BaseException] = dict(
+        zip(short, done[1 + len(reads):], strict=True))
     errors: list[str] = []
     unread: dict[str, set[int]] = {kind: set() for kind in caches}
     found = functools.partial(_Found, caches, unread=unread, grid=grid, now=now, average=statistic == "average",
@@ -191,7 +220,7 @@ async def _read(asker: _Asker, kinds: Collection[str], *, window: int, now: floa
         errors.append(f"utilisation, newest {live_span}: {live_answers}")
         reason = (live_answers.fail_closed_reason
                   or "Prometheus query for the newest utilisation failed (logged once per cycle)")
-        return found({}, errors=tuple(errors), refused=reason)
+        return found({}, errors=tuple(errors), refused=reason, shorts={})
     labels = config.prometheus.labels
     lives = {kind: cache.live(_stats(live_answers, kind), labels=labels) for kind, cache in caches.items()}
     if kept.left_closed is None:
@@ -210,7 +239,20 @@ async def _read(asker: _Asker, kinds: Collection[str], *, window: int, now: floa
         caches[kind].store(grid, _stats(answers, kind), first=first, last=last, now=now, live=lives[kind],
                            labels=labels, left_closed=kept.left_closed)
         kept.read.append(last - first + 1)
-    return found(lives, errors=tuple(errors), refused=None)
+    shorts: dict[int, tuple[dict[str, utilisation_parts.Part], dict[str, utilisation_parts.Part]] | str] = {}
+    for w, answer in short_answers.items():
+        if isinstance(answer, BaseException):
+            if not isinstance(answer, _Refused):
+                raise answer
+            errors.append(f"utilisation over the {w}s window: {answer}")
+            shorts[w] = answer.fail_closed_reason or f"Prometheus query for the {w}s window failed (logged once)"
+            continue
+        inside, before = answer
+        newest = {name: rows for name, rows in live_answers.items() if name.endswith("_last")}
+        shorts[w] = ({kind: cache.live(_stats({**inside, **newest}, kind), labels=labels)
+                      for kind, cache in caches.items()},
+                     {kind: cache.live(_stats(before, kind), labels=labels) for kind, cache in caches.items()})
+    return found(lives, errors=tuple(errors), refused=None, shorts=shorts)
 
 
 async def _left_closed(asker: _Asker, answers: Mapping[str, Sequence[Mapping[str, Any]]], *,
@@ -254,7 +296,6 @@ class _Asker:
         self._config = config
         self._metrics = metrics
         self._on_query = on_query
-        self._answers: dict[str, prometheus.Answer] = {}
         self._limit = asyncio.Semaphore(config.prometheus.max_concurrent_queries)
         self.sent = 0
 
@@ -316,11 +357,9 @@ class _Asker:
 
     async def answers(self, queries: Mapping[str, str], *, at: float) -> dict[str, list[prometheus.Series]]:
         """Every query's answer at `at`; the first failure cancels the others (TaskGroup)."""
-        missing = sorted({promql for promql in queries.values() if promql not in self._answers})
         try:
             async with asyncio.TaskGroup() as group:
-                tasks = {promql: group.create_task(self.one(promql, at)) for promql in missing}
+                tasks = {name: group.create_task(self.one(promql, at)) for name, promql in queries.items()}
         except* _Refused as refused:
             raise refused.exceptions[0] from None
-        self._answers.update({promql: task.result() for promql, task in tasks.items()})
-        return {name: self._answers[promql].series for name, promql in queries.items()}
+        return {name: task.result().series for name, task in tasks.items()}

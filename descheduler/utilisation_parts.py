@@ -62,6 +62,10 @@ class Grid:
         """The end of the newest settled part (the live stretch starts there), in seconds."""
         return self.part * math.floor((now - self.settle) / self.part)
 
+    def short(self, window: float, now: float) -> bool:
+        """Whether a window starts inside the live stretch: it is read as a stretch of its own, exactly."""
+        return now - window > self.live_start(now)
+
     def start(self, window: float, now: float) -> int:
         """Where window (now - window, now] starts on the grid: never later than it asks."""
         return min(self.part * math.floor((now - window) / self.part), self.live_start(now))
@@ -472,11 +476,14 @@ def _summary(cache: Cache, judging: Judging, needed: range) -> tuple[int, list[A
 
 
 def readings(caches: Mapping[str, Cache], lives: Mapping[str, Part], *, pods: Mapping[tuple[str, str], str],
-             judging: Judging, unread: Mapping[str, Collection[int]]) -> dict[tuple[str, str], PodReading]:
-    """Each pod's reading over window (now - window, now] ((namespace, pod) -> its node)."""
+             judging: Judging, unread: Mapping[str, Collection[int]],
+             short: tuple[Mapping[str, Part], Mapping[str, Part]] | None = None) -> dict[tuple[str, str], PodReading]:
+    """Each pod's reading over window (now - window, now] ((namespace, pod) -> its node). `short`: a window
+    shorter than the live stretch, read as a stretch of its own (per kind: the stretch, and the last sample
+    before it), exactly from now - window; no kept part is needed."""
     grid, average = judging.grid, judging.average
-    needed = grid.needed(judging.window, judging.now)
-    live_start = grid.live_start(judging.now)
+    needed = grid.needed(judging.window, judging.now) if short is None else range(0)
+    live_start = grid.live_start(judging.now) if short is None else judging.now - judging.window
     starts = [j * grid.part for j in needed[1:]] + [live_start]
     out: dict[tuple[str, str], PodReading] = {}
     unknown, summaries = {}, {}
@@ -485,7 +492,7 @@ def readings(caches: Mapping[str, Cache], lives: Mapping[str, Part], *, pods: Ma
         unknown[kind] = (f"{len(missing)} of the {len(needed)} parts of {grid.part}s the window needs are not read "
                          "from the store yet (the part cache is rebuilt after a start or a leader change) or their "
                          "read failed this cycle") if missing else None
-        summaries[kind] = _summary(cache, judging, needed) if not missing else (needed[0], [])
+        summaries[kind] = _summary(cache, judging, needed) if needed and not missing else (0, [])
     for key, node in pods.items():
         hosts: set[str] = set()
         kinds: dict[str, KindReading] = {}
@@ -498,7 +505,7 @@ def readings(caches: Mapping[str, Cache], lives: Mapping[str, Part], *, pods: Ma
                     copies.setdefault(device, []).append(i)
             if not copies:
                 continue
-            live = lives.get(kind)
+            live = lives.get(kind) if short is None else short[0].get(kind)
             done, accs = summaries[kind]
             devices = {}
             for device, found in sorted(copies.items()):
@@ -513,8 +520,9 @@ def readings(caches: Mapping[str, Cache], lives: Mapping[str, Part], *, pods: Ma
                     acc.add(numbers, live_start, average=average, left_closed=judging.left_closed,
                             bound=judging.bound)
                     devices[device] = acc.reading(numbers[3], average=average)
-                else:  # copies under several host spellings (or a window not read yet): fold them part by part
-                    parts = [cache.parts.get(j) for j in needed] + [live]
+                else:  # copies under several host spellings, a window not read yet, a short window: part by part
+                    parts = [cache.parts.get(j) for j in needed] + [live] if short is None else [
+                        short[1].get(kind), live]
                     devices[device] = device_reading(_folded(parts, found), starts, average=average,
                                                      left_closed=judging.left_closed, bound=judging.bound)
             kinds[kind] = KindReading(devices, unknown[kind])

@@ -137,12 +137,18 @@ class Run:
         stats = utilisation_promql.STATS[reclaim.idle_statistic]
         store = Store(series, now=now, left_closed=self.store_left_closed)
         lives: dict[str, utilisation_parts.Part] = {}
+        short: tuple[dict[str, utilisation_parts.Part], dict[str, utilisation_parts.Part]] = ({}, {})
         unread: dict[str, set[int]] = {}
         read: list[tuple[int, int]] = []
         for kind in utilisation.KINDS:
             cache = self.caches.setdefault(kind, utilisation_parts.Cache())
             cache.prune(grid.needed(window, now)[0])
             lives[kind] = cache.live(store.live(kind, grid, stats), labels=config.prometheus.labels)
+            if grid.short(window, now):  # its own stretch, and the last sample before it
+                inside = {stat: store._rows(kind, stat, [now], window, ranged=False) for stat in stats}
+                before = {"last": store._rows(kind, "last", [now - window], window, ranged=False)}
+                short[0][kind] = cache.live(inside, labels=config.prometheus.labels)
+                short[1][kind] = cache.live(before, labels=config.prometheus.labels)
             unread[kind] = set()
             for first, last in cache.fetch(grid, window=window, now=now):
                 if kind == "gpu":
@@ -155,7 +161,8 @@ class Run:
         self.reads.append(read)
         judging = utilisation_parts.Judging(window, now, grid, reclaim.idle_statistic == "average",
                                             reclaim.max_gap_intervals, self.left_closed)
-        self.readings = utilisation_parts.readings(self.caches, lives, pods=pods, judging=judging, unread=unread)
+        self.readings = utilisation_parts.readings(self.caches, lives, pods=pods, judging=judging, unread=unread,
+                                                   short=short if grid.short(window, now) else None)
 
 
 def judge(series: Sequence[Series], *, target: snapshot.Pod | None = None, window: int = WINDOW,
@@ -297,6 +304,15 @@ def mig_series(instance: str = "1", *, value: float = 0.02 * 100, **kwargs: Any)
                      "or from its start to the first) is longer than 2x", id="a-part-without-a-sample"),
         pytest.param([steady(every=60, start=NOW - 150)], None, WINDOW, NOW, CONFIG, False, "longer than 2x",
                      id="a-part-without-a-sample-at-60s"),
+        # a window shorter than the live stretch is its own stretch, from exactly its start
+        pytest.param([steady(start=NOW - 60)], None, 30, NOW, CONFIG, True, "1.0% < 10% over 30s",
+                     id="short-window-needs-no-more-history"),
+        pytest.param([steady(start=NOW - 25, end=NOW - 1)], None, 30, NOW, CONFIG, True, "1.0% < 10% over 30s",
+                     id="short-window-first-sample-5s-after-start"),
+        pytest.param([steady(start=NOW - 160, busy={NOW - 125: 70.0})], None, 120, NOW, CONFIG, True,
+                     "1.0% < 10% over 120s", id="short-window-busy-before-it"),
+        pytest.param([steady(start=NOW - 160, busy={NOW - 110: 70.0})], None, 120, NOW, CONFIG, False,
+                     "70.0% >= 10% over 120s", id="short-window-busy-inside"),
         # the first sample after the window's start on the grid
         pytest.param([steady(start=NOW - 575)], None, WINDOW, NOW, CONFIG, True, "1.0% < 10%",
                      id="first-sample-25s-after-start"),
