@@ -663,8 +663,8 @@ class Reclaim(Model):
         ge=1,
         le=1000,
         description="After a start or leader change the kept parts are empty: they are read back from the store, "
-        "newest first, at most this many parts per cycle (12 x 300 s: an hour of history per range query). Until "
-        "all the parts of a window are read its pods are not idle (the reason says so).",
+        "newest first, at most this many parts per cycle (12 x 300 s: an hour of history, in range queries of 4 "
+        "parts). Until all the parts of a window are read its pods are not idle (the reason says so).",
     )
     max_clock_skew_seconds: Seconds = pydantic.Field(
         default=10,

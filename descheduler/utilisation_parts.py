@@ -15,8 +15,8 @@ end. One set of parts serves every window: a window's verdict is derived from th
   (up to one part earlier than W asks: stricter, never laxer), or at the live stretch's start if that is
   earlier. It needs the parts from S on plus the one before S (the last sample before the window).
   A part not read yet (a start, a leader change: the cache is empty and is read back from the store, newest
-  first, `rebuild_parts_per_cycle` parts a cycle), or whose read failed this cycle, leaves the window unknown:
-  its pods are not idle, and the reason says so. Nothing only in memory matters for correctness.
+  first, `rebuild_parts_per_cycle` parts a cycle, `PARTS_PER_QUERY` per range query), or whose read failed this
+  cycle, leaves the window unknown: its pods are not idle, and the reason says so. Nothing only in memory matters for correctness.
 - Prometheus 2.x ranges include their left end (3.x and VictoriaMetrics do not): a sample exactly on a part's
   start is then counted in the part as well as in the one before. The shell asks the store which it does once
   (`left_closed`, a 1 ms range ending 1 ms after a known sample); where the last sample before a part sits
@@ -45,6 +45,7 @@ from common import dcgm, settings
 DeviceKey = tuple[str, str, str, str]  # namespace, pod, host, device (GPU index or UUID, "/", MIG instance)
 BOUNDARY = 1e-3  # seconds: Prometheus keeps milliseconds; a last sample this close to a part's start is on it
 NAN = math.nan
+PARTS_PER_QUERY = 4  # a range query reads at most this many parts: each query stays small whatever the rebuild
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,10 +166,11 @@ class Cache:
         return self._raw[raw]
 
     def fetch(self, grid: Grid, *, window: float, now: float) -> list[tuple[int, int]]:
-        """The kept parts to read this cycle for windows up to `window`, as runs (first, last part index): every
-        needed part not final, newest first, at most `grid.budget`."""
+        """The kept parts to read this cycle for windows up to `window`, as runs (first, last part index) of at
+        most `PARTS_PER_QUERY` parts: every needed part not final, newest first, at most `grid.budget`."""
         wanted = [j for j in reversed(grid.needed(window, now)) if j not in self.parts or not self.parts[j].final]
-        return runs(wanted[:grid.budget])
+        return [(max(first, last - k - PARTS_PER_QUERY + 1), last - k)
+                for first, last in runs(wanted[:grid.budget]) for k in range(0, last - first + 1, PARTS_PER_QUERY)]
 
     def live(self, answers: Mapping[str, Iterable[Mapping[str, Any]]], *,
              labels: settings.PrometheusLabels) -> Part:
@@ -509,7 +511,15 @@ def readings(caches: Mapping[str, Cache], lives: Mapping[str, Part], *, pods: Ma
             done, accs = summaries[kind]
             devices = {}
             for device, found in sorted(copies.items()):
-                if len(found) == 1 and found[0] < len(accs):
+                if unknown[kind] is not None:  # not judged: only whether it is busy anyway (no coverage needed)
+                    acc = Acc(NAN, False)
+                    for part in [*(cache.parts.get(j) for j in needed), live]:
+                        for i in found:
+                            n, n_min, value, _ = part.get(i) if part is not None else EMPTY
+                            acc.add((n, n_min, value, NAN), 0.0, average=average, left_closed=False, bound=1.0)
+                    devices[device] = acc.reading(max((live.get(i)[3] for i in found), default=NAN)
+                                                  if live is not None else NAN, average=average)
+                elif len(found) == 1 and found[0] < len(accs):
                     i = found[0]
                     acc = accs[i].copy()
                     for j in range(done, needed[-1] + 1):
