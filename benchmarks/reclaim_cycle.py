@@ -21,11 +21,12 @@ priorities, plus two gated gangs waiting for GPUs. Two scenarios, in dry-run: th
 per-cycle limit soon ends the search) and limits wide enough that every pending pod is searched for. The
 snapshot is built once (the feeder keeps it up to date between cycles; its build time is reported apart);
 every cycle runs on a fresh `ReclaimLoop` so that dry-run cooldowns do not shrink the next cycle's work,
-sharing one utilisation part cache (warm after the warm-up cycle). Reported: whole cycle wall time (p50, max) and CPU time (p50), the planner alone
-(CPU), each phase's median, peak RSS of the process (raw objects and snapshot included), queries per
-cycle, demands served, evictions planned. `--scale` runs sizes up to 5,000 nodes / 50,000 pods, each in
-its own process (so each has its own peak RSS), and fits cycle CPU time against pods. Times are printed,
-never asserted; the machine may be shared, so the load average is recorded beside them.
+sharing one utilisation part cache (warm after the warm-up cycle). Reported: whole cycle wall time (p50,
+max) and CPU time (p50), the planner alone (CPU), each phase's median, peak RSS of the process (raw objects
+and snapshot included), queries per cycle, demands served, evictions planned. `--scale` runs sizes up to
+5,000 nodes / 50,000 pods, each in its own process (so each has its own peak RSS), and fits cycle CPU time
+against pods. Times are printed, never asserted; the machine may be shared, so the load average is recorded
+beside them.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ end. One set of parts serves every window: a window's verdict is derived from th
   earlier. It needs the parts from S on plus the one before S (the last sample before the window).
   A part not read yet (a start, a leader change: the cache is empty and is read back from the store, newest
   first, `rebuild_parts_per_cycle` parts a cycle, `PARTS_PER_QUERY` per range query), or whose read failed this
-  cycle, leaves the window unknown: its pods are not idle, and the reason says so. Nothing only in memory matters for correctness.
+  cycle, leaves the window unknown: its pods are not idle, and the reason says so. Nothing only in memory
+  matters for correctness.
 - Prometheus 2.x ranges include their left end (3.x and VictoriaMetrics do not): a sample exactly on a part's
   start is then counted in the part as well as in the one before. The shell asks the store which it does once
   (`left_closed`, a 1 ms range ending 1 ms after a known sample); where the last sample before a part sits
