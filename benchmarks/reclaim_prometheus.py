@@ -7,9 +7,10 @@ A cluster of 8-GPU nodes, each holding pods of 1, 1, 2 and 4 GPUs (every GPU tak
 of them idle; pending: `--pending` critical pods of 1-8 GPUs and two gated gangs of 4 x 2 GPUs. Its DCGM
 history (one series per GPU, 4 h, every 15 s; benchmarks/dcgm_history.py) is backfilled into a real
 Prometheus, then `ReclaimLoop`s (one a cycle, so that dry-run cooldowns do not shrink the next cycle's work,
-sharing one part cache) run dry-run cycles against it with the real client, its store time (the
-answer to `vector(time())`, and its own clock) advancing 60 s a cycle as in production, over history written
-past the wall clock: first the cold cycles (empty part cache: the rebuild, `rebuild_parts_per_cycle` parts a
+sharing one part cache) run dry-run cycles against it with the real client, the store's time (the answer to
+`vector(time())`) advancing 60 s a cycle as in production, over history written past the wall clock (the
+loop's own clock stays at the snapshot's, so that pending pods and gangs keep their age; the skew check is
+widened for it): first the cold cycles (empty part cache: the rebuild, `rebuild_parts_per_cycle` parts a
 cycle, until a cycle reads no more than the steady state does), then `--cycles` warm ones (10: two parts
 settle on the way). Reported apart for cold and warm cycles: wall time, CPU seconds of each side, queries,
 parts read, each query's wall time (by kind: live stretch or parts, and statistic); peak RSS of this process
@@ -40,6 +41,7 @@ sys.path.append(str(ROOT))  # after site-packages: an installed gpu-steward wins
 from benchmarks import dcgm_history  # noqa: E402
 from common import prometheus, settings, settings_loader, snapshot, source  # noqa: E402
 from descheduler import evictor, measurement, policy, reclaim, reclaim_loop, utilisation_promql  # noqa: E402
+from gpu_steward import cmd_descheduler  # noqa: E402
 
 VALUES = ROOT / "charts" / "gpu-steward" / "values.yaml"
 SCRAPE_SECONDS, HOURS = 15, 4.0
@@ -50,6 +52,9 @@ CLASS_MIX = ("gpu-steward-normal", "gpu-steward-normal", "gpu-steward-scavenger"
 PENDING_GPUS = (1, 2, 4, 1, 2, 8)
 GOALS = {"query_seconds": 1.0, "cycle_seconds": 2.0, "peak_rss_mb": 500.0}
 CYCLE_SECONDS = 60.0  # store time between cycles (the default reclaim interval)
+# The loop's own clock stays at the snapshot's time (pending pods and gated gangs keep their age, so both kinds of
+# demand stay demands); only the store's time advances: its skew from ours is allowed up to the run's length.
+SKEW_ALLOWED = 3600.0
 
 
 def chart_classes() -> list[dict[str, Any]]:
@@ -207,7 +212,8 @@ def run(gpus: int, *, pending: int, cycles: int) -> dict[str, Any]:
         with dcgm_history.backfilled(pathlib.Path(tmp) / "prometheus", devices, hours=HOURS,
                                      scrape_seconds=SCRAPE_SECONDS, ahead_seconds=AHEAD_SECONDS) as history:
             config = settings_loader.load(overrides={"prometheus": {"url": history.server.url},
-                                              "descheduler": {"reclaim": {"dry_run": True}}})
+                                              "descheduler": {"reclaim": {
+                                                  "dry_run": True, "max_clock_skew_seconds": SKEW_ALLOWED}}})
             built = snapshot.build(nodes=raw["nodes"], pods=raw["pods"], priority_classes=raw["priority_classes"],
                                    names=config.names, taken_at=now)
             del raw
@@ -227,7 +233,8 @@ def run(gpus: int, *, pending: int, cycles: int) -> dict[str, Any]:
                     started, used, asked = _perf(), time.process_time(), dcgm_history.cpu_seconds(pid)
                     loop = reclaim_loop.ReclaimLoop(config=config, cluster=source.StaticSource(built),
                                                     prometheus=timed, evictions=evictor.DryRunClient(), api=None,
-                                                    clock=clock)
+                                                    clock=lambda: now,
+                                                    gang_demands=cmd_descheduler.gang_demands(config))
                     loop.parts = kept
                     result = asyncio.run(loop.cycle())
                     row = {"wall": _perf() - started, "descheduler_cpu": time.process_time() - used,
