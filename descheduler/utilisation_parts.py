@@ -460,7 +460,7 @@ def _summary(cache: Cache, judging: Judging, needed: range) -> tuple[int, list[A
     while end in needed and end in cache.parts and cache.parts[end].final:
         end += 1
     done, accs = cache.summaries.get(key, (first, []))
-    if done > end:
+    if done > end or end == first:  # the part before the window not final (yet): nothing to keep
         done, accs = first, []
     before = cache.parts.get(first)
     for i in range(len(accs), len(cache.keys)):  # devices seen since: from the start
@@ -474,7 +474,8 @@ def _summary(cache: Cache, judging: Judging, needed: range) -> tuple[int, list[A
         for i in range(len(accs)):
             accs[i].add(part.get(i), at, average=judging.average, left_closed=judging.left_closed,
                         bound=judging.bound, length=judging.grid.part)
-    cache.summaries[key] = (max(done, end), accs)
+    if end > first:
+        cache.summaries[key] = (max(done, end), accs)
     return max(done, end), accs
 
 
@@ -523,7 +524,7 @@ def readings(caches: Mapping[str, Cache], lives: Mapping[str, Part], *, pods: Ma
                 elif len(found) == 1 and found[0] < len(accs):
                     i = found[0]
                     acc = accs[i].copy()
-                    for j in range(done, needed[-1] + 1):
+                    for j in range(max(done, needed[0] + 1), needed[-1] + 1):
                         part = cache.parts.get(j)
                         acc.add(part.get(i) if part is not None else EMPTY, j * grid.part, average=average,
                                 left_closed=judging.left_closed, bound=judging.bound, length=grid.part)

@@ -577,3 +577,21 @@ def test_kinds_needed() -> None:
     assert utilisation.kinds_needed([pod(node="n2")], nodes) == {"gpu", "mig"}
     assert utilisation.kinds_needed([pod(full=0, mig={"1g.10gb": 1})], nodes) == {"mig"}
     assert utilisation.kinds_needed([], nodes) == set()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_kept_summary_extended_over_cycles_reads_as_one_folded_afresh(seed: int) -> None:
+    """The window's final parts are folded once and extended as parts turn final (`Cache.summaries`): cycle after
+    cycle the reading is the one a fresh cache folds at that time, on random gaps, busy samples and NaNs."""
+    rng = __import__("random").Random(seed)
+    samples = [(t, rng.choice([1.0, 1.0, 1.0, 2.0, 30.0, math.nan]) if rng.random() < 0.05 else 1.0)
+               for t, _ in scraped(start=NOW - 12000, end=NOW + 1500) if rng.random() > 0.03]
+    series = [Series(dcgm(), samples)]
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"rebuild_parts_per_cycle": 100}}})
+    kept = Run()
+    for minute in range(0, 20, 3):
+        at = NOW + 60 * minute
+        fresh = Run()
+        warm = judge(series, window=3600, cycles=[at], config=config, threshold=25, run=kept)
+        cold = judge(series, window=3600, cycles=[at], config=config, threshold=25, run=fresh)
+        assert (warm, kept.readings) == (cold, fresh.readings)
