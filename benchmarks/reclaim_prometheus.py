@@ -1,6 +1,7 @@
 """One size of the reclaim-cycle benchmark against a real Prometheus (run by benchmarks/reclaim_cycle.py).
 
-    python benchmarks/reclaim_prometheus.py --gpus 10000 [--cycles 10] [--pending 20] [--quick] --out FILE
+    python benchmarks/reclaim_prometheus.py --gpus 10000 [--cycles 10] [--pending 20] [--fail-first-cycle]
+        [--quick] --out FILE
 
 A cluster of 8-GPU nodes, each holding pods of 1, 1, 2 and 4 GPUs (every GPU taken), in the chart's tiers
 (normal: 3 h window, scavenger: 10 min, critical: never reclaimed; charts/gpu-steward/values.yaml), a third
@@ -15,17 +16,23 @@ cycle, until a cycle reads no more than the steady state does), then `--cycles` 
 settle on the way). Reported apart for cold and warm cycles: wall time, CPU seconds of each side, queries,
 parts read, each query's wall time (by kind: live stretch or parts, and statistic); peak RSS of this process
 (the descheduler's part: snapshot, cache, answers, plan) and of Prometheus, demands served by kind (warm),
-evictions planned, and the plain `max_over_time` of each window for reference.
+evictions planned, and the plain `max_over_time` of each window for reference. Every cycle, cold or warm, is
+also printed and reported with its candidates, failed queries, the store's time past the history's "now" (the
+history ends `AHEAD_SECONDS` after it) and why the other pods were spared: a count per reason, its numbers
+masked and its text cut (`REASON_CHARS`), so that a cycle finding no idle pod says why. `--fail-first-cycle`
+fails every range query of the first cycle (a timeout, as a loaded store gives it): the cold start after it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import datetime
 import json
 import os
 import pathlib
+import re
 import resource
 import statistics
 import sys
@@ -55,6 +62,7 @@ CYCLE_SECONDS = 60.0  # store time between cycles (the default reclaim interval)
 # The loop's own clock stays at the snapshot's time (pending pods and gated gangs keep their age, so both kinds of
 # demand stay demands); only the store's time advances: its skew from ours is allowed up to the run's length.
 SKEW_ALLOWED = 3600.0
+REASON_CHARS = 90  # a spared pod's reason, its numbers masked, cut to this many characters in the histogram
 
 
 def chart_classes() -> list[dict[str, Any]]:
@@ -137,6 +145,7 @@ class Timed:
         self.client = client
         self.clock = clock
         self.seconds: list[tuple[str, float]] = []  # this cycle's queries
+        self.fail_ranges = False  # every range query fails as a timeout (--fail-first-cycle)
 
     async def instant(self, promql: str, *, time: float | None = None) -> prometheus.Answer:
         if promql == utilisation_promql.TIME_QUERY:
@@ -149,6 +158,9 @@ class Timed:
             self.seconds.append((f"live {_stat(promql)}", _perf() - started))
 
     async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[prometheus.Series]:
+        if self.fail_ranges:
+            self.seconds.append((f"parts {_stat(promql)} (failed)", 0.0))
+            raise prometheus.PrometheusError(f"query timed out (injected) at {self.client.url}")
         started = _perf()
         try:
             return await self.client.query_range(promql, start=start, end=end, step=step)
@@ -174,6 +186,12 @@ def _stat(promql: str) -> str:
 
 def _perf() -> float:
     return time.perf_counter()
+
+
+def reasons(plan: reclaim.Plan) -> dict[str, int]:
+    """Why pods were spared, a count per reason (numbers masked, cut to `REASON_CHARS`), most frequent first."""
+    counted = collections.Counter(re.sub(r"\d+(\.\d+)?", "#", s.reason)[:REASON_CHARS] for s in plan.spared)
+    return dict(counted.most_common())
 
 
 def _peak_rss_mb() -> float:
@@ -204,7 +222,7 @@ async def _plain(url: str, pid: int, windows: list[int], *, repeats: int = 3) ->
         client.close()
 
 
-def run(gpus: int, *, pending: int, cycles: int) -> dict[str, Any]:
+def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False) -> dict[str, Any]:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="reclaim-prometheus-") as tmp:
         now = time.time()
@@ -230,6 +248,7 @@ def run(gpus: int, *, pending: int, cycles: int) -> dict[str, Any]:
             try:
                 while len(warm) < cycles:
                     timed.seconds = []
+                    timed.fail_ranges = fail_first_cycle and not cold
                     started, used, asked = _perf(), time.process_time(), dcgm_history.cpu_seconds(pid)
                     loop = reclaim_loop.ReclaimLoop(config=config, cluster=source.StaticSource(built),
                                                     prometheus=timed, evictions=evictor.DryRunClient(), api=None,
@@ -237,11 +256,17 @@ def run(gpus: int, *, pending: int, cycles: int) -> dict[str, Any]:
                                                     gang_demands=cmd_descheduler.gang_demands(config))
                     loop.parts = kept
                     result = asyncio.run(loop.cycle())
-                    row = {"wall": _perf() - started, "descheduler_cpu": time.process_time() - used,
-                           "prometheus_cpu": dcgm_history.cpu_seconds(pid) - asked, "queries": result.queries,
-                           "parts_read": sum(loop.parts.read), "query_seconds": list(timed.seconds),
-                           "served": sum(1 for d in result.plan.demands if d.served),
-                           "phases": dict(result.seconds)}
+                    row: dict[str, Any] = {
+                        "wall": _perf() - started, "descheduler_cpu": time.process_time() - used,
+                        "prometheus_cpu": dcgm_history.cpu_seconds(pid) - asked, "queries": result.queries,
+                        "parts_read": sum(loop.parts.read), "query_seconds": list(timed.seconds),
+                        "served": sum(1 for d in result.plan.demands if d.served),
+                        "phases": dict(result.seconds), "candidates": result.plan.candidates,
+                        "errors": len(result.prometheus_errors), "spared": reasons(result.plan),
+                        "store_past_history_now": clock.now - history.now}
+                    print(f"  cycle {len(cold) + len(warm) + 1}: store time history+{clock.now - history.now:.0f}s, "
+                          f"{row['parts_read']} parts read, {row['errors']} failed queries, {row['candidates']} "
+                          f"candidates, {row['served']} served; spared: {row['spared']}", flush=True)
                     # Cold until a cycle reads no more parts than the steady state does (the newest settled
                     # part, one still short of samples) and serves demands again.
                     (warm if warm or (cold and row["parts_read"] <= 2 and row["served"]) else cold).append(row)
@@ -285,6 +310,10 @@ def run(gpus: int, *, pending: int, cycles: int) -> dict[str, Any]:
                          "prometheus_cpu": round(r["prometheus_cpu"], 3), "queries": r["queries"],
                          "parts_read": r["parts_read"], "served": r["served"],
                          "query_seconds_max": round(max(s for _, s in r["query_seconds"]), 3)} for r in cold],
+        # every cycle, cold then warm: candidates, failed queries, why the other pods were spared
+        "cycles_spared": [{k: r[k] for k in ("store_past_history_now", "parts_read", "errors", "candidates", "served",
+                                             "spared")} for r in cold + warm],
+        "fail_first_cycle": fail_first_cycle,
         "plain_max_over_time_seconds": plain,
         "prometheus_errors": sorted({e for c in results for e in c.prometheus_errors}),
         "candidates": last.plan.candidates, "demands": len(last.plan.demands),
@@ -306,12 +335,15 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=1000)
     parser.add_argument("--pending", type=int, default=20)
     parser.add_argument("--cycles", type=int, default=10, help="warm cycles measured, after the cold ones")
+    parser.add_argument("--fail-first-cycle", action="store_true",
+                        help="fail every range query of the first cycle (a timeout): the cold start after it")
     parser.add_argument("--quick", action="store_true", help="CI-sized: 200 GPUs, 3 warm cycles")
     parser.add_argument("--out", type=pathlib.Path, required=True)
     args = parser.parse_args()
     if args.quick:
         args.gpus, args.cycles = 200, 3
-    args.out.write_text(json.dumps(run(args.gpus, pending=args.pending, cycles=args.cycles), indent=2) + "\n")
+    found = run(args.gpus, pending=args.pending, cycles=args.cycles, fail_first_cycle=args.fail_first_cycle)
+    args.out.write_text(json.dumps(found, indent=2) + "\n")
 
 
 if __name__ == "__main__":
