@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -131,7 +131,9 @@ class Run:
     left_closed: bool | None = True  # what the reading is told the store does
 
     def cycle(self, series: Sequence[Series], *, now: float, window: float, config: settings.Settings,
-              pods: Mapping[tuple[str, str], str], failing: bool = False) -> None:
+              pods: Mapping[tuple[str, str], str], failing: bool = False,
+              fails: Callable[[], bool] | None = None) -> None:
+        """One cycle; `failing`: every range read fails (a timeout), `fails`: asked for each range read."""
         reclaim = config.descheduler.reclaim
         grid = utilisation_parts.Grid.of(reclaim)
         stats = utilisation_promql.STATS[reclaim.idle_statistic]
@@ -153,7 +155,7 @@ class Run:
             for first, last in cache.fetch(grid, window=window, now=now):
                 if kind == "gpu":
                     read.append((first, last))
-                if failing:
+                if failing or (fails is not None and fails()):
                     unread[kind].update(range(first, last + 1))
                     continue
                 cache.store(grid, store.parts(kind, first, last, stats), first=first, last=last, now=now,
@@ -595,3 +597,42 @@ def test_a_kept_summary_extended_over_cycles_reads_as_one_folded_afresh(seed: in
         warm = judge(series, window=3600, cycles=[at], config=config, threshold=25, run=kept)
         cold = judge(series, window=3600, cycles=[at], config=config, threshold=25, run=fresh)
         assert (warm, kept.readings) == (cold, fresh.readings)
+
+
+@pytest.mark.parametrize(
+    ("seed", "devices", "window"),
+    [
+        *(pytest.param(seed, 2, window, id=f"seed-{seed}-{window}s")
+          for seed, window in enumerate([600, 3600, 10800] * 4)),
+        pytest.param(0, 1200, 600, id="index-compacted-after-a-cycle-of-failed-reads"),
+    ],
+)
+def test_cycles_whose_reads_failed_leave_no_trace(seed: int, devices: int, window: int) -> None:
+    """Cold cycles whose range reads fail, all (the first one) or some, while the store's left end is not known
+    yet; then normal cycles: once a window's parts are read, every reading is the one a cold cache reads at that
+    time (on random gaps and busy samples; 1,200 devices: prune compacts the index after the failed cycle)."""
+    rng = __import__("random").Random(seed)
+    end, every = NOW + 2400, (15.0 if devices < 1000 else 60.0)
+    start = NOW - 12000 if devices < 1000 else NOW - 2400
+    samples = [(t, rng.choice([1.0, 2.0, 30.0]) if rng.random() < 0.01 else 1.0)
+               for t, _ in scraped(every, start=start, end=end) if rng.random() > 0.01]
+    series = [Series(dcgm(), samples), *(Series(dcgm(str(i % 8), pod_name=f"p{i // 8}", host=f"n{i // 8}"),
+                                                scraped(every, start=start, end=end)) for i in range(1, devices))]
+    pods = {("team-a", "p"): "n1", **{("team-a", f"p{k}"): f"n{k}" for k in range(1, devices // 8)}}
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"rebuild_parts_per_cycle": 4}}})
+    everything = settings_loader.load(overrides={"descheduler": {"reclaim": {"rebuild_parts_per_cycle": 100}}})
+    kept, failing, known = Run(left_closed=None), rng.random(), rng.randrange(1, 5)
+    compared = 0
+    for minute in range(25 if devices < 1000 else 8):
+        at = NOW + 60 * minute
+        kept.left_closed = True if minute >= known else None  # the probe failed until then
+        kept.cycle(series, now=at, window=window, config=config, pods=pods, failing=minute == 0,
+                   fails=(lambda: rng.random() < failing) if minute < 5 else None)
+        missing = kept.caches["gpu"].fetch(GRID, window=window, now=at)
+        if minute < 5 or missing:
+            continue
+        cold = Run()
+        cold.cycle(series, now=at, window=window, config=everything, pods=pods)
+        assert (minute, kept.readings) == (minute, cold.readings)
+        compared += 1
+    assert compared >= 2
