@@ -13,8 +13,9 @@ sharing one part cache) run dry-run cycles against it with the real client, the 
 loop's own clock stays at the snapshot's, so that pending pods and gangs keep their age; the skew check is
 widened for it): first the cold cycles (empty part cache: the rebuild, `rebuild_parts_per_cycle` parts a
 cycle, until a cycle reads no more than the steady state does), then `--cycles` warm ones (10: two parts
-settle on the way). Reported apart for cold and warm cycles: wall time, CPU seconds of each side, queries,
-parts read, each query's wall time (by kind: live stretch or parts, and statistic); peak RSS of this process
+settle on the way; a cycle with a failed query is still cold). Reported apart for cold and warm cycles:
+wall time, CPU seconds of each side, queries, parts read, each query's wall time (by kind: live stretch or
+parts, and statistic); peak RSS of this process
 (the descheduler's part: snapshot, cache, answers, plan) and of Prometheus, demands served by kind (warm),
 evictions planned, and the plain `max_over_time` of each window for reference. Every cycle, cold or warm, is
 also printed and reported with its candidates, failed queries, the store's time past the history's "now" (the
@@ -268,8 +269,10 @@ def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False)
                           f"{row['parts_read']} parts read, {row['errors']} failed queries, {row['candidates']} "
                           f"candidates, {row['served']} served; spared: {row['spared']}", flush=True)
                     # Cold until a cycle reads no more parts than the steady state does (the newest settled
-                    # part, one still short of samples) and serves demands again.
-                    (warm if warm or (cold and row["parts_read"] <= 2 and row["served"]) else cold).append(row)
+                    # part, one still short of samples), none of its queries failed (a failed read reads no
+                    # part: not a warm cache) and it serves demands again.
+                    steady = row["parts_read"] <= 2 and not row["errors"] and row["served"]
+                    (warm if warm or (cold and steady) else cold).append(row)
                     if warm:
                         results.append(result)
                     clock.now += CYCLE_SECONDS
