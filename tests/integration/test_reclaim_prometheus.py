@@ -618,3 +618,67 @@ async def test_a_fully_covered_3h_window_is_covered_in_every_phase(long_server: 
                                           window_seconds=THREE_HOURS, threshold_percent=5, config=config,
                                           now=long_server.now).reason for phase in PHASES}
     assert verdicts == {phase: "peak GPU utilisation 1.0% < 5% over 10800s" for phase in PHASES}
+
+
+class TimingOut(Counting):
+    """The real client, but while `failing` every range query and the left-end probe time out."""
+
+    failing = False
+
+    async def instant(self, promql: str, *, time: float | None = None) -> prometheus.Answer:
+        if self.failing and "[1ms]" in promql:
+            raise prometheus.PrometheusError("query timed out after 5.0s (injected)")
+        return await super().instant(promql, time=time)
+
+    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[prometheus.Series]:
+        if self.failing:
+            raise prometheus.PrometheusError("query timed out after 5.0s (injected)")
+        return await super().query_range(promql, start=start, end=end, step=step)
+
+
+async def test_a_first_cycle_whose_reads_all_time_out_leaves_no_trace(
+    ahead_server: tuple[PrometheusServer, float],
+) -> None:
+    """The first cycle's range queries and the probe of the store's left end all time out (a loaded store at a
+    cold start; samples on the part grid, where the left end matters); the next cycles read the parts back, and
+    from then on every verdict is a cold cache's at the same store time."""
+    server, first = ahead_server
+    limits = {"per_cycle": 100, "per_node": 100, "per_namespace": 100}
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {
+        "mode": "always", "rebuild_parts_per_cycle": 6, "limits": limits}}})
+    everything = settings_loader.load(overrides={"descheduler": {"reclaim": {
+        "mode": "always", "rebuild_parts_per_cycle": 100, "limits": limits}}})
+    now = [first]
+    querier = TimingOut(prometheus.Client(settings.Prometheus(url=server.url)), clock=lambda: now[0])
+
+    def hourly(body: dict[str, Any]) -> None:
+        body["spec"].update(priorityClassName="hourly", priority=1000)
+        body["metadata"]["ownerReferences"] = [{"kind": "Job", "name": body["metadata"]["name"], "controller": True}]
+
+    pods = [builders.pod(name, namespace="team-a", gpus=1, node="n1", phase="Running", created="2020-01-01T00:00:00Z",
+                         mutate=hourly) for name in ("idle", "busy", "bursty")]
+
+    def new_loop(kept: measurement.Parts, settings_: settings.Settings) -> reclaim_loop.ReclaimLoop:
+        fixed = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=pods, priority_classes=CLASSES,
+                               names=config.names, taken_at=first)
+        loop = reclaim_loop.ReclaimLoop(config=settings_, cluster=source.StaticSource(fixed), prometheus=querier,
+                                        evictions=evictor.DryRunClient(), api=None, clock=lambda: now[0])
+        loop.parts = kept
+        return loop
+
+    kept = measurement.Parts()
+    warm, cold = [], []
+    try:
+        for minute in range(10):
+            now[0] = first + 60 * minute
+            querier.failing = minute == 0
+            cycle = await new_loop(kept, config).cycle()
+            assert (minute, bool(cycle.prometheus_errors)) == (minute, minute == 0)
+            warm.append(_verdicts(cycle))
+            cold.append(_verdicts(await new_loop(measurement.Parts(), everything).cycle()))
+    finally:
+        querier.client.close()
+    assert "not read from the store yet" in warm[0]["team-a/idle"]
+    assert warm[3:] == cold[3:]  # the hour's 12 parts read back 6 a cycle after the failed one
+    assert [v["team-a/idle"] for v in warm[3:]] == ["evict"] * 7
+    assert kept.left_closed is True  # Prometheus 2.x, asked again after the failed probe
