@@ -268,6 +268,24 @@ def _verdicts(cycle: reclaim_loop.Cycle) -> dict[str, str]:
     return {**out, **{s.pod: s.reason for s in cycle.plan.spared}}
 
 
+def _ahead_loop(config: settings.Settings, querier: Any, kept: measurement.Parts, *, first: float,
+                now: Callable[[], float]) -> reclaim_loop.ReclaimLoop:
+    """A loop a cycle over ahead_server's pods, in the hourly tier (dry-run cooldowns would hide the verdicts),
+    keeping `kept` across them."""
+    def hourly(body: dict[str, Any]) -> None:
+        body["spec"].update(priorityClassName="hourly", priority=1000)
+        body["metadata"]["ownerReferences"] = [{"kind": "Job", "name": body["metadata"]["name"], "controller": True}]
+
+    pods = [builders.pod(name, namespace="team-a", gpus=1, node="n1", phase="Running", created="2020-01-01T00:00:00Z",
+                         mutate=hourly) for name in ("idle", "busy", "bursty")]
+    fixed = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=pods, priority_classes=CLASSES,
+                           names=config.names, taken_at=first)
+    loop = reclaim_loop.ReclaimLoop(config=config, cluster=source.StaticSource(fixed), prometheus=querier,
+                                    evictions=evictor.DryRunClient(), api=None, clock=now)
+    loop.parts = kept
+    return loop
+
+
 async def test_cycles_over_advancing_store_time_read_each_part_once_and_a_restart_reads_them_back(
     ahead_server: tuple[PrometheusServer, float],
 ) -> None:
@@ -281,21 +299,9 @@ async def test_cycles_over_advancing_store_time_read_each_part_once_and_a_restar
         "limits": {"per_cycle": 100, "per_node": 100, "per_namespace": 100}}}})
     now = [first]
     querier = Counting(prometheus.Client(settings.Prometheus(url=server.url)), clock=lambda: now[0])
-    def hourly(body: dict[str, Any]) -> None:
-        body["spec"].update(priorityClassName="hourly", priority=1000)
-        body["metadata"]["ownerReferences"] = [{"kind": "Job", "name": body["metadata"]["name"], "controller": True}]
-
-    pods = [builders.pod(name, namespace="team-a", gpus=1, node="n1", phase="Running", created="2020-01-01T00:00:00Z",
-                         mutate=hourly) for name in ("idle", "busy", "bursty")]
 
     def new_loop(kept: measurement.Parts) -> reclaim_loop.ReclaimLoop:
-        """A loop a cycle (dry-run cooldowns would hide the verdicts), keeping `kept` across them."""
-        fixed = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=pods, priority_classes=CLASSES,
-                               names=config.names, taken_at=first)
-        loop = reclaim_loop.ReclaimLoop(config=config, cluster=source.StaticSource(fixed), prometheus=querier,
-                                        evictions=evictor.DryRunClient(), api=None, clock=lambda: now[0])
-        loop.parts = kept
-        return loop
+        return _ahead_loop(config, querier, kept, first=first, now=lambda: now[0])
 
     kept = measurement.Parts()
     verdicts, reads = [], []
@@ -651,20 +657,8 @@ async def test_a_first_cycle_whose_reads_all_time_out_leaves_no_trace(
     now = [first]
     querier = TimingOut(prometheus.Client(settings.Prometheus(url=server.url)), clock=lambda: now[0])
 
-    def hourly(body: dict[str, Any]) -> None:
-        body["spec"].update(priorityClassName="hourly", priority=1000)
-        body["metadata"]["ownerReferences"] = [{"kind": "Job", "name": body["metadata"]["name"], "controller": True}]
-
-    pods = [builders.pod(name, namespace="team-a", gpus=1, node="n1", phase="Running", created="2020-01-01T00:00:00Z",
-                         mutate=hourly) for name in ("idle", "busy", "bursty")]
-
     def new_loop(kept: measurement.Parts, settings_: settings.Settings) -> reclaim_loop.ReclaimLoop:
-        fixed = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=pods, priority_classes=CLASSES,
-                               names=config.names, taken_at=first)
-        loop = reclaim_loop.ReclaimLoop(config=settings_, cluster=source.StaticSource(fixed), prometheus=querier,
-                                        evictions=evictor.DryRunClient(), api=None, clock=lambda: now[0])
-        loop.parts = kept
-        return loop
+        return _ahead_loop(settings_, querier, kept, first=first, now=lambda: now[0])
 
     kept = measurement.Parts()
     warm, cold = [], []
