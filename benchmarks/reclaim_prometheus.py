@@ -1,25 +1,39 @@
 """One size of the reclaim-cycle benchmark against a real Prometheus (run by benchmarks/reclaim_cycle.py).
 
-    python benchmarks/reclaim_prometheus.py --gpus 10000 [--cycles 3] [--pending 20] [--quick] --out FILE
+    python benchmarks/reclaim_prometheus.py --gpus 10000 [--cycles 10] [--pending 20] [--fail-first-cycle]
+        [--quick] --out FILE
 
 A cluster of 8-GPU nodes, each holding pods of 1, 1, 2 and 4 GPUs (every GPU taken), in the chart's tiers
 (normal: 3 h window, scavenger: 10 min, critical: never reclaimed; charts/gpu-steward/values.yaml), a third
 of them idle; pending: `--pending` critical pods of 1-8 GPUs and two gated gangs of 4 x 2 GPUs. Its DCGM
 history (one series per GPU, 4 h, every 15 s; benchmarks/dcgm_history.py) is backfilled into a real
-Prometheus, then `ReclaimLoop.cycle()` runs in dry-run against it with the real client, after one warm-up
-cycle. Reported: each PromQL query's wall time (by statistic and window), the whole cycle's wall time and
-its phases, peak RSS of this process (the descheduler's part: snapshot, answers, plan) and of Prometheus,
-demands served by kind, evictions planned, and the plain `max_over_time` of each window for reference.
+Prometheus, then `ReclaimLoop`s (one a cycle, so that dry-run cooldowns do not shrink the next cycle's work,
+sharing one part cache) run dry-run cycles against it with the real client, the store's time (the answer to
+`vector(time())`) advancing 60 s a cycle as in production, over history written past the wall clock (the
+loop's own clock stays at the snapshot's, so that pending pods and gangs keep their age; the skew check is
+widened for it): first the cold cycles (empty part cache: the rebuild, `rebuild_parts_per_cycle` parts a
+cycle, until a cycle reads no more than the steady state does), then `--cycles` warm ones (10: two parts
+settle on the way; a cycle with a failed query is still cold). Reported apart for cold and warm cycles:
+wall time, CPU seconds of each side, queries, parts read, each query's wall time (by kind: live stretch or
+parts, and statistic); peak RSS of this process
+(the descheduler's part: snapshot, cache, answers, plan) and of Prometheus, demands served by kind (warm),
+evictions planned, and the plain `max_over_time` of each window for reference. Every cycle, cold or warm, is
+also printed and reported with its candidates, failed queries, the store's time past the history's "now" (the
+history ends `AHEAD_SECONDS` after it) and why the other pods were spared: a count per reason, its numbers
+masked and its text cut (`REASON_CHARS`), so that a cycle finding no idle pod says why. `--fail-first-cycle`
+fails every range query of the first cycle (a timeout, as a loaded store gives it): the cold start after it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import datetime
 import json
 import os
 import pathlib
+import re
 import resource
 import statistics
 import sys
@@ -34,7 +48,8 @@ sys.path.append(str(ROOT))  # after site-packages: an installed gpu-steward wins
 
 from benchmarks import dcgm_history  # noqa: E402
 from common import prometheus, settings, settings_loader, snapshot, source  # noqa: E402
-from descheduler import evictor, policy, reclaim, reclaim_loop, utilisation_promql  # noqa: E402
+from descheduler import evictor, measurement, policy, reclaim, reclaim_loop, utilisation_promql  # noqa: E402
+from gpu_steward import cmd_descheduler  # noqa: E402
 
 VALUES = ROOT / "charts" / "gpu-steward" / "values.yaml"
 SCRAPE_SECONDS, HOURS = 15, 4.0
@@ -44,6 +59,11 @@ CLASS_MIX = ("gpu-steward-normal", "gpu-steward-normal", "gpu-steward-scavenger"
              "gpu-steward-normal", "gpu-steward-scavenger", "gpu-steward-normal")
 PENDING_GPUS = (1, 2, 4, 1, 2, 8)
 GOALS = {"query_seconds": 1.0, "cycle_seconds": 2.0, "peak_rss_mb": 500.0}
+CYCLE_SECONDS = 60.0  # store time between cycles (the default reclaim interval)
+# The loop's own clock stays at the snapshot's time (pending pods and gated gangs keep their age, so both kinds of
+# demand stay demands); only the store's time advances: its skew from ours is allowed up to the run's length.
+SKEW_ALLOWED = 3600.0
+REASON_CHARS = 90  # a spared pod's reason, its numbers masked, cut to this many characters in the histogram
 
 
 def chart_classes() -> list[dict[str, Any]]:
@@ -119,23 +139,60 @@ def _pending(name: str, *, gpus: int, now: float, namespace: str = "team-b") -> 
 
 
 class Timed:
-    """The real client, timing each query by what it asks (statistic and window)."""
+    """The real client, timing each query by what it asks (live stretch or parts, and statistic); the store's
+    time is the benchmark's clock (advanced 60 s a cycle over history written ahead of the wall clock)."""
 
-    def __init__(self, client: prometheus.Client, names: dict[str, str]) -> None:
+    def __init__(self, client: prometheus.Client, clock: Clock) -> None:
         self.client = client
-        self.names = names  # promql -> "<window>s <kind>_<stat>"
-        self.seconds: dict[str, list[float]] = {}
+        self.clock = clock
+        self.seconds: list[tuple[str, float]] = []  # this cycle's queries
+        self.fail_ranges = False  # every range query fails as a timeout (--fail-first-cycle)
 
     async def instant(self, promql: str, *, time: float | None = None) -> prometheus.Answer:
+        if promql == utilisation_promql.TIME_QUERY:
+            self.seconds.append(("store time", 0.0))
+            return prometheus.Answer([{"metric": {}, "value": [self.clock.now, repr(self.clock.now)]}])
         started = _perf()
         try:
             return await self.client.instant(promql, time=time)
         finally:
-            self.seconds.setdefault(self.names.get(promql, "store time"), []).append(_perf() - started)
+            self.seconds.append((f"live {_stat(promql)}", _perf() - started))
+
+    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[prometheus.Series]:
+        if self.fail_ranges:
+            self.seconds.append((f"parts {_stat(promql)} (failed)", 0.0))
+            raise prometheus.PrometheusError(f"query timed out (injected) at {self.client.url}")
+        started = _perf()
+        try:
+            return await self.client.query_range(promql, start=start, end=end, step=step)
+        finally:
+            self.seconds.append((f"parts {_stat(promql)} x{round((end - start) / step) + 1}", _perf() - started))
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _stat(promql: str) -> str:
+    for function, name in (("min by", "n_min"), ("count_over_time", "n"), ("max_over_time", "peak"),
+                           ("sum_over_time", "sum"), ("timestamp", "last")):
+        if function in promql:
+            return name
+    return "other"
 
 
 def _perf() -> float:
     return time.perf_counter()
+
+
+def reasons(plan: reclaim.Plan) -> dict[str, int]:
+    """Why pods were spared, a count per reason (numbers masked, cut to `REASON_CHARS`), most frequent first."""
+    counted = collections.Counter(re.sub(r"\d+(\.\d+)?", "#", s.reason)[:REASON_CHARS] for s in plan.spared)
+    return dict(counted.most_common())
 
 
 def _peak_rss_mb() -> float:
@@ -166,7 +223,7 @@ async def _plain(url: str, pid: int, windows: list[int], *, repeats: int = 3) ->
         client.close()
 
 
-def run(gpus: int, *, pending: int, cycles: int) -> dict[str, Any]:
+def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False) -> dict[str, Any]:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="reclaim-prometheus-") as tmp:
         now = time.time()
@@ -174,26 +231,53 @@ def run(gpus: int, *, pending: int, cycles: int) -> dict[str, Any]:
         with dcgm_history.backfilled(pathlib.Path(tmp) / "prometheus", devices, hours=HOURS,
                                      scrape_seconds=SCRAPE_SECONDS, ahead_seconds=AHEAD_SECONDS) as history:
             config = settings_loader.load(overrides={"prometheus": {"url": history.server.url},
-                                              "descheduler": {"reclaim": {"dry_run": True}}})
+                                              "descheduler": {"reclaim": {
+                                                  "dry_run": True, "max_clock_skew_seconds": SKEW_ALLOWED}}})
             built = snapshot.build(nodes=raw["nodes"], pods=raw["pods"], priority_classes=raw["priority_classes"],
                                    names=config.names, taken_at=now)
             del raw
             windows = _windows(chart_classes())
-            names = {promql: f"{window}s {name}" for window in windows for name, promql in utilisation_promql.queries(
-                window, config=config.prometheus, reclaim=config.descheduler.reclaim, kinds={"gpu"}).items()}
             client = prometheus.Client(config.prometheus)
-            timed = Timed(client, names)
-            results, wall, cpu, prometheus_cpu = [], [], [], []
+            clock = Clock(history.now)
+            timed = Timed(client, clock)
             pid = history.server.process.pid
+            kept = measurement.Parts()  # one part cache across cycles; a fresh loop each cycle, so that dry-run
+            # cooldowns do not shrink the next cycle's work
+            cold: list[dict[str, Any]] = []
+            warm: list[dict[str, Any]] = []
+            results = []
             try:
-                for _ in range(cycles + 1):
-                    loop = reclaim_loop.ReclaimLoop(config=config, cluster=source.StaticSource(built),
-                                                    prometheus=timed, evictions=evictor.DryRunClient(), api=None)
+                while len(warm) < cycles:
+                    timed.seconds = []
+                    timed.fail_ranges = fail_first_cycle and not cold
                     started, used, asked = _perf(), time.process_time(), dcgm_history.cpu_seconds(pid)
-                    results.append(asyncio.run(loop.cycle()))
-                    wall.append(_perf() - started)
-                    cpu.append(time.process_time() - used)
-                    prometheus_cpu.append(dcgm_history.cpu_seconds(pid) - asked)
+                    loop = reclaim_loop.ReclaimLoop(config=config, cluster=source.StaticSource(built),
+                                                    prometheus=timed, evictions=evictor.DryRunClient(), api=None,
+                                                    clock=lambda: now,
+                                                    gang_demands=cmd_descheduler.gang_demands(config))
+                    loop.parts = kept
+                    result = asyncio.run(loop.cycle())
+                    row: dict[str, Any] = {
+                        "wall": _perf() - started, "descheduler_cpu": time.process_time() - used,
+                        "prometheus_cpu": dcgm_history.cpu_seconds(pid) - asked, "queries": result.queries,
+                        "parts_read": sum(loop.parts.read), "query_seconds": list(timed.seconds),
+                        "served": sum(1 for d in result.plan.demands if d.served),
+                        "phases": dict(result.seconds), "candidates": result.plan.candidates,
+                        "errors": len(result.prometheus_errors), "spared": reasons(result.plan),
+                        "store_past_history_now": clock.now - history.now}
+                    print(f"  cycle {len(cold) + len(warm) + 1}: store time history+{clock.now - history.now:.0f}s, "
+                          f"{row['parts_read']} parts read, {row['errors']} failed queries, {row['candidates']} "
+                          f"candidates, {row['served']} served; spared: {row['spared']}", flush=True)
+                    # Cold until a cycle reads no more parts than the steady state does (the newest settled
+                    # part, one still short of samples), none of its queries failed (a failed read reads no
+                    # part: not a warm cache) and it serves demands again.
+                    steady = row["parts_read"] <= 2 and not row["errors"] and row["served"]
+                    (warm if warm or (cold and steady) else cold).append(row)
+                    if warm:
+                        results.append(result)
+                    clock.now += CYCLE_SECONDS
+                    if len(cold) > 20:
+                        raise RuntimeError("the part cache never warmed up in 20 cycles")
             finally:
                 client.close()
             plain = asyncio.run(_plain(history.server.url, pid, windows))
@@ -201,22 +285,38 @@ def run(gpus: int, *, pending: int, cycles: int) -> dict[str, Any]:
             backfill = {"samples": history.samples, "openmetrics_mb": round(history.openmetrics_bytes / 1e6),
                         "blocks_mb": round(history.blocks_bytes / 1e6),
                         "seconds": {k: round(v, 1) for k, v in history.seconds.items()}}
-    del results[0], wall[0], cpu[0], prometheus_cpu[0]
     last = results[-1]
     served = [d for d in last.plan.demands if d.served]
-    queries = {name: {"p50": round(statistics.median(v), 3), "max": round(max(v), 3)}
-               for name, v in sorted(timed.seconds.items())}
+    queries: dict[str, list[float]] = {}
+    for row in warm:
+        for name, seconds in row["query_seconds"]:
+            queries.setdefault(name, []).append(seconds)
     return {
         "gpus": len(devices), "gpu_pods": sum(1 for p in built.pods.values() if p.node_name), "pending": pending,
-        "cycles": cycles, "history": {"hours": HOURS, "scrape_seconds": SCRAPE_SECONDS, **backfill},
-        "cycle_seconds": {"p50": round(statistics.median(wall), 3), "max": round(max(wall), 3)},
-        # CPU: what the cycle costs whatever else the machine runs (wall times count the neighbours too)
-        "cycle_cpu_seconds_p50": {"descheduler": round(statistics.median(cpu), 3),
-                                  "prometheus": round(statistics.median(prometheus_cpu), 3)},
+        "cycles": cycles, "cycle_seconds_of_store_time": CYCLE_SECONDS,
+        "history": {"hours": HOURS, "scrape_seconds": SCRAPE_SECONDS, **backfill},
+        # warm cycles (the cache filled): wall, and CPU seconds, what the cycle costs whatever else the machine runs
+        "cycle_seconds": _spread([r["wall"] for r in warm]),
+        "cycle_cpu_seconds_p50": {"descheduler": round(statistics.median(r["descheduler_cpu"] for r in warm), 3),
+                                  "prometheus": round(statistics.median(r["prometheus_cpu"] for r in warm), 3)},
+        "cycle_cpu_seconds_max": {"descheduler": round(max(r["descheduler_cpu"] for r in warm), 3),
+                                  "prometheus": round(max(r["prometheus_cpu"] for r in warm), 3)},
         "phase_seconds_p50": {k: round(statistics.median(c.seconds.get(k, 0.0) for c in results), 3)
                               for k in results[0].seconds},
-        "queries_per_cycle": sorted({c.queries for c in results}), "query_seconds": queries,
-        "query_seconds_max": max(v["max"] for v in queries.values()),
+        "queries_per_cycle": sorted({r["queries"] for r in warm}),
+        "parts_read_per_cycle": sorted({r["parts_read"] for r in warm}),
+        "query_seconds": {name: {"p50": round(statistics.median(v), 3), "max": round(max(v), 3)}
+                          for name, v in sorted(queries.items())},
+        "query_seconds_max": round(max(s for r in warm for _, s in r["query_seconds"]), 3),
+        # the cold start (empty cache: a start or a leader change), cycle by cycle
+        "cold_cycles": [{"wall": round(r["wall"], 3), "descheduler_cpu": round(r["descheduler_cpu"], 3),
+                         "prometheus_cpu": round(r["prometheus_cpu"], 3), "queries": r["queries"],
+                         "parts_read": r["parts_read"], "served": r["served"],
+                         "query_seconds_max": round(max(s for _, s in r["query_seconds"]), 3)} for r in cold],
+        # every cycle, cold then warm: candidates, failed queries, why the other pods were spared
+        "cycles_spared": [{k: r[k] for k in ("store_past_history_now", "parts_read", "errors", "candidates", "served",
+                                             "spared")} for r in cold + warm],
+        "fail_first_cycle": fail_first_cycle,
         "plain_max_over_time_seconds": plain,
         "prometheus_errors": sorted({e for c in results for e in c.prometheus_errors}),
         "candidates": last.plan.candidates, "demands": len(last.plan.demands),
@@ -229,17 +329,24 @@ def run(gpus: int, *, pending: int, cycles: int) -> dict[str, Any]:
     }
 
 
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"p50": round(statistics.median(values), 3), "max": round(max(values), 3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpus", type=int, default=1000)
     parser.add_argument("--pending", type=int, default=20)
-    parser.add_argument("--cycles", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="CI-sized: 200 GPUs, 2 cycles")
+    parser.add_argument("--cycles", type=int, default=10, help="warm cycles measured, after the cold ones")
+    parser.add_argument("--fail-first-cycle", action="store_true",
+                        help="fail every range query of the first cycle (a timeout): the cold start after it")
+    parser.add_argument("--quick", action="store_true", help="CI-sized: 200 GPUs, 3 warm cycles")
     parser.add_argument("--out", type=pathlib.Path, required=True)
     args = parser.parse_args()
     if args.quick:
-        args.gpus, args.cycles = 200, 2
-    args.out.write_text(json.dumps(run(args.gpus, pending=args.pending, cycles=args.cycles), indent=2) + "\n")
+        args.gpus, args.cycles = 200, 3
+    found = run(args.gpus, pending=args.pending, cycles=args.cycles, fail_first_cycle=args.fail_first_cycle)
+    args.out.write_text(json.dumps(found, indent=2) + "\n")
 
 
 if __name__ == "__main__":

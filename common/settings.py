@@ -613,7 +613,7 @@ class Reclaim(Model):
         gt=0,
         description="Coverage by time: a pod is idle only if no device has a stretch of its idle window without "
         "a sample longer than this many of its own observed scrape intervals (the shortest mean spacing of its "
-        "samples over the parts of the window, see coverage_chunks), counting from the window's start; and only "
+        "samples over the parts of the window, see part_seconds), counting from the window's start; and only "
         "if its newest sample is at most this many intervals old at the store's time. The interval is read from "
         "the data, so one value holds at 10 s, 15 s, 30 s or 60 s scrapes; 2 forgives one missed scrape.",
     )
@@ -645,15 +645,36 @@ class Reclaim(Model):
     retry_backoff_max_seconds: Seconds = pydantic.Field(
         default=900, description="Longest wait before retrying a failed eviction (seconds)."
     )
-    coverage_chunks: int = pydantic.Field(
-        default=4,
+    part_seconds: int = pydantic.Field(
+        default=300,
+        ge=30,
+        le=300,
+        description="Utilisation is read in parts of this many seconds of the store's time, aligned to multiples "
+        "of it; each part's per-device peak, sample count and last sample time are kept (a few MB at 10,000 GPUs "
+        "x 3 h) and every idle window is judged from the parts it overlaps plus the part being written, so each "
+        "cycle reads only the newest minutes. A window starting inside a part takes the whole part (up to this "
+        "much longer: stricter, never laxer). At most the store's lookback delta (Prometheus' default 5 min): "
+        "each part's last sample is looked up at its end.",
+    )
+    settle_seconds: Seconds = pydantic.Field(
+        default=120,
+        description="A part is kept only once its end is this old at the store's time (seconds; 2x the longest "
+        "scrape interval believed): until then it is read again every cycle with the part being written. Raise it "
+        "for stores whose samples arrive late (remote write, agents).",
+    )
+    late_seconds: Seconds = pydantic.Field(
+        default=600,
+        description="A kept part in which a device that reports later has fewer samples than its own scrape "
+        "interval implies (a sample possibly still on its way) is read again every cycle until it is complete or "
+        "its end is this old (seconds); after that its missing samples are gaps, which the coverage rule judges.",
+    )
+    rebuild_parts_per_cycle: int = pydantic.Field(
+        default=12,
         ge=1,
-        le=24,
-        description="Coverage by time: the idle window is read as this many consecutive parts (fewer when a part "
-        "would be shorter than 4 max_scrape_interval_seconds). Each part's samples are counted once, so the "
-        "query reads each sample about twice whatever the window; the shortest mean spacing over the parts is "
-        "the observed scrape interval, and each part's samples must fill it to within max_gap_intervals. More "
-        "parts: an interval measured on a shorter clean stretch; each part costs a few index lookups per GPU.",
+        le=1000,
+        description="After a start or leader change the kept parts are empty: they are read back from the store, "
+        "newest first, at most this many parts per cycle (12 x 300 s: an hour of history, in range queries of 4 "
+        "parts). Until all the parts of a window are read its pods are not idle (the reason says so).",
     )
     max_clock_skew_seconds: Seconds = pydantic.Field(
         default=10,

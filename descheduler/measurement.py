@@ -1,37 +1,48 @@
-"""The reclaim loop's measuring shell: each idle window's queries (descheduler.utilisation_promql), for all
-pods at once, at the store's time, judged by descheduler.utilisation.
+"""The reclaim loop's measuring shell: per kind of device, the kept parts (descheduler.utilisation_parts) and
+this cycle's queries for what is not kept (descheduler.utilisation_promql), all at the store's time, judged
+by descheduler.utilisation.
 
-- Time from the data: the store's "now" is asked first (`vector(time())`, once a cycle), and every query
-  of every window is evaluated at it (one instant for all of them; a query two windows share is asked
-  once), so freshness is judged against the data's clock. If it differs from ours by more than
-  `reclaim.max_clock_skew_seconds` (beyond the round trip), the windows we screened by our clock and the
-  store's are not the same: nothing is idle this cycle (fail closed), said once, and the skew is the
-  `gpu_steward_reclaim_clock_skew_seconds` gauge.
+- Each cycle asks: the store's "now" (`vector(time())`); the live stretch (the parts not settled yet and the
+  part being written), one instant query per statistic at that time; and, as range queries with one step per
+  part, the settled parts not kept yet or still short of samples, newest first, at most
+  `reclaim.rebuild_parts_per_cycle` parts (after a start or a leader change the kept parts are empty and are
+  read back over a few cycles; windows not read back yet keep their pods not idle). Every window is then
+  judged from the kept parts and the live stretch: no query grows with the window.
+- Time from the data: if the store's time differs from ours by more than `reclaim.max_clock_skew_seconds`
+  (beyond the round trip), the windows we screened by our clock and the store's are not the same: nothing is
+  idle this cycle (fail closed), said once, and the skew is the `gpu_steward_reclaim_clock_skew_seconds` gauge.
 - A partial answer (`warnings`, as Thanos, Mimir or a federated store return it) cannot say which pods'
-  series are missing: every pod that window measured is not idle, one log line, one metric.
-- The window's queries run at most `prometheus.max_concurrent_queries` at a time, each bounded by the
-  client's timeout; the first failure cancels the rest (TaskGroup).
-- A failed query is one log line with the error and one metric; each pod's reason only points there.
+  series are missing: an instant one fails every window closed, a range one the windows that need its parts
+  (the client refuses it as a failed query); one log line, one metric.
+- Queries run at most `prometheus.max_concurrent_queries` at a time, each bounded by the client's timeout. A
+  failed live query fails every window closed this cycle; a failed read of kept parts only the windows that
+  need those parts. A failed query is one log line with the error and one metric; each pod's reason only
+  points there. The kept parts are only a copy of the store: losing them costs reads, never a wrong verdict.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, Protocol
 
 import prometheus_client
 
 from common import prometheus, settings, snapshot
-from descheduler import utilisation, utilisation_promql
+from descheduler import utilisation, utilisation_parts, utilisation_promql
 
 logger = logging.getLogger(__name__)
+KEEP_SECONDS = 3600.0  # a window no pod was measured over for this long (store time) no longer keeps its parts
 
 
 class Querier(Protocol):
     async def instant(self, promql: str, *, time: float | None = None) -> prometheus.Answer: ...
+
+    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[prometheus.Series]: ...
 
 
 class Metrics:
@@ -44,6 +55,17 @@ class Metrics:
             "gpu_steward_reclaim_prometheus_partial_answers",
             "Utilisation answers refused: carrying warnings, or evaluated at a skewed clock (pods stay not idle).",
             ["cause"], registry=registry)
+
+
+class Parts:
+    """The kept parts, per kind of device, across cycles (one per ReclaimLoop: a new leader starts empty), and
+    the windows recently measured (store time last asked), which decide how far back parts are kept."""
+
+    def __init__(self) -> None:
+        self.caches: dict[str, utilisation_parts.Cache] = {}
+        self.windows: dict[int, float] = {}
+        self.read: list[int] = []  # parts read from the store by range queries, per cycle (the last ones)
+        self.left_closed: bool | None = None  # the store's ranges include their left end (Prometheus 2.x)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,12 +85,14 @@ async def measure(
     clock: Callable[[], float],
     metrics: Metrics,
     on_query: Callable[[bool], None],
+    kept: Parts | None = None,
 ) -> Measured:
-    """Assess every pod of `wanted` (window -> pod keys). `on_query(ok)` is told of each query sent."""
-    assessments: dict[str, utilisation.Assessment] = {}
+    """Assess every pod of `wanted` (window -> pod keys). `on_query(ok)` is told of each query sent; `kept`:
+    the parts kept from earlier cycles (None: none, read everything this cycle)."""
     if querier is None or not wanted:
         reason = "prometheus.url is not set: no utilisation data"
         return Measured({key: utilisation.failed(reason) for pods in wanted.values() for key in pods}, 0, ())
+    kept = kept if kept is not None else Parts()
     asker = _Asker(querier, config=config, metrics=metrics, on_query=on_query)
     try:
         store_now = await asker.store_time(clock)
@@ -76,26 +100,182 @@ async def measure(
         reason = refused.fail_closed_reason or "Prometheus query for the store's time failed (logged once per cycle)"
         return Measured({key: utilisation.failed(reason) for pods in wanted.values() for key in pods}, asker.sent,
                         (f"store's time: {refused}",))
-    errors: list[str] = []
+    kept.windows.update({window: store_now for window in wanted})
+    kept.windows = {w: at for w, at in kept.windows.items() if store_now - at <= KEEP_SECONDS}
+    keys = [key for pods in wanted.values() for key in pods]
+    kinds = utilisation.kinds_needed((cluster.pods[k] for k in keys), cluster.nodes)
+    found = await _read(asker, kinds, window=max(kept.windows), now=store_now, config=config, kept=kept,
+                        short=list(wanted))
+    if found.refused is not None:
+        return Measured({key: utilisation.failed(found.refused) for key in keys}, asker.sent, found.errors)
+    assessments: dict[str, utilisation.Assessment] = {}
     for window in sorted(wanted):
         pods = wanted[window]
-        window_queries = utilisation_promql.queries(
-            window, config=config.prometheus, reclaim=config.descheduler.reclaim,
-            kinds=utilisation.kinds_needed((cluster.pods[k] for k in pods), cluster.nodes))
-        try:
-            answers = await asker.answers(window_queries, at=store_now)
-        except _Refused as refused:
-            errors.append(f"{window}s window: {refused}")
-            reason = (refused.fail_closed_reason
-                      or f"Prometheus query for the {window}s window failed (logged once per cycle)")
-            assessments.update({key: utilisation.failed(reason) for key in pods})
+        nodes = {(key.split("/", 1)[0], key.split("/", 1)[1]): cluster.pods[key].node_name or "" for key in pods}
+        readings = found.readings(nodes, window=window)
+        if isinstance(readings, str):
+            assessments.update({key: utilisation.failed(readings) for key in pods})
             continue
-        readings = utilisation.parse(answers, labels=config.prometheus.labels,
-                                     pods={(key.split("/", 1)[0], key.split("/", 1)[1]) for key in pods})
         for key in pods:
             assessments[key] = utilisation.assess(cluster.pods[key], readings=readings, window_seconds=window,
                                                   threshold_percent=thresholds[key], config=config, now=store_now)
-    return Measured(assessments, asker.sent, tuple(errors))
+    return Measured(assessments, asker.sent, found.errors)
+
+
+async def read_window(querier: Querier, pods: Mapping[tuple[str, str], str], window: int, *,
+                      config: settings.Settings, now: float, kept: Parts | None = None) -> utilisation.Readings:
+    """The readings of `pods` ((namespace, pod) -> node) over one window at store time `now`, read as a cycle
+    reads them (what `measure` does, less the store's time and the clock check; for tests and tools).
+    Raises RuntimeError with the errors if a query failed."""
+    asker = _Asker(querier, config=config, metrics=Metrics(prometheus_client.CollectorRegistry()),
+                   on_query=lambda ok: None)
+    kept = kept if kept is not None else Parts()
+    grid = utilisation_parts.Grid.of(config.descheduler.reclaim)
+    needed = grid.needed(window, now)
+    for _ in range(len(needed) // grid.budget + 1):  # a cold cache is read back over a few "cycles"
+        found = await _read(asker, utilisation.KINDS, window=window, now=now, config=config, kept=kept,
+                            short=[window])
+        if found.errors or all(j in cache.parts for cache in found.caches.values() for j in needed):
+            break
+    readings = found.readings(pods, window=window)
+    if found.errors or isinstance(readings, str):
+        raise RuntimeError("; ".join(found.errors))
+    return readings
+
+
+@dataclasses.dataclass(frozen=True)
+class _Found:
+    """One cycle's reading of the store: the kept parts and the live stretch per kind, the parts whose read
+    failed, the errors (one line per failed query) and, when the live stretch failed, why nothing is idle."""
+
+    caches: Mapping[str, utilisation_parts.Cache]
+    lives: Mapping[str, utilisation_parts.Part]
+    unread: Mapping[str, set[int]]
+    errors: tuple[str, ...]
+    refused: str | None
+    grid: utilisation_parts.Grid
+    now: float
+    average: bool
+    bound: float
+    left_closed: Parts  # read when judging: the probe runs after this is made
+    # short windows: (their stretch, the last sample before it) per kind, or why they failed
+    shorts: Mapping[int, tuple[Mapping[str, utilisation_parts.Part], Mapping[str, utilisation_parts.Part]] | str]
+
+    def readings(self, pods: Mapping[tuple[str, str], str], *, window: int) -> utilisation.Readings | str:
+        """The pods' readings over `window`, or why none (a short window's queries failed)."""
+        judging = utilisation_parts.Judging(window, self.now, self.grid, self.average, self.bound,
+                                            self.left_closed.left_closed)
+        short = self.shorts.get(window)
+        if isinstance(short, str):
+            return short
+        return utilisation_parts.readings(self.caches, self.lives, pods=pods, judging=judging, unread=self.unread,
+                                          short=short)
+
+
+async def _read(asker: _Asker, kinds: Collection[str], *, window: int, now: float, config: settings.Settings,
+                kept: Parts, short: Collection[int] = ()) -> _Found:
+    """Read what is not kept for windows up to `window` at store time `now`: the live stretch, and the parts
+    `Cache.fetch` names (range queries, concurrently); and each `short` window (shorter than the live stretch)
+    as its own stretch: its statistics at `now` over it, the last sample at its start."""
+    reclaim = config.descheduler.reclaim
+    grid = utilisation_parts.Grid.of(reclaim)
+    for kind in kinds:
+        kept.caches.setdefault(kind, utilisation_parts.Cache()).prune(grid.needed(window, now)[0])
+    caches = {kind: kept.caches[kind] for kind in kinds}
+    statistic = reclaim.idle_statistic
+    live_span = utilisation_promql.live_range(now - grid.live_start(now))
+    live_queries = utilisation_promql.queries(live_span, config=config.prometheus, statistic=statistic, kinds=kinds)
+    part_queries = utilisation_promql.queries(utilisation_promql.part_range(grid.part), config=config.prometheus,
+                                              statistic=statistic, kinds=kinds)
+    reads = [(kind, first, last) for kind, cache in caches.items()
+             for first, last in cache.fetch(grid, window=window, now=now)]
+    short = sorted(w for w in short if grid.short(w, now))
+
+    async def stretch(w: int) -> tuple[dict[str, list[prometheus.Series]], dict[str, list[prometheus.Series]]]:
+        asked = utilisation_promql.queries(utilisation_promql.live_range(w), config=config.prometheus,
+                                           statistic=statistic, kinds=kinds)
+        inside = {n: q for n, q in asked.items() if not n.endswith("_last")}
+        return (await asker.answers(inside, at=now),
+                await asker.answers({n: q for n, q in asked.items() if n.endswith("_last")}, at=now - w))
+
+    Answers = dict[str, list[prometheus.Series]]
+    done: list[Any] = await asyncio.gather(
+        asker.answers(live_queries, at=now),
+        *(asker.ranges({n: q for n, q in part_queries.items() if n.startswith(f"{kind}_")},
+                       start=(first + 1) * grid.part, end=(last + 1) * grid.part, step=grid.part)
+          for kind, first, last in reads),
+        *(stretch(w) for w in short),
+        return_exceptions=True)
+    live_answers: Answers | BaseException = done[0]
+    read_answers: list[Answers | BaseException] = done[1:1 + len(reads)]
+    short_answers: dict[int, tuple[Answers, Answers] | BaseException] = dict(
+        zip(short, done[1 + len(reads):], strict=True))
+    errors: list[str] = []
+    unread: dict[str, set[int]] = {kind: set() for kind in caches}
+    found = functools.partial(_Found, caches, unread=unread, grid=grid, now=now, average=statistic == "average",
+                              bound=reclaim.max_gap_intervals, left_closed=kept)
+    if isinstance(live_answers, BaseException):
+        if not isinstance(live_answers, _Refused):
+            raise live_answers
+        errors.append(f"utilisation, newest {live_span}: {live_answers}")
+        reason = (live_answers.fail_closed_reason
+                  or "Prometheus query for the newest utilisation failed (logged once per cycle)")
+        return found({}, errors=tuple(errors), refused=reason, shorts={})
+    labels = config.prometheus.labels
+    lives = {kind: cache.live(_stats(live_answers, kind), labels=labels) for kind, cache in caches.items()}
+    if kept.left_closed is None:
+        try:
+            kept.left_closed = await _left_closed(asker, live_answers, config=config.prometheus)
+        except _Refused as refused:
+            errors.append(f"whether the store's ranges include their left end: {refused}")
+    kept.read = []
+    for (kind, first, last), answers in zip(reads, read_answers, strict=True):
+        if isinstance(answers, BaseException):
+            if not isinstance(answers, _Refused):
+                raise answers
+            errors.append(f"utilisation parts {first}-{last} of {grid.part}s: {answers}")
+            unread[kind].update(range(first, last + 1))
+            continue
+        caches[kind].store(grid, _stats(answers, kind), first=first, last=last, now=now, live=lives[kind],
+                           labels=labels, left_closed=kept.left_closed)
+        kept.read.append(last - first + 1)
+    shorts: dict[int, tuple[dict[str, utilisation_parts.Part], dict[str, utilisation_parts.Part]] | str] = {}
+    for w, answer in short_answers.items():
+        if isinstance(answer, BaseException):
+            if not isinstance(answer, _Refused):
+                raise answer
+            errors.append(f"utilisation over the {w}s window: {answer}")
+            shorts[w] = answer.fail_closed_reason or f"Prometheus query for the {w}s window failed (logged once)"
+            continue
+        inside, before = answer
+        newest = {name: rows for name, rows in live_answers.items() if name.endswith("_last")}
+        shorts[w] = ({kind: cache.live(_stats({**inside, **newest}, kind), labels=labels)
+                      for kind, cache in caches.items()},
+                     {kind: cache.live(_stats(before, kind), labels=labels) for kind, cache in caches.items()})
+    return found(lives, errors=tuple(errors), refused=None, shorts=shorts)
+
+
+async def _left_closed(asker: _Asker, answers: Mapping[str, Sequence[Mapping[str, Any]]], *,
+                       config: settings.Prometheus) -> bool | None:
+    """Whether the store's ranges include their left end (Prometheus 2.x) or not (3.x, VictoriaMetrics): a 1 ms
+    range ending 1 ms after a sample whose time the live stretch gave counts it or not. None: no sample known."""
+    metric = {"gpu": config.gpu_util_metric, "mig": config.mig_activity_metric}
+    for name, rows in answers.items():
+        kind, _, stat = name.partition("_")
+        for row in rows if stat == "last" else ():
+            try:
+                at = float(row["value"][1])
+            except (KeyError, IndexError, TypeError, ValueError):
+                continue
+            matchers = ",".join(f"{label}={json.dumps(value)}" for label, value in sorted(row["metric"].items()))
+            answer = await asker.one(f"count_over_time({metric[kind]}{{{matchers}}}[1ms])", at + 0.001)
+            return any(float(found["value"][1]) >= 1 for found in answer.series)
+    return None
+
+
+def _stats(answers: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """`"<kind>_<stat>"` -> rows, as `stat` -> rows of one kind."""
+    return {name.partition("_")[2]: rows for name, rows in answers.items() if name.startswith(f"{kind}_")}
 
 
 class _Refused(Exception):
@@ -107,8 +287,8 @@ class _Refused(Exception):
 
 
 class _Asker:
-    """One cycle's queries: the store's time once, then every window's queries at it, a query the windows
-    share (the newest sample's time) asked once."""
+    """One cycle's queries: the store's time once, then the live stretch's queries at it and the range
+    queries of the parts to read."""
 
     def __init__(self, querier: Querier, *, config: settings.Settings, metrics: Metrics,
                  on_query: Callable[[bool], None]) -> None:
@@ -116,11 +296,10 @@ class _Asker:
         self._config = config
         self._metrics = metrics
         self._on_query = on_query
-        self._answers: dict[str, prometheus.Answer] = {}
         self._limit = asyncio.Semaphore(config.prometheus.max_concurrent_queries)
         self.sent = 0
 
-    async def _one(self, promql: str, at: float | None) -> prometheus.Answer:
+    async def one(self, promql: str, at: float | None) -> prometheus.Answer:
         self.sent += 1
         try:
             async with self._limit:
@@ -138,7 +317,7 @@ class _Asker:
     async def store_time(self, clock: Callable[[], float]) -> float:
         """The store's "now", checked against our clock."""
         sent = clock()
-        store_now = utilisation.evaluated_at((await self._one(utilisation_promql.TIME_QUERY, None)).series)
+        store_now = utilisation.evaluated_at((await self.one(utilisation_promql.TIME_QUERY, None)).series)
         received = clock()
         if store_now is None:
             self._metrics.partial.labels(cause="no-time").inc()
@@ -155,13 +334,32 @@ class _Asker:
             raise _Refused(message, fail_closed_reason=f"{message} (fail closed)")
         return store_now
 
-    async def answers(self, queries: Mapping[str, str], *, at: float) -> dict[str, list[prometheus.Series]]:
-        """Every query's answer at `at`; the first failure cancels the others (TaskGroup)."""
-        missing = sorted({promql for promql in queries.values() if promql not in self._answers})
+    async def ranges(self, queries: Mapping[str, str], *, start: float, end: float,
+                     step: float) -> dict[str, list[prometheus.Series]]:
+        """Every range query's answer; the first failure cancels the others (TaskGroup)."""
+        async def one(promql: str) -> list[prometheus.Series]:
+            self.sent += 1
+            try:
+                async with self._limit:
+                    rows = await self._querier.query_range(promql, start=start, end=end, step=step)
+            except prometheus.PrometheusError as exc:
+                self._on_query(False)
+                raise _Refused(str(exc)) from exc
+            self._on_query(True)
+            return rows
+
         try:
             async with asyncio.TaskGroup() as group:
-                tasks = {promql: group.create_task(self._one(promql, at)) for promql in missing}
+                tasks = {name: group.create_task(one(promql)) for name, promql in queries.items()}
         except* _Refused as refused:
             raise refused.exceptions[0] from None
-        self._answers.update({promql: task.result() for promql, task in tasks.items()})
-        return {name: self._answers[promql].series for name, promql in queries.items()}
+        return {name: task.result() for name, task in tasks.items()}
+
+    async def answers(self, queries: Mapping[str, str], *, at: float) -> dict[str, list[prometheus.Series]]:
+        """Every query's answer at `at`; the first failure cancels the others (TaskGroup)."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = {name: group.create_task(self.one(promql, at)) for name, promql in queries.items()}
+        except* _Refused as refused:
+            raise refused.exceptions[0] from None
+        return {name: task.result().series for name, task in tasks.items()}

@@ -1,5 +1,6 @@
 """The idle-reclaim loop: every `descheduler.reclaim.interval_seconds`, one cycle =
-snapshot + measure (a few small PromQL queries per distinct idle window, for all pods) + plan + act + record.
+snapshot + measure (a few small PromQL queries for the newest minutes, for all pods and windows, over the
+utilisation parts kept from earlier cycles) + plan + act + record.
 
 - Prometheus unset, down, slow, erroring, partial (warnings) or skewed from our clock: every pod of that
   window is "not idle" (fail closed), the cycle evicts nothing for them and says so once (one log line,
@@ -123,6 +124,7 @@ class ReclaimLoop:
         registry = registry if registry is not None else prometheus_client.CollectorRegistry()
         self._metrics = Metrics(registry)
         self._measurement_metrics = measurement.Metrics(registry)
+        self.parts = measurement.Parts()  # utilisation parts kept across cycles: a new leader starts empty
         self._memory = cooldowns.State()  # dry-run / offline cooldowns
         self.learner = idle_history.Learner(config=config, prometheus=prometheus, registry=registry)
         self._reported: set[tuple[str, str]] = set()  # (class, problem) already reported
@@ -230,7 +232,8 @@ class ReclaimLoop:
         thresholds = {key: _threshold(cluster.pods[key], policies=policies) for keys in wanted.values() for key in keys}
         measured = await measurement.measure(cluster, wanted, thresholds=thresholds, querier=self._prometheus,
                                              config=self._config, clock=self._clock,
-                                             metrics=self._measurement_metrics, on_query=counted)
+                                             metrics=self._measurement_metrics, on_query=counted,
+                                             kept=self.parts)
         return measured.assessments, measured.queries, list(measured.errors)
 
     async def _act(

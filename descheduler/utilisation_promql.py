@@ -1,30 +1,33 @@
-"""The PromQL of one idle window, for every pod at once: what it asks and why it is cheap. Pure.
+"""The PromQL of the utilisation parts, for every device at once: what it asks and why it is cheap. Pure.
 
-Cost grows with GPUs, not with GPUs x window / step: only functions over plain range vectors
-(`max_over_time`, `avg_over_time`, `count_over_time`) and `timestamp()` of plain selectors, no subquery,
-no `label_replace`, no `or` of many vectors. Measured at 10,000 GPUs (benchmarks/RESULTS.md): each
-selector costs an index lookup and a chunk read per series whatever it reads, and tagging and joining
-many vectors into one answer cost more than the reads themselves; so each statistic is its own small
-query, all evaluated at one store time. Per kind, each sample of the window is read twice (the statistic;
-the counts of the window's K parts) plus one sample lookup per part boundary: K + 2 range reads and K + 1
-lookups. The subqueries this replaces read every sample of the lookback at every step (13x the samples at a
-3 h window and 15 s scrapes, 57 s at 10,000 GPUs).
+Utilisation is read in parts of the store's time (`reclaim.part_seconds`, aligned to multiples of it;
+descheduler.utilisation_parts keeps them): per device and part, its sample count, its peak (or, for the
+`average` statistic, its sum and the fewest samples of any copy) and the time of its last sample at or
+before the part's end. Each is one small query over plain range vectors (`count_over_time`, `max_over_time`,
+`sum_over_time`) or `timestamp()` of a plain selector: no subquery, no `label_replace`, no `or` of many
+vectors (measured at 10,000 GPUs: tagging and joining vectors costs more than the reads,
+benchmarks/RESULTS.md). Two shapes of the same expressions:
+- settled parts: a range query with `step` = the part, each step's range exactly one part (`[300s]`), so each
+  sample is read once per statistic, whatever the windows (10 min, 3 h) that later use the part;
+- the newest minutes (the parts not settled yet and the part being written): one instant query per statistic
+  at the store's time over `[<ms>ms]` back to the end of the newest settled part.
 
-Per kind (`gpu`: whole GPUs, `gpu_util_metric`; `mig`: MIG instances, `mig_activity_metric`):
-- `util` per pod (its raw labels): the busiest copy's peak or average over the window, in percent
-  (`reclaim.idle_statistic`). NaN samples: `avg_over_time` is NaN if any sample is; `max_over_time`
-  ignores them unless all are (then NaN: not idle). No separate NaN check: it would be one more read;
-- per device (its raw labels with the GPU index, UUID and MIG instance): `n<k>`, the samples in part k of
-  the window (part 0 is the newest), and `t<k>`, the time of the last sample at or before part k's end
-  (`t0`: the newest sample; `t<K>`: the last one at or before the window's start).
-  `descheduler.utilisation` judges coverage from them exactly: the samples of part k split
-  t<k> - t<k+1> into exactly n<k> stretches.
+Prometheus 2.x range selectors include their left end (3.x does not): a sample exactly on a part boundary may
+count in both parts. descheduler.utilisation_parts accounts for it (the peak may take it twice: stricter; a
+count is read as one less where a sample sits on the part's start).
 
-Rows keep the raw label spellings; `descheduler.utilisation` reads the pod, namespace and host from the
-label lists of `prometheus.labels` (a later non-empty name wins) and the device from the `gpu` index on
-the host, else the `UUID`, plus the MIG instance: two scrape jobs of one exporter (one may drop `UUID`) are
-one device, and a device's copies fold into one (the most samples, the newest times). Only standard
-PromQL: the same queries run on Prometheus, Thanos, Mimir and VictoriaMetrics.
+Per kind (`gpu`: whole GPUs, `gpu_util_metric`; `mig`: MIG instances, `mig_activity_metric`), per device (its
+raw labels: every pod, namespace and host spelling, the GPU index, UUID and MIG instance):
+- `n`: samples in the part (`max by`: of two copies of a device, the fuller);
+- `peak`: the part's highest sample in percent (`max_over_time` ignores NaN unless every sample is NaN);
+- `sum`, `n_min` (`average` only): the part's sum in percent (NaN if any sample is) and the fewest samples of
+  any copy (so that sum / samples bounds every copy's average from above);
+- `last`: the time of the last sample at or before the part's end, within the store's lookback.
+
+Rows keep the raw label spellings; descheduler.utilisation_parts reads the pod, namespace and host from the
+label lists of `prometheus.labels` (a later non-empty name wins) and the device from the `gpu` index on the
+host, else the `UUID`, plus the MIG instance: two scrape jobs of one exporter (one may drop `UUID`) are one
+device. Only standard PromQL: the same queries run on Prometheus, Thanos, Mimir and VictoriaMetrics.
 """
 
 from __future__ import annotations
@@ -34,9 +37,8 @@ from collections.abc import Collection
 from common import settings
 
 KINDS = ("gpu", "mig")
-TIME_QUERY = "vector(time())"  # the store's "now": every query of a window is evaluated at it
-STATISTIC = {"peak": "max_over_time", "average": "avg_over_time"}
-MIN_PART_INTERVALS = 4  # a part holds at least this many of the slowest believed scrapes
+TIME_QUERY = "vector(time())"  # the store's "now": every query of a cycle is evaluated at it
+STATS = {"peak": ("n", "peak", "last"), "average": ("n", "n_min", "sum", "last")}  # per idle_statistic
 
 
 def ratio_metric(metric: str, unit: str) -> bool:
@@ -44,55 +46,44 @@ def ratio_metric(metric: str, unit: str) -> bool:
     return unit == "ratio" or (unit == "auto" and metric.startswith("DCGM_FI_PROF_"))
 
 
-def parts(window_seconds: int, *, config: settings.Reclaim) -> list[tuple[int, int]]:
-    """The window's parts, newest first, as (offset, length) in whole seconds; the oldest takes the rest."""
-    shortest = MIN_PART_INTERVALS * config.max_scrape_interval_seconds
-    count = max(1, min(config.coverage_chunks, int(window_seconds // shortest)))
-    length = window_seconds // count
-    out = [(k * length, length) for k in range(count - 1)]
-    return [*out, ((count - 1) * length, window_seconds - (count - 1) * length)]
+def device_labels(labels: settings.PrometheusLabels) -> str:
+    """The `by (...)` list of a device: every pod, namespace and host spelling, and its identity."""
+    names = [*labels.namespace, *labels.pod, *labels.hostname, labels.gpu, labels.uuid, labels.mig_instance]
+    return ", ".join(dict.fromkeys(names))
 
 
-def _offset(seconds: int) -> str:
-    return f" offset {seconds}s" if seconds else ""
+def part_range(part_seconds: int) -> str:
+    return f"{part_seconds}s"
 
 
-def _labels(labels: settings.PrometheusLabels) -> tuple[str, str]:
-    """`by (...)` lists: a pod's raw labels (every spelling), and a device's (the pod's plus its identity)."""
-    pod = list(dict.fromkeys([*labels.namespace, *labels.pod, *labels.hostname]))
-    device = list(dict.fromkeys([*pod, labels.gpu, labels.uuid, labels.mig_instance]))
-    return ", ".join(pod), ", ".join(device)
+def live_range(seconds: float) -> str:
+    """The range back to the end of the newest settled part, in whole milliseconds (Prometheus' resolution)."""
+    return f"{max(1, round(seconds * 1000))}ms"
 
 
-def stat_names(window_seconds: int, *, config: settings.Reclaim) -> tuple[list[str], list[str]]:
-    """The per-device statistics of a window: counts per part (`n0`..), boundary times (`t0`..`t<K>`)."""
-    count = len(parts(window_seconds, config=config))
-    return [f"n{k}" for k in range(count)], [f"t{k}" for k in range(count + 1)]
-
-
-def queries(window_seconds: int, *, config: settings.Prometheus, reclaim: settings.Reclaim,
+def queries(span: str, *, config: settings.Prometheus, statistic: str,
             kinds: Collection[str] = KINDS) -> dict[str, str]:
-    """The queries of one idle window, for every pod at once: `"<kind>_<stat>"` -> PromQL, all to be
-    evaluated at the same store time (`TIME_QUERY` first). `kinds`: the kinds of device asked about (each
-    costs its reads even where no series match)."""
-    over_time = STATISTIC[reclaim.idle_statistic]
+    """`"<kind>_<stat>"` -> PromQL over the range `span` (`part_range` or `live_range`) ending at the evaluation
+    time. `kinds`: the kinds of device asked about (each costs its reads even where no series match)."""
     mig = config.labels.mig_profile
     selectors = {
         "gpu": (f'{config.gpu_util_metric}{{{mig}=""}}', ratio_metric(config.gpu_util_metric, config.gpu_util_unit)),
         "mig": (f'{config.mig_activity_metric}{{{mig}!=""}}',
                 ratio_metric(config.mig_activity_metric, config.mig_activity_unit)),
     }
-    by_pod, by_device = _labels(config.labels)
-    chunks = parts(window_seconds, config=reclaim)
-    ends = [offset for offset, _ in chunks] + [window_seconds]
+    by = device_labels(config.labels)
     out: dict[str, str] = {}
     for kind, (selector, ratio) in selectors.items():
         if kind not in kinds:
             continue
         scale = " * 100" if ratio else ""
-        out[f"{kind}_util"] = f"max by ({by_pod}) ({over_time}({selector}[{window_seconds}s]){scale})"
-        for k, (offset, length) in enumerate(chunks):
-            out[f"{kind}_n{k}"] = f"max by ({by_device}) (count_over_time({selector}[{length}s]{_offset(offset)}))"
-        for k, offset in enumerate(ends):
-            out[f"{kind}_t{k}"] = f"max by ({by_device}) (timestamp({selector}{_offset(offset)}))"
+        shapes = {
+            "n": f"max by ({by}) (count_over_time({selector}[{span}]))",
+            "n_min": f"min by ({by}) (count_over_time({selector}[{span}]))",
+            "peak": f"max by ({by}) (max_over_time({selector}[{span}]){scale})",
+            "sum": f"max by ({by}) (sum_over_time({selector}[{span}]){scale})",
+            "last": f"max by ({by}) (timestamp({selector}))",
+        }
+        for stat in STATS[statistic]:
+            out[f"{kind}_{stat}"] = shapes[stat]
     return out

@@ -1,11 +1,15 @@
-"""Idle detection against a real Prometheus holding DCGM-shaped history (backfilled with promtool)."""
+"""Idle detection against a real Prometheus holding DCGM-shaped history (backfilled with promtool).
+
+Servers whose rows depend on where a window starts are written against a `now` on the part grid (a multiple of
+300 s): a window of whole parts then starts exactly where it asks (descheduler.utilisation_parts)."""
 
 from __future__ import annotations
 
 import datetime
 import logging
+import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -14,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from common import prometheus, settings, settings_loader, snapshot, source
-from descheduler import evictor, policy, reclaim_loop, utilisation, utilisation_promql
+from descheduler import evictor, measurement, policy, reclaim_loop, utilisation, utilisation_promql
 from tests import builders
 from tests.support.prometheus import PrometheusServer, Series, StartPrometheus, free_port, start_prometheus
 
@@ -26,8 +30,9 @@ P = policy.PREFIX
 HOUR = 3600
 
 
-def every_minute(value: float, *, start: int = HOUR - 30, end: int = 30) -> list[tuple[float, float]]:
-    """One sample a minute from `start` to `end` seconds ago (the default fills the hour: 60 samples)."""
+def every_minute(value: float, *, start: int = HOUR + 330, end: int = 30) -> list[tuple[float, float]]:
+    """One sample a minute from `start` to `end` seconds ago (the default fills the hour and the part before
+    it: a window starting inside a part takes the whole part)."""
     return [(float(ago), value) for ago in range(start, end - 1, -60)]
 
 
@@ -93,15 +98,21 @@ def build(config: settings.Settings, now: float) -> snapshot.Snapshot:
                           taken_at=now)
 
 
-async def readings_at(url: str, window: int, *, config: settings.Settings, now: float) -> utilisation.Readings:
-    """Every query of a window, at one time, parsed: what the measuring shell does (less its checks)."""
+def on_grid() -> float:
+    """The newest multiple of 300 s: windows of whole parts start on the grid."""
+    return 300.0 * math.floor(time.time() / 300)
+
+
+async def readings_at(url: str, window: int, *, config: settings.Settings, now: float,
+                      pods: Mapping[str, str]) -> utilisation.Readings:
+    """`pods` (name in team-a -> node) over a window at store time `now`, read as a cycle reads them from a cold
+    part cache (descheduler.measurement.read_window)."""
     client = prometheus.Client(config.prometheus.model_copy(update={"url": url}))
     try:
-        answers = {name: await client.query(promql, time=now) for name, promql in utilisation_promql.queries(
-            window, config=config.prometheus, reclaim=config.descheduler.reclaim).items()}
+        return await measurement.read_window(client, {("team-a", name): node for name, node in pods.items()},
+                                             window, config=config, now=now)
     finally:
         client.close()
-    return utilisation.parse(answers, labels=config.prometheus.labels)
 
 
 @pytest.fixture(scope="module")
@@ -129,21 +140,23 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServe
         pytest.param("multi-idle", True, "GPU utilisation 4.0% < 10%", id="multi-gpu-all-idle-max"),
         pytest.param("mig-idle", True, "GPU utilisation 2.0% < 10%", id="mig-ratio-times-100"),
         pytest.param("mig-busy", False, "GPU utilisation 50.0% >= 10%", id="mig-busy"),
-        pytest.param("gappy", False, "DCGM_FI_DEV_GPU_UTIL: coverage: 2 of the window's 4 parts end with no sample",
-                     id="coverage-gap"),
+        pytest.param("gappy", False, "DCGM_FI_DEV_GPU_UTIL: coverage: a stretch of the 3600s window without a "
+                     "sample (or from its start to the first) is longer than 2x", id="coverage-gap"),
         pytest.param("stale", False, "no sample within Prometheus' lookback (stale)", id="stale"),
         pytest.param("elsewhere", False, "DCGM series come from n9, not the pod's node n1", id="other-host"),
         pytest.param("half-reporting", False, "only 1 of 2 devices report", id="one-of-two-gpus-reports"),
-        pytest.param("nan", False, "a device averages NaN", id="nan"),
+        pytest.param("nan", False, "a device reads NaN", id="nan"),
         pytest.param("missing", False, "no DCGM series for the pod over 3600s", id="no-series"),
     ],
 )
 async def test_assess_against_real_prometheus(
     server: PrometheusServer, config: settings.Settings, pod: str, idle: bool, reason: str,
 ) -> None:
-    readings = await readings_at(server.url, HOUR, config=config, now=server.now)
     cluster = build(config, server.now)
-    result = utilisation.assess(cluster.pods[f"team-a/{pod}"], readings=readings,
+    target = cluster.pods[f"team-a/{pod}"]
+    readings = await readings_at(server.url, HOUR, config=config, now=server.now,
+                                 pods={pod: target.node_name or ""})
+    result = utilisation.assess(target, readings=readings,
                                 window_seconds=HOUR, threshold_percent=10, config=config, now=server.now)
     assert result.idle == idle
     assert reason in result.reason
@@ -153,28 +166,39 @@ async def test_assess_against_real_prometheus(
     ("statistic", "idle", "reason"),
     [
         pytest.param("peak", False, "peak GPU utilisation 60.0% >= 10% over 3600s", id="peak-sees-the-burst"),
-        pytest.param("average", True, "average GPU utilisation 2.0% < 10% over 3600s", id="average-hides-it"),
+        # 60-65 samples (the window takes the part it starts in whole): 1.9-2.0 %
+        pytest.param("average", True, "% < 10% over 3600s", id="average-hides-it"),
     ],
 )
 async def test_window_statistic_on_a_bursty_pod(server: PrometheusServer, statistic: str, idle: bool,
                                                 reason: str) -> None:
     config = settings_loader.load(overrides={"descheduler": {"reclaim": {"idle_statistic": statistic}}})
-    readings = await readings_at(server.url, HOUR, config=config, now=server.now)
+    readings = await readings_at(server.url, HOUR, config=config, now=server.now, pods={"bursty": "n2"})
     result = utilisation.assess(build(config, server.now).pods["team-a/bursty"], readings=readings,
                                 window_seconds=HOUR, threshold_percent=10, config=config, now=server.now)
-    assert (result.idle, result.reason) == (idle, reason)
+    assert (result.idle, reason in result.reason, result.reason.split()[0]) == (idle, True, statistic)
 
 
 class Counting:
-    """The real client, counting queries."""
+    """The real client, counting queries; with `clock`, the store's time is that clock (the history is written
+    ahead of the wall clock: cycles a minute apart replay in seconds)."""
 
-    def __init__(self, client: prometheus.Client) -> None:
+    def __init__(self, client: prometheus.Client, clock: Callable[[], float] | None = None) -> None:
         self.client = client
+        self.clock = clock
         self.promql: list[str] = []
+        self.ranges: list[tuple[float, float]] = []  # (start, end) of each range query
 
     async def instant(self, promql: str, *, time: float | None = None) -> prometheus.Answer:
         self.promql.append(promql)
+        if promql == utilisation_promql.TIME_QUERY and self.clock is not None:
+            return prometheus.Answer([{"metric": {}, "value": [self.clock(), repr(self.clock())]}])
         return await self.client.instant(promql, time=time)
+
+    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[prometheus.Series]:
+        self.promql.append(promql)
+        self.ranges.append((start, end))
+        return await self.client.query_range(promql, start=start, end=end, step=step)
 
 
 def _loop(config: settings.Settings, querier: Any, now: float, pending: Sequence[dict[str, Any]] = (),
@@ -187,24 +211,25 @@ def _loop(config: settings.Settings, querier: Any, now: float, pending: Sequence
                                     evictions=evictor.DryRunClient(), api=None, clock=clock)
 
 
-async def test_cycle_queries_once_per_window_and_plans(server: PrometheusServer) -> None:
+async def test_cycle_reads_the_newest_minutes_and_the_parts_and_plans(server: PrometheusServer) -> None:
     limits = {"per_cycle": 100, "per_node": 100, "per_namespace": 100}
-    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"mode": "always", "limits": limits}}})
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {
+        "mode": "always", "limits": limits, "rebuild_parts_per_cycle": 24}}})  # the hour's 13 parts in one cycle
     querier = Counting(prometheus.Client(settings.Prometheus(url=server.url)))
     try:
         cycle = await _loop(config, querier, server.now).cycle()
     finally:
         querier.client.close()
-    # 15 pods, two distinct windows: the store's time once, then per window util, part counts and boundary times
-    # of whole GPUs and, for the hour (MIG pods ask), of MIG instances too; a query both windows share, once.
-    def asked(window: int, kinds: set[str]) -> set[str]:
-        return set(utilisation_promql.queries(window, config=config.prometheus, reclaim=config.descheduler.reclaim,
-                                              kinds=kinds).values())
-
-    distinct = asked(HOUR, {"gpu", "mig"}) | asked(1800, {"gpu"})
-    assert len(distinct) < len(asked(HOUR, {"gpu", "mig"})) + len(asked(1800, {"gpu"}))
-    assert sorted(querier.promql) == sorted([utilisation_promql.TIME_QUERY, *distinct])
-    assert cycle.queries == 1 + len(distinct)
+    # The store's time; per kind (MIG pods ask for MIG instances too) the live stretch's three statistics and,
+    # the part cache being cold, its parts as range queries (at most 12 parts each); once, whether the store's
+    # ranges include their left end. No query reads more than a part or the live stretch, whatever the window.
+    assert cycle.queries == len(querier.promql) == 1 + 6 + 1 + len(querier.ranges)
+    assert querier.promql[0] == utilisation_promql.TIME_QUERY
+    assert len([q for q in querier.promql if "[1ms]" in q]) == 1
+    live = [q.split("[")[1].split("ms]")[0] for q in querier.promql if "ms]" in q and "[1ms]" not in q]
+    assert len(live) == 4 and all(int(span) < 420_000 for span in live)  # count, peak: the newest 2-7 minutes
+    assert all("[300s]" in q or "timestamp(" in q for q in querier.promql[1:] if "ms]" not in q)
+    assert all(end - start <= 23 * 300 for start, end in querier.ranges)  # rebuild_parts_per_cycle
     assert cycle.prometheus_errors == ()
     evicted = {e["pod"] for e in cycle.plan.as_json()["evictions"]}
     assert evicted == {"team-a/idle", "team-a/renamed", "team-a/multi-idle", "team-a/mig-idle"}
@@ -213,6 +238,93 @@ async def test_cycle_queries_once_per_window_and_plans(server: PrometheusServer)
     assert spared["team-a/multi"] == "not idle: peak GPU utilisation 80.0% >= 10% over 3600s"
     assert spared["team-a/bursty"] == "not idle: peak GPU utilisation 60.0% >= 10% over 3600s"
     assert all(o.result is evictor.Result.WOULD_EVICT for o in cycle.outcomes)
+
+
+AHEAD = 1200  # seconds of history written past the first cycle's store time
+
+
+@pytest.fixture(scope="module")
+def ahead_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrometheusServer, float]]:
+    """Every 15 s from 4,000 s before the first cycle's store time (on the grid) to AHEAD after it: an idle pod,
+    a busy one, and one busy for a single scrape 5 minutes into the cycles (then idle again)."""
+    first = on_grid()
+    burst = first + 300  # the busy scrape: one settled part later
+    history = [
+        Series(UTIL, dcgm("0", pod="idle"), scraped(15, start=4000 + AHEAD, end=0)),
+        Series(UTIL, dcgm("1", pod="busy"), scraped(15, start=4000 + AHEAD, end=0, value=55.0)),
+        Series(UTIL, dcgm("2", pod="bursty"),
+               [(ago, 90.0 if abs(first + AHEAD - ago - burst) < 1 else value)
+                for ago, value in scraped(15, start=4000 + AHEAD, end=0)]),
+    ]
+    started = start_prometheus(tmp_path_factory.mktemp("prometheus-ahead"), history, now=first + AHEAD)
+    try:
+        yield started, first
+    finally:
+        started.stop()
+
+
+def _verdicts(cycle: reclaim_loop.Cycle) -> dict[str, str]:
+    out = {e["pod"]: "evict" for e in cycle.plan.as_json()["evictions"]}
+    return {**out, **{s.pod: s.reason for s in cycle.plan.spared}}
+
+
+def _ahead_loop(config: settings.Settings, querier: Any, kept: measurement.Parts, *, first: float,
+                now: Callable[[], float]) -> reclaim_loop.ReclaimLoop:
+    """A loop a cycle over ahead_server's pods, in the hourly tier (dry-run cooldowns would hide the verdicts),
+    keeping `kept` across them."""
+    def hourly(body: dict[str, Any]) -> None:
+        body["spec"].update(priorityClassName="hourly", priority=1000)
+        body["metadata"]["ownerReferences"] = [{"kind": "Job", "name": body["metadata"]["name"], "controller": True}]
+
+    pods = [builders.pod(name, namespace="team-a", gpus=1, node="n1", phase="Running", created="2020-01-01T00:00:00Z",
+                         mutate=hourly) for name in ("idle", "busy", "bursty")]
+    fixed = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=pods, priority_classes=CLASSES,
+                           names=config.names, taken_at=first)
+    loop = reclaim_loop.ReclaimLoop(config=config, cluster=source.StaticSource(fixed), prometheus=querier,
+                                    evictions=evictor.DryRunClient(), api=None, clock=now)
+    loop.parts = kept
+    return loop
+
+
+async def test_cycles_over_advancing_store_time_read_each_part_once_and_a_restart_reads_them_back(
+    ahead_server: tuple[PrometheusServer, float],
+) -> None:
+    """Cycles a minute apart over backfilled history: the first reads the hour's parts back (6 a cycle: the
+    pods stay not idle until all are read), later ones only the live stretch and, as each part settles, that
+    part once; a busy scrape that settles into a kept part keeps its pod busy for the whole window after it.
+    A new loop (a restart, a new leader) starts empty and reads them back again."""
+    server, first = ahead_server
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {
+        "mode": "always", "rebuild_parts_per_cycle": 6,
+        "limits": {"per_cycle": 100, "per_node": 100, "per_namespace": 100}}}})
+    now = [first]
+    querier = Counting(prometheus.Client(settings.Prometheus(url=server.url)), clock=lambda: now[0])
+
+    def new_loop(kept: measurement.Parts) -> reclaim_loop.ReclaimLoop:
+        return _ahead_loop(config, querier, kept, first=first, now=lambda: now[0])
+
+    kept = measurement.Parts()
+    verdicts, reads = [], []
+    try:
+        for minute in range(10):
+            now[0] = first + 60 * minute
+            cycle = await new_loop(kept).cycle()
+            assert cycle.prometheus_errors == ()
+            verdicts.append(_verdicts(cycle))
+            reads.append(sum(kept.read))
+        cold = _verdicts(await new_loop(measurement.Parts()).cycle())
+    finally:
+        querier.client.close()
+    # 12 parts for the hour (11 and the one before it): 6 + 6 read back; then each part once, 120 s after its end
+    assert reads == [6, 6, 1, 0, 0, 0, 0, 1, 0, 0]
+    assert "parts of 300s the window needs are not read from the store yet" in verdicts[0]["team-a/idle"]
+    assert verdicts[3]["team-a/idle"] == "evict"
+    assert verdicts[3]["team-a/busy"] == "not idle: peak GPU utilisation 55.0% >= 10% over 3600s"
+    assert verdicts[3]["team-a/bursty"] == "evict"  # the burst is still to come
+    assert verdicts[6]["team-a/bursty"] == "not idle: peak GPU utilisation 90.0% >= 10% over 3600s"
+    assert verdicts[9]["team-a/bursty"] == verdicts[6]["team-a/bursty"]  # kept, read once
+    assert "not read from the store yet" in cold["team-a/idle"]
+    assert cold["team-a/busy"] == "not idle: peak GPU utilisation 55.0% >= 10% over 3600s"  # busy needs no parts
 
 
 async def test_prometheus_down_evicts_nothing_and_says_so() -> None:
@@ -299,7 +411,7 @@ COVERAGE_HISTORY = [
 
 @pytest.fixture(scope="module")
 def coverage_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
-    started = start_prometheus(tmp_path_factory.mktemp("prometheus-coverage"), COVERAGE_HISTORY)
+    started = start_prometheus(tmp_path_factory.mktemp("prometheus-coverage"), COVERAGE_HISTORY, now=on_grid())
     try:
         yield started
     finally:
@@ -318,16 +430,16 @@ def coverage_pod(name: str, *, node: str, gpus: int = 1) -> snapshot.Pod:
     [
         *(pytest.param(f"steady-{every}", "n3", 1, TEN_MINUTES, True, "peak GPU utilisation 1.0% < 10% over 600s",
                        id=f"covered-at-{every}s-scrape") for every in (10, 15, 30, 60)),
-        pytest.param("late-15", "n3", 1, TEN_MINUTES, False, "coverage: 1 of the window's 2 parts end with no sample",
+        pytest.param("late-15", "n3", 1, TEN_MINUTES, False, "(or from its start to the first) is longer than 2x",
                      id="issue-15s-last-150s"),
-        pytest.param("late-60", "n3", 1, TEN_MINUTES, False, "coverage: 1 of the window's 2 parts end",
+        pytest.param("late-60", "n3", 1, TEN_MINUTES, False, "(or from its start to the first) is longer than 2x",
                      id="60s-last-150s"),
         pytest.param("hole-15", "n3", 1, TEN_MINUTES, False, "longer than 2x the observed scrape interval (~15s)",
                      id="15s-scrape-4-minute-hole"),
         pytest.param("hole-30", "n3", 1, TEN_MINUTES, False, "longer than 2x the observed scrape interval (~30s)",
                      id="30s-scrape-3-missed"),
         pytest.param("missed-one-60", "n3", 1, TEN_MINUTES, True, "1.0% < 10%", id="60s-scrape-one-missed-is-fine"),
-        pytest.param("long-hole-60", "n3", 1, HOUR, False, "parts end with no sample in the store's lookback",
+        pytest.param("long-hole-60", "n3", 1, HOUR, False, "longer than 2x the observed scrape interval (~60s)",
                      id="hole-longer-than-prometheus-lookback"),
         pytest.param("sparse", "n3", 1, HOUR, False, "DCGM_FI_DEV_GPU_UTIL: coverage: ",
                      id="sparse-samples-are-no-slow-scrape"),
@@ -357,7 +469,8 @@ async def test_coverage_by_time_at_several_scrape_intervals(
     coverage_server: PrometheusServer, config: settings.Settings, pod: str, node: str, gpus: int, window: int,
     idle: bool, reason: str,
 ) -> None:
-    readings = await readings_at(coverage_server.url, window, config=config, now=coverage_server.now)
+    readings = await readings_at(coverage_server.url, window, config=config, now=coverage_server.now,
+                                 pods={pod: node})
     result = utilisation.assess(coverage_pod(pod, node=node, gpus=gpus), readings=readings,
                                 window_seconds=window, threshold_percent=10, config=config, now=coverage_server.now)
     assert (result.idle, reason in result.reason) == (idle, True), result.reason
@@ -383,7 +496,8 @@ async def test_clock_skew_between_descheduler_and_store_fails_closed(
     server: PrometheusServer, skew: float, evicted: bool,
 ) -> None:
     """The store's time decides the windows; a descheduler clock far from it fails closed and is exported."""
-    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"mode": "always"}}})
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"mode": "always",
+                                                                         "rebuild_parts_per_cycle": 24}}})
     registry = prometheus_client.CollectorRegistry()
     client = prometheus.Client(settings.Prometheus(url=server.url))
     try:
@@ -478,7 +592,7 @@ async def test_ratio_metric_units(prometheus_factory: StartPrometheus, config: s
     server = prometheus_factory(UNIT_HISTORY)
     prom = settings.Prometheus(url=server.url, gpu_util_metric="DCGM_FI_PROF_GR_ENGINE_ACTIVE", gpu_util_unit=unit)
     merged = config.model_copy(update={"prometheus": prom})
-    readings = await readings_at(server.url, TEN_MINUTES, config=merged, now=server.now)
+    readings = await readings_at(server.url, TEN_MINUTES, config=merged, now=server.now, pods={pod: "n1"})
     result = utilisation.assess(coverage_pod(pod, node="n1"), readings=readings,
                                 window_seconds=TEN_MINUTES, threshold_percent=10, config=merged, now=server.now)
     assert (result.idle, reason in result.reason) == (idle, True), result.reason
@@ -493,7 +607,7 @@ def long_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus
     """The normal tier's 3 h window, fully covered at a 15 s scrape, once per phase against the evaluation."""
     history = [Series(UTIL, dcgm("0", pod=f"phase-{phase}", host=f"p{phase}"), scraped(15, start=11000, end=phase))
                for phase in PHASES]
-    started = start_prometheus(tmp_path_factory.mktemp("prometheus-long"), history)
+    started = start_prometheus(tmp_path_factory.mktemp("prometheus-long"), history, now=on_grid())
     try:
         yield started
     finally:
@@ -504,8 +618,61 @@ async def test_a_fully_covered_3h_window_is_covered_in_every_phase(long_server: 
                                                                    config: settings.Settings) -> None:
     """The issue: at the 3 h window the subquery step was 90 s, and a fully covered 15 s series was judged not
     covered in 9 of 15 phases. Measured exactly, it is covered in all of them."""
-    readings = await readings_at(long_server.url, THREE_HOURS, config=config, now=long_server.now)
+    readings = await readings_at(long_server.url, THREE_HOURS, config=config, now=long_server.now,
+                                 pods={f"phase-{phase}": f"p{phase}" for phase in PHASES})
     verdicts = {phase: utilisation.assess(coverage_pod(f"phase-{phase}", node=f"p{phase}"), readings=readings,
                                           window_seconds=THREE_HOURS, threshold_percent=5, config=config,
                                           now=long_server.now).reason for phase in PHASES}
     assert verdicts == {phase: "peak GPU utilisation 1.0% < 5% over 10800s" for phase in PHASES}
+
+
+class TimingOut(Counting):
+    """The real client, but while `failing` every range query and the left-end probe time out."""
+
+    failing = False
+
+    async def instant(self, promql: str, *, time: float | None = None) -> prometheus.Answer:
+        if self.failing and "[1ms]" in promql:
+            raise prometheus.PrometheusError("query timed out after 5.0s (injected)")
+        return await super().instant(promql, time=time)
+
+    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[prometheus.Series]:
+        if self.failing:
+            raise prometheus.PrometheusError("query timed out after 5.0s (injected)")
+        return await super().query_range(promql, start=start, end=end, step=step)
+
+
+async def test_a_first_cycle_whose_reads_all_time_out_leaves_no_trace(
+    ahead_server: tuple[PrometheusServer, float],
+) -> None:
+    """The first cycle's range queries and the probe of the store's left end all time out (a loaded store at a
+    cold start; samples on the part grid, where the left end matters); the next cycles read the parts back, and
+    from then on every verdict is a cold cache's at the same store time."""
+    server, first = ahead_server
+    limits = {"per_cycle": 100, "per_node": 100, "per_namespace": 100}
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {
+        "mode": "always", "rebuild_parts_per_cycle": 6, "limits": limits}}})
+    everything = settings_loader.load(overrides={"descheduler": {"reclaim": {
+        "mode": "always", "rebuild_parts_per_cycle": 100, "limits": limits}}})
+    now = [first]
+    querier = TimingOut(prometheus.Client(settings.Prometheus(url=server.url)), clock=lambda: now[0])
+
+    def new_loop(kept: measurement.Parts, settings_: settings.Settings) -> reclaim_loop.ReclaimLoop:
+        return _ahead_loop(settings_, querier, kept, first=first, now=lambda: now[0])
+
+    kept = measurement.Parts()
+    warm, cold = [], []
+    try:
+        for minute in range(10):
+            now[0] = first + 60 * minute
+            querier.failing = minute == 0
+            cycle = await new_loop(kept, config).cycle()
+            assert (minute, bool(cycle.prometheus_errors)) == (minute, minute == 0)
+            warm.append(_verdicts(cycle))
+            cold.append(_verdicts(await new_loop(measurement.Parts(), everything).cycle()))
+    finally:
+        querier.client.close()
+    assert "not read from the store yet" in warm[0]["team-a/idle"]
+    assert warm[3:] == cold[3:]  # the hour's 12 parts read back 6 a cycle after the failed one
+    assert [v["team-a/idle"] for v in warm[3:]] == ["evict"] * 7
+    assert kept.left_closed is True  # Prometheus 2.x, asked again after the failed probe

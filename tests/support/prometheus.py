@@ -13,6 +13,7 @@ import contextlib
 import pathlib
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import pytest
 
@@ -48,8 +49,10 @@ def prometheus_factory(tmp_path: pathlib.Path) -> Iterator[StartPrometheus]:
 
 class DcgmStandIn:
     """Answers the reclaim queries (descheduler.utilisation_promql) as Prometheus would for `pods`, each with
-    one GPU scraped every `every` seconds up to `now`, at `util` percent: for tests where the API side is
-    under test (the real Prometheus is in tests/integration/test_reclaim_prometheus.py)."""
+    one GPU scraped every `every` seconds up to 5 s before the evaluation, at `util` percent: per device the
+    samples, peak and last sample of the live stretch (instant) and of each part (range, one step per part):
+    for tests where the API side is under test (the real Prometheus is in
+    tests/integration/test_reclaim_prometheus.py)."""
 
     def __init__(self, pods: Mapping[tuple[str, str, str], float], *, now: float, every: float = 15.0) -> None:
         self.pods = pods  # (namespace, pod, node) -> util percent
@@ -62,17 +65,28 @@ class DcgmStandIn:
         at = self.now if time is None else time
         if promql == "vector(time())":
             return prometheus.Answer([{"metric": {}, "value": [at, repr(at)]}])
-        offset = re.search(r" offset (\d+)s\)", promql)
-        ago = float(offset.group(1)) if offset else 0.0
+        rows = self._rows(promql, [at])
+        return prometheus.Answer([{"metric": metric, "value": values[0]} for metric, values in rows])
+
+    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[prometheus.Series]:
+        self.asked.append(promql)
+        steps = [start + k * step for k in range(round((end - start) / step) + 1)]
+        return [{"metric": metric, "values": values} for metric, values in self._rows(promql, steps)]
+
+    def _rows(self, promql: str, steps: list[float]) -> list[tuple[dict[str, str], list[list[Any]]]]:
+        span = re.search(r"\[(\d+)(ms|s)\]", promql)
+        seconds = int(span.group(1)) / (1000 if span.group(2) == "ms" else 1) if span else 0.0
         rows = []
         for (namespace, pod, node), util in self.pods.items():
-            metric = {"namespace": namespace, "pod": pod, "Hostname": node}
-            if "_over_time(" in promql and "count_over_time(" not in promql:
-                value = util
-            else:
-                metric = {**metric, "gpu": "0", "UUID": f"GPU-{node}-0"}
-                length = re.search(r"\[(\d+)s\]", promql)
-                # the sample grid ends 5 s before `now`: `every`-spaced samples per part, the last one per boundary
-                value = float(length.group(1)) / self.every if length else at - ago - 5.0
-            rows.append({"metric": metric, "value": [at, repr(value)]})
-        return prometheus.Answer(rows)
+            metric = {"namespace": namespace, "pod": pod, "Hostname": node, "gpu": "0", "UUID": f"GPU-{node}-0"}
+            values: list[list[Any]] = []
+            for at in steps:
+                if "timestamp(" in promql:
+                    value = at - 5.0
+                elif "count_over_time(" in promql:
+                    value = float(seconds // self.every)  # the samples of the stretch (none in 1 ms)
+                else:
+                    value = util
+                values.append([at, repr(value)])
+            rows.append((metric, values))
+        return rows

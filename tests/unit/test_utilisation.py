@@ -1,323 +1,572 @@
-"""The pure half of idle detection: the one PromQL query per window and the fail-closed reading."""
+"""The pure half of idle detection: the parts' PromQL, the kept parts across cycles, the fail-closed reading.
+
+The store is simulated sample by sample as Prometheus 2.x answers (`Store`: ranges closed on both ends, a
+5-minute lookback, `max by` ignoring NaN unless every copy is NaN), so that each row states samples and
+store times, and the reading is derived by the code under test from the store's per-part answers.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
 
 from common import gpu, settings, settings_loader, snapshot
-from descheduler import utilisation, utilisation_promql
+from descheduler import utilisation, utilisation_parts, utilisation_promql
 from tests import builders
 
-NOW = 1_800_000_000.0
+P = 300
+NOW = 1_800_000_000.0  # a multiple of 300: windows of whole parts start on the grid
 CONFIG = settings_loader.load()
 EMPTY_NODE = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=[], priority_classes=[],
                             names=CONFIG.names, taken_at=NOW).nodes["n1"]
-WINDOW = 3600  # six parts of 600 s with the defaults
+WINDOW = 600
+LOOKBACK = 300.0
 
 
-def pod(*, full: int = 1, mig: dict[str, int] | None = None, node: str = "n1") -> snapshot.Pod:
+def pod(*, full: int = 1, mig: dict[str, int] | None = None, node: str = "n1", name: str = "p") -> snapshot.Pod:
     return snapshot.Pod(
-        "team-a", "p", "uid", node, "Running", gpu.GpuRequest(full=full, mig=mig or {}), 0, "batch",
+        "team-a", name, "uid", node, "Running", gpu.GpuRequest(full=full, mig=mig or {}), 0, "batch",
         "PreemptLowerPriority", {}, {}, None, None, "", (), False, "default-scheduler", {},
     )
 
 
-PARTS = [(0, 900), (900, 900), (1800, 900), (2700, 900)]  # the hour in four parts, with the defaults
+@dataclasses.dataclass(frozen=True)
+class Series:
+    """One series: labels, samples (time, value), and when each sample reached the store (default: at once)."""
+
+    labels: Mapping[str, str]
+    samples: Sequence[tuple[float, float]]
+    arrives: Mapping[float, float] = dataclasses.field(default_factory=dict)  # sample time -> store time it arrives
+    kind: str = "gpu"
 
 
-def covered(every: float = 15.0, phase: float = 5.0) -> dict[str, float]:
-    """A device scraped every `every` s, its newest sample `phase` s old: its part counts and boundary times."""
-    stats = {}
-    for k, (offset, length) in enumerate(PARTS):
-        stats[f"n{k}"] = length / every
-        stats[f"t{k}"] = NOW - offset - phase
-    stats["t4"] = NOW - WINDOW - phase
-    return stats
+def dcgm(gpu_index: str = "0", *, pod_name: str = "p", host: str = "n1", **extra: str) -> dict[str, str]:
+    return {"namespace": "team-a", "pod": pod_name, "Hostname": host, "gpu": gpu_index,
+            "UUID": f"GPU-{host}-{gpu_index}", **extra}
 
 
-def answers(kind: str = "gpu", host: str = "n1", *, util: float | None = 2.0,
-            devices: dict[str, dict[str, float]] | None = None, **labels: str) -> dict[str, list[dict[str, Any]]]:
-    """The answers of one window's queries for pod team-a/p, its devices keyed by GPU index."""
-    pod_labels = {"namespace": "team-a", "pod": "p", "Hostname": host, **labels}
-    out: dict[str, list[dict[str, Any]]] = {}
-    if util is not None:
-        out[f"{kind}_util"] = [{"metric": pod_labels, "value": [NOW, "NaN" if math.isnan(util) else str(util)]}]
-    for index, stats in (devices if devices is not None else {"0": covered()}).items():
-        for stat, value in stats.items():
-            metric = {**pod_labels, "gpu": index, "UUID": f"GPU-{index}"}
-            out.setdefault(f"{kind}_{stat}", []).append({"metric": metric, "value": [NOW, str(value)]})
-    return out
+def scraped(every: float = 15.0, *, start: float = NOW - 4000, end: float = NOW - 5, value: float = 1.0,
+            missing: tuple[float, float] | None = None, busy: Mapping[float, float] | None = None,
+            ) -> list[tuple[float, float]]:
+    """A sample every `every` s from `start` to `end` (store times), none in `missing` (from, to), and
+    `busy`: times whose value is different."""
+    out, at = [], end
+    while at >= start:
+        if missing is None or not missing[0] <= at <= missing[1]:
+            out.append((at, (busy or {}).get(at, value)))
+        at -= every
+    return sorted(out)
 
 
-def merge(*parts: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for part in parts:
-        for name, rows in part.items():
-            out.setdefault(name, []).extend(rows)
-    return out
+class Store:
+    """Answers the per-device statistics as Prometheus 2.x does at store time `now` (ranges closed on both
+    ends; `last` within the lookback; copies with the same device labels aggregated as `max by`/`min by`)."""
+
+    def __init__(self, series: Sequence[Series], *, now: float, left_closed: bool = True) -> None:
+        self.series = series
+        self.now = now
+        self.left_closed = left_closed  # Prometheus 2.x; 3.x: False
+
+    def _visible(self, one: Series) -> list[tuple[float, float]]:
+        return [(t, v) for t, v in one.samples if one.arrives.get(t, t) <= self.now]
+
+    def _stat(self, one: Series, stat: str, *, end: float, span: float) -> float | None:
+        samples = self._visible(one)
+        inside = [v for t, v in samples if (end - span <= t if self.left_closed else end - span < t) and t <= end]
+        if stat == "last":
+            times = [t for t, _ in samples if end - LOOKBACK <= t <= end]
+            return max(times) if times else None
+        if not inside:
+            return None
+        if stat in ("n", "n_min"):
+            return float(len(inside))
+        if stat == "sum":
+            return sum(inside)
+        numbers = [v for v in inside if not math.isnan(v)]
+        return max(numbers) if numbers else math.nan
+
+    def _rows(self, kind: str, stat: str, ends: Sequence[float], span: float, *, ranged: bool) -> list[dict[str, Any]]:
+        groups: dict[tuple[tuple[str, str], ...], dict[float, float]] = {}
+        for one in self.series:
+            if one.kind != kind:
+                continue
+            key = tuple(sorted((k, v) for k, v in one.labels.items() if k not in ("job", "instance")))
+            for end in ends:
+                value = self._stat(one, stat, end=end, span=span)
+                if value is None:
+                    continue
+                found = groups.setdefault(key, {})
+                old = found.get(end)
+                if old is None or (stat == "n_min" and value < old) or (
+                        stat != "n_min" and (math.isnan(old) or value > old)):
+                    found[end] = value
+        rows = []
+        for key, values in groups.items():
+            points = [[end, repr(value)] for end, value in sorted(values.items())]
+            metric = dict(key)
+            rows.append({"metric": metric, "values": points} if ranged else {"metric": metric, "value": points[0]})
+        return rows
+
+    def live(self, kind: str, grid: utilisation_parts.Grid, stats: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        span = self.now - grid.live_start(self.now)
+        return {stat: self._rows(kind, stat, [self.now], span, ranged=False) for stat in stats}
+
+    def parts(self, kind: str, first: int, last: int, stats: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        ends = [(j + 1) * P for j in range(first, last + 1)]
+        return {stat: self._rows(kind, stat, ends, P, ranged=True) for stat in stats}
 
 
-def queries(window: int, *, statistic: str = "peak", prometheus: settings.Prometheus = CONFIG.prometheus,
-            **reclaim_settings: Any) -> dict[str, str]:
-    reclaim = CONFIG.descheduler.reclaim.model_copy(update={"idle_statistic": statistic, **reclaim_settings})
-    return utilisation_promql.queries(window, config=prometheus, reclaim=reclaim)
+@dataclasses.dataclass
+class Run:
+    """Cycles at the given store times over one cache per kind; `reads`: the parts read per cycle."""
+
+    caches: dict[str, utilisation_parts.Cache] = dataclasses.field(default_factory=dict)
+    reads: list[list[tuple[int, int]]] = dataclasses.field(default_factory=list)  # whole-GPU parts read
+    readings: utilisation.Readings = dataclasses.field(default_factory=dict)
+    store_left_closed: bool = True  # the simulated store: Prometheus 2.x
+    left_closed: bool | None = True  # what the reading is told the store does
+
+    def cycle(self, series: Sequence[Series], *, now: float, window: float, config: settings.Settings,
+              pods: Mapping[tuple[str, str], str], failing: bool = False,
+              fails: Callable[[], bool] | None = None) -> None:
+        """One cycle; `failing`: every range read fails (a timeout), `fails`: asked for each range read."""
+        reclaim = config.descheduler.reclaim
+        grid = utilisation_parts.Grid.of(reclaim)
+        stats = utilisation_promql.STATS[reclaim.idle_statistic]
+        store = Store(series, now=now, left_closed=self.store_left_closed)
+        lives: dict[str, utilisation_parts.Part] = {}
+        short: tuple[dict[str, utilisation_parts.Part], dict[str, utilisation_parts.Part]] = ({}, {})
+        unread: dict[str, set[int]] = {}
+        read: list[tuple[int, int]] = []
+        for kind in utilisation.KINDS:
+            cache = self.caches.setdefault(kind, utilisation_parts.Cache())
+            cache.prune(grid.needed(window, now)[0])
+            lives[kind] = cache.live(store.live(kind, grid, stats), labels=config.prometheus.labels)
+            if grid.short(window, now):  # its own stretch, and the last sample before it
+                inside = {stat: store._rows(kind, stat, [now], window, ranged=False) for stat in stats}
+                before = {"last": store._rows(kind, "last", [now - window], window, ranged=False)}
+                short[0][kind] = cache.live(inside, labels=config.prometheus.labels)
+                short[1][kind] = cache.live(before, labels=config.prometheus.labels)
+            unread[kind] = set()
+            for first, last in cache.fetch(grid, window=window, now=now):
+                if kind == "gpu":
+                    read.append((first, last))
+                if failing or (fails is not None and fails()):
+                    unread[kind].update(range(first, last + 1))
+                    continue
+                cache.store(grid, store.parts(kind, first, last, stats), first=first, last=last, now=now,
+                            live=lives[kind], labels=config.prometheus.labels, left_closed=self.left_closed)
+        self.reads.append(read)
+        judging = utilisation_parts.Judging(window, now, grid, reclaim.idle_statistic == "average",
+                                            reclaim.max_gap_intervals, self.left_closed)
+        self.readings = utilisation_parts.readings(self.caches, lives, pods=pods, judging=judging, unread=unread,
+                                                   short=short if grid.short(window, now) else None)
 
 
-# --- the query -------------------------------------------------------------------------------------------
+def judge(series: Sequence[Series], *, target: snapshot.Pod | None = None, window: int = WINDOW,
+          cycles: Sequence[float] = (NOW,), config: settings.Settings = CONFIG, threshold: float = 10,
+          run: Run | None = None) -> utilisation.Assessment:
+    """The assessment after cycles at `cycles` (store times, the last one judged) over one cache."""
+    target = target or pod()
+    run = run or Run()
+    pods = {(target.namespace, target.name): target.node_name or ""}
+    for at in cycles:
+        run.cycle(series, now=at, window=window, config=config, pods=pods)
+    return utilisation.assess(target, readings=run.readings, window_seconds=window, threshold_percent=threshold,
+                              config=config, now=cycles[-1])
 
 
-@pytest.mark.parametrize(("statistic", "function"), [("peak", "max_over_time"), ("average", "avg_over_time")])
-def test_window_statistic_picks_the_promql_function(statistic: str, function: str) -> None:
-    util = queries(600, statistic=statistic)["gpu_util"]
-    assert f'{function}(DCGM_FI_DEV_GPU_UTIL{{GPU_I_PROFILE=""}}[600s])' in util
+def steady(**kwargs: Any) -> Series:
+    return Series(dcgm(), scraped(**kwargs))
 
 
-def test_no_subquery_no_label_replace_and_every_read_is_the_window_or_a_part() -> None:
-    """Cost grows with GPUs, not with GPUs x window / step."""
-    for window in (300, 600, 3600, 10800, 86400):
-        asked = queries(window)
-        text = " ".join(asked.values())
-        assert not re.search(r"\[\d+s:", text) and "label_replace" not in text and " or " not in text
-        lengths = {int(n) for n in re.findall(r"\[(\d+)s\]", text)}
-        parts = utilisation_promql.parts(window, config=CONFIG.descheduler.reclaim)
-        assert lengths == {window} | {length for _, length in parts}
-        counts, times = utilisation_promql.stat_names(window, config=CONFIG.descheduler.reclaim)
-        assert set(asked) == {f"{kind}_{stat}" for kind in ("gpu", "mig") for stat in ["util", *counts, *times]}
+# --- the queries -------------------------------------------------------------------------------------
 
 
-def test_parts_and_boundaries_of_an_hour() -> None:
-    asked = queries(3600)
-    selector = 'DCGM_FI_DEV_GPU_UTIL{GPU_I_PROFILE=""}'
-    assert asked["gpu_n0"].endswith(f"(count_over_time({selector}[900s]))")
-    assert asked["gpu_n3"].endswith(f"(count_over_time({selector}[900s] offset 2700s))")
-    assert asked["gpu_t0"].endswith(f"(timestamp({selector}))")
-    assert asked["gpu_t4"].endswith(f"(timestamp({selector} offset 3600s))")
+@pytest.mark.parametrize(
+    ("statistic", "functions"),
+    [
+        pytest.param("peak", ["count_over_time", "max_over_time", "timestamp"], id="peak"),
+        pytest.param("average", ["count_over_time", "count_over_time", "sum_over_time", "timestamp"], id="average"),
+    ],
+)
+def test_each_statistic_is_one_small_query_over_a_plain_range(statistic: str, functions: list[str]) -> None:
+    asked = utilisation_promql.queries("300s", config=CONFIG.prometheus, statistic=statistic, kinds={"gpu"})
+    assert [next(f for f in ("count_over_time", "max_over_time", "sum_over_time", "timestamp") if f in q)
+            for q in asked.values()] == functions
+    for promql in asked.values():
+        assert ":" not in promql.split("[", 1)[-1] and "label_replace" not in promql and " or " not in promql
+        assert "[300s]" in promql or "timestamp(" in promql
+
+
+@pytest.mark.parametrize(
+    ("seconds", "span"),
+    [pytest.param(420.123, "420123ms", id="milliseconds"), pytest.param(0.0, "1ms", id="never-empty")],
+)
+def test_live_range_in_milliseconds(seconds: float, span: str) -> None:
+    assert utilisation_promql.live_range(seconds) == span
 
 
 def test_rows_keep_every_label_spelling_and_device_identity() -> None:
-    asked = queries(3600)
-    by_pod = "namespace, exported_namespace, pod, exported_pod, Hostname, hostname"
-    assert asked["gpu_util"].startswith(f"max by ({by_pod}) (")
-    assert asked["gpu_n1"].startswith("max by (namespace, exported_namespace, pod, exported_pod, Hostname, hostname, "
-                                      "gpu, UUID, GPU_I_ID) (")
-    assert 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!=""}[3600s]) * 100)' in asked["mig_util"]
+    by = utilisation_promql.device_labels(CONFIG.prometheus.labels)
+    assert by == "namespace, exported_namespace, pod, exported_pod, Hostname, hostname, gpu, UUID, GPU_I_ID"
 
 
 def test_only_the_kinds_asked_about() -> None:
-    reclaim = CONFIG.descheduler.reclaim
-    asked = utilisation_promql.queries(600, config=CONFIG.prometheus, reclaim=reclaim, kinds={"gpu"})
-    assert {name.partition("_")[0] for name in asked} == {"gpu"}
+    asked = utilisation_promql.queries("300s", config=CONFIG.prometheus, statistic="peak", kinds={"gpu"})
+    assert set(asked) == {"gpu_n", "gpu_peak", "gpu_last"}
+    assert all('GPU_I_PROFILE=""' in q for q in asked.values())
 
 
 @pytest.mark.parametrize(
     ("metric", "unit", "scaled"),
     [
-        pytest.param("DCGM_FI_DEV_GPU_UTIL", "auto", False, id="dev-util-is-percent"),
-        pytest.param("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "auto", True, id="prof-is-a-ratio"),
-        pytest.param("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "percent", False, id="unit-set-by-hand-wins"),
-        pytest.param("gpu_busy_ratio", "ratio", True, id="recording-rule-ratio"),
-        pytest.param("gpu_busy_ratio", "auto", False, id="auto-only-knows-dcgm-prof"),
+        pytest.param("DCGM_FI_DEV_GPU_UTIL", "auto", False, id="percent-metric"),
+        pytest.param("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "auto", True, id="prof-metric-is-a-ratio"),
+        pytest.param("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "percent", False, id="unit-set-by-hand"),
+        pytest.param("my_recorded_ratio", "ratio", True, id="ratio-set-by-hand"),
     ],
 )
 def test_units(metric: str, unit: str, scaled: bool) -> None:
-    prometheus = CONFIG.prometheus.model_copy(update={"gpu_util_metric": metric, "gpu_util_unit": unit})
-    util = queries(600, prometheus=prometheus)["gpu_util"]
-    assert util.endswith(f'max_over_time({metric}{{GPU_I_PROFILE=""}}[600s]) * 100)') == scaled
+    prom = settings.Prometheus(gpu_util_metric=metric, gpu_util_unit=unit)
+    for statistic in ("peak", "average"):
+        asked = utilisation_promql.queries("300s", config=prom, statistic=statistic, kinds={"gpu"})
+        value = asked["gpu_peak" if statistic == "peak" else "gpu_sum"]
+        assert value.endswith(" * 100)") == scaled
+
+
+# --- the grid ------------------------------------------------------------------------------------------
+
+
+GRID = utilisation_parts.Grid.of(CONFIG.descheduler.reclaim)  # 300 s parts, settled 120 s after their end
 
 
 @pytest.mark.parametrize(
-    ("window", "chunks", "expected"),
+    ("window", "now", "start", "first", "live"),
     [
-        pytest.param(3600, 4, PARTS, id="hour-four-parts"),
-        pytest.param(600, 4, [(0, 300), (300, 300)], id="parts-at-least-4-slowest-scrapes"),
-        pytest.param(480, 4, [(0, 240), (240, 240)], id="boundary-two-parts-of-exactly-240s"),
-        pytest.param(479, 4, [(0, 479)], id="below-boundary-one-part"),
-        pytest.param(100, 4, [(0, 100)], id="short-window-one-part"),
-        pytest.param(1001, 4, [(0, 250), (250, 250), (500, 250), (750, 251)], id="oldest-part-takes-the-rest"),
-        pytest.param(10800, 1, [(0, 10800)], id="one-chunk"),
-        pytest.param(10800, 6, [(k * 1800, 1800) for k in range(6)], id="six-chunks"),
+        pytest.param(600, NOW, NOW - 600, NOW / P - 3, NOW - 300, id="on-the-grid"),
+        pytest.param(600, NOW + 100, NOW - 600, NOW / P - 3, NOW - 300, id="start-inside-a-part-takes-it-whole"),
+        pytest.param(600, NOW + 120, NOW - 600, NOW / P - 3, NOW, id="a-part-settles-120s-after-its-end"),
+        pytest.param(600, NOW + 119, NOW - 600, NOW / P - 3, NOW - 300, id="not-settled-1s-before"),
+        pytest.param(200, NOW, NOW - 300, NOW / P - 2, NOW - 300, id="short-window-starts-at-the-live-stretch"),
+        pytest.param(10800, NOW + 1, NOW - 10800, NOW / P - 37, NOW - 300, id="3h-window"),
     ],
 )
-def test_parts(window: int, chunks: int, expected: list[tuple[int, int]]) -> None:
-    config = CONFIG.descheduler.reclaim.model_copy(update={"coverage_chunks": chunks})
-    assert utilisation_promql.parts(window, config=config) == expected
+def test_grid(window: int, now: float, start: float, first: float, live: float) -> None:
+    assert GRID.start(window, now) == start
+    assert GRID.needed(window, now)[0] == first
+    assert GRID.live_start(now) == live
+    assert GRID.needed(window, now)[-1] == live / P - 1
 
 
-# --- coverage of one device ------------------------------------------------------------------------------
+def test_runs_are_consecutive_parts_newest_first() -> None:
+    assert utilisation_parts.runs([3, 5, 4, 9, 1]) == [(9, 9), (3, 5), (1, 1)]
+    assert utilisation_parts.runs([]) == []
 
 
-def hole(stats: dict[str, float], **changes: float | None) -> dict[str, float]:
-    out = dict(stats)
-    for name, value in changes.items():
-        if value is None:
-            out.pop(name, None)
-        else:
-            out[name] = value
-    return out
-
-
-@pytest.mark.parametrize(
-    ("stats", "reason", "interval"),
-    [
-        pytest.param(covered(), None, 15.0, id="covered-at-15s"),
-        pytest.param(covered(60), None, 60.0, id="covered-at-60s-the-slowest-believed"),
-        pytest.param(covered(10, phase=9), None, 10.0, id="covered-at-10s"),
-        # one stretch of 2 intervals (one missed scrape) is the bound; 3 is past it
-        pytest.param(hole(covered(), n2=59), None, 15.0, id="one-missed-scrape-boundary"),
-        pytest.param(hole(covered(), n2=58), "longer than 2x the observed scrape interval (~15s)", 15.0,
-                     id="two-missed-scrapes-in-a-row"),
-        # 75 s without a sample across the boundary 1800 s ago (two samples lost on each side): the stretch
-        # counts whole in the newer part, as the older part's end moves back with its last sample
-        pytest.param(hole(covered(), n1=58, n2=58, t2=NOW - 1835), "longer than 2x", 15.0,
-                     id="hole-across-a-boundary"),
-        pytest.param(hole(covered(), n1=59, n2=60, t2=NOW - 1805), None, 15.0,
-                     id="one-missed-scrape-just-after-a-boundary"),
-        # late start: no sample before the window, the first 25 s or 40 s after its start
-        pytest.param(hole(covered(), t4=None, n3=59), None, 15.0, id="first-sample-25s-after-start-boundary"),
-        pytest.param(hole(covered(), t4=None, n3=58), "or from its start to the first", 15.0,
-                     id="first-sample-40s-after-start"),
-        pytest.param(hole(covered(), t1=None), "1 of the window's 4 parts end with no sample", math.nan,
-                     id="part-end-without-a-sample-in-the-lookback"),
-        # an empty part hands its length to the next part's span
-        pytest.param(hole(covered(), n1=None, t1=NOW - 1805), "longer than 2x", 15.0, id="empty-part"),
-        pytest.param(covered(900), "samples ~900s apart, sparser than the longest scrape interval believed (60s)",
-                     60.0, id="sparse-samples-are-no-slow-scrape"),
-        pytest.param(hole(covered(), n2=30, n3=30), "longer than 2x the observed scrape interval (~15s)", 15.0,
-                     id="interval-change-judged-at-the-faster-interval"),
-        pytest.param({"t0": NOW, "t1": NOW - 900, "t2": NOW - 1800, "t3": NOW - 2700}, "no spacing of samples",
-                     math.nan, id="no-samples-counted"),
-    ],
-)
-def test_coverage(stats: dict[str, float], reason: str | None, interval: float) -> None:
-    found, observed = utilisation.coverage(stats, window_seconds=WINDOW, now=NOW, config=CONFIG.descheduler.reclaim)
-    assert (found is None, math.isnan(observed) or round(observed, 6)) == (
-        reason is None, math.isnan(interval) or interval), found
-    assert reason is None or reason in (found or "")
-
-
-# --- the reading -----------------------------------------------------------------------------------------
+# --- the verdict: coverage, freshness, values -------------------------------------------------------------
 
 
 STRICT_AGE = settings_loader.load(overrides={"descheduler": {"reclaim": {"max_sample_age_seconds": 20}}})
-SINGLE = {"mig": "mig"}  # a whole-GPU request measured on MIG-instance series
+AVERAGE = settings_loader.load(overrides={"descheduler": {"reclaim": {"idle_statistic": "average"}}})
+MIG_POD = pod(full=0, mig={"1g.10gb": 1})
 
 
-def two(first: dict[str, float] | None = None, second: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
-    return {"0": first or covered(), "1": second or covered()}
+def mig_series(instance: str = "1", *, value: float = 0.02 * 100, **kwargs: Any) -> Series:
+    return Series(dcgm("7", GPU_I_PROFILE="1g.10gb", GPU_I_ID=instance), scraped(value=value, **kwargs), kind="mig")
 
 
 @pytest.mark.parametrize(
-    ("target", "result", "idle", "reason", "config"),
+    ("series", "target", "window", "now", "config", "idle", "reason"),
     [
-        pytest.param(pod(), answers(), True, "peak GPU utilisation 2.0% < 10% over 3600s", CONFIG, id="idle"),
-        pytest.param(pod(), answers(util=10.0), False, "GPU utilisation 10.0% >= 10%", CONFIG, id="at-threshold"),
-        pytest.param(pod(), answers(util=9.99), True, "10.0% < 10%", CONFIG, id="just-below-threshold"),
-        pytest.param(pod(), {}, False, "no DCGM series for the pod over 3600s", CONFIG, id="no-series"),
-        pytest.param(pod(), answers(devices={"0": hole(covered(), n2=58)}), False, "coverage: a stretch of the 3600s "
-                     "window without a sample (or from its start to the first) is longer than 2x the observed scrape "
-                     "interval (~15s)", CONFIG, id="coverage"),
+        pytest.param([steady()], None, WINDOW, NOW, CONFIG, True, "peak GPU utilisation 1.0% < 10% over 600s",
+                     id="idle"),
+        pytest.param([steady(value=10.0)], None, WINDOW, NOW, CONFIG, False, "10.0% >= 10%", id="at-threshold"),
+        pytest.param([steady(value=9.99)], None, WINDOW, NOW, CONFIG, True, "10.0% < 10%", id="below-threshold"),
+        pytest.param([], None, WINDOW, NOW, CONFIG, False, "no DCGM series for the pod over 600s", id="no-series"),
+        pytest.param([steady(every=60)], None, WINDOW, NOW, CONFIG, True, "1.0% < 10%", id="covered-at-60s"),
+        pytest.param([steady(every=10, end=NOW - 9)], None, WINDOW, NOW, CONFIG, True, "1.0% < 10%",
+                     id="covered-at-10s"),
+        # one stretch of 2 intervals (one missed scrape) is the bound; 3 is past it
+        pytest.param([steady(missing=(NOW - 200, NOW - 200))], None, WINDOW, NOW, CONFIG, True, "1.0% < 10%",
+                     id="gap-of-2-intervals-at-the-bound"),
+        pytest.param([steady(missing=(NOW - 215, NOW - 200))], None, WINDOW, NOW, CONFIG, False,
+                     "longer than 2x the observed scrape interval (~15s)", id="gap-of-3-intervals"),
+        pytest.param([steady(missing=(NOW - 320, NOW - 290))], None, WINDOW, NOW, CONFIG, False,
+                     "longer than 2x", id="gap-across-a-part-boundary"),
+        pytest.param([steady(missing=(NOW - 305, NOW - 305))], None, WINDOW, NOW, CONFIG, True, "1.0% < 10%",
+                     id="one-missed-scrape-on-a-part-boundary"),
+        # a part with no sample of its own is a stretch of at least its length (the interval is not read from
+        # the one part holding every sample)
+        pytest.param([steady(start=NOW - 150)], None, WINDOW, NOW, CONFIG, False,
+                     "or from its start to the first) is longer than 2x", id="a-part-without-a-sample"),
+        pytest.param([steady(every=60, start=NOW - 150)], None, WINDOW, NOW, CONFIG, False, "longer than 2x",
+                     id="a-part-without-a-sample-at-60s"),
+        # a window shorter than the live stretch is its own stretch, from exactly its start
+        pytest.param([steady(start=NOW - 60)], None, 30, NOW, CONFIG, True, "1.0% < 10% over 30s",
+                     id="short-window-needs-no-more-history"),
+        pytest.param([steady(start=NOW - 25, end=NOW - 1)], None, 30, NOW, CONFIG, True, "1.0% < 10% over 30s",
+                     id="short-window-first-sample-5s-after-start"),
+        pytest.param([steady(start=NOW - 160, busy={NOW - 125: 70.0})], None, 120, NOW, CONFIG, True,
+                     "1.0% < 10% over 120s", id="short-window-busy-before-it"),
+        pytest.param([steady(start=NOW - 160, busy={NOW - 110: 70.0})], None, 120, NOW, CONFIG, False,
+                     "70.0% >= 10% over 120s", id="short-window-busy-inside"),
+        # the first sample after the window's start on the grid
+        pytest.param([steady(start=NOW - 575)], None, WINDOW, NOW, CONFIG, True, "1.0% < 10%",
+                     id="first-sample-25s-after-start"),
+        pytest.param([steady(start=NOW - 560)], None, WINDOW, NOW, CONFIG, False, "or from its start to the first",
+                     id="first-sample-40s-after-start"),
+        # a window starting inside a part takes the whole part: stricter, never laxer
+        pytest.param([steady(start=NOW + 100 - 575, end=NOW + 95)], None, WINDOW, NOW + 100, CONFIG, False,
+                     "or from its start to the first", id="straddled-part-its-start-counts"),
+        pytest.param([steady(busy={NOW - 580: 80.0}, end=NOW + 95)], None, WINDOW, NOW + 100, CONFIG, False,
+                     "80.0% >= 10%", id="straddled-part-its-peak-counts"),
+        pytest.param([steady(busy={NOW - 610: 80.0}, end=NOW + 95)], None, WINDOW, NOW + 100, CONFIG, True,
+                     "1.0% < 10%", id="the-part-before-only-gives-its-last-sample"),
         # freshness at the store's time: at most 2 observed intervals, at most max_sample_age_seconds
-        pytest.param(pod(), answers(devices={"0": covered(phase=30)}), True, "2.0% < 10%", CONFIG,
-                     id="fresh-at-the-bound"),
-        pytest.param(pod(), answers(devices={"0": covered(phase=31)}), False, "newest sample is 31s old at the "
-                     "store's time, more than 30s (2x the observed scrape interval ~15s", CONFIG,
-                     id="stale-past-2-intervals"),
-        pytest.param(pod(), answers(devices={"0": covered(60, phase=150)}), False, "more than 120s", CONFIG,
-                     id="stale-150s-at-60s-scrape-the-issue"),
-        pytest.param(pod(), answers(devices={"0": covered(phase=21)}), False, "more than 20s", STRICT_AGE,
+        pytest.param([steady(end=NOW - 30)], None, WINDOW, NOW, CONFIG, True, "1.0% < 10%", id="fresh-at-the-bound"),
+        pytest.param([steady(end=NOW - 31)], None, WINDOW, NOW, CONFIG, False,
+                     "newest sample is 31s old at the store's time, more than 30s", id="stale-past-2-intervals"),
+        pytest.param([steady(end=NOW - 21)], None, WINDOW, NOW, STRICT_AGE, False, "more than 20s",
                      id="max-sample-age-caps"),
-        pytest.param(pod(), answers(devices={"0": covered(phase=20)}), True, "2.0% < 10%", STRICT_AGE,
+        pytest.param([steady(end=NOW - 20)], None, WINDOW, NOW, STRICT_AGE, True, "1.0% < 10%",
                      id="max-sample-age-boundary"),
+        pytest.param([steady(end=NOW - 400)], None, WINDOW, NOW, CONFIG, False,
+                     "no sample within Prometheus' lookback (stale)", id="no-newest-sample"),
+        pytest.param([Series(dcgm(), scraped(every=900))], None, 3600, NOW, CONFIG, False,
+                     "sparser than the longest scrape interval believed (60s)", id="sparse-samples-are-no-slow-scrape"),
+        pytest.param([Series(dcgm(), scraped(every=30, end=NOW - 305) + scraped(start=NOW - 290))], None, WINDOW,
+                     NOW, CONFIG, False, "observed scrape interval (~15s)", id="interval-change-judged-at-the-faster"),
         # values
-        pytest.param(pod(), answers(util=math.nan), False, "a device averages NaN", CONFIG, id="nan-util"),
-        pytest.param(pod(), answers(util=100.5), False, "100.5% >= 10%", CONFIG, id="percent-ceiling-boundary"),
-        pytest.param(pod(), answers(util=100.6), False, "DCGM_FI_DEV_GPU_UTIL reads 100.6% (> 100 %): its unit is "
-                     "not what prometheus.gpu_util_unit (auto) says; set it to percent", CONFIG, id="unit-error"),
+        pytest.param([steady(busy={NOW - 200: math.nan})], None, WINDOW, NOW, CONFIG, True, "1.0% < 10%",
+                     id="a-nan-sample-among-numbers-peak-ignores-it"),
+        pytest.param([Series(dcgm(), scraped(value=math.nan))], None, WINDOW, NOW, CONFIG, False, "reads NaN",
+                     id="all-nan"),
+        pytest.param([steady(busy={NOW - 200: math.nan})], None, WINDOW, NOW, AVERAGE, False, "reads NaN",
+                     id="average-any-nan"),
+        pytest.param([steady(busy={NOW - 200: 60.0})], None, WINDOW, NOW, AVERAGE, True,
+                     "average GPU utilisation 2.5% < 10% over 600s", id="average-hides-a-burst"),
+        pytest.param([steady(value=100.5)], None, WINDOW, NOW, CONFIG, False, "100.5% >= 10%",
+                     id="percent-ceiling-boundary"),
+        pytest.param([steady(value=100.6)], None, WINDOW, NOW, CONFIG, False, "DCGM_FI_DEV_GPU_UTIL reads 100.6% "
+                     "(> 100 %): its unit is not what prometheus.gpu_util_unit (auto) says; set it to percent",
+                     id="unit-error"),
         # devices, not series
-        pytest.param(pod(full=2), answers(), False, "only 1 of 2 devices report", CONFIG, id="missing-gpu"),
-        pytest.param(pod(full=2), answers(devices=two()), True, "2.0% < 10%", CONFIG, id="both-gpus-report"),
-        pytest.param(pod(full=2), answers(devices=two(second=hole(covered(), n0=50))), False, "coverage", CONFIG,
-                     id="worst-device-decides"),
-        pytest.param(pod(full=2), merge(answers(job="a"), answers(util=None, job="b", UUID="")), False,
-                     "only 1 of 2 devices report", CONFIG, id="a-gpu-scraped-twice-one-copy-without-uuid-is-one"),
-        pytest.param(pod(), answers(devices={"0": {k: v for k, v in covered().items() if k != "t0"}}), False,
-                     "no sample within Prometheus' lookback (stale)", CONFIG, id="no-newest-sample"),
-        pytest.param(pod(), answers(devices={}), False, "no sample within Prometheus' lookback (stale)", CONFIG,
-                     id="util-alone-is-not-trusted"),
+        pytest.param([steady()], pod(full=2), WINDOW, NOW, CONFIG, False, "only 1 of 2 devices report",
+                     id="missing-gpu"),
+        pytest.param([steady(), Series(dcgm("1"), scraped())], pod(full=2), WINDOW, NOW, CONFIG, True, "1.0% < 10%",
+                     id="both-gpus-report"),
+        pytest.param([steady(), Series(dcgm("1"), scraped(missing=(NOW - 215, NOW - 200)))], pod(full=2), WINDOW,
+                     NOW, CONFIG, False, "coverage", id="worst-device-decides"),
+        pytest.param([Series({**dcgm(), "job": "a"}, scraped()), Series({**dcgm(), "job": "b", "UUID": ""},
+                                                                        scraped())],
+                     pod(full=2), WINDOW, NOW, CONFIG, False, "only 1 of 2 devices report",
+                     id="gpu-scraped-twice-one-copy-without-uuid-is-one-device"),
+        pytest.param([Series({**dcgm(), "job": "a"}, scraped()), Series({**dcgm(), "job": "b", "UUID": ""},
+                                                                        scraped(start=NOW - 100))],
+                     None, WINDOW, NOW, CONFIG, True, "1.0% < 10%", id="one-full-copy-covers-the-device"),
+        pytest.param([Series({**dcgm(), "job": "a"}, scraped()),
+                      Series({**dcgm(), "job": "b", "UUID": ""}, scraped(busy={NOW - 95: 70.0}))],
+                     None, WINDOW, NOW, CONFIG, False, "70.0% >= 10%", id="the-busier-copy-wins"),
+        pytest.param([Series({**dcgm(), "job": "a"}, scraped()),
+                      Series({**dcgm(), "job": "b", "UUID": ""}, scraped(every=30, value=30.0))],
+                     None, WINDOW, NOW, AVERAGE, False, "30.0% >= 10%", id="average-bounds-every-copy"),
         # where
-        pytest.param(pod(), answers(host="n2"), False, "DCGM series come from n2, not the pod's node n1", CONFIG,
-                     id="other-node"),
-        pytest.param(pod(), answers(host="n1.cluster.local"), True, "2.0% < 10%", CONFIG, id="fqdn-host"),
-        pytest.param(pod(), answers(host=""), True, "2.0% < 10%", CONFIG, id="no-host-label"),
-        pytest.param(pod(), answers(host="", hostname="n1"), True, "2.0% < 10%", CONFIG, id="later-host-label-wins"),
+        pytest.param([Series(dcgm(host="n2"), scraped())], None, WINDOW, NOW, CONFIG, False,
+                     "DCGM series come from n2, not the pod's node n1", id="other-node"),
+        pytest.param([Series(dcgm(host="n1.cluster.local"), scraped())], None, WINDOW, NOW, CONFIG, True,
+                     "1.0% < 10%", id="fqdn-host"),
+        pytest.param([Series(dcgm(host=""), scraped())], None, WINDOW, NOW, CONFIG, True, "1.0% < 10%",
+                     id="no-host-label"),
+        pytest.param([Series({**dcgm(host=""), "hostname": "n1"}, scraped(busy={NOW - 20: 50.0})),
+                      Series(dcgm(), scraped())], pod(full=1), WINDOW, NOW, CONFIG, False, "50.0% >= 10%",
+                     id="host-spellings-of-one-node-are-one-device-the-busier-wins"),
+        pytest.param([Series({**dcgm(host=""), "hostname": "n1"}, scraped()), Series(dcgm(), scraped())],
+                     pod(full=2), WINDOW, NOW, CONFIG, False, "only 1 of 2 devices report",
+                     id="host-spellings-of-one-gpu-are-not-two-gpus"),
+        pytest.param([Series({**dcgm(), "exported_pod": "p", "pod": "dcgm-exporter-x"}, scraped())], None, WINDOW,
+                     NOW, CONFIG, True, "1.0% < 10%", id="exported-pod-label-wins"),
         # MIG
-        pytest.param(pod(full=0, mig={"1g.10gb": 1}), answers(), False, "no DCGM_FI_PROF_GR_ENGINE_ACTIVE series",
-                     CONFIG, id="mig-pod-needs-mig-metric"),
-        pytest.param(pod(full=0, mig={"1g.10gb": 1}), answers("mig", util=3.0), True, "3.0% < 10%", CONFIG, id="mig"),
-        pytest.param(pod(full=1), answers("mig", util=3.0), True, "3.0% < 10%", CONFIG, id="mig-single-strategy"),
-        pytest.param(pod(full=1), answers("mig", util=30.0), False, "30.0% >= 10%", CONFIG, id="mig-single-busy"),
-        pytest.param(pod(full=1), merge(answers(util=40.0), answers("mig", util=3.0)), False, "40.0% >= 10%", CONFIG,
+        pytest.param([steady()], MIG_POD, WINDOW, NOW, CONFIG, False, "no DCGM_FI_PROF_GR_ENGINE_ACTIVE series",
+                     id="mig-pod-needs-mig-metric"),
+        pytest.param([mig_series()], MIG_POD, WINDOW, NOW, CONFIG, True, "2.0% < 10%", id="mig"),
+        pytest.param([mig_series("1"), mig_series("2")], pod(full=0, mig={"1g.10gb": 2}), WINDOW, NOW, CONFIG, True,
+                     "2.0% < 10%", id="mig-instances-of-one-gpu-are-two-devices"),
+        pytest.param([mig_series()], pod(), WINDOW, NOW, CONFIG, True, "2.0% < 10%", id="mig-single-strategy"),
+        pytest.param([mig_series(value=30.0)], pod(), WINDOW, NOW, CONFIG, False, "30.0% >= 10%",
+                     id="mig-single-busy"),
+        pytest.param([steady(value=40.0), mig_series()], pod(), WINDOW, NOW, CONFIG, False, "40.0% >= 10%",
                      id="whole-gpu-series-first"),
-        pytest.param(pod(full=1, mig={"1g.10gb": 1}), answers("mig", util=3.0), False,
-                     "no DCGM_FI_DEV_GPU_UTIL series", CONFIG, id="mixed-pod-is-no-single-strategy"),
-        pytest.param(pod(full=1, mig={"1g.10gb": 1}), merge(answers(), answers("mig", util=30.0)), False,
-                     "30.0% >= 10%", CONFIG, id="both-kinds-busiest-wins"),
+        pytest.param([mig_series()], pod(full=1, mig={"1g.10gb": 1}), WINDOW, NOW, CONFIG, False,
+                     "no DCGM_FI_DEV_GPU_UTIL series", id="mixed-pod-is-no-single-strategy"),
         # busy needs nothing else
-        pytest.param(pod(), answers(util=55.0, devices={}), False, "peak GPU utilisation 55.0% >= 10% over 3600s",
-                     CONFIG, id="busy-util-alone-is-enough"),
-        pytest.param(pod(), answers(util=55.0, devices={"0": hole(covered(), n0=1)}), False, "55.0% >= 10%", CONFIG,
-                     id="busy-needs-no-coverage"),
+        pytest.param([steady(value=55.0, start=NOW - 100)], None, WINDOW, NOW, CONFIG, False,
+                     "peak GPU utilisation 55.0% >= 10% over 600s", id="busy-needs-no-coverage"),
     ],
 )
-def test_assess(target: snapshot.Pod, result: dict[str, list[dict[str, Any]]], idle: bool, reason: str,
-                config: settings.Settings) -> None:
-    found = utilisation.assess(target, readings=utilisation.parse(result, labels=config.prometheus.labels),
-                               window_seconds=WINDOW, threshold_percent=10, config=config, now=NOW)
-    assert found.idle == idle
-    assert reason in found.reason, found.reason
+def test_verdict(series: list[Series], target: snapshot.Pod | None, window: int, now: float,
+                 config: settings.Settings, idle: bool, reason: str) -> None:
+    found = judge(series, target=target, window=window, cycles=(now,), config=config)
+    assert (found.idle, reason in found.reason) == (idle, True), found.reason
+
+
+ON_GRID = scraped(end=NOW)  # a sample every 15 s, one on every part boundary
+HOLED = [(t, v) for t, v in ON_GRID if not NOW - 165 <= t <= NOW - 150]  # 45 s without a sample
+MISSED = [(t, v) for t, v in ON_GRID if t != NOW - 150]  # one missed scrape: 30 s
+
+
+@pytest.mark.parametrize(
+    ("samples", "store_left_closed", "told", "idle", "reason"),
+    [
+        pytest.param(ON_GRID, True, True, True, "1.0% < 10%", id="prometheus-2-counted-once"),
+        pytest.param(MISSED, True, True, True, "1.0% < 10%", id="prometheus-2-one-missed-scrape-at-the-bound"),
+        pytest.param(HOLED, True, True, False, "longer than 2x", id="prometheus-2-hole-past-the-bound"),
+        pytest.param(ON_GRID, False, False, True, "1.0% < 10%", id="prometheus-3-left-open"),
+        pytest.param(HOLED, False, False, False, "longer than 2x", id="prometheus-3-hole-past-the-bound"),
+        pytest.param(MISSED, True, None, False, "longer than 2x", id="not-known-yet-one-missed-scrape-fails-closed"),
+        pytest.param(scraped(), True, None, True, "1.0% < 10%", id="not-known-yet-off-the-grid-is-exact"),
+    ],
+)
+def test_samples_on_part_boundaries(samples: list[tuple[float, float]], store_left_closed: bool,
+                                    told: bool | None, idle: bool, reason: str) -> None:
+    """Prometheus 2.x ranges include their left end: a 15 s series with samples exactly on the grid has 21 in
+    each part's range. Told which the store does (the shell asks it once), it is counted once; until then a
+    part's count is between n - 1 and n, and such a series fails closed (stricter)."""
+    run = Run(store_left_closed=store_left_closed, left_closed=told)
+    found = judge([Series(dcgm(), samples)], run=run)
+    assert (found.idle, reason in found.reason) == (idle, True), found.reason
+
+
+def test_a_part_whose_last_sample_is_beyond_the_lookback_fails_closed() -> None:
+    """The store's lookback shorter than a part: a part's samples without its last sample is no reading."""
+    numbers = [(0.0, math.inf, math.nan, NOW - 600.0), (20.0, 20.0, 1.0, math.nan), (20.0, 20.0, 1.0, NOW - 5)]
+    device = utilisation_parts.device_reading(numbers, [NOW - 600, NOW - 300], average=False)
+    reason, _ = utilisation.coverage(device, window_seconds=600, config=CONFIG.descheduler.reclaim)
+    assert reason is not None and "no last sample within the store's lookback" in reason
+
+
+# --- the kept parts across cycles ----------------------------------------------------------------------
+
+
+def test_settled_parts_are_read_once_and_the_rest_every_cycle() -> None:
+    """Cycles a minute apart: a part is read by range query once it has settled (120 s after its end), once;
+    everything newer is the live stretch, asked every cycle."""
+    run = Run()
+    series = [Series(dcgm(), scraped(end=NOW + 1200))]
+    for minute in range(8):
+        run.cycle(series, now=NOW + 60 * minute, window=WINDOW, config=CONFIG, pods={("team-a", "p"): "n1"})
+    first = int(NOW) // P
+    assert run.reads == [[(first - 3, first - 2)], [], [(first - 1, first - 1)], [], [], [], [], [(first, first)]]
+
+
+@pytest.mark.parametrize(
+    ("arrives_after", "cycles", "idle", "reason"),
+    [
+        pytest.param(200.0, 4, False, "80.0% >= 10%", id="late-sample-in-a-short-part-is-read-again"),
+        pytest.param(700.0, 8, True, "1.0% < 10%", id="later-than-late-seconds-is-a-gap"),
+        pytest.param(None, 4, False, "80.0% >= 10%", id="on-time-the-control"),
+    ],
+)
+def test_late_samples(arrives_after: float | None, cycles: int, idle: bool, reason: str) -> None:
+    """A busy sample of the part ending at NOW reaches the store `arrives_after` s after its time (remote write):
+    when the part is kept (NOW + 120) it is missing, the part looks short and is read again every cycle until
+    complete or `late_seconds` (600) old; past that it stays a gap (one missed scrape: within the bound)."""
+    late = NOW - 30
+    samples = scraped(end=NOW + 1200, busy={late: 80.0})
+    arrives = {late: late + arrives_after} if arrives_after is not None else {}
+    series = [Series(dcgm(), samples, arrives)]
+    found = judge(series, cycles=[NOW + 120 + 60 * k for k in range(cycles)], window=900)
+    assert (found.idle, reason in found.reason) == (idle, True), found.reason
+
+
+def test_a_complete_part_is_final_at_once_and_a_short_one_until_late_seconds() -> None:
+    run = Run()
+    pods = {("team-a", "p"): "n1"}
+    full = [Series(dcgm(), scraped(end=NOW + 1200))]
+    run.cycle(full, now=NOW + 120, window=WINDOW, config=CONFIG, pods=pods)
+    assert run.caches["gpu"].parts[int(NOW) // P - 1].final
+    gappy = [Series(dcgm(), scraped(end=NOW + 1200, missing=(NOW - 30, NOW - 30)))]
+    run = Run()
+    run.cycle(gappy, now=NOW + 120, window=WINDOW, config=CONFIG, pods=pods)
+    assert not run.caches["gpu"].parts[int(NOW) // P - 1].final
+    run.cycle(gappy, now=NOW + 600, window=WINDOW, config=CONFIG, pods=pods)
+    assert run.caches["gpu"].parts[int(NOW) // P - 1].final  # its end 600 s old: final, the gap stays a gap
+    assert run.reads[-1] == [(int(NOW) // P - 1, int(NOW) // P)]  # read again with the part settled since
+
+
+@pytest.mark.parametrize(
+    ("cycles", "idle", "reason"),
+    [
+        pytest.param(1, False, "24 of the 36 parts of 300s the window needs are not read from the store yet",
+                     id="restart-cold-cache-fails-closed"),
+        pytest.param(2, False, "12 of the 36 parts", id="still-rebuilding"),
+        pytest.param(3, False, "1 of the 37 parts", id="the-window-grew-by-a-part-meanwhile"),
+        pytest.param(4, True, "1.0% < 10% over 10800s", id="rebuilt"),
+    ],
+)
+def test_restart_with_an_empty_cache_rebuilds_newest_first(cycles: int, idle: bool, reason: str) -> None:
+    """After a start or a leader change the 3 h window's 35 kept parts (and the one before) are read back, 12 a
+    cycle (rebuild_parts_per_cycle); until then its pods are not idle."""
+    series = [Series(dcgm(), scraped(start=NOW - 12000, end=NOW + 1200))]
+    found = judge(series, window=10800, cycles=[NOW + 60 * k for k in range(cycles)])
+    assert (found.idle, reason in found.reason) == (idle, True), found.reason
+
+
+def test_a_busy_part_decides_before_the_rebuild_ends() -> None:
+    series = [Series(dcgm(), scraped(start=NOW - 12000, end=NOW + 1200, busy={NOW - 105: 90.0}))]
+    assert judge(series, window=10800).reason == "peak GPU utilisation 90.0% >= 10% over 10800s"
+
+
+def test_a_failed_read_leaves_its_parts_unknown() -> None:
+    run = Run()
+    pods = {("team-a", "p"): "n1"}
+    run.cycle([steady()], now=NOW, window=WINDOW, config=CONFIG, pods=pods, failing=True)
+    found = utilisation.assess(pod(), readings=run.readings, window_seconds=WINDOW, threshold_percent=10,
+                               config=CONFIG, now=NOW)
+    assert (found.idle, "or their read failed this cycle" in found.reason) == (False, True)
+
+
+def test_a_gpu_that_changes_pod_is_a_new_device_measured_from_its_own_start() -> None:
+    """GPU 0 of n1 held by pod a until NOW - 400, then by pod b: b's window is not covered from its start; a's
+    series ends (stale)."""
+    series = [Series(dcgm(pod_name="a"), scraped(end=NOW - 400)),
+              Series(dcgm(pod_name="b"), scraped(start=NOW - 390, busy={NOW - 390: 1.0}))]
+    run = Run()
+    pods = {("team-a", "a"): "n1", ("team-a", "b"): "n1"}
+    run.cycle(series, now=NOW, window=WINDOW, config=CONFIG, pods=pods)
+    verdicts = {name: utilisation.assess(pod(name=name), readings=run.readings, window_seconds=WINDOW,
+                                         threshold_percent=10, config=CONFIG, now=NOW).reason for name in ("a", "b")}
+    assert "stale" in verdicts["a"]
+    assert "or from its start to the first" in verdicts["b"]
+
+
+def test_prune_drops_old_parts_and_compacts_the_device_index() -> None:
+    cache = utilisation_parts.Cache()
+    for j in range(3):
+        rows = {"n": [{"metric": dcgm(str(i), pod_name=f"p{j}"), "values": [[(j + 1) * P, "20"]]} for i in range(600)]}
+        cache.store(GRID, rows, first=j, last=j, now=1e9, live=utilisation_parts.Part({}),
+                    labels=CONFIG.prometheus.labels)
+    assert len(cache.keys) == 1800
+    cache.prune(2)
+    assert sorted(cache.parts) == [2] and len(cache.keys) == 600
+    assert set(cache.pods) == {("team-a", "p2")}
+    assert cache.parts[2].get(cache.index[("team-a", "p2", "n1", "5/")])[0] == 20.0
+
+
+def test_memory_of_10000_gpus_over_3h_is_a_few_mb() -> None:
+    """37 parts x 10,000 devices in four float64 columns: ~12 MB of columns (the 500 MB goal is the process)."""
+    part = utilisation_parts.Part({i: (20.0, 20.0, 1.0, NOW) for i in range(10000)})
+    assert 4 * part.n.itemsize * len(part.n) * 37 < 13_000_000
 
 
 def test_evaluated_at_is_the_time_answer() -> None:
     assert utilisation.evaluated_at([{"metric": {}, "value": [NOW, str(NOW)]}]) == NOW
     assert utilisation.evaluated_at([]) is None
     assert utilisation.evaluated_at([{"metric": {}, "value": [NOW]}]) is None
-
-
-def test_parse_keeps_only_the_pods_asked_about_and_ignores_foreign_rows() -> None:
-    foreign = {"gpu_util": [{"metric": {"pod": "p"}, "value": [NOW, "1"]}, {"metric": {}, "value": [NOW, "1"]}],
-               "other_util": [{"metric": {"namespace": "team-a", "pod": "p"}, "value": [NOW, "99"]}]}
-    mixed = merge(foreign, answers(), answers(util=1.0, namespace="team-b"))
-    readings = utilisation.parse(mixed, labels=CONFIG.prometheus.labels, pods={("team-a", "p")})
-    assert set(readings) == {("team-a", "p")}
-
-
-def test_host_spellings_merge_busier_and_one_device() -> None:
-    readings = utilisation.parse(merge(answers(host=""), answers(host="n1", util=7.0)),
-                                 labels=CONFIG.prometheus.labels)
-    found = utilisation.assess(pod(full=2), readings=readings, window_seconds=WINDOW, threshold_percent=10,
-                               config=CONFIG, now=NOW)
-    assert found.reason == "DCGM_FI_DEV_GPU_UTIL: only 1 of 2 devices report"  # GPU 0 under both spellings
-    found = utilisation.assess(pod(), readings=readings, window_seconds=WINDOW, threshold_percent=10,
-                               config=CONFIG, now=NOW)
-    assert found.reason == "peak GPU utilisation 7.0% < 10% over 3600s"  # the busier spelling
-
-
-@pytest.mark.parametrize("nan_first", [True, False], ids=["nan-spelling-first", "nan-spelling-last"])
-def test_a_nan_under_one_host_spelling_is_never_merged_away(nan_first: bool) -> None:
-    """A spelling whose util is NaN merged with a clean idle spelling: the NaN survives whichever comes first
-    (max() and min() keep it only as first argument)."""
-    clean, nan_only = answers(host="n1"), answers(host="", util=math.nan, devices={})
-    readings = utilisation.parse(merge(nan_only, clean) if nan_first else merge(clean, nan_only),
-                                 labels=CONFIG.prometheus.labels)
-    found = utilisation.assess(pod(), readings=readings, window_seconds=WINDOW, threshold_percent=10,
-                               config=CONFIG, now=NOW)
-    assert not found.idle
-    assert "NaN" in found.reason
 
 
 def test_kinds_needed() -> None:
@@ -330,3 +579,60 @@ def test_kinds_needed() -> None:
     assert utilisation.kinds_needed([pod(node="n2")], nodes) == {"gpu", "mig"}
     assert utilisation.kinds_needed([pod(full=0, mig={"1g.10gb": 1})], nodes) == {"mig"}
     assert utilisation.kinds_needed([], nodes) == set()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_kept_summary_extended_over_cycles_reads_as_one_folded_afresh(seed: int) -> None:
+    """The window's final parts are folded once and extended as parts turn final (`Cache.summaries`): cycle after
+    cycle the reading is the one a fresh cache folds at that time, on random gaps, busy samples and NaNs."""
+    rng = __import__("random").Random(seed)
+    samples = [(t, rng.choice([1.0, 1.0, 1.0, 2.0, 30.0, math.nan]) if rng.random() < 0.05 else 1.0)
+               for t, _ in scraped(start=NOW - 12000, end=NOW + 1500) if rng.random() > 0.03]
+    series = [Series(dcgm(), samples)]
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"rebuild_parts_per_cycle": 100}}})
+    kept = Run()
+    for minute in range(0, 20, 3):
+        at = NOW + 60 * minute
+        fresh = Run()
+        warm = judge(series, window=3600, cycles=[at], config=config, threshold=25, run=kept)
+        cold = judge(series, window=3600, cycles=[at], config=config, threshold=25, run=fresh)
+        assert (warm, kept.readings) == (cold, fresh.readings)
+
+
+@pytest.mark.parametrize(
+    ("seed", "devices", "window"),
+    [
+        *(pytest.param(seed, 2, window, id=f"seed-{seed}-{window}s")
+          for seed, window in enumerate([600, 3600, 10800] * 4)),
+        pytest.param(0, 1200, 600, id="index-compacted-after-a-cycle-of-failed-reads"),
+    ],
+)
+def test_cycles_whose_reads_failed_leave_no_trace(seed: int, devices: int, window: int) -> None:
+    """Cold cycles whose range reads fail, all (the first one) or some, while the store's left end is not known
+    yet; then normal cycles: once a window's parts are read, every reading is the one a cold cache reads at that
+    time (on random gaps and busy samples; 1,200 devices: prune compacts the index after the failed cycle)."""
+    rng = __import__("random").Random(seed)
+    end, every = NOW + 2400, (15.0 if devices < 1000 else 60.0)
+    start = NOW - 12000 if devices < 1000 else NOW - 2400
+    samples = [(t, rng.choice([1.0, 2.0, 30.0]) if rng.random() < 0.01 else 1.0)
+               for t, _ in scraped(every, start=start, end=end) if rng.random() > 0.01]
+    series = [Series(dcgm(), samples), *(Series(dcgm(str(i % 8), pod_name=f"p{i // 8}", host=f"n{i // 8}"),
+                                                scraped(every, start=start, end=end)) for i in range(1, devices))]
+    pods = {("team-a", "p"): "n1", **{("team-a", f"p{k}"): f"n{k}" for k in range(1, devices // 8)}}
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"rebuild_parts_per_cycle": 4}}})
+    everything = settings_loader.load(overrides={"descheduler": {"reclaim": {"rebuild_parts_per_cycle": 100}}})
+    kept, failing, known = Run(left_closed=None), rng.random(), rng.randrange(1, 5)
+    compared = 0
+    for minute in range(25 if devices < 1000 else 8):
+        at = NOW + 60 * minute
+        kept.left_closed = True if minute >= known else None  # the probe failed until then
+        kept.cycle(series, now=at, window=window, config=config, pods=pods, failing=minute == 0,
+                   fails=(lambda: rng.random() < failing) if minute < 5 else None)
+        missing = kept.caches["gpu"].fetch(GRID, window=window, now=at)
+        if minute < 5 or missing:
+            continue
+        cold = Run()
+        cold.cycle(series, now=at, window=window, config=everything, pods=pods)
+        assert (minute, kept.readings) == (minute, cold.readings)
+        compared += 1
+    assert compared >= 2

@@ -1,0 +1,543 @@
+"""Per-device utilisation by parts of the store's time: the grid, the kept parts, a window's reading. Pure.
+
+The grid: part j holds the samples of (j·P, (j+1)·P] in the store's time (P = `reclaim.part_seconds`). Per
+device and part the store is asked for a few numbers (descheduler.utilisation_promql): samples `n`, `peak` (or
+`sum` and `n_min` for the `average` statistic) and `last`, the time of its last sample at or before the part's
+end. One set of parts serves every window: a window's verdict is derived from the parts it overlaps.
+
+- Settled: a part whose end is `settle_seconds` old at the store's time is read once (a range query, one step
+  per part) and kept (`Cache`); newer parts and the part being written are read every cycle as one stretch
+  ("live": from the end of the newest settled part to the store's time).
+- Late samples: a kept part in which a device that reports later has fewer samples than its own spacing
+  implies, or none near the part's end, is read again every cycle until it looks complete or its end is
+  `late_seconds` old; then it is final and its missing samples are gaps the coverage rule judges.
+- A window (now - W, now] takes every part it overlaps: it starts at S = the start of the part holding now - W
+  (up to one part earlier than W asks: stricter, never laxer), or at the live stretch's start if that is
+  earlier. It needs the parts from S on plus the one before S (the last sample before the window).
+  A part not read yet (a start, a leader change: the cache is empty and is read back from the store, newest
+  first, `rebuild_parts_per_cycle` parts a cycle, `PARTS_PER_QUERY` per range query), or whose read failed this
+  cycle, leaves the window unknown: its pods are not idle, and the reason says so. Nothing only in memory
+  matters for correctness.
+- Prometheus 2.x ranges include their left end (3.x and VictoriaMetrics do not): a sample exactly on a part's
+  start is then counted in the part as well as in the one before. The shell asks the store which it does once
+  (`left_closed`, a 1 ms range ending 1 ms after a known sample); where the last sample before a part sits
+  exactly on its start, the part's count is then n - 1 or n; until it is known, between n - 1 and n: the
+  observed interval from n (shorter: stricter), the gaps from n - 1 (wider: stricter), which fails closed on
+  series whose samples sit on the grid. A peak may take such a sample twice (stricter).
+
+Devices: the pod, namespace and host (from `prometheus.labels`, a later non-empty spelling wins) and the GPU
+index on the host, else the UUID, plus the MIG instance. Copies of a device (two scrape jobs, one dropping
+`UUID`; the same device under two host spellings of the pod's node) fold per part: the most samples, the
+newest time, the higher peak (a NaN peak stays: not idle), the fewest samples for the average. A device that
+moves to another pod is another device (its series are another pod's). Storage is compact: one index per
+device, and per part four `array('d')` columns.
+"""
+
+from __future__ import annotations
+
+import array
+import dataclasses
+import math
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
+
+from common import dcgm, settings
+
+DeviceKey = tuple[str, str, str, str]  # namespace, pod, host, device (GPU index or UUID, "/", MIG instance)
+BOUNDARY = 1e-3  # seconds: Prometheus keeps milliseconds; a last sample this close to a part's start is on it
+NAN = math.nan
+PARTS_PER_QUERY = 4  # a range query reads at most this many parts: each query stays small whatever the rebuild
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    part: int  # seconds
+    settle: float
+    late: float
+    budget: int  # parts read back per cycle at most
+
+    @classmethod
+    def of(cls, config: settings.Reclaim) -> Grid:
+        return cls(config.part_seconds, config.settle_seconds, config.late_seconds, config.rebuild_parts_per_cycle)
+
+    def live_start(self, now: float) -> int:
+        """The end of the newest settled part (the live stretch starts there), in seconds."""
+        return self.part * math.floor((now - self.settle) / self.part)
+
+    def short(self, window: float, now: float) -> bool:
+        """Whether a window starts inside the live stretch: it is read as a stretch of its own, exactly."""
+        return now - window > self.live_start(now)
+
+    def start(self, window: float, now: float) -> int:
+        """Where window (now - window, now] starts on the grid: never later than it asks."""
+        return min(self.part * math.floor((now - window) / self.part), self.live_start(now))
+
+    def needed(self, window: float, now: float) -> range:
+        """The kept parts window needs: from the one before its start to the newest settled one."""
+        return range(self.start(window, now) // self.part - 1, self.live_start(now) // self.part)
+
+
+Numbers = tuple[float, float, float, float]  # n, n_min, value (peak or sum), last
+EMPTY: Numbers = (0.0, math.inf, NAN, NAN)  # no sample; a value NaN with n > 0 is a NaN reading
+
+
+class Part:
+    """One part's (or the live stretch's) numbers for every device index, in compact columns; a device beyond
+    the columns' length has no sample. `final`: read again no more (see the module's docstring)."""
+
+    __slots__ = ("final", "last", "n", "n_min", "value")
+
+    def __init__(self, folded: Mapping[int, Sequence[float | None]], *, final: bool = False) -> None:
+        size = max(folded, default=-1) + 1
+        self.n = array.array("d", [0.0]) * size
+        self.n_min = array.array("d", [math.inf]) * size
+        self.value = array.array("d", [NAN]) * size
+        self.last = array.array("d", [NAN]) * size
+        for i, (n, n_min, value, last) in folded.items():
+            self.n[i], self.n_min[i] = n or 0.0, math.inf if n_min is None else n_min
+            self.value[i], self.last[i] = NAN if value is None else value, NAN if last is None else last
+        self.final = final
+
+    def get(self, i: int) -> Numbers:
+        if i >= len(self.n):
+            return EMPTY
+        return self.n[i], self.n_min[i], self.value[i], self.last[i]
+
+
+FIELD = {"n": 0, "n_min": 1, "peak": 2, "sum": 2, "last": 3}
+
+
+def fold(into: list[float | None], stat: str, value: float) -> None:
+    """One copy's number into a device's (see the module's docstring: copies of a device)."""
+    k = FIELD[stat]
+    old = into[k]
+    if old is None:
+        into[k] = value
+    elif stat == "n_min":
+        into[k] = min(old, value)
+    elif k == 2 and (math.isnan(old) or math.isnan(value)):
+        into[k] = NAN  # a NaN reading stays: not idle
+    else:
+        into[k] = max(old, value)
+
+
+def device_key(metric: Mapping[str, str], labels: settings.PrometheusLabels) -> DeviceKey | None:
+    namespace, pod = dcgm.pick(metric, labels.namespace), dcgm.pick(metric, labels.pod)
+    if not namespace or not pod:
+        return None
+    device = f"{metric.get(labels.gpu) or metric.get(labels.uuid, '')}/{metric.get(labels.mig_instance, '')}"
+    return namespace, pod, dcgm.pick(metric, labels.hostname), device
+
+
+def _value(point: Any) -> tuple[float, float] | None:
+    try:
+        return float(point[0]), float(point[1])
+    except (IndexError, TypeError, ValueError):
+        return None
+
+
+class Cache:
+    """The kept parts of one kind of device, and the index of its devices. Updated only by `store` (pure: the
+    answers in, no I/O); the measuring shell (descheduler.measurement) holds one per kind across cycles."""
+
+    def __init__(self) -> None:
+        self.index: dict[DeviceKey, int] = {}
+        self.pods: dict[tuple[str, str], list[int]] = {}  # (namespace, pod) -> its device indices
+        self.keys: list[DeviceKey] = []
+        self.parts: dict[int, Part] = {}
+        self.summaries: dict[tuple[int, bool, float, bool | None], tuple[int, list[Acc]]] = {}
+        self._raw: dict[tuple[str | None, ...], int | None] = {}  # raw label values -> device (None: no pod)
+
+    def _at(self, key: DeviceKey) -> int:
+        found = self.index.get(key)
+        if found is None:
+            found = self.index[key] = len(self.keys)
+            self.keys.append(key)
+            self.pods.setdefault(key[:2], []).append(found)
+        return found
+
+    def _row(self, metric: Mapping[str, str], labels: settings.PrometheusLabels) -> int | None:
+        """A row's device index (None: no pod): keyed by its raw label values first, so that the spellings are
+        picked once per series, not once per row."""
+        names = (*labels.namespace, *labels.pod, *labels.hostname, labels.gpu, labels.uuid, labels.mig_instance)
+        raw = tuple(map(metric.get, names))
+        if raw not in self._raw:
+            key = device_key(metric, labels)
+            self._raw[raw] = self._at(key) if key is not None else None
+        return self._raw[raw]
+
+    def fetch(self, grid: Grid, *, window: float, now: float) -> list[tuple[int, int]]:
+        """The kept parts to read this cycle for windows up to `window`, as runs (first, last part index) of at
+        most `PARTS_PER_QUERY` parts: every needed part not final, newest first, at most `grid.budget`."""
+        wanted = [j for j in reversed(grid.needed(window, now)) if j not in self.parts or not self.parts[j].final]
+        return [(max(first, last - k - PARTS_PER_QUERY + 1), last - k)
+                for first, last in runs(wanted[:grid.budget]) for k in range(0, last - first + 1, PARTS_PER_QUERY)]
+
+    def live(self, answers: Mapping[str, Iterable[Mapping[str, Any]]], *,
+             labels: settings.PrometheusLabels) -> Part:
+        """The live stretch from its instant answers (`stat` -> vector)."""
+        folded: dict[int, list[float | None]] = {}
+        for stat, rows in answers.items():
+            for row in rows:
+                i = self._row(row.get("metric") or {}, labels)
+                point = _value(row.get("value"))
+                if i is not None and point is not None:
+                    fold(folded.setdefault(i, [None, None, None, None]), stat, point[1])
+        return Part(folded)
+
+    def store(self, grid: Grid, answers: Mapping[str, Iterable[Mapping[str, Any]]], *, first: int, last: int,
+              now: float, live: Part, labels: settings.PrometheusLabels,
+              left_closed: bool | None = None) -> list[int]:
+        """Keep parts `first`..`last` from range answers (`stat` -> matrix, one step per part end); returns the
+        parts kept final. `live`: this cycle's live stretch (a device reporting there reports later);
+        `left_closed`: see `device_reading` (a sample on a part's start is not counted as the part's)."""
+        folded: dict[int, dict[int, list[float | None]]] = {j: {} for j in range(first, last + 1)}
+        for stat, rows in answers.items():
+            for row in rows:
+                i = self._row(row.get("metric") or {}, labels)
+                if i is None:
+                    continue
+                for raw in row.get("values") or ():
+                    point = _value(raw)
+                    if point is None:
+                        continue
+                    j = round(point[0] / grid.part) - 1
+                    if j in folded:
+                        fold(folded[j].setdefault(i, [None, None, None, None]), stat, point[1])
+        final = []
+        later = [i for i in range(len(live.n)) if live.n[i] > 0]
+        reporting = set(later)
+        before = self.parts.get(first - 1)
+        for j in range(last, first - 1, -1):
+            part = Part(folded[j])
+            end = (j + 1) * grid.part
+            previous = Part(folded[j - 1]) if j - 1 in folded else before
+            part.final = now - end >= grid.late or not any(
+                short(part.get(i), previous.get(i) if previous else EMPTY, end=end, part=grid.part,
+                      after=self._after(i, j, folded, live, part=grid.part, left_closed=left_closed),
+                      left_closed=left_closed)
+                for i in reporting)
+            if part.final:
+                final.append(j)
+            self.parts[j] = part
+            reporting |= {i for i in range(len(part.n)) if part.n[i] > 0}
+        return final
+
+    def _after(self, i: int, j: int, folded: Mapping[int, Mapping[int, Sequence[float | None]]], live: Part, *,
+               part: int, left_closed: bool | None) -> float:
+        """The device's observed spacing in the part after j (or the live stretch): span / samples, or NaN."""
+        nxt = folded.get(j + 1, {}).get(i)
+        if nxt is not None and nxt[0] and nxt[3] is not None:
+            n, last = float(nxt[0]), float(nxt[3])
+        elif j + 1 in self.parts:
+            n, _, _, last = self.parts[j + 1].get(i)
+        else:
+            n, _, _, last = live.get(i)
+        mine = (folded.get(j) or {}).get(i)
+        start = mine[3] if mine is not None and mine[3] is not None else NAN
+        n -= _on_start(start, (j + 1) * part, n, left_closed)
+        return (last - start) / n if n > 0 and not math.isnan(last) and not math.isnan(start) else NAN
+
+    def prune(self, keep_from: int) -> None:
+        """Drop parts before `keep_from`, and the devices no kept part has (rebuilding the index when they are
+        over half of it)."""
+        for j in [j for j in self.parts if j < keep_from]:
+            del self.parts[j]
+        self.summaries = {key: found for key, found in self.summaries.items() if key[0] >= keep_from}
+        seen = {i for part in self.parts.values() for i in range(len(part.n)) if part.n[i] > 0
+                or not math.isnan(part.last[i])}
+        if len(self.keys) < 1000 or len(seen) * 2 >= len(self.keys):
+            return
+        order = sorted(seen)
+        remap = {old: new for new, old in enumerate(order)}
+        self._raw, self.summaries = {}, {}
+        self.keys = [self.keys[old] for old in order]
+        self.index = {key: i for i, key in enumerate(self.keys)}
+        self.pods = {}
+        for i, key in enumerate(self.keys):
+            self.pods.setdefault(key[:2], []).append(i)
+        for j, part in self.parts.items():
+            kept = {remap[old]: list(part.get(old)) for old in order if old < len(part.n)}
+            self.parts[j] = Part(kept, final=part.final)
+
+
+def runs(parts: Iterable[int]) -> list[tuple[int, int]]:
+    """Consecutive part indices as (first, last) runs, newest first."""
+    out: list[tuple[int, int]] = []
+    for j in sorted(parts, reverse=True):
+        if out and out[-1][0] == j + 1:
+            out[-1] = (j, out[-1][1])
+        else:
+            out.append((j, j))
+    return out
+
+
+def _on_start(previous: float, start: float, n: float, left_closed: bool | None) -> int:
+    """1 where a part's count may hold the last sample before it (on its start, ranges closed on the left)."""
+    return int(n > 0 and left_closed is not False and abs(previous - start) <= BOUNDARY)
+
+
+def short(numbers: Numbers, previous: Numbers, *, end: float, part: int, after: float,
+          left_closed: bool | None = None) -> bool:
+    """Whether a device that reports later looks short of samples in a part ending at `end`: fewer samples than
+    its spacing (the smaller of this part's and the next stretch's, `after`) implies, or none within one spacing
+    of the part's end (a late sample may still arrive). A device with no sample up to the part's end started
+    later: not short."""
+    n, _, _, last = numbers
+    start = previous[3]
+    n -= _on_start(start, end - part, n, left_closed)
+    if n == 0 and math.isnan(start):
+        return False
+    own = (last - start) / n if n > 0 and not math.isnan(start) and not math.isnan(last) else NAN
+    spacings = [s for s in (after, own) if not math.isnan(s) and s > 0]
+    if not spacings:
+        return True  # reports later, and nothing to read a spacing from: read it again
+    interval = min(spacings)
+    newest = last if n > 0 and not math.isnan(last) else start
+    if end - newest >= interval:
+        return True
+    return not math.isnan(own) and n < round((last - start) / interval)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceReading:
+    """One device over a window, from its stretches (each part's samples split its stretch, from the last sample
+    before it, or the window's start on the grid where the series started later, to its own last, into between
+    n_lo and n_hi stretches): `observed`, the smallest mean stretch (span / n_hi; inf: none); `worst`, the
+    largest span / (n_lo + b - 1) (b = `max_gap_intervals`: every stretch but one at least the interval I, the
+    longest is at most b I exactly when this is at most I); its newest sample (NaN: none within the store's
+    lookback); parts with samples whose last sample the store did not find (`lost`); and its value: the peak,
+    or the average (None: no sample)."""
+
+    observed: float
+    worst: float
+    newest: float
+    lost: int
+    value: float | None
+
+
+class Acc:
+    """A device's stretches so far, folded (see DeviceReading), resumable: a window's kept final parts are
+    folded once and kept (`Cache.summaries`); each cycle adds the newer parts and the live stretch to a copy."""
+
+    __slots__ = ("counted", "lost", "nan", "observed", "on_sample", "peak", "previous", "samples", "total", "worst")
+
+    def __init__(self, previous: float, on_sample: bool) -> None:
+        self.previous, self.on_sample = previous, on_sample
+        self.observed, self.worst, self.lost = math.inf, 0.0, 0
+        self.peak, self.nan, self.samples = -math.inf, False, False
+        self.total, self.counted = 0.0, 0.0
+
+    def copy(self) -> Acc:
+        out = Acc(self.previous, self.on_sample)
+        out.observed, out.worst, out.lost = self.observed, self.worst, self.lost
+        out.peak, out.nan, out.samples = self.peak, self.nan, self.samples
+        out.total, out.counted = self.total, self.counted
+        return out
+
+    def add(self, numbers: Numbers, start: float, *, average: bool, left_closed: bool | None, bound: float,
+            length: float = 0.0) -> None:
+        """One part of `length` seconds (0: the live stretch) starting at `start`; `left_closed`: see
+        `device_reading`. A part of the window without a sample of its own holds a stretch of at least its length
+        (longer than `bound` intervals exactly when length / bound > I)."""
+        n, n_min, value, last = numbers
+        on_start = n > 0 and self.on_sample and left_closed is not False and abs(self.previous - start) <= BOUNDARY
+        n_lo = n - 1 if on_start else n
+        n_hi = n_lo if on_start and left_closed else n
+        if n_lo <= 0 and length > 0:
+            self.worst = max(self.worst, length / bound)
+        if n <= 0:
+            return
+        if math.isnan(last):
+            self.lost += 1
+        else:
+            span = last - self.previous
+            if span > 0:
+                if n_hi > 0:
+                    self.observed = min(self.observed, span / n_hi)
+                room = n_lo + bound - 1
+                self.worst = max(self.worst, span / room if room > 0 else math.inf)
+            self.previous, self.on_sample = last, True
+        self.samples = True
+        if average:
+            self.total += value
+            self.counted += n_min - on_start
+        elif math.isnan(value):
+            self.nan = True
+        else:
+            self.peak = max(self.peak, value)
+
+    def reading(self, newest: float, *, average: bool) -> DeviceReading:
+        if not self.samples:
+            value = None
+        elif average:
+            value = self.total / self.counted if self.counted > 0 else NAN
+        else:
+            value = NAN if self.nan else self.peak
+        return DeviceReading(self.observed, self.worst, newest, self.lost, value)
+
+
+@dataclasses.dataclass(frozen=True)
+class KindReading:
+    """A pod's devices of one kind over a window (copies folded); `unknown`: why the window cannot be judged
+    yet (parts not read, or not read this cycle), else None."""
+
+    devices: Mapping[str, DeviceReading]
+    unknown: str | None = None
+
+    @property
+    def util(self) -> float | None:
+        """The pod's reading: its busiest device's (a NaN stays)."""
+        values = [d.value for d in self.devices.values() if d.value is not None]
+        if not values:
+            return None
+        return NAN if any(math.isnan(v) for v in values) else max(values)
+
+
+@dataclasses.dataclass(frozen=True)
+class PodReading:
+    hosts: tuple[str, ...]  # every host spelling its series carry
+    kinds: Mapping[str, KindReading]  # of the series from the pod's node
+
+
+Readings = Mapping[tuple[str, str], PodReading]  # (namespace, pod) -> ...
+
+
+def same_host(host: str, node: str) -> bool:
+    return not host or host == node or host.split(".")[0] == node.split(".")[0]
+
+
+def _folded(parts: Sequence[Part | None], copies: Sequence[int]) -> list[Numbers]:
+    """Copies of one device (several indices: host spellings) folded per part."""
+    out = []
+    for part in parts:
+        acc: list[float | None] = [None, None, None, None]
+        for i in copies:
+            n, n_min, value, last = part.get(i) if part is not None else EMPTY
+            if n > 0:
+                for stat, number in (("n", n), ("n_min", n_min), ("peak", value)):
+                    fold(acc, stat, number)
+            if not math.isnan(last):
+                fold(acc, "last", last)
+        out.append((acc[0] or 0.0, math.inf if acc[1] is None else acc[1], NAN if acc[2] is None else acc[2],
+                    NAN if acc[3] is None else acc[3]))
+    return out
+
+
+def device_reading(numbers: Sequence[Numbers], starts: Sequence[float], *, average: bool,
+                   left_closed: bool | None = None, bound: float = 2.0) -> DeviceReading:
+    """A device's reading from its folded numbers: the part before the window, then each part of the window and
+    the live stretch, with each one's start (`starts`, one fewer). `left_closed`: whether the store's ranges
+    include their left end (Prometheus 2.x; None: not known yet); `bound`: `max_gap_intervals`."""
+    before = numbers[0][3]
+    acc = Acc(before, True) if not math.isnan(before) else Acc(starts[0], False)
+    for k, (found, start) in enumerate(zip(numbers[1:], starts, strict=True)):
+        length = starts[k + 1] - start if k + 1 < len(starts) else 0.0
+        acc.add(found, start, average=average, left_closed=left_closed, bound=bound, length=length)
+    return acc.reading(numbers[-1][3], average=average)
+
+
+@dataclasses.dataclass(frozen=True)
+class Judging:
+    """What a window's reading depends on besides the data."""
+
+    window: float
+    now: float
+    grid: Grid
+    average: bool
+    bound: float  # max_gap_intervals
+    left_closed: bool | None = None
+
+
+def _summary(cache: Cache, judging: Judging, needed: range) -> tuple[int, list[Acc]]:
+    """Every device's stretches over the window's final kept parts from its start (the longest run of final
+    parts from the one before the window): (the part after the run, accumulators by device index). Kept in
+    `cache.summaries` and extended as parts turn final; a window whose start moved folds from scratch."""
+    first = needed[0]
+    start = (first + 1) * judging.grid.part
+    key = (first, judging.average, judging.bound, judging.left_closed)
+    end = first
+    while end in needed and end in cache.parts and cache.parts[end].final:
+        end += 1
+    done, accs = cache.summaries.get(key, (first, []))
+    if done > end or end == first:  # the part before the window not final (yet): nothing to keep
+        done, accs = first, []
+    before = cache.parts.get(first)
+    for i in range(len(accs), len(cache.keys)):  # devices seen since: from the start
+        last = before.get(i)[3] if before is not None else NAN
+        accs.append(Acc(last, True) if not math.isnan(last) else Acc(start, False))
+        for j in range(first + 1, done):
+            accs[i].add(cache.parts[j].get(i), j * judging.grid.part, average=judging.average,
+                        left_closed=judging.left_closed, bound=judging.bound, length=judging.grid.part)
+    for j in range(max(done, first + 1), end):
+        part, at = cache.parts[j], j * judging.grid.part
+        for i in range(len(accs)):
+            accs[i].add(part.get(i), at, average=judging.average, left_closed=judging.left_closed,
+                        bound=judging.bound, length=judging.grid.part)
+    if end > first:
+        cache.summaries[key] = (max(done, end), accs)
+    return max(done, end), accs
+
+
+def readings(caches: Mapping[str, Cache], lives: Mapping[str, Part], *, pods: Mapping[tuple[str, str], str],
+             judging: Judging, unread: Mapping[str, Collection[int]],
+             short: tuple[Mapping[str, Part], Mapping[str, Part]] | None = None) -> dict[tuple[str, str], PodReading]:
+    """Each pod's reading over window (now - window, now] ((namespace, pod) -> its node). `short`: a window
+    shorter than the live stretch, read as a stretch of its own (per kind: the stretch, and the last sample
+    before it), exactly from now - window; no kept part is needed."""
+    grid, average = judging.grid, judging.average
+    needed = grid.needed(judging.window, judging.now) if short is None else range(0)
+    live_start = grid.live_start(judging.now) if short is None else judging.now - judging.window
+    starts = [j * grid.part for j in needed[1:]] + [live_start]
+    out: dict[tuple[str, str], PodReading] = {}
+    unknown, summaries = {}, {}
+    for kind, cache in caches.items():
+        missing = [j for j in needed if j not in cache.parts or j in unread.get(kind, ())]
+        unknown[kind] = (f"{len(missing)} of the {len(needed)} parts of {grid.part}s the window needs are not read "
+                         "from the store yet (the part cache is rebuilt after a start or a leader change) or their "
+                         "read failed this cycle") if missing else None
+        summaries[kind] = _summary(cache, judging, needed) if needed and not missing else (0, [])
+    for key, node in pods.items():
+        hosts: set[str] = set()
+        kinds: dict[str, KindReading] = {}
+        for kind, cache in caches.items():
+            copies: dict[str, list[int]] = {}
+            for i in cache.pods.get(key, ()):
+                _, _, host, device = cache.keys[i]
+                hosts.add(host)
+                if same_host(host, node):
+                    copies.setdefault(device, []).append(i)
+            if not copies:
+                continue
+            live = lives.get(kind) if short is None else short[0].get(kind)
+            done, accs = summaries[kind]
+            devices = {}
+            for device, found in sorted(copies.items()):
+                if unknown[kind] is not None:  # not judged: only whether it is busy anyway (no coverage needed)
+                    acc = Acc(NAN, False)
+                    for part in [*(cache.parts.get(j) for j in needed), live]:
+                        for i in found:
+                            n, n_min, value, _ = part.get(i) if part is not None else EMPTY
+                            acc.add((n, n_min, value, NAN), 0.0, average=average, left_closed=False, bound=1.0)
+                    devices[device] = acc.reading(max((live.get(i)[3] for i in found), default=NAN)
+                                                  if live is not None else NAN, average=average)
+                elif len(found) == 1 and found[0] < len(accs):
+                    i = found[0]
+                    acc = accs[i].copy()
+                    for j in range(max(done, needed[0] + 1), needed[-1] + 1):
+                        part = cache.parts.get(j)
+                        acc.add(part.get(i) if part is not None else EMPTY, j * grid.part, average=average,
+                                left_closed=judging.left_closed, bound=judging.bound, length=grid.part)
+                    numbers = live.get(i) if live is not None else EMPTY
+                    acc.add(numbers, live_start, average=average, left_closed=judging.left_closed,
+                            bound=judging.bound)
+                    devices[device] = acc.reading(numbers[3], average=average)
+                else:  # copies under several host spellings, a window not read yet, a short window: part by part
+                    parts = [cache.parts.get(j) for j in needed] + [live] if short is None else [
+                        short[1].get(kind), live]
+                    devices[device] = device_reading(_folded(parts, found), starts, average=average,
+                                                     left_closed=judging.left_closed, bound=judging.bound)
+            kinds[kind] = KindReading(devices, unknown[kind])
+        if hosts:
+            out[key] = PodReading(tuple(sorted(hosts)), kinds)
+    return out
