@@ -28,7 +28,7 @@ Cluster: `--nodes` nodes of 8 GPUs in two NVLink domains of 4 (20, 160 GPUs). Wo
 The never-gated pods (1-GPU, `prefer`) race the released ones for their pinned nodes, the hostPort pods take
 ports a pinned pod may need. Arrivals: one pod every 1/rate s in sequence (a gang's members together, a
 ReplicaSet counts its one pod). Each workload runs an exponential lifetime (mean chosen so that 2 pods/s offers
-~90 % of the GPUs; at least `MIN_LIFETIME_SECONDS`) counted from when its first pod is bound, then the benchmark
+~90 % of the GPUs; at least `MIN_LIFETIME_SECONDS`) counted from when it is first bound whole, then the benchmark
 deletes it (a ReplicaSet with its pods, a gang with all its members); a workload never bound stays to the end.
 Mid-run, node churn repeats every `--churn-period` s: a node is cordoned, another deleted, the first uncordoned, the
 deleted one created again. A workload with a pod on a deleted node ends with it (a ReplicaSet's pod is replaced).
@@ -273,7 +273,7 @@ class Watch:
     first_seen: dict[str, float] = dataclasses.field(default_factory=dict)  # uid -> time
     bound_at: dict[str, float] = dataclasses.field(default_factory=dict)  # uid -> time
     arrival_bound: dict[str, float] = dataclasses.field(default_factory=dict)  # member name -> first bound
-    workload_bound: dict[str, float] = dataclasses.field(default_factory=dict)  # workload -> first bound
+    workload_bound: dict[str, float] = dataclasses.field(default_factory=dict)  # workload -> first bound whole
     stuck: dict[str, StuckPin] = dataclasses.field(default_factory=dict)  # uid -> its (first) stuck period
     ended: dict[str, float] = dataclasses.field(default_factory=dict)  # workload -> when the benchmark ended it
     part_since: dict[str, float] = dataclasses.field(default_factory=dict)  # gang -> part-running since
@@ -288,7 +288,8 @@ class Watch:
         self._close_part(workload, now)
 
     def observe(self, cluster: snapshot.Snapshot, *, now: float) -> list[str]:
-        """Take in a snapshot; returns the workloads bound for the first time (their lifetimes start)."""
+        """Take in a snapshot; returns the workloads bound whole for the first time (every member of a gang): their
+        lifetimes start."""
         seen = {p.uid: p for p in cluster.pods.values()
                 if p.namespace == self.namespace and not p.deleting and p.labels.get(WORKLOAD_LABEL) in self.plan}
         started: list[str] = []
@@ -300,7 +301,8 @@ class Watch:
                 if uid not in self.bound_at:
                     self.bound_at[uid] = now
                     self.arrival_bound.setdefault(self.member(pod), now)
-                    if workload not in self.workload_bound:
+                    whole = all(n in self.arrival_bound for n in self.plan[workload].member_names())
+                    if whole and workload not in self.workload_bound:
                         self.workload_bound[workload] = now
                         started.append(workload)
                 if pin is not None and pin.outcome is None:
@@ -644,11 +646,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--churn-period", type=float, default=60.0, help="seconds per cordon/delete cycle")
     parser.add_argument("--drain", type=float, help="seconds after the last arrival (default pin deadline + 20)")
     parser.add_argument("--quick", action="store_true",
-                        help="small CI run: 6 nodes, 60 pods at 3/s, gpu-steward arm, pin deadline 6 s")
+                        help="small CI run: 6 nodes, 50 pods at 3/s, gpu-steward arm, pin deadline 6 s")
     parser.add_argument("--out", type=pathlib.Path, help=f"JSON results (default {DEFAULT_OUT.name})")
     args = parser.parse_args(argv)
     if args.quick:
-        args.nodes, args.pods, args.rates, args.arms = 6, min(args.pods, 60), "3", "gpu-steward"
+        args.nodes, args.pods, args.rates, args.arms = 6, min(args.pods, 50), "3", "gpu-steward"
         args.pin_deadline, args.churn_period, args.drain = 6.0, 10.0, args.drain or 8.0
     args.drain = args.drain if args.drain is not None else args.pin_deadline + 20
     args.rates = [float(r) for r in args.rates.split(",") if r.strip()]

@@ -218,6 +218,7 @@ def test_a_gang_is_part_running_while_one_member_is_bound_and_another_not(second
     watch.observe(_cluster(one, _raw("gang-1", "gang", labels=GANG)), now=1.0)
     watch.observe(_cluster(one, _raw("gang-1", "gang", node="n2", labels=GANG)), now=second_bound_at)
     watch.finish(now=20.0)
+    assert watch.workload_bound == {"gang": second_bound_at}, "its lifetime starts once it runs whole"
     summary = pc.summary(watch, plan=tuple(PLAN.values()), rate=1.0, end=20.0)
     assert summary["longest_part_running_seconds"] == pytest.approx(second_bound_at - 1.0)
     assert (summary["gangs_part_running_over_threshold"], summary["gangs"]) == (over, 1)
