@@ -1,7 +1,8 @@
 """Pin churn: how often a pod released pinned to a node gets stuck, and how soon the loop is closed.
 
     python benchmarks/pin_churn.py [--nodes N] [--pods N] [--rates 2,3] [--seed S]
-        [--arms gpu-steward,default] [--pin-deadline SECONDS] [--quick] [--out FILE]
+        [--arms gpu-steward,default] [--pin-deadline SECONDS] [--churn-period SECONDS] [--drain SECONDS]
+        [--quick] [--out FILE]
 
 Each (arrival rate, arm) runs on a fresh local control plane (Kubernetes 1.37.2 built by
 `scripts/setup test`: kube-apiserver, etcd, kube-scheduler, kube-controller-manager via kwokctl; kwok plays the

@@ -811,7 +811,8 @@ def table(arms: Mapping[str, Mapping[str, Any]], *, gated_min_gpus: int = 2) -> 
         row(label, lambda r, k=kind: _waits(r["pending"].get("waits", {}).get(k)))
     row("burst pods bound / s", lambda r: _fmt(r["burst"]["pods_per_second"], ".1f"))
     width = max(len(r[0]) for r in rows) + 2
-    return [r[0].ljust(width) + "".join(cell.ljust(18) for cell in r[1:]) for r in rows]
+    column = max([18, *(len(cell) + 2 for r in rows for cell in r[1:])])
+    return [r[0].ljust(width) + "".join(cell.ljust(column) for cell in r[1:]) for r in rows]
 
 
 COLOURS = {"default": (127, 127, 127), "binpack": (255, 127, 14), "gpu-steward": (31, 119, 180),
