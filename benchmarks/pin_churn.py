@@ -520,7 +520,9 @@ async def _run(cluster: localcluster.LocalCluster, setup: Setup, *, rate: float,
                 background[0].cancel()
     finally:
         await api.close()
-    return {**summary(watch, plan=setup.plan, rate=rate, end=end), "recoveries": recoveries(text)}
+    # The default arm has no descheduler: None, not "no recovery".
+    return {**summary(watch, plan=setup.plan, rate=rate, end=end),
+            "recoveries": recoveries(text) if metrics_port else None}
 
 
 async def _replay(api: client.ApiClient, setup: Setup, live: feeder.Feeder, watch: Watch, *, rate: float) -> float:
@@ -617,19 +619,22 @@ def table(runs: Mapping[str, Mapping[str, Any]]) -> list[str]:
     row("  stuck -> recovered p50/p99 s", lambda r: spread(r, "stuck_to_recovered_seconds"))
     row("  stuck -> bound p50/p99 s", lambda r: spread(r, "stuck_to_bound_seconds"))
     row("  still stuck at the end", lambda r: str(r["still_stuck_at_end"]))
-    row("recoveries (cause/how)", lambda r: ", ".join(f"{k} {v:g}" for k, v in sorted(r["recoveries"].items()))
-        or "-")
+    row("recoveries (descheduler metric)",
+        lambda r: "-" if r["recoveries"] is None else _fmt(sum(r["recoveries"].values()), "g"))
+    for key in sorted({k for r in runs.values() for k in r["recoveries"] or {}}):
+        row(f"  {key}", lambda r, k=key: "-" if r["recoveries"] is None else _fmt(r["recoveries"].get(k, 0), "g"))
     row(f"gangs part-running > {PART_RUNNING_SECONDS:g} s", lambda r: f"{r['gangs_part_running_over_threshold']} "
         f"of {r['gangs']}")
     row("  longest part-running s", lambda r: _fmt(r["longest_part_running_seconds"]))
-    row("pods bound", lambda r: str(r["pods_bound"]))
+    row("pods bound (replacements count)", lambda r: str(r["pods_bound"]))
     row("arrivals never placed: gated kinds", lambda r: str(r["arrivals_never_placed"]["gated"]))
     row("  never-gated kinds", lambda r: str(r["arrivals_never_placed"]["not_gated"]))
     for kind, label in (("gated", "wait p50/p99 s: gated kinds"), ("not_gated", "  never-gated kinds")):
         row(label, lambda r, k=kind: f"{_fmt(r['waits'][k]['wait_p50_seconds'], '.2f')} / "
             f"{_fmt(r['waits'][k]['wait_p99_seconds'], '.2f')}")
     width = max(len(r[0]) for r in rows) + 2
-    return [r[0].ljust(width) + "".join(cell.ljust(22) for cell in r[1:]) for r in rows]
+    column = max([22, *(len(cell) + 2 for r in rows for cell in r[1:])])
+    return [r[0].ljust(width) + "".join(cell.ljust(column) for cell in r[1:]) for r in rows]
 
 
 # --- command line -----------------------------------------------------------------------------------

@@ -255,3 +255,13 @@ def test_recoveries_are_read_by_cause_and_how_from_the_descheduler_metrics() -> 
     text = prometheus_client.generate_latest(registry).decode()
     assert pc.recoveries(text) == {"unschedulable/recreate": 2.0, "node-gone/evict": 1.0}
     assert pc.recoveries("") == {}
+
+
+def test_the_table_shows_recoveries_by_cause_and_none_for_the_arm_without_a_descheduler() -> None:
+    watch = pc.Watch(PLAN)
+    base = pc.summary(watch, plan=tuple(PLAN.values()), rate=1.0, end=1.0) | {"offered_load": 0.9}
+    lines = pc.table({"ours": base | {"recoveries": {"unschedulable/evict": 2.0}},
+                      "default": base | {"recoveries": None}})
+    [total] = [line.split() for line in lines if line.startswith("recoveries")]
+    [evict] = [line.split() for line in lines if line.strip().startswith("unschedulable/evict")]
+    assert (total[-2:], evict[-2:]) == (["2", "-"], ["2", "-"])
