@@ -11,7 +11,7 @@ GPU indices and serves them as DCGM series to a real Prometheus (2 s scrapes), a
 webhook and descheduler (gang release and pin recovery; reclaim off) run as processes, the descheduler with
 `descheduler.gangs.pin_deadline_seconds` = `--pin-deadline` (20 s) and its /metrics served. The `default` arm is
 kube-scheduler alone: no gate, no pin, so nothing can be stuck — what it shows is what closing the loop costs
-(pods never placed, waits, gangs part-running).
+(arrivals not placed by the end, waits, gangs part-running).
 
 Cluster: `--nodes` nodes of 8 GPUs in two NVLink domains of 4 (20, 160 GPUs). Workloads, drawn from `--seed`
 (the same sequence at every rate and in every arm), until `--pods` pods (800) have arrived:
@@ -45,8 +45,9 @@ Measured per (rate, arm), from the API server's watch (every snapshot of the clu
 * recoveries by cause and how, from the descheduler's `gpu_steward_pin_recoveries_total{cause,how}`;
 * gangs: how many were part-running (at least one member bound while another is not) for more than
   `PART_RUNNING_SECONDS`, and the longest part-running time (excluding the gang's own deletion);
-* pods bound, pods never placed (an arrival whose pod, or any replacement of it, never bound), and create-to-bound
-  waits p50 / p99 for the gated kinds and the never-gated kinds apart.
+* pods bound, arrivals not placed by the end (an arrival whose pod, or any replacement of it, was never bound before
+  the drain ended; those whose workload ended with a deleted node are counted apart), and create-to-bound waits
+  p50 / p99 for the gated kinds and the never-gated kinds apart (of the arrivals that were bound).
 Prints a table and writes JSON (--out). Seeded and reproducible in its workload sequence and node churn; the
 timings are a real control plane's.
 """
@@ -401,7 +402,7 @@ def summary(watch: Watch, *, plan: Sequence[Workload], rate: float, end: float) 
         "part_running_threshold_seconds": PART_RUNNING_SECONDS,
         "longest_part_running_seconds": max(longest.values(), default=None),
         "pods_bound": len(watch.bound_at),
-        "arrivals_never_placed": never,
+        "arrivals_unplaced_at_end": never,
         "arrivals_ended_before_bound": lost,
         "waits": {k: {"bound": len(v), **{f"wait_{q}_seconds": s for q, s in _seconds(v).items()}}
                   for k, v in waits.items()},
@@ -627,8 +628,8 @@ def table(runs: Mapping[str, Mapping[str, Any]]) -> list[str]:
         f"of {r['gangs']}")
     row("  longest part-running s", lambda r: _fmt(r["longest_part_running_seconds"]))
     row("pods bound (replacements count)", lambda r: str(r["pods_bound"]))
-    row("arrivals never placed: gated kinds", lambda r: str(r["arrivals_never_placed"]["gated"]))
-    row("  never-gated kinds", lambda r: str(r["arrivals_never_placed"]["not_gated"]))
+    row("arrivals unplaced at the end: gated", lambda r: str(r["arrivals_unplaced_at_end"]["gated"]))
+    row("  never-gated", lambda r: str(r["arrivals_unplaced_at_end"]["not_gated"]))
     for kind, label in (("gated", "wait p50/p99 s: gated kinds"), ("not_gated", "  never-gated kinds")):
         row(label, lambda r, k=kind: f"{_fmt(r['waits'][k]['wait_p50_seconds'], '.2f')} / "
             f"{_fmt(r['waits'][k]['wait_p99_seconds'], '.2f')}")

@@ -198,7 +198,7 @@ def test_a_replicaset_pod_stands_for_its_replicaset() -> None:
     summary = pc.summary(watch, plan=tuple(PLAN.values()), rate=1.0, end=10.0)
     assert summary["waits"]["gated"]["bound"] == 1
     assert summary["waits"]["gated"]["wait_p50_seconds"] == pytest.approx(3.0), "arrived at 1 s (rate 1/s)"
-    assert summary["arrivals_never_placed"] == {"gated": 3, "not_gated": 0}, "bare and both gang members"
+    assert summary["arrivals_unplaced_at_end"] == {"gated": 3, "not_gated": 0}, "bare and both gang members"
 
 
 GANG = {NAMES.gang_name: "gang", NAMES.gang_size: "2"}
