@@ -51,7 +51,7 @@ def webhook(
     until ready, register it with the API server; yield the settings file (other processes may share
     it). `descheduler`: run the descheduler too, with the same settings, and yield only once the webhook has
     seen its Lease renewed, so every governed pod created from then on is placed at release; with
-    `descheduler_metrics_port` it serves its /metrics there (plain HTTP on 127.0.0.1). On exit the
+    `descheduler_metrics_port` it serves its /metrics there (plain HTTP, `--metrics-port`). On exit the
     registration is removed and the processes stopped."""
     cert = certs.generate(workdir / "tls")
     port = localcluster.free_port()
