@@ -54,9 +54,11 @@ Measured per arm: for every multi-GPU pod, the NVLink domains its GPUs span and 
 have spanned on any node that could hold it (GPUs, cpu, memory) at the moment it was bound; the share
 of domain-fittable pods (fewest == 1) placed in one domain; GPU fragmentation sampled every
 `SAMPLE_SECONDS` (free GPUs in partly used domains / partly used nodes); pods never scheduled and
-waits; pins refused: pods our release pinned that kube-scheduler reported Unschedulable (the pin lost its
-node to another pod), and how many of them were never bound; burst throughput. Prints a table, writes JSON
-(--out) and a PNG bar chart (--picture).
+create-to-bound waits, for all pods and split into the pods our webhook gates (`admission.release_min_gpus`
+whole GPUs or more, 2 by default: placed at release in our arms) and the rest (1-GPU pods, preferred terms
+only), in every arm, so the release path's own wait is seen apart; pins refused: pods our release pinned that
+kube-scheduler reported Unschedulable (the pin lost its node to another pod), and how many of them were never
+bound; burst throughput. Prints a table, writes JSON (--out) and a PNG bar chart (--picture).
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -495,12 +497,22 @@ def fragmentation_summary(samples: Sequence[tuple[float, Fragmentation]]) -> dic
     }
 
 
+def wait_summary(waits: Sequence[float]) -> dict[str, Any]:
+    return {"pods_bound": len(waits), "wait_p50_seconds": _quantile(waits, 0.5),
+            "wait_p99_seconds": _quantile(waits, 0.99), "wait_max_seconds": max(waits, default=None)}
+
+
 def pending_summary(
-    *, created: Mapping[str, float], deleted: Mapping[str, float], bound: Mapping[str, float], end: float
+    *, created: Mapping[str, float], deleted: Mapping[str, float], bound: Mapping[str, float], end: float,
+    gated: Collection[str] = frozenset(),
 ) -> dict[str, Any]:
-    """`created`/`deleted`: when each replayed pod was created/deleted; `bound`: when seen bound."""
+    """`created`/`deleted`: when each replayed pod was created/deleted; `bound`: when seen bound; `gated`: the
+    pods our webhook gates for placement at release (`admission.release_min_gpus` whole GPUs or more), whose
+    waits are also reported apart from the rest (in every arm, so the baselines' same pods compare)."""
     waits = [bound[k] - t for k, t in created.items() if k in bound]
     never = [k for k in created if k not in bound]
+    split = {kind: wait_summary([bound[k] - t for k, t in created.items() if k in bound and (k in gated) == is_gated])
+             for kind, is_gated in (("gated", True), ("not_gated", False))}
     pending_seconds = sum(min(bound.get(k, end), deleted.get(k, end)) - t for k, t in created.items())
     return {
         "pods_created": len(created),
@@ -512,6 +524,8 @@ def pending_summary(
         "wait_max_seconds": max(waits, default=None),
         "pending_pod_seconds": pending_seconds,
         "never_scheduled_pods": sorted(never),
+        "never_scheduled_gated": sum(1 for k in never if k in gated),
+        "waits": split,
     }
 
 
@@ -555,6 +569,7 @@ class Setup:
     pods: tuple[TracePod, ...]
     plan: tuple[Action, ...]
     burst: tuple[TracePod, ...]
+    gated_min_gpus: int = settings.Admission().release_min_gpus  # pods our webhook gates: this many GPUs or more
 
 
 def say(message: str) -> None:
@@ -654,11 +669,12 @@ async def _replay(api: client.ApiClient, setup: Setup, tracker: Tracker, start: 
     lag = [created[f"{NAMESPACE}/{setup.pods[a.pod].name}"] - offset - a.at for a in setup.plan
            if a.kind == "create" and f"{NAMESPACE}/{setup.pods[a.pod].name}" in created]
     bound = {k: b.bound_at for k, b in tracker.bindings.items() if k in created}
+    gated = {f"{NAMESPACE}/{p.name}" for p in setup.pods if p.gpus >= setup.gated_min_gpus}
     return {
         "duration_seconds": end - offset,
         "create_failures": failures[:20],
         "create_lag_p99_seconds": _quantile(lag, 0.99),
-        "pending": pending_summary(created=created, deleted=deleted, bound=bound, end=end),
+        "pending": pending_summary(created=created, deleted=deleted, bound=bound, end=end, gated=gated),
     }
 
 
@@ -772,7 +788,15 @@ def _fmt(value: Any, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def table(arms: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def _waits(waits: Mapping[str, Any] | None) -> str:
+    if not waits:
+        return "-"
+    return f"{_fmt(waits['wait_p50_seconds'])} / {_fmt(waits['wait_p99_seconds'])} ({waits['pods_bound']})"
+
+
+def table(arms: Mapping[str, Mapping[str, Any]], *, gated_min_gpus: int = 2) -> list[str]:
+    """One row per measure, one column per arm. Waits: p50 / p99 (pods bound); the gated rows split them by
+    whether our webhook gates the pod (`gated_min_gpus` GPUs or more), in every arm."""
     rows: list[tuple[str, ...]] = [("", *arms)]
 
     def row(label: str, get: Any) -> None:
@@ -794,13 +818,17 @@ def table(arms: Mapping[str, Mapping[str, Any]]) -> list[str]:
     row("pods never scheduled", lambda r: str(r["pending"]["never_scheduled"]))
     row("  still pending at end", lambda r: str(r["pending"]["pending_at_end"]))
     row("pending pod-seconds", lambda r: _fmt(r["pending"]["pending_pod_seconds"], ".0f"))
-    row("wait p50 / p99 (s)", lambda r: f"{_fmt(r['pending']['wait_p50_seconds'])} / "
+    row("wait p50 / p99 (s), all pods", lambda r: f"{_fmt(r['pending']['wait_p50_seconds'])} / "
         f"{_fmt(r['pending']['wait_p99_seconds'])}")
+    smaller = "1-GPU pods" if gated_min_gpus == 2 else f"pods under {gated_min_gpus} GPUs"
+    for kind, label in (("gated", f"  gated pods ({gated_min_gpus}+ GPUs)"), ("not_gated", f"  {smaller}")):
+        row(label, lambda r, k=kind: _waits(r["pending"].get("waits", {}).get(k)))
     row("pins refused (never bound)", lambda r: f"{r.get('pins_refused', {}).get('pods', 0)} "
         f"({r.get('pins_refused', {}).get('never_bound', 0)})")
     row("burst pods bound / s", lambda r: _fmt(r["burst"]["pods_per_second"], ".1f"))
     width = max(len(r[0]) for r in rows) + 2
-    return [r[0].ljust(width) + "".join(cell.ljust(18) for cell in r[1:]) for r in rows]
+    column = max([18, *(len(cell) + 2 for r in rows for cell in r[1:])])
+    return [r[0].ljust(width) + "".join(cell.ljust(column) for cell in r[1:]) for r in rows]
 
 
 COLOURS = {"default": (127, 127, 127), "binpack": (255, 127, 14), "gpu-steward": (31, 119, 180),
@@ -904,7 +932,9 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
         f"({dict(collections.Counter(p.gpus for p in pods))} by GPUs; skipped {pod_set.skipped}), "
         f"{args.arrival_rate:g} pods/s, lifetimes / {args.time_compression:g}")
     bin_dir = localcluster.ensure_binaries(progress=lambda line: None)
-    setup = Setup(bin_dir, tuple(nodes), tuple(pods), tuple(plan), burst_pods(pods, gpus=int(gpus * BURST_GPU_SHARE)))
+    gated_min_gpus = args.release_min_gpus or settings.Admission().release_min_gpus
+    setup = Setup(bin_dir, tuple(nodes), tuple(pods), tuple(plan), burst_pods(pods, gpus=int(gpus * BURST_GPU_SHARE)),
+                  gated_min_gpus)
     arms: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="placement-trace-") as tmp:
         for arm in args.arms:
@@ -912,7 +942,7 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
             workdir.mkdir(parents=True, exist_ok=True)
             arms[arm] = run_arm(setup, arm=arm, workdir=workdir, logs=args.logs is not None,
                                 release_min_gpus=args.release_min_gpus)
-    lines = table(arms)
+    lines = table(arms, gated_min_gpus=gated_min_gpus)
     say("\n" + "\n".join(lines))
     verdicts = [{**verdict, "arm": arm} for arm in OURS if arm in arms for verdict in goals(arms, arm=arm)]
     for verdict in verdicts:
@@ -921,7 +951,8 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
     args.out.write_text(json.dumps({
         "command": " ".join(["python", "benchmarks/placement_trace.py", *command]),
         "trace": args.trace, "skip": args.skip,
-        "release_min_gpus": args.release_min_gpus, "nodes": len(nodes), "gpus": gpus, "pods": len(pods),
+        "release_min_gpus": args.release_min_gpus, "gated_min_gpus": gated_min_gpus,
+        "nodes": len(nodes), "gpus": gpus, "pods": len(pods),
         "pods_by_gpus": dict(collections.Counter(p.gpus for p in pods)), "skipped": pod_set.skipped,
         "arrival_rate": args.arrival_rate, "time_compression": args.time_compression,
         "burst_pods": len(setup.burst), "arms": arms, "goals": verdicts, "table": lines,

@@ -9,7 +9,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -20,10 +20,11 @@ from gpu_steward import certs, localcluster
 REGISTRATION = "gpu-steward"
 
 
-def process(command: str, config_file: pathlib.Path, *, workdir: pathlib.Path) -> localcluster.ManagedProcess:
-    """`gpu-steward COMMAND --config FILE` as a process of this Python, logging to WORKDIR/COMMAND.log."""
+def process(command: str, config_file: pathlib.Path, *, workdir: pathlib.Path,
+            flags: Sequence[str] = ()) -> localcluster.ManagedProcess:
+    """`gpu-steward COMMAND --config FILE [FLAGS]` as a process of this Python, logging to WORKDIR/COMMAND.log."""
     return localcluster.ManagedProcess(
-        command, [sys.executable, "-m", "gpu_steward", command, "--config", str(config_file)],
+        command, [sys.executable, "-m", "gpu_steward", command, "--config", str(config_file), *flags],
         log_file=workdir / f"{command}.log")
 
 
@@ -44,12 +45,13 @@ def _sees_controller(url: str, trust: ssl.SSLContext) -> bool:
 @contextlib.contextmanager
 def webhook(
     cluster: localcluster.LocalCluster, workdir: pathlib.Path, *, config: Mapping[str, Any],
-    descheduler: bool = False, timeout_seconds: float = 60,
+    descheduler: bool = False, descheduler_metrics_port: int | None = None, timeout_seconds: float = 60,
 ) -> Iterator[pathlib.Path]:
     """Run the webhook with `config` (settings; kubeconfig, listen address and TLS are filled in), wait
     until ready, register it with the API server; yield the settings file (other processes may share
     it). `descheduler`: run the descheduler too, with the same settings, and yield only once the webhook has
-    seen its Lease renewed, so every governed pod created from then on is placed at release. On exit the
+    seen its Lease renewed, so every governed pod created from then on is placed at release; with
+    `descheduler_metrics_port` it serves its /metrics there (plain HTTP, `--metrics-port`). On exit the
     registration is removed and the processes stopped."""
     cert = certs.generate(workdir / "tls")
     port = localcluster.free_port()
@@ -61,7 +63,8 @@ def webhook(
     config_file = workdir / "gpu-steward.yaml"
     config_file.write_text(yaml.safe_dump(data, sort_keys=False))
     server = process("webhook", config_file, workdir=workdir)
-    releaser = process("descheduler", config_file, workdir=workdir)
+    flags = ("--metrics-port", str(descheduler_metrics_port)) if descheduler_metrics_port else ()
+    releaser = process("descheduler", config_file, workdir=workdir, flags=flags)
     try:
         server.start()
         trust = ssl.create_default_context(cafile=str(cert.ca_file))

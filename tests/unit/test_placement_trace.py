@@ -245,6 +245,37 @@ def test_pending_summary_separates_pods_given_up_from_pods_still_waiting() -> No
     assert got["wait_max_seconds"] == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize(
+    ("gated", "expected"),
+    [
+        pytest.param({"g1", "g2"}, {"gated": (2, 3.0, 3.0), "not_gated": (2, 0.5, 0.5)}, id="split-by-gate"),
+        pytest.param(set(), {"gated": (0, None, None), "not_gated": (4, 2.0, 3.0)}, id="nothing-gated"),
+        pytest.param({"g1", "g2", "s1", "s2"}, {"gated": (4, 2.0, 3.0), "not_gated": (0, None, None)},
+                     id="all-gated"),
+    ],
+)
+def test_pending_summary_reports_gated_waits_apart(gated: set[str], expected: dict[str, tuple[Any, ...]]) -> None:
+    got = pt.pending_summary(created={"g1": 0.0, "g2": 1.0, "g3": 2.0, "s1": 0.0, "s2": 1.0},
+                             deleted={}, bound={"g1": 2.0, "g2": 4.0, "s1": 0.5, "s2": 1.5}, end=10.0,
+                             gated=gated | ({"g3"} if "g1" in gated else set()))
+    waits = {kind: (w["pods_bound"], w["wait_p50_seconds"], w["wait_max_seconds"]) for kind, w in got["waits"].items()}
+    assert waits == {k: (n, p50 if p50 is None else pytest.approx(p50), top if top is None else pytest.approx(top))
+                     for k, (n, p50, top) in expected.items()}
+    assert got["never_scheduled_gated"] == (1 if "g1" in gated else 0)
+
+
+def test_table_prints_gated_and_one_gpu_waits_per_arm() -> None:
+    waits = {"gated": {"pods_bound": 3, "wait_p50_seconds": 0.3, "wait_p99_seconds": 7.0},
+             "not_gated": {"pods_bound": 9, "wait_p50_seconds": 0.1, "wait_p99_seconds": 0.4}}
+    arm = {"placement": pt.placement_summary([]), "fragmentation": pt.fragmentation_summary([]),
+           "pending": {"never_scheduled": 0, "pending_at_end": 0, "pending_pod_seconds": 0.0,
+                       "wait_p50_seconds": 0.1, "wait_p99_seconds": 7.0, "waits": waits},
+           "burst": {"pods_per_second": 50.0}}
+    lines = pt.table({"default": arm})
+    assert any(line.startswith("  gated pods (2+ GPUs)") and "0.30 / 7.00 (3)" in line for line in lines)
+    assert any(line.startswith("  1-GPU pods") and "0.10 / 0.40 (9)" in line for line in lines)
+
+
 def _arm(share: float | None, never: int, rate: float, p99: float = 2.0) -> dict[str, Any]:
     return {"placement": {"one_domain_share": share}, "pending": {"never_scheduled": never, "wait_p99_seconds": p99},
             "burst": {"pods_per_second": rate}}
