@@ -97,7 +97,7 @@ def as_json(result: planning.ReleasePlan, stuck: Sequence[recovery.Recovery] = (
         "demand": [{"gang": d.gang, "nodes": list(d.nodes), "missing_gpus": d.missing_gpus} for d in result.shortages],
         "stuck_pins": [
             {"unit": r.unit, "cause": r.cause.value, "recovery": r.how.value, "why": r.message,
-             "pods": [{"pod": p.key, "node": p.node, "cause": p.cause.value if p.cause else None,
+             "pods": [{"pod": p.key, "node": p.node, "bound": p.bound, "cause": p.cause.value if p.cause else None,
                        "recovery": p.how.value} for p in r.pods]}
             for r in stuck
         ],

@@ -9,6 +9,16 @@ is written first to a ConfigMap in the Lease namespace (`gpu-steward-recreate-<u
 (precondition: its uid), then each pass replays the journals: a pod that is gone is created from its journal, and a
 journal whose pod exists again (created by us or anyone) is deleted. Creating the pod again goes through admission,
 so our webhook gates it and release places it afresh.
+
+A unit may hold running members (a gang whose release is part-bound, `recovery`), and the Eviction API may refuse
+to evict a running pod (HTTP 429: a PodDisruptionBudget allows no disruption now; a Pending pod is never refused).
+So a unit is never left half done by a refusal that could be foreseen: its running members to evict are first
+evicted in dry run (`dryRun=All`: the API server checks the budgets and changes nothing); any refusal and the whole
+unit is reported (Warning `PinStuck`, metric how=report) and nothing is touched — the next pass tries again. Then
+the unit's pods are acted on in `Recovery.in_order`, running members to evict first, so that a refusal no dry run
+could foresee (two evictions drawing on one budget that allows one) stops the unit before any of its pinned pods or
+bare members are touched; it is reported too, and the next pass takes up the rest: the members still running are
+still of the stuck pods' release, and the one evicted comes back gated.
 """
 
 from __future__ import annotations
@@ -90,11 +100,12 @@ class Recoverer:
         self._metrics.stuck.set(sum(1 for r in found for p in r.pods if p.cause is not None))
         live: set[tuple[str, str]] = set()
         for item in found:
-            live |= {(p.key, item.message) for p in item.pods}
+            said = item.message
             try:
-                await self._one(item, cluster)
+                said = await self._one(item, cluster)
             except FAILURES as exc:
                 logger.warning("pin recovery of %s stopped: %s; retried on the next pass", item.unit, exc)
+            live |= {(p.key, said) for p in item.pods}
         self._reported &= live
         recreated = any(p.how is recovery.How.RECREATE for r in found if r.acting for p in r.pods)
         resync = self._config.descheduler.gangs.resync_seconds
@@ -103,35 +114,46 @@ class Recoverer:
             await self._replay()
         return found
 
-    async def _one(self, item: recovery.Recovery, cluster: snapshot.Snapshot) -> None:
+    async def _one(self, item: recovery.Recovery, cluster: snapshot.Snapshot) -> str:
+        """Act on one unit (or report it); what it told."""
         if not item.acting:
-            if all((p.key, item.message) in self._reported for p in item.pods):
-                return
-            logger.warning("pin stuck: %s", item.message)
-            self._metrics.recoveries.labels(item.cause.value, item.how.value).inc()
-            await self._tell(item, cluster, type_="Warning", reason=recovery.STUCK)
-            self._reported |= {(p.key, item.message) for p in item.pods}
-            return
+            return await self._report(item, cluster, item.message)
+        for pod in item.in_order:
+            if pod.bound and pod.how is recovery.How.EVICT and (refused := await self._evict(pod.key, dry_run=True)):
+                return await self._report(item, cluster, _refused(item, f"{pod.key}: {refused}; nothing was done"))
         logger.warning("pin recovered: %s", item.message)
-        await self._tell(item, cluster, type_="Warning", reason=recovery.RECOVERED)
-        for pod in item.pods:
+        await self._tell(item, cluster, type_="Warning", reason=recovery.RECOVERED, message=item.message)
+        for done, pod in enumerate(item.in_order):
             if pod.how is recovery.How.RECREATE:
                 await self._recreate(cluster.pods[pod.key])
-            else:
-                await self._evict(pod.key)
+            elif refused := await self._evict(pod.key):
+                return await self._report(item, cluster, _refused(
+                    item, f"{pod.key}: {refused}; {done} of its {len(item.pods)} pods taken down, the rest is "
+                          "taken on a later pass"))
         self._metrics.recoveries.labels(item.cause.value, item.how.value).inc()
+        return item.message
+
+    async def _report(self, item: recovery.Recovery, cluster: snapshot.Snapshot, message: str) -> str:
+        """A Warning on the unit's pods and owners, once per message; metric how=report."""
+        if all((p.key, message) in self._reported for p in item.pods):
+            return message
+        logger.warning("pin stuck: %s", message)
+        self._metrics.recoveries.labels(item.cause.value, recovery.How.REPORT.value).inc()
+        await self._tell(item, cluster, type_="Warning", reason=recovery.STUCK, message=message)
+        self._reported |= {(p.key, message) for p in item.pods}
+        return message
 
     async def _tell(self, item: recovery.Recovery, cluster: snapshot.Snapshot, *, type_: events.EventType,
-                    reason: str) -> None:
+                    reason: str, message: str) -> None:
         owners: dict[tuple[str, str], events.ObjectRef] = {}
         for stuck in item.pods:
             await events.post(self._api, regarding=events.ObjectRef.pod(stuck.key, uid=stuck.uid), type=type_,
-                              reason=reason, message=item.message, request_timeout=self._timeout)
+                              reason=reason, message=message, request_timeout=self._timeout)
             ref = _owner_ref(cluster.pods[stuck.key])
             if ref is not None:
                 owners[(ref.kind, ref.name)] = ref
         for ref in owners.values():
-            await events.post(self._api, regarding=ref, type=type_, reason=reason, message=item.message,
+            await events.post(self._api, regarding=ref, type=type_, reason=reason, message=message,
                               request_timeout=self._timeout)
 
     async def _job(self, key: str) -> recovery.JobFacts | None:
@@ -144,15 +166,19 @@ class Recoverer:
             return None
         return recovery.job_facts(job)
 
-    async def _evict(self, key: str) -> None:
+    async def _evict(self, key: str, *, dry_run: bool = False) -> str | None:
+        """Evict the pod (`dry_run`: only ask whether the API server would); why it refuses, None when it does not."""
         namespace, _, name = key.partition("/")
         body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
         try:
             await kube.request(self._api, "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body=body,
-                               timeout_seconds=self._timeout)
+                               query={"dryRun": "All"} if dry_run else None, timeout_seconds=self._timeout)
         except kube.ApiError as exc:
+            if exc.status == 429:  # a PodDisruptionBudget allows no disruption now
+                return f"eviction refused ({exc})"
             if exc.status != 404:  # gone already: what we wanted
                 raise
+        return None
 
     def _journal_path(self, name: str = "") -> str:
         namespace = self._config.descheduler.leader_election.lease_namespace
@@ -217,3 +243,9 @@ class Recoverer:
         except kube.ApiError as exc:
             if exc.status != 404:
                 raise
+
+
+def _refused(item: recovery.Recovery, why: str) -> str:
+    """The report of a unit whose eviction the API server refused."""
+    what = item.message.partition("; recovered")[0]
+    return f"{what}; not recovered, retried on each pass: {why}"

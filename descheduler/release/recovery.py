@@ -15,7 +15,19 @@ a new leader finds the same stuck pins. Rules:
     the scheduler's preemption is making room for it (a gang released to preempt, `planning`), and the victims'
     grace periods bound that wait.
 - Recovered as a unit: a stuck gang member brings every member of its gang that is pinned, released and not bound
-  (they are re-planned together, never half-placed by an old plan); members already bound are left running.
+  (they are re-planned together, never half-placed by an old plan), and every member bound from the same release as
+  one of those: the same release record, time and text, which the release pass writes alike on all the members it
+  un-gates at once (`controller`). Such a gang never ran whole — part of it started and the rest of the same release
+  is stuck — so its bound members are recovered too (by the rules below) and the whole gang comes back gated and is
+  released whole again; left running, they would hold their GPUs forever beside re-created members that find no
+  room, the gang part-running (tests/e2e/test_closed_loop_random_e2e.py, seed 20261128). The cost: those members
+  are running, most likely waiting at their rendezvous for peers that never came; evicting them restarts their
+  containers and loses what they did alone. Members bound from an earlier release are left running: that gang ran
+  whole once and one member of it, created again since (its own release, alone), is what is stuck; evicting the
+  rest would kill a gang that runs to recover one pod. Not tied in: a member being deleted or finished (it is not
+  running and is leaving or done), and a bound member whose record has no time (releases cannot be told apart).
+  Boundary: a gang whose release was split across passes (a failure while un-gating, `controller`) has two
+  records; its members bound from the first pass are left running like an earlier release's.
 - How, by what re-creates each pod of the unit:
   - a controller that re-creates a deleted pod at no cost: ReplicaSet, StatefulSet, ReplicationController; a Job
     whose pod failure policy ignores DisruptionTarget, or with retries to spare (`backoffLimit` minus its failed
@@ -29,6 +41,8 @@ a new leader finds the same stuck pins. Rules:
     do not know) — `report`: deleting it would cost the workload a failed attempt. A Warning Event on the pod and
     its owner says what the user can do; the pod is left as it is.
   A unit with any pod to `report` is reported as a whole: a gang is never half recovered.
+  The shell acts on a unit's pods in `Recovery.in_order`: bound members to evict first, which a
+  PodDisruptionBudget may refuse (the Eviction API never refuses a Pending pod), then the rest (`recoverer`).
 """
 
 from __future__ import annotations
@@ -88,15 +102,16 @@ def job_facts(job: Mapping[str, Any]) -> JobFacts:
 
 @dataclasses.dataclass(frozen=True)
 class Stuck:
-    """One pinned pod of a unit."""
+    """One pod of a unit: pinned and not bound, or bound from the same release as the unit's pinned pods."""
 
     key: str
     uid: str
-    node: str  # the node it is pinned to
+    node: str  # the node it is pinned to (bound: the node it runs on)
     cause: Cause | None  # None: not stuck itself, recovered with its gang
     how: How
     owner: tuple[str, str] | None  # (kind, name) of its controller
     why: str  # for `how`
+    bound: bool = False  # a member bound from the same release as the unit's stuck pods: running, not pinned
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +125,12 @@ class Recovery:
     @property
     def acting(self) -> bool:
         return self.how is not How.REPORT
+
+    @property
+    def in_order(self) -> tuple[Stuck, ...]:
+        """The pods in the order the shell acts on them: the bound ones to evict first (a PodDisruptionBudget may
+        refuse those, and a refusal then leaves the rest untouched), then the other bound ones, then the unbound."""
+        return tuple(sorted(self.pods, key=lambda s: (not s.bound, not (s.bound and s.how is How.EVICT), s.key)))
 
 
 def owner(pod: snapshot.Pod) -> tuple[str, str] | None:
@@ -131,6 +152,17 @@ def _pinned(pod: snapshot.Pod, *, names: settings.Names) -> str | None:
             or names.release not in pod.annotations):
         return None
     return snapshot.pinned_node(pod.raw)
+
+
+def _release_of(pod: snapshot.Pod, *, names: settings.Names) -> str | None:
+    """The release that un-gated this pod, as its record says (time and text); None without a time in it."""
+    record = pod.annotations.get(names.release)
+    return record if record is not None and label_values.stamped(record)[0] is not None else None
+
+
+def _running(pod: snapshot.Pod) -> bool:
+    """Bound and neither finished nor being deleted: what a recovery unit may have to take down."""
+    return pod.bound and not pod.deleting
 
 
 def _unschedulable(pod: snapshot.Pod) -> bool:
@@ -192,26 +224,33 @@ def assess(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
     (`jobs_to_read`); a Job missing from it is reported, never evicted."""
     names, cfg = config.names, config.descheduler.gangs
     pinned: dict[str, list[tuple[snapshot.Pod, str]]] = {}
+    running: dict[str, list[snapshot.Pod]] = {}  # gang unit -> its members bound by one of our releases
     for pod in sorted(cluster.pods.values(), key=lambda p: p.key):
         node = _pinned(pod, names=names)
         if node is not None:
             pinned.setdefault(_unit_key(pod, cluster, names=names), []).append((pod, node))
+        elif _running(pod) and _release_of(pod, names=names) is not None:
+            running.setdefault(_unit_key(pod, cluster, names=names), []).append(pod)
     out: list[Recovery] = []
     for unit, members in sorted(pinned.items()):
         causes = {pod.key: found for pod, node in members
                   if (found := cause(pod, node, cluster, names=names, cfg=cfg, now=now)) is not None}
         if not causes:
             continue
+        releases = {_release_of(pod, names=names) for pod, _ in members} - {None}
+        together = [(pod, pod.node_name or "") for pod in running.get(unit, ()) if unit.startswith("gang:")
+                    and _release_of(pod, names=names) in releases]
         per_job: dict[str, int] = {}
-        for pod, _ in members:
+        for pod, _ in [*members, *together]:
             if pod.owner_kind == JOB:
                 job = f"{pod.namespace}/{pod.owner_name}"
                 per_job[job] = per_job.get(job, 0) + 1
         stuck: list[Stuck] = []
-        for pod, node in members:
+        for pod, node in sorted([*members, *together], key=lambda m: m[0].key):
             how, why = _how(pod, jobs=jobs, unit_pods_of_job=per_job.get(f"{pod.namespace}/{pod.owner_name}", 0))
             found = causes.get(pod.key)
-            stuck.append(Stuck(pod.key, pod.uid, node, found[0] if found else None, how, owner(pod), why))
+            stuck.append(Stuck(pod.key, pod.uid, node, found[0] if found else None, how, owner(pod), why,
+                               bound=pod.node_name is not None))
         first = next(s for s in stuck if s.cause is not None)
         how = How.REPORT if any(s.how is How.REPORT for s in stuck) else How.EVICT
         out.append(Recovery(unit.partition(":")[2], first.cause or Cause.UNSCHEDULABLE,
@@ -236,8 +275,12 @@ def _message(unit: str, stuck: Sequence[Stuck], causes: Mapping[str, tuple[Cause
                 f"{'s' if len(stuck) > 1 else ''} ({', '.join(s.key for s in stuck)}) and create "
                 f"{'them' if len(stuck) > 1 else 'it'} again (without the node affinity on metadata.name)")
     done = "; ".join(f"{s.key}: {s.why}" for s in stuck)
-    together = f" with the {len(stuck) - 1} other unbound member(s)" if len(stuck) > 1 else ""
-    return f"{what}; recovered{together}: {done}"
+    bound = sum(1 for s in stuck if s.bound)
+    unbound = len(stuck) - 1 - bound
+    together = [f"the {unbound} other unbound member(s)"] if unbound else []
+    if bound:
+        together.append(f"the {bound} member(s) bound from the same release (the gang never ran whole)")
+    return f"{what}; recovered{' with ' + ' and '.join(together) if together else ''}: {done}"
 
 
 def jobs_to_read(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float) -> tuple[str, ...]:

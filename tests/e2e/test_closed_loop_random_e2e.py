@@ -24,9 +24,8 @@ Judged by oracles that are not our capacity model:
    Pending more than `PIN_BOUND_SECONDS` after its release (the deadline plus the scheduler's verdict, a pass and
    the deletion, on a loaded machine); at the end no pod the test created is lost (a pod on a deleted node is the
    node's loss, not ours: counted apart), and no gang has members bound while others are absent, held by our gate
-   or pin, or bound members no older than the pending rest (a gang that started part-way after a recovery). Not
-   yet met, so reported rather than failed: a gang whose members were bound before a recovery re-created the rest,
-   which no node has room for (recovery leaves bound members running; issue #20);
+   or pin, or bound members no older than the pending rest (a gang that started part-way after a recovery), or
+   some bound and the rest re-created and Pending (recovery takes a gang whose release is part-bound down whole);
 2. every pod left Pending at the end is one kube-scheduler cannot place either: a probe, the pod as its creator
    wrote it (opted out of our webhook, our gang labels off, preemptionPolicy Never: filters only), is created in
    the same namespace beside it; kube-scheduler binding the probe (a gang's pending members: all of them) fails
@@ -669,11 +668,11 @@ def _judge(run: Run) -> list[str]:
                                 "is no older than the rest (created again and started without its gang)\n"
                                 + "\n".join(run.evidence(n) for n in unit_names))
             elif bound and rest:
-                # Known gap (issue #20): recovery leaves the members bound before it running, and the re-created
-                # rest is released as ordinary Pending pods; when no node has room for them, the gang stays
-                # part-running. Whether the stock scheduler could place the rest is judged below.
-                run.say(f"KNOWN GAP: gang {unit.name} part-running: {bound} bound before its recovery, {rest} "
-                        "re-created, ordinary Pending pods")
+                # Recovery takes a gang whose release is part-bound down whole (issue #20: seed 20261128 left u10-gang
+                # running 2 of 3 after its third member's node was deleted, the third re-created and fitting
+                # nowhere): a gang part-running after it is a violation.
+                problems.append(f"gang {unit.name} part-running: {bound} bound, {rest} re-created but not bound\n"
+                                + "\n".join(run.evidence(n) for n in unit_names))
     probes = 0
     for unit in run.created:
         run.observe()

@@ -29,12 +29,14 @@ DEADLINE_SECONDS = 3
 RECOVERY = {"descheduler": {"reclaim": {"enabled": False}, "gangs": {"pin_deadline_seconds": DEADLINE_SECONDS}}}
 
 
-def release_by_hand(cluster: localcluster.LocalCluster, namespace: str, name: str, *, node: str | None) -> None:
-    """What the release controller writes: the pin (if any), the time-stamped record, our gate removed."""
+def release_by_hand(cluster: localcluster.LocalCluster, namespace: str, name: str, *, node: str | None,
+                    record: str | None = None) -> None:
+    """What the release controller writes: the pin (if any), the time-stamped record (`record`: the one a gang's
+    release writes on all its members), our gate removed."""
     pod = kube.pods(cluster, namespace)[name]
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    record = (NAMES.release, label_values.stamp(now, f"placed on {node}: by the test" if node else "unpinned"))
-    patch = patches.release(pod, gate=NAMES.gate, node=node, record=record)
+    written = record or label_values.stamp(now, f"placed on {node}: by the test" if node else "unpinned")
+    patch = patches.release(pod, gate=NAMES.gate, node=node, record=(NAMES.release, written))
     cluster.kubectl("patch", "pod", name, "-n", namespace, "--type=json", "-p", json.dumps(patch))
 
 
@@ -170,6 +172,60 @@ def test_gang_split_by_a_node_taken_by_a_never_gated_pod_ends_running_together(
     assert said.startswith(f"gang {ns}/pair: {ns}/pair-0 pinned to {spare_node}, not bound: kube-scheduler reports "
                            "it Unschedulable"), said
     assert kube.pods(cluster, ns)["pair-1"]["status"]["phase"] == "Running", "the running member was left alone"
+
+
+def test_gang_part_bound_from_one_release_is_recovered_whole_once_its_budget_allows(
+    gpu_cluster: conftest.GpuCluster, descheduler_factory: conftest.StartDescheduler, plain_namespace: str,
+    spare_node: str,
+) -> None:
+    """A ReplicaSet's gang of 2 released together: one member bound, the other pinned to a node cordoned since. The
+    bound member is of the same release (the gang never ran whole), so it is recovered with the stuck one — but a
+    PodDisruptionBudget allows no disruption: the dry run is refused, the unit reported and nothing touched. Once the
+    budget is gone, both are evicted, their ReplicaSet re-creates them gated, and the gang is released whole."""
+    cluster, ns = gpu_cluster.cluster, plain_namespace
+    kube.wait_gpus_free(cluster)
+    owner = replica_set("pair", namespace=ns, gpus=4)
+    owner["spec"]["replicas"] = 2
+    owner["spec"]["template"]["metadata"]["labels"] |= {NAMES.gang_name: "pair", NAMES.gang_size: "2"}
+    cluster.kubectl("create", "-f", "-", input=json.dumps(owner))
+    first = kube.poll("the ReplicaSet's 2 pods",
+                      lambda: names if len(names := sorted(kube.pods(cluster, ns))) == 2 else None)
+    stuck, bound = first
+    cluster.kubectl("cordon", spare_node)  # a drain begins between the gang's release and the binding
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    record = label_values.stamp(now, f"gang {ns}/pair of 2 placed: by the test")
+    release_by_hand(cluster, ns, bound, node=None, record=record)
+    before = running(cluster, ns, bound)["metadata"]["uid"]
+    budget = kube.pod_disruption_budget("pair", namespace=ns, match_labels={"app": "pair"}, min_available=1)
+    cluster.kubectl("create", "-f", "-", input=json.dumps(budget))
+    release_by_hand(cluster, ns, stuck, node=spare_node, record=record)
+
+    descheduler_factory(RECOVERY)
+
+    def reported() -> str | None:
+        said = [e["message"] for e in kube.events(cluster, ns, reason=recovery.STUCK)
+                if e["involvedObject"]["name"] == stuck]
+        return said[0] if said else None
+
+    said = kube.poll("PinStuck: the eviction refused", reported, timeout_seconds=30)
+    assert f"not recovered, retried on each pass: {ns}/{bound}: eviction refused" in said, said
+    assert said.endswith("nothing was done"), said
+    pods = kube.pods(cluster, ns)
+    assert pods[bound]["metadata"]["uid"] == before and pods[bound]["status"]["phase"] == "Running", "left running"
+    assert snapshot.pinned_node(pods[stuck]) == spare_node, "the stuck member untouched too: the unit is whole"
+
+    cluster.kubectl("delete", "pdb", "pair", "-n", ns)
+
+    def whole() -> list[str] | None:
+        pods = kube.pods(cluster, ns)
+        fresh = sorted(n for n, p in pods.items() if n not in first and p["spec"].get("nodeName")
+                       and p["status"].get("phase") == "Running")
+        return fresh if len(fresh) == 2 and not set(first) & set(pods) else None
+
+    fresh = kube.poll("the gang re-created and running whole", whole, timeout_seconds=DEADLINE_SECONDS + 60)
+    assert all(kube.pods(cluster, ns)[n]["spec"]["nodeName"] != spare_node for n in fresh)
+    [recovered] = told(cluster, ns, kind="Pod", name=bound)
+    assert "recovered with the 1 member(s) bound from the same release (the gang never ran whole)" in recovered
 
 
 def job(name: str, *, namespace: str, backoff_limit: int, ignore_disruption: bool) -> dict[str, Any]:

@@ -94,7 +94,8 @@ def test_a_stuck_pin_is_a_line_with_its_cause_and_recovery(tmp_path: pathlib.Pat
     assert cli.main(["gangs", "--cluster", str(path), "--output", "json"]) == 0
     [stuck] = json.loads(capsys.readouterr().out)["stuck_pins"]
     assert (stuck["unit"], stuck["cause"], stuck["recovery"]) == ("team/infer", "node-gone", "evict")
-    assert stuck["pods"] == [{"pod": "team/infer", "node": "gone", "cause": "node-gone", "recovery": "evict"}]
+    assert stuck["pods"] == [{"pod": "team/infer", "node": "gone", "bound": False, "cause": "node-gone",
+                             "recovery": "evict"}]
 
 
 @pytest.mark.parametrize(

@@ -8,11 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 import jsonpatch
+import prometheus_client
 import pytest
 
 from admission import mutation
-from common import settings, snapshot
-from descheduler.release import patches, planning, recoverer
+from common import events, kube, settings, snapshot
+from descheduler.release import patches, planning, recoverer, recovery
 from tests import builders
 
 CONFIG = settings.Settings()
@@ -74,3 +75,85 @@ def test_the_old_recreation_kept_the_decision_and_the_webhook_skipped_the_member
     cluster = snapshot.build(nodes=[], pods=[], names=NAMES, taken_at=NOW)
     outcome = mutation.decide(operation="CREATE", namespace="team", pod=body, cluster=cluster, config=CONFIG, now=NOW)
     assert outcome.skipped == "already mutated (decision record present)" and outcome.patch == []
+
+
+# --- a unit with running members: evictions a PodDisruptionBudget refuses never leave it half done ---------------
+
+
+class FakeApi:
+    """kube.request as the API server answers it: evictions of the pods in `refuse` fail with 429 (a budget allows
+    no disruption), for real or, when `dry_too`, in dry run as well."""
+
+    def __init__(self, refuse: set[str], *, dry_too: bool) -> None:
+        self.refuse, self.dry_too = refuse, dry_too
+        self.calls: list[tuple[str, str]] = []  # (method and dry run, pod name or path) of pod calls
+
+    async def request(self, api: object, method: str, path: str, *, timeout_seconds: float,
+                      query: dict[str, str] | None = None, body: object = None,
+                      content_type: str = "application/json") -> dict[str, Any]:
+        dry = bool(query and query.get("dryRun"))
+        if path.endswith("/eviction"):
+            name = path.split("/")[-2]
+            self.calls.append(("evict-dry" if dry else "evict", name))
+            if name in self.refuse and (self.dry_too or not dry):
+                raise kube.ApiError(429, "Cannot evict pod as it would violate the pod's disruption budget.")
+        elif "/pods/" in path:
+            self.calls.append((method, path.split("/")[-1]))
+        return {"items": []}
+
+
+def gang_cluster() -> snapshot.Snapshot:
+    """g-0 pinned to a node that is gone; g-1 and g-2 bound from the same release (ReplicaSet-owned)."""
+    record = {NAMES.release: "2026-11-26T12:00:00Z gang team/g of 3 placed on n1, n2"}
+    labels = {NAMES.gang_name: "g", NAMES.gang_size: "3"}
+
+    def owned(pod: dict[str, Any]) -> None:
+        pod["metadata"].update(uid=f"u-{pod['metadata']['name']}", ownerReferences=[
+            {"kind": "ReplicaSet", "name": "rs", "controller": True, "apiVersion": "apps/v1", "uid": "o"}])
+
+    def pin(pod: dict[str, Any]) -> None:
+        owned(pod)
+        pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [patches.pin_requirement(["n1"])]}]}}}
+
+    pods = [builders.pod("g-0", namespace="team", gpus=2, labels=labels, annotations=record, mutate=pin),
+            *(builders.pod(f"g-{i}", namespace="team", gpus=2, labels=labels, annotations=record, node="n2",
+                           phase="Running", mutate=owned) for i in (1, 2))]
+    return snapshot.build(nodes=[builders.gpu_node("n2", gpus=8)], pods=pods, names=NAMES, taken_at=NOW)
+
+
+@pytest.mark.parametrize(
+    ("refuse", "dry_too", "calls", "told"),
+    [
+        pytest.param(set(), False, [("evict-dry", "g-1"), ("evict-dry", "g-2"), ("evict", "g-1"), ("evict", "g-2"),
+                                    ("evict", "g-0")], {recovery.RECOVERED},
+                     id="running-members-evicted-first-then-the-pinned-one/match"),
+        pytest.param({"g-2"}, True, [("evict-dry", "g-1"), ("evict-dry", "g-2")], {recovery.STUCK},
+                     id="a-refusal-in-dry-run-reports-the-unit-and-touches-nothing/no-match"),
+        pytest.param({"g-2"}, False, [("evict-dry", "g-1"), ("evict-dry", "g-2"), ("evict", "g-1"), ("evict", "g-2")],
+                     {recovery.RECOVERED, recovery.STUCK},
+                     id="a-refusal-no-dry-run-foresaw-stops-before-the-pinned-pod/boundary"),
+    ],
+)
+async def test_a_refused_eviction_never_leaves_the_pinned_pods_half_done(
+    monkeypatch: pytest.MonkeyPatch, refuse: set[str], dry_too: bool, calls: list[tuple[str, str]], told: set[str],
+) -> None:
+    fake = FakeApi(refuse, dry_too=dry_too)
+    said: list[tuple[str, str, str]] = []
+
+    async def post(api: object, *, regarding: events.ObjectRef, reason: str, message: str, **_: object) -> bool:
+        said.append((regarding.name, reason, message))
+        return True
+
+    monkeypatch.setattr(kube, "request", fake.request)
+    monkeypatch.setattr(events, "post", post)
+    registry = prometheus_client.CollectorRegistry()
+    worker = recoverer.Recoverer(config=CONFIG, api=object(), metrics=recoverer.Metrics(registry))  # type: ignore[arg-type]
+    await worker.run(gang_cluster(), now=NOW)
+    assert fake.calls == calls
+    assert {reason for _, reason, _ in said} == told
+    how = "report" if recovery.STUCK in told else "evict"
+    assert registry.get_sample_value("gpu_steward_pin_recoveries_total", {"cause": "node-gone", "how": how}) == 1
+    if recovery.STUCK in told:
+        [stuck] = {m for _, reason, m in said if reason == recovery.STUCK}
+        assert "not recovered, retried on each pass: team/g-2: eviction refused" in stuck, stuck

@@ -38,12 +38,14 @@ def pinned(
     deleting: bool = False,
     created: str = "2026-11-21T11:00:00Z",
     nominated: str | None = None,
+    text: str | None = None,  # the release record's text; default: placed on its node
+    phase: str | None = None,
 ) -> dict[str, Any]:
     labels = {NAMES.gang_name: gang[0], NAMES.gang_size: str(gang[1])} if gang else {}
     annotations = {}
     if record:
-        annotations[NAMES.release] = (f"{at(released)} placed on {node}: why" if released is not None
-                                      else f"placed on {node}: why")
+        text = text or f"placed on {node}: why"
+        annotations[NAMES.release] = f"{at(released)} {text}" if released is not None else text
 
     def mutate(pod: dict[str, Any]) -> None:
         spec, meta = pod["spec"], pod["metadata"]
@@ -65,7 +67,7 @@ def pinned(
                                                        "[NodeAffinity]"}]
 
     return builders.pod(name, namespace="team", gpus=4, node=node if bound else None,
-                        phase="Running" if bound else "Pending", labels=labels, annotations=annotations,
+                        phase=phase or ("Running" if bound else "Pending"), labels=labels, annotations=annotations,
                         created=created, mutate=mutate)
 
 
@@ -184,14 +186,85 @@ def test_how_it_is_recovered(pods: list[dict[str, Any]], jobs: dict[str, recover
 # --- a gang is recovered as a whole -------------------------------------------------------------------------------
 
 
-def test_a_stuck_member_brings_its_unbound_pinned_gang_and_leaves_running_members() -> None:
-    pods = [pinned("g-0", node="n1", gang=("g", 3)), pinned("g-1", node="n2", gang=("g", 3)),
-            pinned("g-2", node="n2", gang=("g", 3), bound=True)]
+GANG = "gang team/g of 3 placed on n1, n2: why"  # one release record text for all the members it un-gates
+
+
+def member(i: int, *, bound: bool = True, node: str = "n2", **kw: Any) -> dict[str, Any]:
+    return pinned(f"g-{i}", node=node, gang=("g", 3), bound=bound, text=kw.pop("text", GANG), **kw)
+
+
+STUCK_G0 = member(0, bound=False, node="n1")  # pinned to n1, gone
+
+
+@pytest.mark.parametrize(
+    ("pods", "unit", "says"),
+    [
+        pytest.param([STUCK_G0, member(1), member(2)],
+                     [("team/g-0", C.NODE_GONE, False), ("team/g-1", None, True), ("team/g-2", None, True)],
+                     "recovered with the 2 member(s) bound from the same release (the gang never ran whole)",
+                     id="bound-from-the-same-release-recovered-with-it/match"),
+        pytest.param([STUCK_G0, member(1, released=3600), member(2, released=3600)],
+                     [("team/g-0", C.NODE_GONE, False)], "; recovered: team/g-0",
+                     id="bound-from-an-earlier-release-left-running/no-match"),
+        pytest.param([STUCK_G0, member(1, text="gang team/g of 3 placed on n2: an earlier why"), member(2)],
+                     [("team/g-0", C.NODE_GONE, False), ("team/g-2", None, True)], "the 1 member(s) bound",
+                     id="same-second-other-release-text-left-running/boundary"),
+        pytest.param([STUCK_G0, member(1, deleting=True), member(2)],
+                     [("team/g-0", C.NODE_GONE, False), ("team/g-2", None, True)], "the 1 member(s) bound",
+                     id="same-release-member-being-deleted-not-taken-again/boundary"),
+        pytest.param([STUCK_G0, member(1, phase="Succeeded"), member(2)],
+                     [("team/g-0", C.NODE_GONE, False), ("team/g-2", None, True)], "the 1 member(s) bound",
+                     id="same-release-member-finished-not-taken/boundary"),
+        pytest.param([member(0, bound=False, node="n1", released=None), member(1, released=None)],
+                     [("team/g-0", C.NODE_GONE, False)], "; recovered: team/g-0",
+                     id="records-without-a-time-tie-nothing/boundary"),
+        pytest.param([STUCK_G0, member(1, bound=False), member(2, released=3600)],
+                     [("team/g-0", C.NODE_GONE, False), ("team/g-1", None, False)],
+                     "recovered with the 1 other unbound member(s): ",
+                     id="unbound-pinned-members-always-come-bound-earlier-stay"),
+    ],
+)
+def test_a_stuck_members_unit_is_its_gangs_pinned_members_and_those_bound_from_their_release(
+    pods: list[dict[str, Any]], unit: list[tuple[str, recovery.Cause | None, bool]], says: str,
+) -> None:
     [item] = assess([N2], pods).values()
     assert item.unit == "team/g" and item.how is H.EVICT
-    assert [(p.key, p.cause) for p in item.pods] == [("team/g-0", C.NODE_GONE), ("team/g-1", None)]
-    assert item.message.startswith("gang team/g: team/g-0 pinned to n1, not bound: its node n1 is gone; "
-                                   "recovered with the 1 other unbound member(s)")
+    assert [(p.key, p.cause, p.bound) for p in item.pods] == unit
+    assert item.message.startswith("gang team/g: team/g-0 pinned to n1, not bound: its node n1 is gone; ")
+    assert says in item.message, item.message
+
+
+def test_a_single_pod_unit_never_ties_in_bound_pods_of_the_same_text() -> None:
+    pods = [pinned("p", node="n1"), pinned("q", node="n2", bound=True, text="placed on n1: why")]
+    assert [p.key for p in assess([N2], pods)["team/p"].pods] == ["team/p"]
+
+
+@pytest.mark.parametrize(
+    ("pods", "jobs", "how", "hows"),
+    [
+        pytest.param([STUCK_G0, member(1, owner=("ReplicaSet", "rs")), member(2, owner=None)], {}, H.EVICT,
+                     [H.EVICT, H.EVICT, H.RECREATE], id="bound-replicaset-member-evicted-bound-bare-recreated"),
+        pytest.param([STUCK_G0, member(1), member(2, owner=("Workflow", "wf"))], {}, H.REPORT,
+                     [H.EVICT, H.EVICT, H.REPORT], id="one-bound-member-to-report-reports-the-whole-unit"),
+        pytest.param([member(i, bound=i > 0, node="n1" if i == 0 else "n2", owner=job()) for i in range(3)],
+                     {"team/j": recovery.JobFacts(2, False)}, H.REPORT, [H.REPORT] * 3,
+                     id="bound-members-count-against-the-jobs-retries/boundary"),
+    ],
+)
+def test_bound_members_of_the_unit_follow_the_owner_rules(
+    pods: list[dict[str, Any]], jobs: dict[str, recovery.JobFacts], how: recovery.How, hows: list[recovery.How],
+) -> None:
+    [item] = assess([N2], pods, jobs=jobs).values()
+    assert item.how is how and [p.how for p in item.pods] == hows
+    if how is H.REPORT:
+        assert "To recover, delete the pods (team/g-0, team/g-1, team/g-2) and create them again" in item.message
+
+
+def test_bound_members_to_evict_come_first() -> None:
+    pods = [STUCK_G0, member(1, owner=None), member(2, owner=("ReplicaSet", "rs"))]
+    [item] = assess([N2], pods).values()
+    assert [(p.key, p.bound, p.how) for p in item.in_order] == [
+        ("team/g-2", True, H.EVICT), ("team/g-1", True, H.RECREATE), ("team/g-0", False, H.EVICT)]
 
 
 def test_a_gang_with_one_member_that_would_cost_is_reported_whole() -> None:
