@@ -201,6 +201,11 @@ class Snapshot:
     )
     # PodDisruptionBudgets (policy/v1) by "namespace/name": what the Eviction API will refuse (`DisruptionBudget`).
     disruption_budgets: Mapping[str, DisruptionBudget] = dataclasses.field(default_factory=dict)
+    # Each node as parsed from its raw object (None: no GPUs), by name: like `parsed`, so that the next build
+    # re-parses only nodes that changed (parsing every node's quantities each rebuild cost more than the rest).
+    parsed_nodes: Mapping[str, tuple[Mapping[str, Any], _NodeParse | None]] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @functools.cached_property
     def nodes_by_gpu_state(self) -> Mapping[tuple[Any, ...], tuple[Node, ...]]:
@@ -272,6 +277,28 @@ def _pod(raw: Mapping[str, Any]) -> Pod:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _NodeParse:
+    """What `build` reads of a GPU node's own object (not of the pods on it)."""
+
+    allocatable: gpu.GpuRequest
+    topology: topology.NodeTopology
+    resources: Mapping[str, int]
+    schedulable: bool
+    taints: tuple[Mapping[str, Any], ...]
+
+
+def _parse_node(raw: Mapping[str, Any], *, names: settings.Names) -> _NodeParse | None:
+    allocatable = gpu.node_allocatable(raw)
+    if not allocatable.any:
+        return None
+    spec = raw.get("spec") or {}
+    return _NodeParse(allocatable=allocatable, topology=topology.from_node(raw, names=names),
+                      resources=resources.node_allocatable(raw),
+                      schedulable=_node_ready(raw) and not spec.get("unschedulable"),
+                      taints=tuple(spec.get("taints") or ()))
+
+
 def _node_ready(raw: Mapping[str, Any]) -> bool:
     for condition in (raw.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "Ready":
@@ -338,13 +365,17 @@ def build(
             by_node.setdefault(pod.held_on, []).append(pod)
 
     built_nodes: dict[str, Node] = {}
+    parsed_nodes: dict[str, tuple[Mapping[str, Any], _NodeParse | None]] = {}
+    earlier_nodes = previous.parsed_nodes if previous is not None else {}
     for raw in nodes:
         meta = raw.get("metadata") or {}
         name = meta.get("name") or ""
-        allocatable = gpu.node_allocatable(raw)
-        if not allocatable.any:
+        was = earlier_nodes.get(name)
+        own = was[1] if was is not None and was[0] is raw else _parse_node(raw, names=names)
+        parsed_nodes[name] = (raw, own)
+        if own is None:
             continue
-        topo = topology.from_node(raw, names=names)
+        topo = own.topology
         problems += [f"node {name}: {p}" for p in topo.problems]
         # Bound pods first (oldest first), then the ones not bound yet: estimated indices go to the former.
         resident = sorted(by_node.get(name, []), key=lambda p: (p.reserved, p.created, p.key))
@@ -364,20 +395,19 @@ def build(
             for profile, count in pod.request.mig.items():
                 mig_used[profile] = mig_used.get(profile, 0) + count
         holders = held.get(name, [])
-        spec = raw.get("spec") or {}
         built_nodes[name] = Node(
             name=name,
             labels=meta.get("labels") or {},
             annotations=meta.get("annotations") or {},
             topology=topo,
-            allocatable=allocatable,
-            schedulable=_node_ready(raw) and not spec.get("unschedulable"),
-            taints=tuple(spec.get("taints") or ()),
+            allocatable=own.allocatable,
+            schedulable=own.schedulable,
+            taints=own.taints,
             used=frozenset(used),
             requested_full=sum(p.request.full for p in resident),
             mig_used=mig_used,
             pods=tuple(p.key for p in resident if not p.reserved),
-            resources=resources.node_allocatable(raw),
+            resources=own.resources,
             requested={**resources.add(*holders), resources.PODS: len(holders)},
             reserved=tuple(p.key for p in resident if p.reserved),
             host_ports=frozenset(ports_on.get(name, ())),
@@ -399,6 +429,7 @@ def build(
         problems=tuple(problems),
         parsed=parsed,
         disruption_budgets={b.key: b for b in map(disruption_budget, disruption_budgets)},
+        parsed_nodes=parsed_nodes,
     )
     # Derived views are computed here, where the shell builds (off the request path), not on first use.
     _ = built.nodes_by_gpu_state

@@ -437,3 +437,49 @@ def test_rebuild_from_previous_reuses_unchanged_pods_and_equals_a_cold_build():
     assert (warm.pods, warm.nodes) == (cold.pods, cold.nodes)
     assert warm.pods["default/p8"] is first.pods["default/p8"]
     assert warm.pods["default/p4"].request.full == 3 and "default/p0" not in warm.pods
+
+
+def _replace_node(nodes: list[dict[str, Any]], name: str) -> None:
+    """A new object for the node, equal in content, as the feeder stores a node it was sent again."""
+    at = next(i for i, n in enumerate(nodes) if n["metadata"]["name"] == name)
+    nodes[at] = json.loads(json.dumps(nodes[at]))
+
+
+@pytest.mark.parametrize(
+    ("previous", "replaced", "parsed"),
+    [
+        pytest.param(False, (), {"gpu": 4, "topology": 3, "resources": 3}, id="cold-build-parses-every-node"),
+        pytest.param(True, (), {"gpu": 0, "topology": 0, "resources": 0}, id="unchanged-objects-not-reparsed"),
+        pytest.param(True, ("n1",), {"gpu": 1, "topology": 1, "resources": 1}, id="replaced-gpu-node-only"),
+        pytest.param(True, ("cpu",), {"gpu": 1, "topology": 0, "resources": 0}, id="replaced-cpu-node-only"),
+        pytest.param(True, ("n0", "n1", "n2", "cpu"), {"gpu": 4, "topology": 3, "resources": 3}, id="all-replaced"),
+    ],
+)
+def test_rebuild_reparses_only_nodes_whose_object_changed(
+    monkeypatch: pytest.MonkeyPatch, previous: bool, replaced: tuple[str, ...], parsed: dict[str, int],
+) -> None:
+    from common import gpu, resources, topology
+
+    nodes = [*(builders.gpu_node(f"n{i}", gpus=8, domains=[range(4), range(4, 8)]) for i in range(3)),
+             builders.gpu_node("cpu", gpus=0, topology="none")]
+    pods = [builders.pod(f"p{j}", gpus=1, node=f"n{j % 3}", phase="Running") for j in range(6)]
+    first = _build(nodes, pods)
+    for name in replaced:
+        _replace_node(nodes, name)
+    calls = {"gpu": 0, "topology": 0, "resources": 0}
+
+    def counted(what: str, real: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls[what] += 1
+            return real(*args, **kwargs)
+        return wrapper
+
+    cold = _build(nodes, pods)  # before counting: the reference every warm build must equal
+    monkeypatch.setattr(gpu, "node_allocatable", counted("gpu", gpu.node_allocatable))
+    monkeypatch.setattr(topology, "from_node", counted("topology", topology.from_node))
+    monkeypatch.setattr(resources, "node_allocatable", counted("resources", resources.node_allocatable))
+    warm = _build(nodes, pods, previous=first if previous else None)
+    # topology.from_node reads the node's GPU count itself: count only build's own reads of it.
+    calls["gpu"] -= calls["topology"]
+    assert calls == parsed
+    assert (warm.nodes, warm.pods, warm.problems) == (cold.nodes, cold.pods, cold.problems)
