@@ -234,6 +234,16 @@ def test_a_stuck_members_unit_is_its_gangs_pinned_members_and_those_bound_from_t
     assert says in item.message, item.message
 
 
+def test_every_stuck_unit_is_found_past_healthy_ones_and_its_pods_carry_uid_and_node() -> None:
+    """A healthy pinned unit sorted first does not end the search; a bound member's node is where it runs and every
+    pod carries its uid (the shell's eviction and re-creation preconditions)."""
+    healthy = pinned("a-0", node="n2", gang=("a", 1))
+    [item] = assess([N2], [healthy, STUCK_G0, member(1), member(2)]).values()
+    assert item.unit == "team/g"
+    assert [(p.key, p.uid, p.node) for p in item.pods] == [
+        ("team/g-0", "uid-g-0", "n1"), ("team/g-1", "uid-g-1", "n2"), ("team/g-2", "uid-g-2", "n2")]
+
+
 def test_a_single_pod_unit_never_ties_in_bound_pods_of_the_same_text() -> None:
     pods = [pinned("p", node="n1"), pinned("q", node="n2", bound=True, text="placed on n1: why")]
     assert [p.key for p in assess([N2], pods)["team/p"].pods] == ["team/p"]
