@@ -1,4 +1,4 @@
-"""Cost of reading the learned idle windows' history (descheduler/idle_history.py) from a real Prometheus.
+"""Cost of reading the learned idle windows' history (descheduler/reclaim/idle_history.py) from a real Prometheus.
 
     python benchmarks/idle_history_cost.py [--gpus 250 1000] [--hours 6] [--repeats 5] [--out FILE]
 
@@ -30,7 +30,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from common import prometheus, settings_loader  # noqa: E402
-from descheduler import idle_history  # noqa: E402
+from descheduler.reclaim import idle_history  # noqa: E402
 from gpu_steward import localprometheus  # noqa: E402
 
 SCRAPE_SECONDS = 15

@@ -5,7 +5,7 @@
 
 An aid for choosing settings, not a measurement of the product: `benchmarks/reclaim_trace.py --learned-only`
 replays the real loop against a real Prometheus, about 1,000x slower, so only the chosen settings run there.
-Here each pod's history is folded by `descheduler.idle_learning` from the peak of each `step_seconds` of its
+Here each pod's history is folded by `descheduler.reclaim.idle_learning` from the peak of each `step_seconds` of its
 trace samples (as the range query returns it), refreshed every `refresh_seconds`, its window learned by
 `idle_learning.learn`, and it is evicted at the first cycle (every 5 trace steps, as the replay) at which it
 was scheduled longer than max(toleration, window) ago and every sample of the window is below 5 % with enough
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import reclaim_trace as rt  # noqa: E402
 from common import settings  # noqa: E402
-from descheduler import idle_learning  # noqa: E402
+from descheduler.reclaim import idle_learning  # noqa: E402
 
 WALL = 1_700_000_000.0  # unix seconds of slot 0 at phase 0 (a multiple of the 300-s history step)
 TIER, TOLERATION, THRESHOLD = 10800, 1800, 5.0  # the chart's normal tier

@@ -54,7 +54,9 @@ sys.path.append(str(ROOT))  # after site-packages: an installed gpu-steward wins
 
 from benchmarks import reclaim_prometheus  # noqa: E402
 from common import prometheus, settings, settings_loader, snapshot, source  # noqa: E402
-from descheduler import evictor, measurement, policy, reclaim, reclaim_loop  # noqa: E402
+from descheduler import evictor, policy, reclaim  # noqa: E402
+from descheduler.reclaim import loop as reclaim_loop  # noqa: E402
+from descheduler.reclaim import measurement  # noqa: E402
 from gpu_steward import cmd_descheduler  # noqa: E402
 
 SCRIPT = pathlib.Path(__file__).resolve()
@@ -157,7 +159,7 @@ def synthetic_cluster(*, nodes: int, pods: int, pending: int) -> dict[str, list[
 
 class FakePrometheus:
     """A stand-in for the planner alone (the real Prometheus: `--prometheus`, benchmarks/reclaim_prometheus.py).
-    Answers the reclaim queries (descheduler.utilisation_promql) as Prometheus would for every pod with
+    Answers the reclaim queries (descheduler.reclaim.utilisation_promql) as Prometheus would for every pod with
     DCGM series: per device, for the live stretch (instant) and each part (range, one step per part) its
     samples, peak and last sample, scraped every `interval_seconds` up to NOW; a third idle, and a few with
     half the samples in every kept part (not idle for want of coverage). Answers are built once per query and

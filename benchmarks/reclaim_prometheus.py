@@ -48,7 +48,9 @@ sys.path.append(str(ROOT))  # after site-packages: an installed gpu-steward wins
 
 from benchmarks import dcgm_history  # noqa: E402
 from common import prometheus, settings, settings_loader, snapshot, source  # noqa: E402
-from descheduler import evictor, measurement, policy, reclaim, reclaim_loop, utilisation_promql  # noqa: E402
+from descheduler import evictor, policy, reclaim  # noqa: E402
+from descheduler.reclaim import loop as reclaim_loop  # noqa: E402
+from descheduler.reclaim import measurement, utilisation_promql  # noqa: E402
 from gpu_steward import cmd_descheduler  # noqa: E402
 
 VALUES = ROOT / "charts" / "gpu-steward" / "values.yaml"

@@ -77,7 +77,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout; the tests package is not installed
 
 from common import prometheus, settings, settings_loader, snapshot  # noqa: E402
-from descheduler import evictor, idle_history, policy, reclaim_loop, utilisation_promql  # noqa: E402
+from descheduler import evictor, policy  # noqa: E402
+from descheduler.reclaim import idle_history, utilisation_promql  # noqa: E402
+from descheduler.reclaim import loop as reclaim_loop  # noqa: E402
 from gpu_steward import localprometheus  # noqa: E402
 from tests import builders  # noqa: E402
 

@@ -4,7 +4,7 @@ dcgm-exporter labels every per-GPU series with the GPU `gpu` index, the host (`H
 releases, `hostname` in newer ones) and, with pod attribution on, `pod`/`namespace` — renamed
 `exported_pod`/`exported_namespace` when Prometheus scrapes it without `honor_labels` (`pod` is then
 the exporter's own pod): in each configured list a later non-empty label wins, as in
-`descheduler.utilisation`. A GPU no pod holds still has series, with empty pod labels (NVIDIA's
+`descheduler.reclaim.utilisation`. A GPU no pod holds still has series, with empty pod labels (NVIDIA's
 quick-start shows `pod=""`). MIG instances
 carry `GPU_I_PROFILE`/`GPU_I_ID` and report activity in `DCGM_FI_PROF_GR_ENGINE_ACTIVE`.
 

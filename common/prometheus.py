@@ -86,7 +86,7 @@ class Client:
 
     async def instant(self, promql: str, *, time: float | None = None) -> Answer:
         """An instant query at `time`, or at the store's own "now" when None (the store's clock decides
-        what "the last hour" is: see descheduler.measurement)."""
+        what "the last hour" is: see descheduler.reclaim.measurement)."""
         form = {"query": promql} if time is None else {"query": promql, "time": f"{time:.3f}"}
         return await self._ask("query", form)
 

@@ -529,7 +529,7 @@ class LeaderElection(Model):
 
 
 class LearnedWindow(Model):
-    """Idle windows learned per workload from its own history (descheduler/idle_learning.py), for the tiers whose
+    """Idle windows learned per workload from its own history (descheduler/reclaim/idle_learning.py), for tiers whose
     PriorityClass says `<prefix>learned-idle-window: "true"`: a pod is reclaimable once idle for its workload's
     learned window, the shortest idle time (from the floor, below the tier window) at which an idle stretch that long
     is estimated to end in work soon with a probability below resume_probability."""

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 import prometheus_client
 
 from common import buildinfo, httpserver, settings, snapshot, source
-from descheduler import evictor, health, reclaim, reclaim_loop, supervisor
+from descheduler import evictor, health, reclaim, supervisor
+from descheduler.reclaim import loop as reclaim_loop
 from descheduler.release import planning
 from gpu_steward import cmdline
 

@@ -1,11 +1,14 @@
-"""Idle-GPU reclaim: a pure planner in one-job modules, and this package's public face.
+"""Idle-GPU reclaim: a pure planner in one-job modules, its I/O shell, and this package's public face.
 
 - `pending`: demands — pending pods, or whole gangs, that idle GPUs could let run;
 - `screening`: may a running GPU pod be reclaimed once idle (everything but its utilisation);
 - `gang_units`: victim units — an idle pod alone, or a gang reclaimed only as a whole;
 - `search`: for one member of a demand, the node with the cheapest minimal victim set;
 - `allowance`: what a cycle may still evict — the limits and the PodDisruptionBudgets (all or none);
-- `planner`: orchestration — screening, units, demands in order, limits — into a `Plan`.
+- `planner`: orchestration — screening, units, demands in order, limits — into a `Plan`;
+- `utilisation`, `utilisation_promql`, `utilisation_parts`: is a pod idle, from per-GPU parts of the store's time;
+- `idle_learning`: idle windows learned per workload;
+- the I/O shell: `loop` (one reclaim cycle), `measurement` (reads and keeps the parts), `idle_history`.
 
 Callers use the names below; the modules' own names are for the package and its tests.
 """

@@ -18,8 +18,8 @@ import functools
 from collections.abc import Mapping
 
 from common import gangs, settings, snapshot
-from descheduler import limits, policy, protections, utilisation
-from descheduler.reclaim import pending
+from descheduler import limits, policy, protections
+from descheduler.reclaim import pending, utilisation
 
 SINGLE, ALL = "single", "all"  # a native PodGroup's `spec.disruptionMode` (scheduling.k8s.io/v1beta1)
 

@@ -29,8 +29,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from common import settings, snapshot
-from descheduler import cooldowns, limits, policy, utilisation
-from descheduler.reclaim import allowance, gang_units, pending, screening, search
+from descheduler import cooldowns, limits, policy
+from descheduler.reclaim import allowance, gang_units, pending, screening, search, utilisation
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,8 @@ import yaml
 
 from admission import metrics as admission_metrics
 from common import feeder
-from descheduler import evictor, reclaim_loop
+from descheduler import evictor
+from descheduler.reclaim import loop as reclaim_loop
 from descheduler.release import controller
 from tests.chart import helm
 

@@ -14,7 +14,8 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from common import events, settings, settings_loader, snapshot, source
-from descheduler import cooldowns, evictor, leader, reclaim, reclaim_loop
+from descheduler import cooldowns, evictor, leader, reclaim
+from descheduler.reclaim import loop as reclaim_loop
 from tests import builders
 from tests.support.prometheus import DcgmStandIn
 

@@ -1,4 +1,4 @@
-"""Learned idle windows in a real reclaim cycle against a real Prometheus (descheduler/idle_history.py).
+"""Learned idle windows in a real reclaim cycle against a real Prometheus (descheduler/reclaim/idle_history.py).
 
 Every pod below idles for the last 40 minutes and, before that, alternates 10 busy minutes with 10 idle ones
 (or with silence). The tier window is 3 h, so only a learned window can find any of them idle. 21 more pods, not
@@ -16,7 +16,9 @@ import prometheus_client
 import pytest
 
 from common import prometheus, settings, settings_loader, snapshot, source
-from descheduler import evictor, idle_history, policy, reclaim_loop, utilisation_promql
+from descheduler import evictor, policy
+from descheduler.reclaim import idle_history, utilisation_promql
+from descheduler.reclaim import loop as reclaim_loop
 from tests import builders
 from tests.support.prometheus import PrometheusServer, Series, free_port, start_prometheus
 

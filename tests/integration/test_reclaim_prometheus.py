@@ -1,7 +1,7 @@
 """Idle detection against a real Prometheus holding DCGM-shaped history (backfilled with promtool).
 
 Servers whose rows depend on where a window starts are written against a `now` on the part grid (a multiple of
-300 s): a window of whole parts then starts exactly where it asks (descheduler.utilisation_parts)."""
+300 s): a window of whole parts then starts exactly where it asks (descheduler.reclaim.utilisation_parts)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ import pytest
 from aiohttp import web
 
 from common import prometheus, settings, settings_loader, snapshot, source
-from descheduler import evictor, measurement, policy, reclaim_loop, utilisation, utilisation_promql
+from descheduler import evictor, policy
+from descheduler.reclaim import loop as reclaim_loop
+from descheduler.reclaim import measurement, utilisation, utilisation_promql
 from tests import builders
 from tests.support.prometheus import PrometheusServer, Series, StartPrometheus, free_port, start_prometheus
 
@@ -106,7 +108,7 @@ def on_grid() -> float:
 async def readings_at(url: str, window: int, *, config: settings.Settings, now: float,
                       pods: Mapping[str, str]) -> utilisation.Readings:
     """`pods` (name in team-a -> node) over a window at store time `now`, read as a cycle reads them from a cold
-    part cache (descheduler.measurement.read_window)."""
+    part cache (descheduler.reclaim.measurement.read_window)."""
     client = prometheus.Client(config.prometheus.model_copy(update={"url": url}))
     try:
         return await measurement.read_window(client, {("team-a", name): node for name, node in pods.items()},

@@ -48,7 +48,7 @@ def prometheus_factory(tmp_path: pathlib.Path) -> Iterator[StartPrometheus]:
 
 
 class DcgmStandIn:
-    """Answers the reclaim queries (descheduler.utilisation_promql) as Prometheus would for `pods`, each with
+    """Answers the reclaim queries (descheduler.reclaim.utilisation_promql) as Prometheus would for `pods`, each with
     one GPU scraped every `every` seconds up to 5 s before the evaluation, at `util` percent: per device the
     samples, peak and last sample of the live stretch (instant) and of each part (range, one step per part):
     for tests where the API side is under test (the real Prometheus is in

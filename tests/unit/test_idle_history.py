@@ -1,4 +1,4 @@
-"""When the history reader queries (descheduler/idle_history.py): bounded chunks, rare refreshes, fail closed."""
+"""When the history reader queries (descheduler/reclaim/idle_history.py): bounded chunks, rare refreshes, no guess."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from common import prometheus, settings, settings_loader
-from descheduler import idle_history
+from descheduler.reclaim import idle_history
 
 HOUR = 3600.0
 T0 = 1_800_000_000.0  # a multiple of the 300 s step

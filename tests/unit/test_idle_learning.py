@@ -1,4 +1,4 @@
-"""Idle windows learned per workload (descheduler/idle_learning.py): each rule a match, a no-match, a boundary."""
+"""Idle windows learned per workload (descheduler/reclaim/idle_learning.py): match, no-match, boundary per rule."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from common import settings, snapshot
-from descheduler import idle_learning
+from descheduler.reclaim import idle_learning
 from tests import builders
 
 STEP = 300.0

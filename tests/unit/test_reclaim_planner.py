@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from common import capacity, settings, settings_loader, snapshot, topology
-from descheduler import cooldowns, limits, policy, reclaim, utilisation
-from descheduler.reclaim import search
+from descheduler import cooldowns, limits, policy, reclaim
+from descheduler.reclaim import search, utilisation
 from tests import builders
 
 P = policy.PREFIX

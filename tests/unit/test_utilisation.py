@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from common import gpu, settings, settings_loader, snapshot
-from descheduler import utilisation, utilisation_parts, utilisation_promql
+from descheduler.reclaim import utilisation, utilisation_parts, utilisation_promql
 from tests import builders
 
 P = 300

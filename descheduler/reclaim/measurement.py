@@ -1,6 +1,6 @@
-"""The reclaim loop's measuring shell: per kind of device, the kept parts (descheduler.utilisation_parts) and
-this cycle's queries for what is not kept (descheduler.utilisation_promql), all at the store's time, judged
-by descheduler.utilisation.
+"""The reclaim loop's measuring shell: per kind of device, the kept parts (descheduler.reclaim.utilisation_parts) and
+this cycle's queries for what is not kept (descheduler.reclaim.utilisation_promql), all at the store's time, judged
+by descheduler.reclaim.utilisation.
 
 - Each cycle asks: the store's "now" (`vector(time())`); the live stretch (the parts not settled yet and the
   part being written), one instant query per statistic at that time; and, as range queries with one step per
@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import prometheus_client
 
 from common import prometheus, settings, snapshot
-from descheduler import utilisation, utilisation_parts, utilisation_promql
+from descheduler.reclaim import utilisation, utilisation_parts, utilisation_promql
 
 logger = logging.getLogger(__name__)
 KEEP_SECONDS = 3600.0  # a window no pod was measured over for this long (store time) no longer keeps its parts

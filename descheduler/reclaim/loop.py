@@ -4,7 +4,7 @@ utilisation parts kept from earlier cycles) + plan + act + record.
 
 - Prometheus unset, down, slow, erroring, partial (warnings) or skewed from our clock: every pod of that
   window is "not idle" (fail closed), the cycle evicts nothing for them and says so once (one log line,
-  `..._prometheus_errors_total`); measuring is `descheduler.measurement`.
+  `..._prometheus_errors_total`); measuring is `descheduler.reclaim.measurement`.
 - Cooldowns are read from (and, after real evictions, merged into) their Lease (`cooldowns`); with no
   API server (offline `--cluster`) or in dry-run they live in memory only.
 - Every outcome goes through `record_outcome()`: one log line, one metric, the Events.
@@ -31,17 +31,8 @@ import prometheus_client
 from kubernetes_asyncio import client
 
 from common import events, settings, snapshot, source
-from descheduler import (
-    cooldown_store,
-    cooldowns,
-    evictor,
-    idle_history,
-    limits,
-    measurement,
-    policy,
-    reclaim,
-    utilisation,
-)
+from descheduler import cooldown_store, cooldowns, evictor, limits, policy, reclaim
+from descheduler.reclaim import idle_history, measurement, utilisation
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The PromQL of the utilisation parts, for every device at once: what it asks and why it is cheap. Pure.
 
 Utilisation is read in parts of the store's time (`reclaim.part_seconds`, aligned to multiples of it;
-descheduler.utilisation_parts keeps them): per device and part, its sample count, its peak (or, for the
+descheduler.reclaim.utilisation_parts keeps them): per device and part, its sample count, its peak (or, for the
 `average` statistic, its sum and the fewest samples of any copy) and the time of its last sample at or
 before the part's end. Each is one small query over plain range vectors (`count_over_time`, `max_over_time`,
 `sum_over_time`) or `timestamp()` of a plain selector: no subquery, no `label_replace`, no `or` of many
@@ -13,7 +13,7 @@ benchmarks/RESULTS.md). Two shapes of the same expressions:
   at the store's time over `[<ms>ms]` back to the end of the newest settled part.
 
 Prometheus 2.x range selectors include their left end (3.x does not): a sample exactly on a part boundary may
-count in both parts. descheduler.utilisation_parts accounts for it (the peak may take it twice: stricter; a
+count in both parts. descheduler.reclaim.utilisation_parts accounts for it (the peak may take it twice: stricter; a
 count is read as one less where a sample sits on the part's start).
 
 Per kind (`gpu`: whole GPUs, `gpu_util_metric`; `mig`: MIG instances, `mig_activity_metric`), per device (its
@@ -24,7 +24,7 @@ raw labels: every pod, namespace and host spelling, the GPU index, UUID and MIG 
   any copy (so that sum / samples bounds every copy's average from above);
 - `last`: the time of the last sample at or before the part's end, within the store's lookback.
 
-Rows keep the raw label spellings; descheduler.utilisation_parts reads the pod, namespace and host from the
+Rows keep the raw label spellings; descheduler.reclaim.utilisation_parts reads the pod, namespace and host from the
 label lists of `prometheus.labels` (a later non-empty name wins) and the device from the `gpu` index on the
 host, else the `UUID`, plus the MIG instance: two scrape jobs of one exporter (one may drop `UUID`) are one
 device. Only standard PromQL: the same queries run on Prometheus, Thanos, Mimir and VictoriaMetrics.

@@ -1,5 +1,5 @@
 """The I/O half of learned idle windows: read each pod's coarse utilisation history, rarely and in bounded
-chunks, and hand the reclaim cycle each learning pod's window (`descheduler.idle_learning` decides).
+chunks, and hand the reclaim cycle each learning pod's window (`descheduler.reclaim.idle_learning` decides).
 
 Cost: one range query, `max by (namespace, pod)` of each pod's peak per `step_seconds`, over only the history
 not read yet: at start (or after failures) `chunk_seconds` of it per cycle until the look-back is read, then
@@ -24,7 +24,8 @@ from typing import Any, Protocol, runtime_checkable
 import prometheus_client
 
 from common import prometheus, settings, snapshot
-from descheduler import cooldowns, idle_learning, policy, reclaim, utilisation
+from descheduler import cooldowns, policy, reclaim
+from descheduler.reclaim import idle_learning, utilisation
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Per-device utilisation by parts of the store's time: the grid, the kept parts, a window's reading. Pure.
 
 The grid: part j holds the samples of (j·P, (j+1)·P] in the store's time (P = `reclaim.part_seconds`). Per
-device and part the store is asked for a few numbers (descheduler.utilisation_promql): samples `n`, `peak` (or
+device and part the store is asked for a few numbers (descheduler.reclaim.utilisation_promql): samples `n`, `peak` (or
 `sum` and `n_min` for the `average` statistic) and `last`, the time of its last sample at or before the part's
 end. One set of parts serves every window: a window's verdict is derived from the parts it overlaps.
 
@@ -138,7 +138,7 @@ def _value(point: Any) -> tuple[float, float] | None:
 
 class Cache:
     """The kept parts of one kind of device, and the index of its devices. Updated only by `store` (pure: the
-    answers in, no I/O); the measuring shell (descheduler.measurement) holds one per kind across cycles."""
+    answers in, no I/O); the measuring shell (descheduler.reclaim.measurement) holds one per kind across cycles."""
 
     def __init__(self) -> None:
         self.index: dict[DeviceKey, int] = {}

@@ -1,7 +1,7 @@
 """Is a GPU pod idle? The fail-closed reading of a window's parts. Pure.
 
-What is read and kept: descheduler.utilisation_parts (the parts of the store's time, per device) and
-descheduler.utilisation_promql (their queries).
+What is read and kept: descheduler.reclaim.utilisation_parts (the parts of the store's time, per device) and
+descheduler.reclaim.utilisation_promql (their queries).
 
 `assess()` fails closed: no series, fewer devices than the pod holds, NaN (a part whose every sample is NaN
 for the peak; any NaN for the average), a reading above 100 % (a ratio metric read as percent: the unit
@@ -24,8 +24,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from common import settings, snapshot
-from descheduler import utilisation_parts as parts
-from descheduler import utilisation_promql as promql
+from descheduler.reclaim import utilisation_parts as parts
+from descheduler.reclaim import utilisation_promql as promql
 
 KINDS = promql.KINDS
 PERCENT_CEILING = 100.5  # above this a "percent" reading is a unit error, not a busy GPU (DCGM rounds)
@@ -77,7 +77,7 @@ def coverage(device: parts.DeviceReading, *, window_seconds: int,
 
     Each part's samples split its stretch (from the last sample before it, or the window's start on the grid
     where the series started later, to its own last sample) into between n_lo and n_hi stretches (n_lo = n_hi
-    - 1 where a sample on the part's start may be counted twice, see descheduler.utilisation_parts). The
+    - 1 where a sample on the part's start may be counted twice, see descheduler.reclaim.utilisation_parts). The
     interval I is the smallest mean stretch of a part (span / n_hi: exact wherever a part has no gap), at most
     `max_scrape_interval_seconds`. If every stretch but one is at least I, the longest stretch in a part is at
     most span - (n_lo - 1) I, which is <= b I (b = `max_gap_intervals`) exactly when span / (n_lo + b - 1) <= I
