@@ -125,7 +125,8 @@ def row(trace: rt.Trace, name: str, config: settings.LearnedWindow | None, *, ju
             "of_clairvoyant": round(sum(shares) / phases, 4), "of_clairvoyant_range": [round(min(shares), 4),
                                                                                         round(max(shares), 4)],
             "idle_gpu_hours_freed": round(sum(r.idle_reclaimed_hours for r in results) / phases, 2),
-            "per_phase": [{"evictions": r.evictions, "regretted": r.regretted} for r in results]}
+            "per_phase": [{"evictions": r.evictions, "regretted": r.regretted, "of_clairvoyant": round(share, 4)}
+                          for r, share in zip(results, shares, strict=True)]}
 
 
 def pool_cost(gpus: int, *, days: float = 7.0, per_day: int = 25, repeats: int = 3) -> dict[str, Any]:
