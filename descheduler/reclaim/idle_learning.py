@@ -31,22 +31,15 @@ Rules, each with its reason in words:
   idle; a run that ended in a gap is no open run, see History) divided by its longest, as *censored*: it
   lasted at least that long. Kaplan-Meier over these ratios estimates the
   probability that a stretch which has lasted a/longest ends in work before (a + h)/longest (h:
-  `resume_horizon_seconds`). Each stretch weighs one in the estimate; pods that go idle together are counted
-  once in the evidence it needs (next rule).
+  `resume_horizon_seconds`). It assumes stretches independent: pods that go idle and resume together (a fleet
+  at night) weigh as many.
 - Few stretches that long: a probability is only taken from at least `min_at_risk` pooled stretches that
   lasted at least as long as the idle time judged (relative to their pod's longest) and were *followed* over the
   horizon: ended in work (then or later), or still idle at its end (`Pool.followed()`). A run still idle, or
   gone, before the horizon's end counts in Kaplan-Meier's estimate but not here: it says nothing of the horizon,
-  and pods that have just gone quiet together must not make an idle time learnable on their own. They are
-  counted in *independent episodes* (`Pool.episodes()`): stretches that began less than the horizon after the
-  first of their episode count once, whatever their pods. Pods that go quiet together (a fleet at night, one
-  upstream outage) resume for one reason, so they are one observation of whether such a quiet resumes within the
-  horizon, not many: `min_at_risk` is 1 / `resume_probability` so that one resumption more among the evidence
-  would have been seen as at least that probability, and one episode's resumption moves all of its stretches at
-  once. A pod's own stretches follow one another (each began after the last ended in work), so with the
-  defaults (10-min horizon, 5-min steps: starts at least 2 steps apart) each is its own episode. Fewer episodes,
-  that idle time is not learned (and longer ones are judged in turn). None qualifies below the tier's window:
-  the tier's window.
+  and pods that have just gone quiet together must not make an idle time learnable on their own. Fewer, that idle
+  time is not learned (and longer ones are judged in turn). None qualifies below the tier's window: the tier's
+  window.
 - The probability must be strictly below `resume_probability`. Idle times are judged from the floor rounded up
   to `bucket_seconds`, in steps of it; the first that qualifies is the window.
 - Missing data fails closed: everything that is not a full, fresh history keeps the tier window, and a pod
@@ -185,10 +178,6 @@ class Pool:
     censored: tuple[float, ...] = ()  # ratios of the open runs (lasted at least that long), ascending
     times: tuple[float, ...] = ()  # the distinct ratios in `ended`
     survival: tuple[float, ...] = ()  # the estimated share of stretches lasting beyond each of `times`
-    ended_starts: tuple[float, ...] = ()  # when each of `ended` began (its first idle step), in `ended`'s order
-    censored_starts: tuple[float, ...] = ()  # when each of `censored` began, in its order
-    _episodes: dict[tuple[float, float, float], int] = dataclasses.field(
-        default_factory=dict, compare=False, repr=False)  # episodes() already counted (the pool never changes)
 
     def surviving(self, ratio: float) -> float:
         """The estimated share of stretches lasting at least `ratio` (none ended before it)."""
@@ -205,21 +194,6 @@ class Pool:
         the next stretch of time. A run still idle (or gone) short of `until` says nothing of it."""
         return (len(self.ended) - bisect.bisect_left(self.ended, ratio)
                 + len(self.censored) - bisect.bisect_left(self.censored, until))
-
-    def episodes(self, ratio: float, until: float, *, horizon: float) -> int:
-        """The stretches `followed()` counts, in independent episodes: the fewest runs of `horizon` seconds
-        that hold all their beginnings (from the earliest, each episode holds the stretches that began less
-        than `horizon` after its first). Pods that went quiet together are one observation, not many."""
-        key = (ratio, until, horizon)
-        if key not in self._episodes:
-            starts = sorted(self.ended_starts[bisect.bisect_left(self.ended, ratio):]
-                            + self.censored_starts[bisect.bisect_left(self.censored, until):])
-            count, first = 0, -math.inf
-            for start in starts:
-                if start >= first + horizon:
-                    count, first = count + 1, start
-            self._episodes[key] = count
-        return self._episodes[key]
 
     def resumed(self, ratio: float, until: float) -> float:
         """Estimated probability that a stretch which has lasted `ratio` ends in work before `until` (1 when
@@ -255,21 +229,18 @@ def lasted(seconds: float, *, step_seconds: float) -> float:
 def pool(series: Iterable[History], *, step_seconds: float, min_stretches: int) -> Pool:
     """The pool of `series`' stretches (see the module's rules): ended in work when at least `min_stretches`
     of its pod's stretches ended before it, censored (its open run) when the pod has `min_stretches`."""
-    ended_at: list[tuple[float, float]] = []  # (ratio, when it began)
-    censored_at: list[tuple[float, float]] = []
+    ended: list[float] = []
+    censored: list[float] = []
     for history in series:
         if len(history.stretches) < min_stretches:
             continue
         lengths = [seconds + step_seconds for _, seconds in history.stretches]  # lasted(), in time order
         longest = list(itertools.accumulate(lengths, max))  # the longest up to each stretch
-        ended_at.extend(zip(map(operator.truediv, lengths[min_stretches:], longest[min_stretches - 1:-1]),
-                            (end - seconds for end, seconds in history.stretches[min_stretches:]), strict=True))
+        ended.extend(map(operator.truediv, lengths[min_stretches:], longest[min_stretches - 1:-1]))
         if history.run_start is not None:
-            censored_at.append((lasted(history.run_steps * step_seconds, step_seconds=step_seconds) / longest[-1],
-                                history.run_start))
-    ended_at.sort()
-    censored_at.sort()
-    ended, censored = [r for r, _ in ended_at], [r for r, _ in censored_at]
+            censored.append(lasted(history.run_steps * step_seconds, step_seconds=step_seconds) / longest[-1])
+    ended.sort()
+    censored.sort()
     times, survival, alive = [], [], 1.0
     for ratio in sorted(set(ended)):
         first = bisect.bisect_left(ended, ratio)
@@ -277,8 +248,7 @@ def pool(series: Iterable[History], *, step_seconds: float, min_stretches: int) 
         alive *= 1 - (bisect.bisect_right(ended, ratio) - first) / at_risk  # of those lasting this long, ended
         times.append(ratio)
         survival.append(alive)
-    return Pool(tuple(ended), tuple(censored), tuple(times), tuple(survival), tuple(t for _, t in ended_at),
-                tuple(t for _, t in censored_at))
+    return Pool(tuple(ended), tuple(censored), tuple(times), tuple(survival))
 
 
 def learn(stretches: Sequence[float] | None, *, tier_window: int, pool: Pool,
@@ -300,20 +270,16 @@ def learn(stretches: Sequence[float] | None, *, tier_window: int, pool: Pool,
         ratio, until = idle / longest, (idle + horizon) / longest  # one division each: no rounding gap at its end
         followed = pool.followed(ratio, until)
         resumed = pool.resumed(ratio, until)
-        if followed >= config.min_at_risk and resumed < limit:  # episodes <= followed: counted only then
-            episodes = pool.episodes(ratio, until, horizon=horizon)
-            if episodes >= config.min_at_risk:
-                return Learned(math.ceil(idle), True, f"learned idle window {duration(idle)} = {ratio:.1f}x {scale}: "
-                               f"of the {followed} idle stretches of all pods ({episodes} independent episodes) that "
-                               f"lasted {ratio:.1f}x their pod's longest, followed to work or to {until:.1f}x, an "
-                               f"estimated {below(resumed, limit)} ended in work within {duration(horizon)}, under "
-                               f"{percent(limit)}")
+        if followed >= config.min_at_risk and resumed < limit:
+            return Learned(math.ceil(idle), True, f"learned idle window {duration(idle)} = {ratio:.1f}x {scale}: of "
+                           f"the {followed} idle stretches of all pods that lasted {ratio:.1f}x their pod's longest, "
+                           f"followed to work or to {until:.1f}x, an estimated {below(resumed, limit)} ended in work "
+                           f"within {duration(horizon)}, under {percent(limit)}")
         idle += config.bucket_seconds
     return Learned(tier_window, False, f"{scale[0].upper()}{scale[1:]}: at no idle time under the tier window did "
-                   f"fewer than {percent(limit)} of the idle stretches of all pods as long (against their pod's "
-                   f"longest), followed to work or {duration(horizon)} further, from at least {config.min_at_risk} "
-                   f"independent episodes (stretches that began within {duration(horizon)} of each other count "
-                   f"once), end in work within {duration(horizon)}: tier window")
+                   f"fewer than {percent(limit)} of at least {config.min_at_risk} idle stretches of all pods as long "
+                   f"(against their pod's longest), followed to work or {duration(horizon)} further, end in work "
+                   f"within {duration(horizon)}: tier window")
 
 
 def enabled(pc: snapshot.PriorityClass, *, names: settings.Names) -> label_values.Parsed[bool]:

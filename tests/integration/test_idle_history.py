@@ -31,15 +31,14 @@ IDLE_FOR = 2400  # the last 40 min idle
 CHUNK = 600  # then 10 min busy, 10 min idle, ... back in time
 
 
-def history(*, newest: float, oldest: float, busy: float | None = 50.0, idle_for: float = IDLE_FOR
-            ) -> list[tuple[float, float]]:
-    """One sample a minute: idle for the last `idle_for` s, then alternating chunks, from `newest` to `oldest` s
+def history(*, newest: float, oldest: float, busy: float | None = 50.0) -> list[tuple[float, float]]:
+    """One sample a minute: idle for the last IDLE_FOR s, then alternating chunks, from `newest` to `oldest` s
     ago; `busy` None: the busy chunks have no samples (the idle stretches end in gaps, not in work)."""
     samples = []
     for ago in range(30, int(oldest), 60):
         if ago < newest:
             continue
-        working = ago >= idle_for and (ago - idle_for) // CHUNK % 2 == 0
+        working = ago >= IDLE_FOR and (ago - IDLE_FOR) // CHUNK % 2 == 0
         if working and busy is None:
             continue
         samples.append((float(ago), busy if working else 1.0))
@@ -60,12 +59,10 @@ HISTORY = [
     Series(UTIL, dcgm("2", "train-x1y2z"), history(newest=0, oldest=4800)),
     # Idle stretches ended in silence, never in work: nothing learned.
     Series(UTIL, dcgm("3", "gappy-qwert"), history(newest=0, oldest=9600, busy=None)),
-    # The pool: 21 pods elsewhere, each with 8 stretches, now idle for 3x their longest or more and still idle:
-    # evidence that a stretch lasting twice its pod's longest rarely ends in work within 10 min. Each went quiet
-    # 10 min after the one before (fleet-0 with plain-...: one episode): 22 stretches, 21 independent episodes.
+    # The pool: 21 pods elsewhere, each with 8 stretches, now idle for 3x their longest and still idle: evidence
+    # that a stretch lasting twice its pod's longest rarely ends in work within 10 min.
     *(Series(UTIL, {**dcgm("0", f"fleet-{i}"), "Hostname": f"n{i + 2}", "namespace": "team-b"},
-             history(newest=0, oldest=IDLE_FOR + CHUNK * i + 9600, idle_for=IDLE_FOR + CHUNK * i))
-      for i in range(21)),
+             history(newest=0, oldest=12000)) for i in range(21)),
 ]
 
 
@@ -90,10 +87,10 @@ PODS = [
     running("train-x1y2z", gpu_class="learning", owner=("Job", "train")),
     running("gappy-qwert", gpu_class="learning", owner=("ReplicaSet", "gappy")),
 ]
-# 8 h of look-back read in one range query; everything else as the defaults.
+# 6 h of look-back read in one range query; everything else as the defaults.
 CONFIG = settings_loader.load(overrides={"descheduler": {"reclaim": {
     "mode": "always", "limits": {"per_cycle": 100, "per_node": 100, "per_namespace": 100},
-    "learned_window": {"lookback_seconds": 28800, "chunk_seconds": 28800},
+    "learned_window": {"lookback_seconds": 21600, "chunk_seconds": 21600},
     "rebuild_parts_per_cycle": 48}}})  # the 3 h window's parts read back in the first cycle
 
 
@@ -152,16 +149,16 @@ async def test_learned_window_evicts_what_the_tier_window_cannot_and_says_why(se
     assert (eviction.pod, eviction.window_seconds) == ("team-a/serve-7d9f8-aaaaa", 1800)
     assert eviction.reason.startswith(
         "peak GPU utilisation 1.0% < 5% over 1800s; learned idle window 30 min = 2.0x this workload's longest idle "
-        "stretch that ended in work in 8.0 h (about 15 min, of 6): of the 22 idle stretches of all pods (21 "
-        "independent episodes) that lasted 2.0x their pod's longest, followed to work or to 2.7x, an estimated 0.0% "
-        "ended in work within 10 min, under 5%; mode always")
+        "stretch that ended in work in 6.0 h (about 15 min, of 6): of the 22 idle stretches of all pods that lasted "
+        "2.0x their pod's longest, followed to work or to 2.7x, an estimated 0.0% ended in work within 10 min, under "
+        "5%; mode always")
     spared = {s.pod: s.reason for s in first.plan.spared}
     assert spared["team-a/plain-7d9f8-ccccc"] == "not idle: peak GPU utilisation 50.0% >= 5% over 10800s"
     assert spared["team-a/train-x1y2z"] == (
         "not idle: peak GPU utilisation 50.0% >= 5% over 10800s; 2 idle stretch(es) of this workload ended in "
-        "work in 8.0 h, fewer than 6: tier window")
+        "work in 6.0 h, fewer than 6: tier window")
     assert spared["team-a/gappy-qwert"].startswith("not idle: DCGM_FI_DEV_GPU_UTIL: coverage")
-    assert spared["team-a/gappy-qwert"].endswith("0 idle stretch(es) of this workload ended in work in 8.0 h, "
+    assert spared["team-a/gappy-qwert"].endswith("0 idle stretch(es) of this workload ended in work in 6.0 h, "
                                                  "fewer than 6: tier window")
 
 

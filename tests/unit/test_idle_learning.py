@@ -92,17 +92,14 @@ def test_since(start: float, kept: int) -> None:
 EARLIER = 2700.0  # each pooled pod's six earlier stretches: 45 min of whole idle steps, lasting about 50 min
 
 
-def one(ratio: float, *, ended: bool = True, before: int = 6, begun: float = 0.0) -> idle_learning.History:
+def one(ratio: float, *, ended: bool = True, before: int = 6) -> idle_learning.History:
     """A pod with `before` earlier stretches that ended in work, then one lasting `ratio` x theirs (a multiple of
-    0.1: whole steps), its first idle step at `begun`: ended in work, or still idle (censored)."""
-    earlier = tuple((begun - 86400.0 + i, EARLIER) for i in range(before))
+    0.1: whole steps): ended in work, or still idle (censored)."""
+    earlier = tuple((float(i), EARLIER) for i in range(before))
     steps = round(ratio * 10) - 1  # lasting (steps + 1) x 300 s = ratio x 3000 s
     if ended:
-        return idle_learning.History(last=begun + 86400.0, stretches=(*earlier, (begun + steps * STEP, steps * STEP)))
-    return idle_learning.History(last=begun + 86400.0, run_start=begun, run_steps=steps, stretches=earlier)
-
-
-APART = 3600.0  # pooled pods' last stretches begin an hour apart: independent episodes (10-min horizon)
+        return idle_learning.History(last=99.0, stretches=(*earlier, (98.0, steps * STEP)))
+    return idle_learning.History(last=99.0, run_start=50.0, run_steps=steps, stretches=earlier)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,40 +110,14 @@ class Pooled:
 
     ended: Sequence[float] = ()
     censored: Sequence[float] = ()
-    apart: float = APART  # seconds between the beginnings of consecutive pods' last stretches (0: all together)
-    begun: Sequence[float] = ()  # or when each began (`ended`'s, then `censored`'s)
 
     def build(self) -> idle_learning.Pool:
-        ratios = [*((r, True) for r in self.ended), *((r, False) for r in self.censored)]
-        begun = self.begun or [i * self.apart for i in range(len(ratios))]
-        return idle_learning.pool([one(r, ended=e, begun=b) for (r, e), b in zip(ratios, begun, strict=True)],
+        return idle_learning.pool([*(one(r) for r in self.ended), *(one(r, ended=False) for r in self.censored)],
                                   step_seconds=STEP, min_stretches=6)
 
 
-def pooled(ended: Sequence[float] = (), censored: Sequence[float] = (), *, apart: float = APART,
-           begun: Sequence[float] = ()) -> Pooled:
-    return Pooled(tuple(ended), tuple(censored), apart, tuple(begun))
-
-
-def one_pod(lasting: Sequence[float], *, before: int = 6) -> idle_learning.History:
-    """One pod: `before` stretches of EARLIER whole idle steps, then one lasting each of `lasting` x theirs, one
-    after another (each followed by a busy step)."""
-    out, t = [], 0.0
-    for ratio in [1.0] * before + list(lasting):
-        steps = round(ratio * 10) - 1
-        t += (steps + 1) * STEP
-        out.append((t, steps * STEP))
-    return idle_learning.History(last=t, stretches=tuple(out))
-
-
-@dataclasses.dataclass(frozen=True)
-class OnePod(Pooled):
-    """The pool of one pod's stretches (`one_pod()`)."""
-
-    lasting: Sequence[float] = ()
-
-    def build(self) -> idle_learning.Pool:
-        return idle_learning.pool([one_pod(self.lasting)], step_seconds=STEP, min_stretches=6)
+def pooled(ended: Sequence[float] = (), censored: Sequence[float] = ()) -> Pooled:
+    return Pooled(tuple(ended), tuple(censored))
 
 
 SAFE = pooled(censored=[10.0] * 20)  # 20 stretches still idle at 10x their pod's longest: none resumed
@@ -183,15 +154,6 @@ def test_pool(histories: list[idle_learning.History], ended: list[float], censor
     got = idle_learning.pool(histories, step_seconds=STEP, min_stretches=6)
     assert got.ended == pytest.approx(sorted(ended))
     assert got.censored == pytest.approx(sorted(censored))
-
-
-def test_pool_keeps_when_each_stretch_began() -> None:
-    # Six stretches lasting 900 s, then idle from 7200 s (lasting 1500 s: 5/3x), from 8700 s (600 s against
-    # 1500 s: 0.4x), and open from 9300 s (0.4x): each pooled with its first idle step, in its ratio's order.
-    history = fold([BUSY, IDLE, IDLE, BUSY] * 6 + [IDLE, IDLE, IDLE, IDLE, BUSY, IDLE, BUSY, IDLE])
-    got = idle_learning.pool([history], step_seconds=STEP, min_stretches=6)
-    assert (got.ended, got.ended_starts) == (pytest.approx((0.4, 5 / 3)), (8700.0, 7200.0))
-    assert (got.censored, got.censored_starts) == (pytest.approx((0.4,)), (9300.0,))
 
 
 @pytest.mark.parametrize(
@@ -234,28 +196,6 @@ def test_pool_followed(ratio: float, until: float, followed: int) -> None:
     assert pooled([2.0, 3.0, 3.0], [2.5, 4.0]).build().followed(ratio, until) == followed
 
 
-@pytest.mark.parametrize(
-    ("pool", "ratio", "until", "episodes"),
-    [
-        pytest.param(pooled([2.0, 3.0], [4.0], apart=0.0), 1.0, 2.0, 1, id="began-together-once"),
-        pytest.param(pooled([2.0, 3.0], [4.0]), 1.0, 2.0, 3, id="began-apart-each"),
-        # From the earliest: 0 and 300 s are one episode, 600 s begins the next (a chain is not one episode).
-        pytest.param(pooled([2.0] * 4, apart=300.0), 1.0, 2.0, 2, id="boundary-an-episode-is-a-horizon-from-its-first"),
-        pytest.param(pooled([2.0, 3.0], [4.0]), 2.1, 2.0, 2, id="only-ended-as-long"),
-        pytest.param(pooled([2.0, 3.0], [4.0]), 2.0, 2.0, 3, id="boundary-ended-at-the-ratio"),
-        pytest.param(pooled([2.0, 3.0], [4.0]), 1.0, 4.1, 2, id="only-idle-to-until"),
-        pytest.param(pooled([2.0, 3.0], [4.0]), 1.0, 4.0, 3, id="boundary-idle-at-until"),
-        # The two kinds share episodes: an open run that began with an ended stretch counts once with it.
-        pytest.param(pooled([2.0], [4.0], apart=0.0), 1.0, 2.0, 1, id="ended-and-open-share-an-episode"),
-        pytest.param(pooled(), 1.0, 2.0, 0, id="empty"),
-    ],
-)
-def test_pool_episodes(pool: Pooled, ratio: float, until: float, episodes: int) -> None:
-    built = pool.build()
-    assert built.episodes(ratio, until, horizon=600.0) == episodes
-    assert built.episodes(ratio, until, horizon=600.0) == episodes  # counted once, read again
-
-
 # A workload with 10-min stretches of whole idle steps (lasting about 15 min) is judged at 30 min (2.0x, the
 # floor), 40 min (2.67x), ..., the next 10 min reaching 0.67x further.
 @pytest.mark.parametrize(
@@ -266,21 +206,19 @@ def test_pool_episodes(pool: Pooled, ratio: float, until: float, episodes: int) 
                      "7 d, fewer than 6: tier window", id="too-few-stretches"),
         pytest.param([600.0] * 6, SAFE, CONFIG, 1800, True, "learned idle window 30 min = 2.0x this workload's "
                      "longest idle stretch that ended in work in 7 d (about 15 min, of 6): of the 20 idle stretches "
-                     "of all pods (20 independent episodes) that lasted 2.0x their pod's longest, followed to work or "
-                     "to 2.7x, an estimated 0.0% ended in work within 10 min, under 5%",
+                     "of all pods that lasted 2.0x their pod's longest, followed to work or to 2.7x, an estimated 0.0% "
+                     "ended in work within 10 min, under 5%",
                      id="boundary-just-enough-stretches-learned-at-the-floor"),
         pytest.param([600.0] * 6, pooled(censored=[10.0] * 19), CONFIG, TIER, False, "This workload's longest idle "
                      "stretch that ended in work in 7 d (about 15 min, of 6): at no idle time under the tier window "
-                     "did fewer than 5% of the idle stretches of all pods as long (against their pod's longest), "
-                     "followed to work or 10 min further, from at least 20 independent episodes (stretches that began "
-                     "within 10 min of each other count once), end in work within 10 min: tier window",
+                     "did fewer than 5% of at least 20 idle stretches of all pods as long (against their pod's "
+                     "longest), followed to work or 10 min further, end in work within 10 min: tier window",
                      id="boundary-too-few-at-risk"),
         # A workload whose stretches lasted 20 min is judged at 30 min = 1.5x, the next 10 min reaching 2.0x. A run
         # still idle short of 2.0x (pods that have just gone quiet) tells nothing of those 10 min: no evidence.
         pytest.param([900.0] * 6, pooled(censored=[2.1] * 19 + [10.0]), CONFIG, 1800, True,
-                     "of the 20 idle stretches of all pods (20 independent episodes) that lasted 1.5x their pod's "
-                     "longest, followed to work or to 2.0x, an estimated 0.0%",
-                     id="still-idle-past-the-horizon-is-followed"),
+                     "of the 20 idle stretches of all pods that lasted 1.5x their pod's longest, followed to work or "
+                     "to 2.0x, an estimated 0.0%", id="still-idle-past-the-horizon-is-followed"),
         pytest.param([900.0] * 6, pooled(censored=[1.9] * 19 + [10.0]), CONFIG, TIER, False, "tier window",
                      id="still-idle-short-of-the-horizon-is-no-evidence"),
         pytest.param([900.0] * 6, pooled(censored=[2.0] * 19 + [10.0]), CONFIG, 1800, True,
@@ -305,7 +243,7 @@ def test_pool_episodes(pool: Pooled, ratio: float, until: float, episodes: int) 
         pytest.param([600.0] * 6, pooled([2.5], [10.0] * 40), CONFIG.model_copy(update={"resume_probability": 0.025}),
                      1800, True, "2.4% ended in work within 10 min, under 2.5%", id="limit-with-decimals-said-so"),
         pytest.param([600.0] * 6, pooled([2.5], [2.6] * 38), CONFIG.model_copy(update={"resume_probability": 0.025}),
-                     TIER, False, "did fewer than 2.5% of the idle stretches", id="limit-with-decimals-said-so-tier"),
+                     TIER, False, "did fewer than 2.5% of at least 20", id="limit-with-decimals-said-so-tier"),
         pytest.param([600.0] * 6, pooled([2.5] * 30, [10.0] * 20),
                      CONFIG.model_copy(update={"resume_horizon_seconds": 240}), 1800, True, "within 4 min",
                      id="horizon-short-of-the-resumptions"),
@@ -324,36 +262,6 @@ def test_pool_episodes(pool: Pooled, ratio: float, until: float, episodes: int) 
                      "learned idle window 2.8 h = 3.4x", id="boundary-just-under-the-tier"),
         pytest.param([2700.0] * 6, pooled([k / 10 for k in range(2, 36)] * 5, [100.0] * 20), CONFIG, TIER, False,
                      "at no idle time under the tier window", id="tier-window-bounds"),
-        # Evidence counts in independent episodes: stretches that began within the 10-min horizon of each other
-        # (the first of their episode) count once, whatever their number. 20 pods that went quiet together and
-        # resumed together at 10x are one observation: at the floor (2.0x, to 2.7x) the tier window.
-        pytest.param([600.0] * 6, pooled([10.0] * 20, apart=0.0), CONFIG, TIER, False,
-                     "from at least 20 independent episodes (stretches that began within 10 min of each other count "
-                     "once)", id="quiet-together-resumed-together-is-one-episode"),
-        pytest.param([600.0] * 6, pooled(censored=[10.0] * 20, apart=0.0), CONFIG, TIER, False,
-                     "from at least 20 independent episodes", id="quiet-together-still-idle-is-one-episode"),
-        pytest.param([600.0] * 6, pooled([10.0] * 20), CONFIG, 1800, True,
-                     "of the 20 idle stretches of all pods (20 independent episodes)", id="independent-stretches"),
-        # Mixed: 19 pods each on its own, and 20 that went quiet together: 39 stretches, 20 episodes.
-        pytest.param([600.0] * 6, pooled([10.0] * 39, begun=[i * APART for i in range(19)] + [-APART] * 20), CONFIG,
-                     1800, True, "of the 39 idle stretches of all pods (20 independent episodes)",
-                     id="boundary-mixed-twenty-episodes"),
-        pytest.param([600.0] * 6, pooled([10.0] * 39, begun=[i * APART for i in range(18)] + [-APART] * 21), CONFIG,
-                     TIER, False, "from at least 20 independent episodes", id="mixed-nineteen-episodes"),
-        # Each of 20 episodes holds two stretches that began 5 min apart: 40 stretches, exactly 20 episodes.
-        pytest.param([600.0] * 6, pooled([10.0] * 40, begun=[i * APART + d for d in (0.0, 300.0) for i in range(20)]),
-                     CONFIG, 1800, True, "of the 40 idle stretches of all pods (20 independent episodes)",
-                     id="boundary-exactly-min-at-risk-episodes"),
-        # Beginnings a horizon apart are two episodes; just under it, one: 20 every 599 s are 10 episodes.
-        pytest.param([600.0] * 6, pooled([10.0] * 20, apart=600.0), CONFIG, 1800, True,
-                     "(20 independent episodes)", id="boundary-a-horizon-apart-is-two-episodes"),
-        pytest.param([600.0] * 6, pooled([10.0] * 20, apart=599.0), CONFIG, TIER, False,
-                     "from at least 20 independent episodes", id="under-a-horizon-apart-is-one-episode"),
-        # One pod's stretches follow one another (each began after the last ended in work): each its own episode.
-        # 20 lasting 3000 s (1.0x its longest) judged at 30 min (0.6x, to 0.8x): none resumed before 0.8x.
-        pytest.param([2700.0] * 6, OnePod(lasting=[1.0] * 20), CONFIG, 1800, True,
-                     "of the 20 idle stretches of all pods (20 independent episodes) that lasted 0.6x",
-                     id="one-pod-many-stretches-each-an-episode"),
     ],
 )
 def test_learn(stretches: list[float] | None, pool: Pooled, config: settings.LearnedWindow, window: int,
