@@ -11,11 +11,12 @@ trace samples (as the range query returns it), refreshed every `refresh_seconds`
 was scheduled longer than max(toleration, window) ago and every sample of the window is below 5 % with enough
 data (`reclaim_trace.missing_data`). No limits, cooldowns or demand: every idle pod goes. Scored by
 `reclaim_trace.score` exactly as the replay is (regret: busy within 10 min; reclaimable from the floor on).
-Each arm runs at `--phases` offsets of the trace against the history's 5-min steps (the replay's offset is the wall
-clock's, so it differs from run to run): a stretch's length in whole steps, and so a learned window, moves with
-it. Totals over the phases are printed (evictions, regretted), with the mean share of the clairvoyant reclaim and
-its range. Arms: the fixed tier window; the rule this replaced (longest stretch that ended in work x 3, clamped to the
-floor and the tier window: `previous()`); the product's defaults; and one setting changed at a time.
+Each arm runs at `--phases` offsets of the trace against the history's 5-min steps (phase K at K/N of a step;
+`reclaim_trace.py --phases N` replays the same phases in the real loop): a stretch's length in whole steps, and so
+a learned window, moves with it. Totals over the phases are printed (evictions, regretted), with the mean share of
+the clairvoyant reclaim and its range. Arms: the fixed tier window; the rule this replaced (longest stretch that
+ended in work x 3, clamped to the floor and the tier window: `previous()`); the product's defaults; and one setting
+changed at a time.
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ def row(trace: rt.Trace, name: str, config: settings.LearnedWindow | None, *, ju
             "of_clairvoyant": round(sum(shares) / phases, 4), "of_clairvoyant_range": [round(min(shares), 4),
                                                                                         round(max(shares), 4)],
             "idle_gpu_hours_freed": round(sum(r.idle_reclaimed_hours for r in results) / phases, 2),
-            "per_phase": [{"evictions": r.evictions, "regretted": r.regretted} for r in results]}
+            "per_phase": [{"evictions": r.evictions, "regretted": r.regretted, "of_clairvoyant": round(share, 4)}
+                          for r, share in zip(results, shares, strict=True)]}
 
 
 def pool_cost(gpus: int, *, days: float = 7.0, per_day: int = 25, repeats: int = 3) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Reclaim quality on real per-pod GPU utilisation: the real planner, replayed over a day of a real trace.
 
-    python benchmarks/reclaim_trace.py [--pods N] [--hours H] [--interval SECONDS] [--quick] [--out FILE]
+    python benchmarks/reclaim_trace.py [--pods N] [--hours H] [--interval SECONDS] [--phases N [--phase K]]
+                                       [--quick] [--out FILE]
 
 The trace (Alibaba cluster-trace-v2026-GenAI, `pod_gpu_duty_cycle.csv.gz`: Stable-Diffusion serving
 pods, one duty-cycle sample every 57 s for ~23 h) is written once, whole, as `DCGM_FI_DEV_GPU_UTIL`
@@ -26,6 +27,10 @@ Replay model (the trace records neither placement nor owners, so this is chosen 
     on the same coverage/staleness bar as ours — to show whether the averaging rule is what costs regret.
 Cycles run every `--interval` seconds of trace time (default 300, rounded to the 57-s step; the chart's
 loop runs every 60: `--interval 60` replays that, ~5x the queries).
+The trace's slot 0 sits at a fixed offset against the learned windows' history steps (`step_seconds`, 5 min):
+phase K of `--phases` N is K/N of a step (default: phase 0 of 1), as in `learned_window_sweep.py`. A learned
+window moves with it (stretches are whole steps), so a learned arm's result is only reproducible at a fixed phase,
+and is reported over several; `--phases N` replays each in turn (a Prometheus of its own) and prints the totals.
 
 Scoring (pure functions below; one yardstick for every policy, whatever its own threshold):
 - a sample is idle when below IDLE_PERCENT (5 %); each sample stands for one trace step of GPU time;
@@ -704,14 +709,25 @@ async def replay(trace: Trace, rules: Sequence[Policy], *, interval_slots: int, 
         client.close()
 
 
-def run(trace: Trace, rules: Sequence[Policy], *, interval_seconds: float, judge_from_hours: float = 0.0
-        ) -> dict[str, Any]:
+def wall_of(now: float, *, span: float, step: float, phase: int, phases: int) -> float:
+    """Unix seconds of the trace's slot 0: `phase` / `phases` of a history step (`step`) past a multiple of it,
+    the trace (`span` seconds) ending more than a step before `now`. A learned window depends on this offset
+    (a stretch is measured in whole history steps), so it is fixed, not the wall clock's: phase K of N is the
+    offset `learned_window_sweep.py` replays as its phase K of N."""
+    if not 0 <= phase < phases:
+        raise ValueError(f"phase {phase} is not one of 0..{phases - 1}")
+    return (math.floor((now - span) / step) - 1) * step + step * phase / phases
+
+
+def run(trace: Trace, rules: Sequence[Policy], *, interval_seconds: float, judge_from_hours: float = 0.0,
+        phase: int = 0, phases: int = 1) -> dict[str, Any]:
     interval_slots = max(1, round(interval_seconds / trace.step))
     judge_from = round(judge_from_hours * 3600 / trace.step)
     started = _perf()
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="reclaim-trace-") as tmp:
-        wall = math.floor(time.time()) - (trace.slots - 1) * trace.step
+        step = settings.LearnedWindow(**LEARNED).step_seconds
+        wall = wall_of(time.time(), span=(trace.slots - 1) * trace.step, step=step, phase=phase, phases=phases)
         server = localprometheus.start_prometheus(pathlib.Path(tmp), history(trace),
                                                   now=wall + (trace.slots - 1) * trace.step)
         try:
@@ -759,6 +775,7 @@ def run(trace: Trace, rules: Sequence[Policy], *, interval_seconds: float, judge
         "cycles": cycles, "cycle_interval_seconds": interval_slots * trace.step,
         "promql_queries": queries.sent, "promql_seconds": round(queries.seconds, 2),
         "judged_from_hours": round(judge_from * trace.step / 3600, 2),
+        "phase": {"index": phase, "of": phases, "offset_seconds": round(wall % step, 3), "history_step_seconds": step},
         "learned_window": {**config.descheduler.reclaim.learned_window.model_dump(mode="json"),
                            "range_queries": len(queries.range_seconds),
                            "range_query_seconds_max": round(max(queries.range_seconds, default=0.0), 3)},
@@ -771,6 +788,48 @@ def run(trace: Trace, rules: Sequence[Policy], *, interval_seconds: float, judge
                                      "after": [round(x, 2) for x in os.getloadavg()]}},
         "policies": rows,
     }
+
+
+def totals(results: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per policy over the phases' results: evictions, regretted and missing summed (the share of the sums),
+    reclaimed GPU-h and the share of the clairvoyant reclaim as the phases' mean, with the range."""
+    out = []
+    for rows in zip(*(r["policies"] for r in results), strict=True):
+        evictions, regretted = sum(r["evictions"] for r in rows), sum(r["regretted"] for r in rows)
+        shares = [r["of_clairvoyant"] for r in rows if r["of_clairvoyant"] is not None]
+        out.append({
+            "policy": rows[0]["policy"], "phases": len(rows), "evictions": evictions, "regretted": regretted,
+            "regretted_share": round(regretted / evictions, 4) if evictions else 0.0,
+            "missing_data_evictions": sum(r["missing_data_evictions"] for r in rows),
+            "reclaimed_gpu_hours": round(sum(r["reclaimed_gpu_hours"] for r in rows) / len(rows), 3),
+            "of_clairvoyant": round(sum(shares) / len(shares), 4) if shares else None,
+            "of_clairvoyant_range": [round(min(shares), 4), round(max(shares), 4)] if shares else None,
+            "per_phase": [{"evictions": r["evictions"], "regretted": r["regretted"],
+                           "of_clairvoyant": r["of_clairvoyant"]} for r in rows],
+        })
+    return out
+
+
+def totals_table(result: Mapping[str, Any]) -> str:
+    """The totals over the phases, and each phase's evictions / regretted / share of the clairvoyant reclaim."""
+    phases = result["phases"]
+    offsets = ", ".join(f"{p['phase']['offset_seconds']:g}" for p in phases)
+    first = phases[0]
+    lines = [f"totals over {len(phases)} phase(s) (offsets {offsets} s against the "
+             f"{first['phase']['history_step_seconds']:g}-s history steps); clairvoyant "
+             f"{first['clairvoyant_gpu_hours']:.1f} GPU-h; reclaim: mean (range)",
+             f"{'policy':40} {'evict':>5} {'regret':>12} {'missing':>7} {'GPU-h':>6} {'of clairv.':>16}  per phase "
+             "(evictions/regretted/of clairv.)"]
+    for row in result["totals"]:
+        share, span = row["of_clairvoyant"], row["of_clairvoyant_range"]
+        said = "-" if share is None else f"{share:.0%} ({span[0]:.0%}-{span[1]:.0%})"
+        each = " ".join(f"{p['evictions']}/{p['regretted']}/" + ("-" if p["of_clairvoyant"] is None
+                                                                 else f"{p['of_clairvoyant']:.0%}")
+                        for p in row["per_phase"])
+        lines.append(f"{row['policy']['name']:40} {row['evictions']:>5} {row['regretted']:>4} "
+                     f"({row['regretted_share']:>5.1%}) {row['missing_data_evictions']:>7} "
+                     f"{row['reclaimed_gpu_hours']:>6.1f} {said:>16}  {each}")
+    return "\n".join(lines)
 
 
 def _version() -> str:
@@ -889,7 +948,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=300.0,
                         help="seconds of trace time between cycles, rounded to the trace's step (default 300; "
                              "the chart's loop runs every 60)")
-    parser.add_argument("--quick", action="store_true", help="CI-sized: 10 pods, 3 hours, chart tiers only")
+    parser.add_argument("--quick", action="store_true", help="CI-sized: 10 pods, 3 hours, 2 phases, chart tiers only")
     parser.add_argument("--tiers-only", action="store_true", help="no window/threshold sweep")
     parser.add_argument("--learned", action="store_true",
                         help="add each chart tier with its idle window learned per workload")
@@ -899,12 +958,19 @@ def main() -> None:
                         help="a descheduler.reclaim.learned_window setting for the learned arms (repeatable)")
     parser.add_argument("--judge-from", type=float, default=0.0, metavar="HOURS",
                         help="the split: cycles only from this hour on; learned windows learn only before it")
+    parser.add_argument("--phases", type=int, default=1, metavar="N",
+                        help="replay at N offsets of the trace against the learned history's steps (phase K at "
+                             "K/N of a step, as learned_window_sweep.py): one Prometheus each, per-phase tables "
+                             "and the totals (default 1: offset 0)")
+    parser.add_argument("--phase", type=int, default=None, metavar="K",
+                        help="only phase K of --phases (default: every phase)")
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
     parser.add_argument("--png", type=pathlib.Path, default=None,
                         help=f"write the reclaimed-vs-regret curve here (a full run: {DEFAULT_PNG.relative_to(ROOT)})")
     args = parser.parse_args()
     if args.quick:
         args.pods, args.hours = args.pods or 10, args.hours or 3.0
+        args.phases = max(args.phases, 2)
     tiers = chart_tiers(yaml.safe_load(VALUES.read_text()))
     LEARNED.update({k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.learned_setting)})
     learning = settings.LearnedWindow(**LEARNED)
@@ -919,15 +985,25 @@ def main() -> None:
                           *what_if(SWEEP_WINDOWS if swept else [t.window_seconds for t in tiers],
                                    threshold_percent=IDLE_PERCENT)])
     trace = load_trace(args.trace, pods=args.pods, hours=args.hours)
-    result = run(trace, rules, interval_seconds=args.interval, judge_from_hours=args.judge_from)
-    result["command"] = " ".join(["python", "benchmarks/reclaim_trace.py", *sys.argv[1:]])
-    print(table(result))
+    chosen = range(args.phases) if args.phase is None else [args.phase]
+    results = []
+    for phase in chosen:
+        results.append(run(trace, rules, interval_seconds=args.interval, judge_from_hours=args.judge_from,
+                           phase=phase, phases=args.phases))
+        print(f"phase {phase} of {args.phases}:")
+        print(table(results[-1]), flush=True)
+    command = " ".join(["python", "benchmarks/reclaim_trace.py", *sys.argv[1:]])
+    if len(results) == 1:  # one phase: its result, as before phases existed
+        result = {**results[0], "command": command}
+    else:
+        result = {"command": command, "phases": results, "totals": totals(results)}
+        print(totals_table(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"results: {args.out}")
     png = args.png or (None if args.quick else DEFAULT_PNG)
     if png is not None:
-        draw_curve(result, png)
+        draw_curve(results[0], png)  # several phases: the first one's
         print(f"curve: {png}")
 
 

@@ -274,3 +274,42 @@ def test_learned_arms_and_their_class() -> None:
     assert [p.name for p in rt.distinct([tiers[0], arm])] == ["normal (chart default)", "normal tier, learned window"]
     assert rt.judged_as(arm, floor_seconds=1800).window_seconds == 1800  # reclaimable from the floor on
     assert rt.judged_as(tiers[0], floor_seconds=1800) == tiers[0]
+
+
+@pytest.mark.parametrize(
+    ("phase", "phases", "offset"),
+    [
+        pytest.param(0, 1, 0.0, id="default-on-a-step"),
+        pytest.param(1, 5, 60.0, id="a-fifth-of-a-step"),
+        pytest.param(4, 5, 240.0, id="boundary-last-phase"),
+        pytest.param(1, 2, 150.0, id="half-a-step"),
+    ],
+)
+def test_wall_of_fixes_the_offset_against_the_history_steps(phase: int, phases: int, offset: float) -> None:
+    span = 22.8 * 3600
+    for now in (1_800_000_000.0, 1_800_000_123.4):  # whatever the clock reads
+        wall = rt.wall_of(now, span=span, step=300.0, phase=phase, phases=phases)
+        assert wall % 300.0 == pytest.approx(offset)
+        assert now - 600.0 < wall + span < now  # the trace ends within two steps before now, never after
+
+
+@pytest.mark.parametrize(("phase", "phases"), [pytest.param(5, 5, id="boundary-phase-n"),
+                                               pytest.param(-1, 5, id="negative")])
+def test_wall_of_refuses_a_phase_outside_0_to_n(phase: int, phases: int) -> None:
+    with pytest.raises(ValueError, match=f"phase {phase} is not one of 0..4"):
+        rt.wall_of(1_800_000_000.0, span=3600.0, step=300.0, phase=phase, phases=phases)
+
+
+def test_totals_sum_counts_and_average_shares_over_phases() -> None:
+    def result(evictions: int, regretted: int, missing: int, hours: float, share: float | None) -> dict[str, object]:
+        return {"policies": [{"policy": {"name": "a"}, "evictions": evictions, "regretted": regretted,
+                              "missing_data_evictions": missing, "reclaimed_gpu_hours": hours,
+                              "of_clairvoyant": share}]}
+
+    [row] = rt.totals([result(40, 1, 0, 60.0, 0.4), result(50, 4, 1, 90.0, 0.6)])
+    assert (row["evictions"], row["regretted"], row["regretted_share"], row["missing_data_evictions"]) == (
+        90, 5, round(5 / 90, 4), 1)
+    assert (row["reclaimed_gpu_hours"], row["of_clairvoyant"], row["of_clairvoyant_range"]) == (75.0, 0.5, [0.4, 0.6])
+    assert [p["regretted"] for p in row["per_phase"]] == [1, 4]
+    [none] = rt.totals([result(0, 0, 0, 0.0, None)])
+    assert (none["regretted_share"], none["of_clairvoyant"], none["of_clairvoyant_range"]) == (0.0, None, None)
