@@ -158,6 +158,36 @@ async def test_at_once_reads_the_look_back_in_the_first_cycle(at_once: bool, fai
 
 
 @pytest.mark.parametrize(
+    ("away", "cycles"),
+    [
+        # 7 d in 30-min chunks while the look-back's end moves on 60 s a cycle: 604800 / 1740 s, not 336 cycles.
+        pytest.param(None, 347, id="cold-start-a-new-leader-5.8-h"),
+        pytest.param(20 * 60, 0, id="back-within-refresh-still-fresh"),
+        pytest.param(HOUR, 2, id="a-leader-back-after-an-hour-reads-what-it-missed"),
+        pytest.param(24 * HOUR, 49, id="a-leader-back-after-a-day"),
+    ],
+)
+async def test_cycles_until_learned_windows_apply_at_the_defaults(away: float | None, cycles: int) -> None:
+    """docs/operations.md's numbers: the default settings, one read a 60 s cycle. A replica that leads again keeps
+    what it read (the loop and its learner live as long as the process) and reads only the time it was away."""
+    config = settings_loader.load()
+    interval = config.descheduler.reclaim.interval_seconds
+    learner = idle_history.Learner(config=config, prometheus=Fake())
+    now = T0
+    if away is not None:
+        while not learner.fresh(now):
+            await learner.read(threshold=5.0, now=now)
+            now += interval
+        now += away
+    count = 0
+    while not learner.fresh(now):
+        await learner.read(threshold=5.0, now=now)
+        now += interval
+        count += 1
+    assert count == cycles
+
+
+@pytest.mark.parametrize(
     ("metric", "key"),
     [
         pytest.param({"namespace": "a", "pod": "p"}, ("a", "p"), id="plain"),
