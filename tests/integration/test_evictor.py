@@ -368,6 +368,9 @@ async def test_the_learned_window_opt_in_off_is_the_fixed_window_cycle_exactly(
         assert len(history_queries) == 2  # one chunk a cycle
         assert eviction.reason == ("peak GPU utilisation 1.0% < 5% over 3600s; history not read (yet): tier window; "
                                    "reclaimed for team-b/want (priority 10000)")
+        # ... and so is the dry-run eviction Event on the pod
+        assert [e["message"] for e in api.events if e["reason"] == "IdleGPUReclaimWouldEvict"] == [
+            f"Would evict (dry-run): {eviction.reason}"]  # once: the second cycle sees it leaving
     else:
         assert history_queries == []
         assert cycle.plan == expected.plan

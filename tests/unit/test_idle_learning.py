@@ -262,6 +262,9 @@ def test_pool_followed(ratio: float, until: float, followed: int) -> None:
                      "learned idle window 2.8 h = 3.4x", id="boundary-just-under-the-tier"),
         pytest.param([2700.0] * 6, pooled([k / 10 for k in range(2, 36)] * 5, [100.0] * 20), CONFIG, TIER, False,
                      "at no idle time under the tier window", id="tier-window-bounds"),
+        # A floor at the tier's window (a 10-min scavenger tier under the 30-min floor): learning never shortens it.
+        pytest.param([600.0] * 6, SAFE, CONFIG.model_copy(update={"floor_seconds": TIER}), TIER, False,
+                     "at no idle time under the tier window", id="boundary-floor-at-the-tier-keeps-the-tier"),
     ],
 )
 def test_learn(stretches: list[float] | None, pool: Pooled, config: settings.LearnedWindow, window: int,
