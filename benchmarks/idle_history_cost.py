@@ -8,6 +8,7 @@ with promtool into a real Prometheus; then the Learner's two kinds of read, each
 through the product's client and the Learner's own fold:
 - backfill chunk: `chunk_seconds` (6 h by default) of history in one range query at the 5-min step;
 - refresh: the last `refresh_seconds` (30 min).
+Each query's wall time and Prometheus' CPU seconds for it (wall counts a loaded machine's neighbours; CPU does not).
 Goal (issue 21's, for every query): < 1 s at 10,000 GPUs. The history's cost is linear in GPUs x hours read
 (each raw sample is read once), so it is fitted on the measured counts and extrapolated; printed, never asserted.
 """
@@ -29,6 +30,7 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import dcgm_history  # noqa: E402
 from common import prometheus, settings_loader  # noqa: E402
 from descheduler.reclaim import idle_history  # noqa: E402
 from gpu_steward import localprometheus  # noqa: E402
@@ -53,21 +55,24 @@ def history(gpus: int, *, hours: float) -> list[localprometheus.Series]:
 class Timed:
     """The product's client, timing each range query and counting the points it returns."""
 
-    def __init__(self, client: prometheus.Client) -> None:
+    def __init__(self, client: prometheus.Client, *, pid: int) -> None:
         self.client = client
+        self.pid = pid  # Prometheus' process: its CPU seconds per query
         self.seconds: list[float] = []
+        self.cpu: list[float] = []
         self.points = 0
         self.series = 0
 
     async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[dict[str, Any]]:
-        started = time.perf_counter()
+        started, used = time.perf_counter(), dcgm_history.cpu_seconds(self.pid)
         rows = await self.client.query_range(promql, start=start, end=end, step=step)
         self.seconds.append(time.perf_counter() - started)
+        self.cpu.append(dcgm_history.cpu_seconds(self.pid) - used)
         self.points, self.series = sum(len(r.get("values") or ()) for r in rows), len(rows)
         return rows
 
 
-async def measure(url: str, *, now: float, repeats: int) -> dict[str, Any]:
+async def measure(url: str, *, pid: int, now: float, repeats: int) -> dict[str, Any]:
     base = settings_loader.load().descheduler.reclaim.learned_window
     out = {}
     for name, span in (("chunk", base.chunk_seconds), ("refresh", base.refresh_seconds)):
@@ -75,7 +80,7 @@ async def measure(url: str, *, now: float, repeats: int) -> dict[str, Any]:
         config = settings_loader.load(overrides={
             "prometheus": {"url": url, "timeout_seconds": 60},
             "descheduler": {"reclaim": {"learned_window": {"lookback_seconds": span, "chunk_seconds": span}}}})
-        timed = Timed(prometheus.Client(config.prometheus))
+        timed = Timed(prometheus.Client(config.prometheus), pid=pid)
         reads = []
         try:
             for _ in range(repeats):
@@ -87,7 +92,9 @@ async def measure(url: str, *, now: float, repeats: int) -> dict[str, Any]:
         finally:
             timed.client.close()
         out[name] = {"span_seconds": span, "query_seconds_median": round(statistics.median(timed.seconds), 3),
-                     "query_seconds_max": round(max(timed.seconds), 3), "points": timed.points,
+                     "query_seconds_max": round(max(timed.seconds), 3),
+                     "prometheus_cpu_seconds_median": round(statistics.median(timed.cpu), 3),
+                     "prometheus_cpu_seconds_max": round(max(timed.cpu), 3), "points": timed.points,
                      "series": timed.series, "read_and_fold_seconds_median": round(statistics.median(reads), 3)}
     return out
 
@@ -110,7 +117,7 @@ def main() -> None:
             server = localprometheus.start_prometheus(pathlib.Path(tmp), history(gpus, hours=args.hours), now=now)
             try:
                 backfill = time.perf_counter() - started
-                found = asyncio.run(measure(server.url, now=now, repeats=args.repeats))
+                found = asyncio.run(measure(server.url, pid=server.process.pid, now=now, repeats=args.repeats))
             finally:
                 server.stop()
         rows.append({"gpus": gpus, "history_hours": args.hours, "backfill_seconds": round(backfill, 1), **found})

@@ -30,6 +30,7 @@ import pathlib
 import random
 import sys
 import time
+import tracemalloc
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -133,11 +134,24 @@ def row(trace: rt.Trace, name: str, config: settings.LearnedWindow | None, *, ju
 def pool_cost(gpus: int, *, days: float = 7.0, per_day: int = 25, repeats: int = 3) -> dict[str, Any]:
     """CPU and wall seconds of `idle_learning.pool()` over `gpus` synthetic series of `days` x `per_day` idle
     stretches (1-20 steps long; the GenAI trace has about 25 a day per pod), as the descheduler builds it after
-    each history read. CPU time is the one to read on a shared machine."""
+    each history read. CPU time is the one to read on a shared machine. Memory (Python's allocations, by
+    tracemalloc, in a pass of its own): the histories as the descheduler keeps them, and the pool built from them."""
     rng = random.Random(1)
     count = round(days * per_day)
-    series = [idle_learning.History(last=1.0, run_start=0.0, run_steps=rng.randint(1, 50), stretches=tuple(
-        (float(i), 300.0 * rng.randint(1, 20)) for i in range(count))) for _ in range(gpus)]
+
+    def histories() -> list[idle_learning.History]:
+        return [idle_learning.History(last=1.0, run_start=0.0, run_steps=rng.randint(1, 50), stretches=tuple(
+            (1.8e9 + 3456.0 * i + g, 300.0 * rng.randint(1, 20)) for i in range(count))) for g in range(gpus)]
+
+    tracemalloc.start()
+    kept = histories()
+    held = tracemalloc.get_traced_memory()[0]
+    pooled = idle_learning.pool(kept, step_seconds=300.0, min_stretches=settings.LearnedWindow().min_stretches)
+    memory = {"histories_mb": round(held / 1e6), "pool_mb": round((tracemalloc.get_traced_memory()[0] - held) / 1e6),
+              "pooled": len(pooled.ended)}
+    tracemalloc.stop()
+    del kept, pooled
+    series = histories()
     cpu, wall = [], []
     for _ in range(repeats):
         started, clock = time.process_time(), time.perf_counter()
@@ -145,7 +159,7 @@ def pool_cost(gpus: int, *, days: float = 7.0, per_day: int = 25, repeats: int =
         cpu.append(time.process_time() - started)
         wall.append(time.perf_counter() - clock)
     return {"gpus": gpus, "stretches": gpus * count, "pooled": len(built.ended) + len(built.censored),
-            "cpu_seconds": [round(c, 3) for c in cpu], "wall_seconds": [round(w, 3) for w in wall],
+            "cpu_seconds": [round(c, 3) for c in cpu], "wall_seconds": [round(w, 3) for w in wall], "memory": memory,
             "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 

@@ -5,7 +5,9 @@
 
 `--cluster` replays `kubectl get nodes,pods,priorityclasses,namespaces -A -o json`; with no API
 server nothing can be evicted, so it always runs as a dry-run. `--once` runs one cycle and prints its
-plan (`--output json`: `{"evictions": [...], "spared": [...]}`); otherwise, while this replica holds
+plan (`--output json`: `{"evictions": [...], "spared": [...]}`); when a tier learns its idle windows, that cycle
+first reads their whole look-back (`lookback_seconds / chunk_seconds` range queries, 336 with the defaults), so
+the plan shows learned windows and their reasons; otherwise, while this replica holds
 the leader Lease, the gang controller releases complete gangs (on every pod change and every
 `descheduler.gangs.resync_seconds`) and reclaim cycles run every `descheduler.reclaim.interval_seconds`;
 an unexpected error in one of the two loops is logged and counted, and that loop alone is restarted after a
@@ -55,7 +57,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[cmdline.connection_parent()],
     )
-    parser.add_argument("--once", action="store_true", help="run one cycle, print its plan, exit")
+    parser.add_argument("--once", action="store_true",
+                        help="run one cycle, print its plan, exit (a learning tier's history is read whole first)")
     parser.add_argument("--dry-run", action="store_true", help="decide, log and emit 'would' events; evict nothing")
     parser.add_argument("--cluster", type=pathlib.Path,
                         help="offline cluster state (a Kubernetes List); implies dry-run")
@@ -254,7 +257,7 @@ async def _work(
     )
     if isinstance(cluster, source.StaticSource):
         loop = reclaim_loop.ReclaimLoop(config=config, cluster=cluster, prometheus=dcgm, evictions=client, api=None,
-                                        registry=registry, gang_demands=gang_demands(config))
+                                        registry=registry, gang_demands=gang_demands(config), once=once)
         if once:
             return await loop.cycle()
         await loop.run()
@@ -274,7 +277,7 @@ async def _work(
                     published.clear()
             live.unsubscribe(published)
             loop = reclaim_loop.ReclaimLoop(config=config, cluster=live, prometheus=dcgm, evictions=client, api=api,
-                                            registry=registry, gang_demands=gang_demands(config))
+                                            registry=registry, gang_demands=gang_demands(config), once=once)
 
             gang_metrics = controller.Metrics(registry)
             failures = supervisor.Failures(registry)

@@ -71,14 +71,17 @@ class _Read:
 
 
 class Learner:
-    """Per-descheduler state: the histories folded so far. `until` (benchmarks only): read no history after it,
+    """Per-descheduler state: the histories folded so far. `at_once` (`gpu-steward descheduler --once`): read
+    the whole look-back in the first cycle (`lookback_seconds / chunk_seconds` range queries, one after the other),
+    so that a single cycle can show learned windows. `until` (benchmarks only): read no history after it,
     to learn on one part of a trace and judge on another. Metrics: `gpu_steward_reclaim_history_queries_total`,
     `..._history_errors_total` (a failed read: one log line and this), `..._history_fresh` (1: learned windows
     apply; 0: tier windows, history not read yet or stale)."""
 
     def __init__(self, *, config: settings.Settings, prometheus: object | None, until: float | None = None,
-                 registry: prometheus_client.CollectorRegistry | None = None) -> None:
+                 registry: prometheus_client.CollectorRegistry | None = None, at_once: bool = False) -> None:
         self._config = config
+        self._at_once = at_once
         self._querier = prometheus if isinstance(prometheus, RangeQuerier) else None
         self._until = until
         self._histories: dict[tuple[str, str], idle_learning.History] = {}
@@ -86,7 +89,6 @@ class Learner:
         self._read: _Read | None = None
         self.queries = 0
         self.errors = 0
-        self._reported: set[str] = set()  # unreadable opt-ins already logged
         registry = registry if registry is not None else prometheus_client.CollectorRegistry()
         self._queries = prometheus_client.Counter(
             "gpu_steward_reclaim_history_queries", "Range queries reading learned idle windows' history.",
@@ -122,8 +124,8 @@ class Learner:
         return read is not None and read.end > read.start and \
             read.end >= self._end(now) - learning.refresh_seconds - learning.step_seconds
 
-    async def read(self, *, threshold: float, now: float) -> None:
-        """One range query at most: the next chunk of history not read yet, if any is due."""
+    async def read(self, *, threshold: float, now: float) -> bool:
+        """One range query at most: the next chunk of history not read yet, if any is due. True: one was read."""
         learning = self._learning
         end = self._end(now)
         if self._read is not None and (self._read.threshold != threshold or self._read.end > end):
@@ -133,7 +135,7 @@ class Learner:
             start = end - math.ceil(learning.lookback_seconds / learning.step_seconds) * learning.step_seconds
             self._read = _Read(start, start, threshold)
         if self._read.end >= end - (learning.refresh_seconds if self.fresh(now) else 0) or self._querier is None:
-            return
+            return False
         start = self._read.end + learning.step_seconds
         stop = min(end, self._read.end + learning.chunk_seconds)
         self.queries += 1
@@ -146,7 +148,7 @@ class Learner:
             self.errors += 1
             self._errors.inc()
             logger.warning("reclaim: idle history not read (learned idle windows wait; tier windows apply): %s", exc)
-            return
+            return False
         for row in rows:
             key = pod_of(row.get("metric") or {}, labels=self._config.prometheus.labels)
             if key is not None:
@@ -158,6 +160,7 @@ class Learner:
         self._histories = {k: h.since(since) for k, h in self._histories.items()
                            if h.stretches or (h.last is not None and h.last >= since)}
         self._pool = None
+        return True
 
     async def screen(
         self,
@@ -172,16 +175,14 @@ class Learner:
         reason (for its assessment, so that its Event and the dry-run output say it)."""
         tier_windows = {}
         for name, pc in cluster.priority_classes.items():
-            tier, on = policies.get(name), idle_learning.enabled(pc, names=self._config.names)
-            if on.problem and on.problem not in self._reported:
-                self._reported.add(on.problem)
-                logger.warning("%s", on.problem)
+            tier, on = policies.get(name), idle_learning.enabled(pc, names=self._config.names)  # a problem: off
             if tier and tier.reclaimable and tier.idle_seconds and on.value:
                 tier_windows[name] = tier.idle_seconds
         if not tier_windows:
             return dict(screened), {}
         threshold = max(policies[name].threshold_percent for name in tier_windows)
-        await self.read(threshold=threshold, now=now)
+        while await self.read(threshold=threshold, now=now) and self._at_once and not self.fresh(now):
+            pass  # `--once`: the next chunk at once, until the look-back is read (or a read fails)
         self._fresh.set(1 if self.fresh(now) else 0)
         learned = idle_learning.windows(
             (cluster.pods[key] for key in screened), tier_windows=tier_windows,

@@ -32,7 +32,7 @@ from kubernetes_asyncio import client
 
 from common import events, settings, snapshot, source
 from descheduler import cooldown_store, cooldowns, evictor, limits, policy, reclaim
-from descheduler.reclaim import idle_history, measurement, utilisation
+from descheduler.reclaim import idle_history, idle_learning, measurement, utilisation
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +66,10 @@ class Metrics:
         self.prometheus_errors = prometheus_client.Counter(
             "gpu_steward_reclaim_prometheus_errors", "Failed utilisation queries (pods stay not idle).",
             registry=registry)
+        self.policy_problems = prometheus_client.Gauge(
+            "gpu_steward_reclaim_policy_problems",
+            "PriorityClass annotations reclaim cannot read, by class, last cycle (the class is not reclaimable, or "
+            "does not learn its idle windows).", ["priority_class"], registry=registry)
         self.partial = prometheus_client.Counter(
             "gpu_steward_reclaim_partial_demands",
             "Demands whose victims were evicted only in part: a later victim was refused after earlier ones went.",
@@ -104,7 +108,9 @@ class ReclaimLoop:
         registry: prometheus_client.CollectorRegistry | None = None,
         clock: Callable[[], float] = time.time,
         gang_demands: GangDemands | None = None,
+        once: bool = False,
     ) -> None:
+        """`once`: this loop runs one cycle (`--once`), which reads the learned windows' whole look-back."""
         self._config = config
         self._gang_demands = gang_demands
         self._cluster = cluster
@@ -117,7 +123,7 @@ class ReclaimLoop:
         self._measurement_metrics = measurement.Metrics(registry)
         self.parts = measurement.Parts()  # utilisation parts kept across cycles: a new leader starts empty
         self._memory = cooldowns.State()  # dry-run / offline cooldowns
-        self.learner = idle_history.Learner(config=config, prometheus=prometheus, registry=registry)
+        self.learner = idle_history.Learner(config=config, prometheus=prometheus, registry=registry, at_once=once)
         self._reported: set[tuple[str, str]] = set()  # (class, problem) already reported
         # Pods evicted (or, in dry-run, that would have been) -> (the demand they were evicted for, until when
         # it is remembered: the preemptor cooldown). Until the snapshot shows them gone their GPUs are that
@@ -158,7 +164,7 @@ class ReclaimLoop:
             cluster.priority_classes,
             default_threshold_percent=self._config.descheduler.reclaim.default_idle_threshold_percent,
         )
-        await self._report_policies(policies)
+        await self._report_policies(policies, cluster.priority_classes)
         state = self._memory
         if self._persist and self._api is not None:
             state = await cooldown_store.load(self._api, config=self._config)
@@ -315,14 +321,25 @@ class ReclaimLoop:
         await events.post(self._api, regarding=ref, type=type, reason=reason, message=message,
                           request_timeout=self._config.kubernetes.request_timeout_seconds)
 
-    async def _report_policies(self, policies: Mapping[str, policy.ReclaimPolicy]) -> None:
-        for found in policies.values():
-            if found.problem and (found.class_name, found.problem) not in self._reported:
-                self._reported.add((found.class_name, found.problem))
-                logger.warning("%s", found.reason)
+    async def _report_policies(self, policies: Mapping[str, policy.ReclaimPolicy],
+                               classes: Mapping[str, snapshot.PriorityClass]) -> None:
+        """Every PriorityClass annotation reclaim cannot read (its policy's, `policy.parse`; its learned-window
+        opt-in's, `idle_learning.enabled`): a log line and a Warning Event once per process, and counted per class
+        every cycle (`gpu_steward_reclaim_policy_problems`)."""
+        problems = [(found.class_name, found.problem, found.reason) for found in policies.values() if found.problem]
+        for pc in classes.values():
+            learning = idle_learning.enabled(pc, names=self._config.names)
+            if learning.problem:
+                problems.append((pc.name, learning.problem, learning.problem))
+        self._metrics.policy_problems.clear()
+        for class_name, problem, reason in problems:
+            self._metrics.policy_problems.labels(priority_class=class_name).inc()
+            if (class_name, problem) not in self._reported:
+                self._reported.add((class_name, problem))
+                logger.warning("%s", reason)
                 await self._event(
-                    events.ObjectRef(kind="PriorityClass", name=found.class_name, api_version="scheduling.k8s.io/v1"),
-                    "Warning", POLICY_INVALID, found.reason,
+                    events.ObjectRef(kind="PriorityClass", name=class_name, api_version="scheduling.k8s.io/v1"),
+                    "Warning", POLICY_INVALID, reason,
                 )
 
     async def _remember(self, outcomes: Sequence[evictor.Outcome], state: cooldowns.State, *, now: float) -> None:

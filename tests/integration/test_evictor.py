@@ -15,6 +15,7 @@ from kubernetes_asyncio import client
 
 from common import events, settings, settings_loader, snapshot, source
 from descheduler import cooldowns, evictor, leader, reclaim
+from descheduler.reclaim import idle_history
 from descheduler.reclaim import loop as reclaim_loop
 from tests import builders
 from tests.support.prometheus import DcgmStandIn
@@ -238,8 +239,12 @@ async def test_a_gang_is_one_decision_for_the_limits(fake: tuple[FakeApi, client
     assert outcomes[-1].detail == "per-cycle limit of 1 eviction decisions reached"
 
 
-def _cluster(config: settings.Settings) -> source.StaticSource:
+def _cluster(config: settings.Settings, *, learning: str | None = None) -> source.StaticSource:
+    """`learning`: the batch class's learned-idle-window annotation (None: absent)."""
     p = "reclaim-idle-resource.scheduling.x-k8s.io/"
+    batch = {f"{p}resource-idle-seconds": "3600"}
+    if learning is not None:
+        batch[config.names.learned_idle_window] = learning
 
     def running(body: dict[str, Any]) -> None:
         body["spec"].update(priorityClassName="batch", priority=1000)
@@ -255,7 +260,7 @@ def _cluster(config: settings.Settings) -> source.StaticSource:
                            created="2020-01-01T00:00:00Z"),
               builders.pod("want", namespace="team-b", gpus=1, mutate=unschedulable)],
         priority_classes=[
-            builders.priority_class("batch", 1000, annotations={f"{p}resource-idle-seconds": "3600"}),
+            builders.priority_class("batch", 1000, annotations=batch),
             builders.priority_class("broken", 1, annotations={f"{p}resource-idle-seconds": "soon"}),
         ],
         names=config.names, taken_at=NOW,
@@ -308,6 +313,68 @@ async def test_cycle_evicts_posts_events_and_persists_cooldowns(
         assert second.plan.evictions == ()
         assert {s.pod: s.reason for s in second.plan.spared}["team-a/idle"] == "workload cooldown for 895s more"
         assert sum(e["reason"] == "ReclaimPolicyInvalid" for e in api.events) == 2  # once per process
+
+
+BATCH_PROBLEM = ("PriorityClass batch: gpu-steward.io/learned-idle-window={!r} is not true/false; learned idle "
+                 "windows off")
+
+
+@pytest.mark.parametrize(
+    ("learning", "on", "problem"),
+    [
+        pytest.param(None, False, None, id="absent-off"),
+        pytest.param("false", False, None, id="false-off"),
+        pytest.param("maybe", False, BATCH_PROBLEM.format("maybe"), id="unreadable-off-said-and-counted"),
+        pytest.param("1.0", False, BATCH_PROBLEM.format("1.0"), id="unreadable-number-off-said-and-counted"),
+        # The one flag parser's spellings of true (common/label_values.py), as for every gpu-steward flag.
+        pytest.param("TRUE", True, None, id="upper-case-true-on"),
+        pytest.param("yes", True, None, id="yes-on"),
+        pytest.param("", True, None, id="empty-present-means-on"),
+    ],
+)
+async def test_the_learned_window_opt_in_off_is_the_fixed_window_cycle_exactly(
+    fake: tuple[FakeApi, client.ApiClient], learning: str | None, on: bool, problem: str | None
+) -> None:
+    """Off (absent, false or unreadable): the same cycle, the same queries, as with no learner at all (the code
+    before learned windows). Unreadable: also one Warning Event on the class and its count per class. On: the
+    history is read (7 d, 30 min a cycle: not read yet in the first, so the tier window, said)."""
+    api, api_client = fake
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"dry_run": True}}})
+    registry = prometheus_client.CollectorRegistry()
+    dcgm = idle_pod()
+    reclaim = reclaim_loop.ReclaimLoop(config=config, cluster=_cluster(config, learning=learning), prometheus=dcgm,
+                                       evictions=evictor.DryRunClient(), api=api_client, clock=lambda: NOW,
+                                       registry=registry)
+    cycle = await reclaim.cycle()
+    await reclaim.cycle()  # reported once per process, counted every cycle
+
+    async def no_learner(cluster: snapshot.Snapshot, screened: Any, **_: Any) -> tuple[dict[str, Any], dict[str, str]]:
+        return dict(screened), {}
+
+    before = idle_pod()
+    previous = reclaim_loop.ReclaimLoop(config=config, cluster=_cluster(config, learning=learning), prometheus=before,
+                                        evictions=evictor.DryRunClient(), api=None, clock=lambda: NOW)
+    previous.learner.screen = no_learner  # type: ignore[method-assign]
+    expected = await previous.cycle()
+    history_queries = [q for q in dcgm.asked if q == idle_history.query(config=config.prometheus, step_seconds=300)]
+    told = [e["message"] for e in api.events if e["reason"] == "ReclaimPolicyInvalid"
+            and e["involvedObject"]["name"] == "batch"]
+    assert told == ([problem] if problem else [])
+    assert registry.get_sample_value("gpu_steward_reclaim_policy_problems", {"priority_class": "batch"}) == (
+        1 if problem else None)
+    assert registry.get_sample_value("gpu_steward_reclaim_policy_problems", {"priority_class": "broken"}) == 1
+    [eviction] = cycle.plan.evictions
+    if on:
+        assert len(history_queries) == 2  # one chunk a cycle
+        assert eviction.reason == ("peak GPU utilisation 1.0% < 5% over 3600s; history not read (yet): tier window; "
+                                   "reclaimed for team-b/want (priority 10000)")
+        # ... and so is the dry-run eviction Event on the pod
+        assert [e["message"] for e in api.events if e["reason"] == "IdleGPUReclaimWouldEvict"] == [
+            f"Would evict (dry-run): {eviction.reason}"]  # once: the second cycle sees it leaving
+    else:
+        assert history_queries == []
+        assert cycle.plan == expected.plan
+        assert dcgm.asked[:len(before.asked)] == before.asked
 
 
 def p_key(name: str) -> str:

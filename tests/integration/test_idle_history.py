@@ -7,7 +7,9 @@ in the cluster, make the pool the learned window's probability is estimated from
 from __future__ import annotations
 
 import datetime
+import json
 import math
+import pathlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,8 +21,9 @@ from common import prometheus, settings, settings_loader, snapshot, source
 from descheduler import evictor, policy
 from descheduler.reclaim import idle_history, utilisation_promql
 from descheduler.reclaim import loop as reclaim_loop
+from gpu_steward import cli
 from tests import builders
-from tests.support.prometheus import PrometheusServer, Series, free_port, start_prometheus
+from tests.support.prometheus import PrometheusServer, Series, StartPrometheus, free_port, start_prometheus
 
 pytestmark = pytest.mark.prometheus
 
@@ -31,14 +34,15 @@ IDLE_FOR = 2400  # the last 40 min idle
 CHUNK = 600  # then 10 min busy, 10 min idle, ... back in time
 
 
-def history(*, newest: float, oldest: float, busy: float | None = 50.0) -> list[tuple[float, float]]:
-    """One sample a minute: idle for the last IDLE_FOR s, then alternating chunks, from `newest` to `oldest` s
+def history(*, newest: float, oldest: float, busy: float | None = 50.0, idle_for: int = IDLE_FOR
+            ) -> list[tuple[float, float]]:
+    """One sample a minute: idle for the last `idle_for` s, then alternating chunks, from `newest` to `oldest` s
     ago; `busy` None: the busy chunks have no samples (the idle stretches end in gaps, not in work)."""
     samples = []
     for ago in range(30, int(oldest), 60):
         if ago < newest:
             continue
-        working = ago >= IDLE_FOR and (ago - IDLE_FOR) // CHUNK % 2 == 0
+        working = ago >= idle_for and (ago - idle_for) // CHUNK % 2 == 0
         if working and busy is None:
             continue
         samples.append((float(ago), busy if working else 1.0))
@@ -186,3 +190,29 @@ def test_query_reads_every_device_kind_by_pod() -> None:
     assert promql == ('max by (exported_namespace, exported_pod, namespace, pod) '
                       '(max_over_time(DCGM_FI_DEV_GPU_UTIL{GPU_I_PROFILE=""}[300s]) or '
                       'max_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!=""}[300s]) * 100)')
+
+
+def test_the_cli_once_dry_run_prints_the_learned_window_reason(
+    prometheus_factory: StartPrometheus, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gpu-steward descheduler --once --cluster STATE --prometheus-url URL` (the dry-run CLI) reads the whole
+    look-back in its one cycle (12 chunks of 30 min here, the default chunk), so its plan shows learned windows."""
+    # Written up to the wall clock (the CLI's own clock and the store's), so off the 5-min steps: a 10-min stretch
+    # may read as one idle step or two. The pool's pods have been idle for 90 min, so that either way they are
+    # followed past the serving workload's 30 min plus the 10-min horizon.
+    fleet = [Series(UTIL, s.labels, history(newest=0, oldest=15000, idle_for=5400)) for s in HISTORY[5:]]
+    server = prometheus_factory([*HISTORY[:5], *fleet])
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"kind": "List", "items": [builders.gpu_node("n1", gpus=8), *CLASSES, *PODS]}))
+    config = tmp_path / "settings.yaml"
+    config.write_text(json.dumps({"descheduler": {"reclaim": {"mode": "always",
+                                                              "learned_window": {"lookback_seconds": 21600}}}}))
+    code = cli.main(["descheduler", "--once", "--cluster", str(state), "--config",
+                                              str(config), "--prometheus-url", server.url])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = {line.split(":", 1)[0]: line for line in out.splitlines()}
+    evicted = lines.get("evict team-a/serve-7d9f8-aaaaa on n1", out)
+    assert "; learned idle window 30 min = " in evicted, out
+    assert "this workload's longest idle stretch that ended in work in 6.0 h" in evicted
+    assert lines["spare team-a/train-x1y2z"].endswith("fewer than 6: tier window")

@@ -6,8 +6,10 @@ from typing import Any
 
 import pytest
 
-from common import prometheus, settings, settings_loader
+from common import prometheus, settings, settings_loader, snapshot
+from descheduler import cooldowns, policy, reclaim
 from descheduler.reclaim import idle_history
+from tests import builders
 
 HOUR = 3600.0
 T0 = 1_800_000_000.0  # a multiple of the 300 s step
@@ -16,13 +18,14 @@ CONFIG = settings_loader.load(overrides={"descheduler": {"reclaim": {"learned_wi
 
 
 class Fake:
-    def __init__(self) -> None:
+    def __init__(self, *, fail_from: int | None = None) -> None:
         self.asked: list[tuple[float, float]] = []
         self.fail = False
+        self.fail_from = fail_from  # the n-th query (from 1) and every later one fail
 
     async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[dict[str, Any]]:
         self.asked.append((start - T0, end - T0))
-        if self.fail:
+        if self.fail or (self.fail_from is not None and len(self.asked) >= self.fail_from):
             raise prometheus.PrometheusError("boom")
         return [{"metric": {"namespace": "a", "pod": "p"},
                  "values": [[t, "0"] for t in range(int(start), int(end) + 1, int(step))]}]
@@ -118,6 +121,70 @@ async def test_a_look_back_shorter_than_a_refresh_is_still_read_before_it_counts
     assert not learner.fresh(T0)
     await learner.read(threshold=5.0, now=T0)
     assert fake.asked == [(-1500, 0)] and learner.fresh(T0)
+
+
+def learning_cluster() -> snapshot.Snapshot:
+    tier = {f"{policy.PREFIX}resource-idle-seconds": "10800", CONFIG.names.learned_idle_window: "true"}
+
+    def learning(body: dict[str, Any]) -> None:
+        body["spec"].update(priorityClassName="learning", priority=1000)
+
+    return snapshot.build(nodes=[builders.gpu_node("n1", gpus=1)],
+                          pods=[builders.pod("p", namespace="a", gpus=1, node="n1", phase="Running", mutate=learning,
+                                             created="2020-01-01T00:00:00Z")],
+                          priority_classes=[builders.priority_class("learning", 1000, annotations=tier)],
+                          names=CONFIG.names, taken_at=T0)
+
+
+@pytest.mark.parametrize(
+    ("at_once", "fail_from", "asked", "reason"),
+    [
+        pytest.param(False, None, 1, "history not read (yet): tier window", id="a-cycle-reads-one-chunk"),
+        pytest.param(True, None, 4, "0 idle stretch(es)", id="once-reads-the-whole-look-back-in-one-cycle"),
+        pytest.param(True, 2, 2, "history not read (yet): tier window", id="once-stops-at-the-first-failed-read"),
+        pytest.param(True, 4, 4, "history not read (yet): tier window", id="boundary-once-last-chunk-fails"),
+    ],
+)
+async def test_at_once_reads_the_look_back_in_the_first_cycle(at_once: bool, fail_from: int | None, asked: int,
+                                                              reason: str) -> None:
+    """`gpu-steward descheduler --once` has one cycle: it reads the whole look-back then, else no learned window."""
+    cluster, fake = learning_cluster(), Fake(fail_from=fail_from)
+    learner = idle_history.Learner(config=CONFIG, prometheus=fake, at_once=at_once)
+    policies = policy.parse_all(cluster.priority_classes, default_threshold_percent=5.0)
+    screened = reclaim.screen_all(cluster, policies=policies, state=cooldowns.State(), config=CONFIG, now=T0)
+    _, reasons = await learner.screen(cluster, screened, policies=policies, state=cooldowns.State(), now=T0)
+    assert len(fake.asked) == asked
+    assert reasons["a/p"].startswith(reason)
+
+
+@pytest.mark.parametrize(
+    ("away", "cycles"),
+    [
+        # 7 d in 30-min chunks while the look-back's end moves on 60 s a cycle: 604800 / 1740 s, not 336 cycles.
+        pytest.param(None, 347, id="cold-start-a-new-leader-5.8-h"),
+        pytest.param(20 * 60, 0, id="back-within-refresh-still-fresh"),
+        pytest.param(HOUR, 2, id="a-leader-back-after-an-hour-reads-what-it-missed"),
+        pytest.param(24 * HOUR, 49, id="a-leader-back-after-a-day"),
+    ],
+)
+async def test_cycles_until_learned_windows_apply_at_the_defaults(away: float | None, cycles: int) -> None:
+    """docs/operations.md's numbers: the default settings, one read a 60 s cycle. A replica that leads again keeps
+    what it read (the loop and its learner live as long as the process) and reads only the time it was away."""
+    config = settings_loader.load()
+    interval = config.descheduler.reclaim.interval_seconds
+    learner = idle_history.Learner(config=config, prometheus=Fake())
+    now = T0
+    if away is not None:
+        while not learner.fresh(now):
+            await learner.read(threshold=5.0, now=now)
+            now += interval
+        now += away
+    count = 0
+    while not learner.fresh(now):
+        await learner.read(threshold=5.0, now=now)
+        now += interval
+        count += 1
+    assert count == cycles
 
 
 @pytest.mark.parametrize(

@@ -262,6 +262,9 @@ def test_pool_followed(ratio: float, until: float, followed: int) -> None:
                      "learned idle window 2.8 h = 3.4x", id="boundary-just-under-the-tier"),
         pytest.param([2700.0] * 6, pooled([k / 10 for k in range(2, 36)] * 5, [100.0] * 20), CONFIG, TIER, False,
                      "at no idle time under the tier window", id="tier-window-bounds"),
+        # A floor at the tier's window (a 10-min scavenger tier under the 30-min floor): learning never shortens it.
+        pytest.param([600.0] * 6, SAFE, CONFIG.model_copy(update={"floor_seconds": TIER}), TIER, False,
+                     "at no idle time under the tier window", id="boundary-floor-at-the-tier-keeps-the-tier"),
     ],
 )
 def test_learn(stretches: list[float] | None, pool: Pooled, config: settings.LearnedWindow, window: int,
@@ -340,6 +343,10 @@ def rs_pod(name: str, owner: str, *, kind: str = "ReplicaSet", labels: dict[str,
                      "Job train", ["train-3-qwert"], ["train-qwert"], id="indexed-job"),
         pytest.param(rs_pod("db-0", "db", kind="StatefulSet"), "StatefulSet db", ["db-1"], ["db-1-x"],
                      id="statefulset"),
+        # A CronJob's run is a Job named <cronjob>-<minutes>; its pods name that Job, not the CronJob: each run
+        # is a workload of its own (docs/operations.md).
+        pytest.param(rs_pod("nightly-29400000-abcde", "nightly-29400000", kind="Job"), "Job nightly-29400000",
+                     ["nightly-29400000-qwert"], ["nightly-29401440-abcde"], id="cronjob-run-is-its-own-job"),
         pytest.param(rs_pod("rs-abc-x1y2z", "rs-abc", labels={"pod-template-hash": "zzz"}), "ReplicaSet rs-abc",
                      ["rs-abc-qwert"], ["rs-abc-zzz-qwert"], id="hash-not-in-the-owner-name-is-no-deployment"),
         pytest.param(rs_pod("lost", ""), "pod lost", ["lost"], ["lost-abcde"], id="owner-without-name-is-alone"),
@@ -417,6 +424,20 @@ def test_windows_share_the_workload_history_and_respect_the_lookback() -> None:
     unread = idle_learning.windows([serving], tier_windows={"normal": TIER}, pool=SAFE.build(), histories=None,
                                    since=0.0, config=CONFIG)
     assert unread[serving.key] == idle_learning.Learned(TIER, False, "history not read (yet): tier window")
+
+
+def test_a_pod_whose_name_the_api_server_cut_short_learns_from_its_own_series() -> None:
+    """generateName keeps 58 characters of `<ReplicaSet>-`: a Deployment named with 47 or more has pods its
+    pattern does not match, so each learns alone (docs/operations.md, Names)."""
+    deployment = "d" * 50
+    owner = f"{deployment}-7d9f8c6b4"
+    cut = with_class(rs_pod(f"{owner}-"[:58] + "abcde", owner, labels={"pod-template-hash": "7d9f8c6b4"}), "normal")
+    sibling = f"{owner}-"[:58] + "qwert"
+    got = idle_learning.windows([cut], tier_windows={"normal": TIER}, pool=SAFE.build(), since=0.0, config=CONFIG,
+                                histories={("default", cut.name): fold([BUSY] + [IDLE, IDLE, BUSY] * 3),
+                                           ("default", sibling): fold([BUSY] + [IDLE, IDLE, BUSY] * 3)})
+    assert idle_learning.workload(cut).name == f"Deployment {deployment}"
+    assert got[cut.key].reason.startswith("3 idle stretch(es) of this workload")  # its own 3, not its sibling's
 
 
 def test_a_job_shares_its_gone_pods_history() -> None:
