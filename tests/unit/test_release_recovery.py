@@ -71,12 +71,6 @@ def pinned(
                         created=created, mutate=mutate)
 
 
-def terminating_on(node: str) -> dict[str, Any]:
-    """A lower-priority pod bound to `node` that kube-scheduler's preemption is deleting."""
-    return builders.pod("victim", namespace="other", gpus=4, node=node, phase="Running",
-                        mutate=lambda p: p["metadata"].update(deletionTimestamp=at(5)))
-
-
 N1 = builders.gpu_node("n1", gpus=8)
 N2 = builders.gpu_node("n2", gpus=8)
 CORDONED = builders.gpu_node("n1", gpus=8, mutate=lambda n: n["spec"].update(unschedulable=True))
@@ -125,20 +119,98 @@ def test_when_a_pin_is_stuck(nodes: list[dict[str, Any]], pod: dict[str, Any], w
     assert says in item.message and "recovered: team/p: its ReplicaSet rs re-creates it" in item.message
 
 
+def bound_on(node: str, name: str = "other", *, leaving: float | None = None) -> dict[str, Any]:
+    """A lower-priority 4-GPU pod bound to `node`; `leaving`: kube-scheduler's preemption is deleting it, its deletion
+    time (the end of its grace period) that many seconds before NOW (negative: still to come)."""
+    def mutate(p: dict[str, Any]) -> None:
+        if leaving is not None:
+            p["metadata"]["deletionTimestamp"] = at(leaving)
+    return builders.pod(name, namespace="other", gpus=4, node=node, phase="Running", mutate=mutate)
+
+
+def terminating_on(node: str) -> dict[str, Any]:
+    """A lower-priority pod bound to `node` that kube-scheduler's preemption is deleting."""
+    return bound_on(node, "victim", leaving=5)
+
+
+W = recovery.Wait
+NOMINATED_LATE = "Unschedulable more than 60s after its release"
+
+
 @pytest.mark.parametrize(
-    ("nominated", "others", "stuck"),
+    ("pod", "others", "want", "says"),
     [
-        pytest.param("n1", [terminating_on("n1")], False,
-                     id="nominated-to-its-pin-while-a-victim-terminates-is-being-made-room-for/match"),
-        pytest.param("n1", [], True, id="nominated-but-no-victim-terminating-is-stuck/no-match"),
-        pytest.param("n2", [terminating_on("n1")], True, id="nominated-to-another-node-than-its-pin-is-stuck/boundary"),
+        pytest.param(pinned("p", released=600, unschedulable=True, nominated="n1"), [terminating_on("n1")],
+                     W.VICTIMS_LEAVING, "nominated it to n1, where it preempts: other/victim terminating; waited on "
+                     "until 360s past their deletion time", id="victims-leaving-waited-on/match"),
+        pytest.param(pinned("p", released=600, unschedulable=True, nominated="n1"), [bound_on("n1", leaving=360)],
+                     W.VICTIMS_LEAVING, "other/other terminating", id="victims-leaving-exactly-at-bound/boundary"),
+        pytest.param(pinned("p", released=600, unschedulable=True, nominated="n1"), [bound_on("n1", leaving=361)],
+                     C.NOMINATED_STALLED, NOMINATED_LATE + "; nominated to n1, where other/other still terminating "
+                     "more than 360s past their deletion time", id="victims-leaving-past-bound/no-match"),
+        pytest.param(pinned("p", released=600, unschedulable=True, nominated="n1"), [bound_on("n1", leaving=-3600)],
+                     W.VICTIMS_LEAVING, "other/other terminating", id="victim-with-a-long-grace-period-still-counts"),
+        pytest.param(pinned("p", released=300, unschedulable=True, nominated="n1"), [], W.RETRY_DUE,
+                     "nominated it to n1, where no pod is terminating and it fits now: its retry is due; waited on "
+                     "until 360s after its release", id="victims-gone-room-free-waited-on/match"),
+        pytest.param(pinned("p", released=360, unschedulable=True, nominated="n1"), [bound_on("n1")], W.RETRY_DUE,
+                     "its retry is due", id="victims-gone-room-free-exactly-at-bound-with-another-pod-there/boundary"),
+        pytest.param(pinned("p", released=361, unschedulable=True, nominated="n1"), [], C.NOMINATED_STALLED,
+                     NOMINATED_LATE + "; nominated to n1, where it fits, yet not tried again 360s after its release",
+                     id="victims-gone-room-free-past-bound/no-match"),
+        pytest.param(pinned("p", released=300, unschedulable=True, nominated="n1"),
+                     [bound_on("n1", "a"), bound_on("n1", "b")], C.UNSCHEDULABLE,
+                     NOMINATED_LATE + " (nominated to n1, no room for it there now: needs 4 GPU, 0 free)",
+                     id="nominated-but-another-pod-took-the-room"),
+        pytest.param(pinned("p", released=300, unschedulable=True, nominated="n2"), [terminating_on("n1")],
+                     C.UNSCHEDULABLE, NOMINATED_LATE + " (nominated to n2 instead)",
+                     id="nominated-to-another-node-than-its-pin"),
+        pytest.param(pinned("p", released=300, unschedulable=True), [terminating_on("n1")], C.UNSCHEDULABLE,
+                     NOMINATED_LATE + "; recovered", id="nomination-cleared-is-stuck-as-before"),
+        pytest.param(pinned("p", released=300, unschedulable=True, nominated="n1", deleting=True), [], None, "",
+                     id="pod-deleted-neither-stuck-nor-waited-on"),
+        pytest.param(pinned("p", released=30, unschedulable=True, nominated="n1"), [], None, "",
+                     id="within-the-pin-deadline-no-wait-to-tell"),
     ],
 )
-def test_a_pin_kube_scheduler_preempts_for_is_not_stuck_while_its_victims_leave(
-    nominated: str, others: list[dict[str, Any]], stuck: bool,
+def test_a_pin_kube_scheduler_nominated_to_its_node_is_waited_on_each_wait_bounded(
+    pod: dict[str, Any], others: list[dict[str, Any]], want: recovery.Cause | recovery.Wait | None, says: str,
 ) -> None:
-    found = assess([N1, N2], [pinned("p", released=600, unschedulable=True, nominated=nominated), *others])
-    assert [(r.unit, r.cause) for r in found.values()] == ([("team/p", C.UNSCHEDULABLE)] if stuck else [])
+    config = settings.Settings()  # the default deadlines: pin 60 s, nominated retry 360 s
+    cluster = snapshot.build(nodes=[N1, N2], pods=[pod, *others], names=NAMES, taken_at=NOW)
+    found = {r.unit: r for r in recovery.assess(cluster, config=config, now=NOW)}
+    waits = recovery.waiting(cluster, config=config, now=NOW)
+    if isinstance(want, recovery.Wait):
+        assert found == {}
+        [wait] = waits
+        assert (wait.key, wait.node, wait.wait) == ("team/p", "n1", want) and says in wait.why, wait.why
+        return
+    assert waits == ()
+    if want is None:
+        assert found == {}
+        return
+    assert [(r.unit, r.cause) for r in found.values()] == [("team/p", want)]
+    assert f"pinned to n1, not bound: kube-scheduler reports it {says}" in found["team/p"].message, (
+        found["team/p"].message)
+
+
+def test_a_gang_with_a_member_waited_on_and_one_bound_is_left_until_the_bound_then_taken_back_whole() -> None:
+    """The preemption race of docs/operations.md: one member bound, the other nominated to its node where it fits;
+    within the bound nothing is taken (the bound member keeps running), past it the whole gang comes back."""
+    gang = "gang team/g of 2 placed on n1: why"
+    pods = [pinned(f"g-{i}", node="n1", gang=("g", 2), text=gang, released=400, bound=i == 1,
+                   unschedulable=i == 0, nominated="n1" if i == 0 else None) for i in range(2)]
+    config = settings.Settings()
+    within = snapshot.build(nodes=[N1], pods=pods, names=NAMES, taken_at=NOW - 200)
+    assert recovery.assess(within, config=config, now=NOW - 200) == ()
+    assert [(w.key, w.wait) for w in recovery.waiting(within, config=config, now=NOW - 200)] == [
+        ("team/g-0", W.RETRY_DUE)]
+    past = snapshot.build(nodes=[N1], pods=pods, names=NAMES, taken_at=NOW)
+    [item] = recovery.assess(past, config=config, now=NOW)
+    assert (item.unit, item.cause) == ("team/g", C.NOMINATED_STALLED)
+    assert [(p.key, p.cause, p.bound) for p in item.pods] == [
+        ("team/g-0", C.NOMINATED_STALLED, False), ("team/g-1", None, True)]
+    assert "recovered with the 1 member(s) bound from the same release" in item.message
 
 
 # --- how it is recovered, by what re-creates it ------------------------------------------------------------------
