@@ -221,9 +221,8 @@ def _verdict(pod: snapshot.Pod, node: str, cluster: snapshot.Snapshot, *, names:
     since = released_at(pod, names=names)
     if since is None:
         since = timestamps.epoch(pod.created)
-    waited = now - since if since is not None else 0.0
-    if not _unschedulable(pod) or waited <= cfg.pin_deadline_seconds:
-        return None
+    if since is None or not _unschedulable(pod) or now - since <= cfg.pin_deadline_seconds:
+        return None  # within the deadline, or not reported Unschedulable (or no time to count from)
     # No running count in the texts: a reported pin is told again only when what it says changes.
     late = f"kube-scheduler reports it Unschedulable more than {cfg.pin_deadline_seconds:g}s after its release"
     nominated = (pod.raw.get("status") or {}).get("nominatedNodeName")
@@ -233,7 +232,7 @@ def _verdict(pod: snapshot.Pod, node: str, cluster: snapshot.Snapshot, *, names:
     leaving = [cluster.pods[k] for k in found.pods if k in cluster.pods and cluster.pods[k].deleting]
     if leaving:
         ends = [timestamps.epoch((p.raw.get("metadata") or {}).get("deletionTimestamp")) for p in leaving]
-        until = max((e for e in ends if e is not None), default=since if since is not None else now) + retry
+        until = max((e for e in ends if e is not None), default=since) + retry
         who = ", ".join(p.key for p in leaving)
         if now <= until:
             return Waiting(pod.key, node, Wait.VICTIMS_LEAVING, f"kube-scheduler nominated it to {node}, where "
@@ -244,7 +243,7 @@ def _verdict(pod: snapshot.Pod, node: str, cluster: snapshot.Snapshot, *, names:
     room = capacity.place_pod(pod, capacity.Room.of(found, cluster=cluster, leaving={pod.key}), one_domain=False)
     if isinstance(room, str):
         return Cause.UNSCHEDULABLE, f"{late} (nominated to {node}, no room for it there now: {room})"
-    until = (since if since is not None else now) + retry
+    until = since + retry
     if now <= until:
         return Waiting(pod.key, node, Wait.RETRY_DUE, f"kube-scheduler nominated it to {node}, where no pod is "
                        f"terminating and it fits now: its retry is due; waited on until {retry:g}s after its "
