@@ -248,8 +248,8 @@ def _verdict(pod: snapshot.Pod, node: str, cluster: snapshot.Snapshot, *, names:
         return Waiting(pod.key, node, Wait.RETRY_DUE, f"kube-scheduler nominated it to {node}, where no pod is "
                        f"terminating and it fits now: its retry is due; waited on until {retry:g}s after its "
                        "release", until)
-    return Cause.NOMINATED_STALLED, (f"{late}; nominated to {node}, where it fits, yet not tried again "
-                                     f"{retry:g}s after its release")
+    return Cause.NOMINATED_STALLED, (f"{late}; nominated to {node}, where it fits, yet not bound {retry:g}s "
+                                     "after its release")
 
 
 def waiting(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float) -> tuple[Waiting, ...]:

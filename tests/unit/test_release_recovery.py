@@ -137,44 +137,46 @@ W = recovery.Wait
 NOMINATED_LATE = "Unschedulable more than 60s after its release"
 
 
+def nominated(released: float, node: str | None = "n1", **kw: Any) -> dict[str, Any]:
+    """Pinned to n1, reported Unschedulable, released `released` seconds before NOW, nominated to `node`."""
+    return pinned("p", released=released, unschedulable=True, nominated=node, **kw)
+
+
 @pytest.mark.parametrize(
-    ("pod", "others", "want", "says"),
+    ("pod", "others", "want", "says", "until"),
     [
-        pytest.param(pinned("p", released=600, unschedulable=True, nominated="n1"), [terminating_on("n1")],
-                     W.VICTIMS_LEAVING, "nominated it to n1, where it preempts: other/victim terminating; waited on "
-                     "until 360s past their deletion time", id="victims-leaving-waited-on/match"),
-        pytest.param(pinned("p", released=600, unschedulable=True, nominated="n1"), [bound_on("n1", leaving=360)],
-                     W.VICTIMS_LEAVING, "other/other terminating", id="victims-leaving-exactly-at-bound/boundary"),
-        pytest.param(pinned("p", released=600, unschedulable=True, nominated="n1"), [bound_on("n1", leaving=361)],
-                     C.NOMINATED_STALLED, NOMINATED_LATE + "; nominated to n1, where other/other still terminating "
-                     "more than 360s past their deletion time", id="victims-leaving-past-bound/no-match"),
-        pytest.param(pinned("p", released=600, unschedulable=True, nominated="n1"), [bound_on("n1", leaving=-3600)],
-                     W.VICTIMS_LEAVING, "other/other terminating", id="victim-with-a-long-grace-period-still-counts"),
-        pytest.param(pinned("p", released=300, unschedulable=True, nominated="n1"), [], W.RETRY_DUE,
+        pytest.param(nominated(600), [terminating_on("n1")], W.VICTIMS_LEAVING,
+                     "nominated it to n1, where it preempts: other/victim terminating; waited on until 360s past "
+                     "their deletion time", NOW - 5 + 360, id="victims-leaving-waited-on/match"),
+        pytest.param(nominated(600), [bound_on("n1", leaving=360)], W.VICTIMS_LEAVING, "other/other terminating",
+                     NOW, id="victims-leaving-exactly-at-bound/boundary"),
+        pytest.param(nominated(600), [bound_on("n1", leaving=361)], C.NOMINATED_STALLED,
+                     NOMINATED_LATE + "; nominated to n1, where other/other still terminating more than 360s past "
+                     "their deletion time", None, id="victims-leaving-past-bound/no-match"),
+        pytest.param(nominated(600), [bound_on("n1", leaving=-3600)], W.VICTIMS_LEAVING, "other/other terminating",
+                     NOW + 3600 + 360, id="victim-with-a-long-grace-period-still-counts"),
+        pytest.param(nominated(300), [], W.RETRY_DUE,
                      "nominated it to n1, where no pod is terminating and it fits now: its retry is due; waited on "
-                     "until 360s after its release", id="victims-gone-room-free-waited-on/match"),
-        pytest.param(pinned("p", released=360, unschedulable=True, nominated="n1"), [bound_on("n1")], W.RETRY_DUE,
-                     "its retry is due", id="victims-gone-room-free-exactly-at-bound-with-another-pod-there/boundary"),
-        pytest.param(pinned("p", released=361, unschedulable=True, nominated="n1"), [], C.NOMINATED_STALLED,
-                     NOMINATED_LATE + "; nominated to n1, where it fits, yet not tried again 360s after its release",
+                     "until 360s after its release", NOW - 300 + 360, id="victims-gone-room-free-waited-on/match"),
+        pytest.param(nominated(360), [bound_on("n1")], W.RETRY_DUE, "its retry is due", NOW,
+                     id="victims-gone-room-free-exactly-at-bound-with-another-pod-there/boundary"),
+        pytest.param(nominated(361), [], C.NOMINATED_STALLED,
+                     NOMINATED_LATE + "; nominated to n1, where it fits, yet not bound 360s after its release", None,
                      id="victims-gone-room-free-past-bound/no-match"),
-        pytest.param(pinned("p", released=300, unschedulable=True, nominated="n1"),
-                     [bound_on("n1", "a"), bound_on("n1", "b")], C.UNSCHEDULABLE,
-                     NOMINATED_LATE + " (nominated to n1, no room for it there now: needs 4 GPU, 0 free)",
+        pytest.param(nominated(300), [bound_on("n1", "a"), bound_on("n1", "b")], C.UNSCHEDULABLE,
+                     NOMINATED_LATE + " (nominated to n1, no room for it there now: needs 4 GPU, 0 free)", None,
                      id="nominated-but-another-pod-took-the-room"),
-        pytest.param(pinned("p", released=300, unschedulable=True, nominated="n2"), [terminating_on("n1")],
-                     C.UNSCHEDULABLE, NOMINATED_LATE + " (nominated to n2 instead)",
-                     id="nominated-to-another-node-than-its-pin"),
-        pytest.param(pinned("p", released=300, unschedulable=True), [terminating_on("n1")], C.UNSCHEDULABLE,
-                     NOMINATED_LATE + "; recovered", id="nomination-cleared-is-stuck-as-before"),
-        pytest.param(pinned("p", released=300, unschedulable=True, nominated="n1", deleting=True), [], None, "",
-                     id="pod-deleted-neither-stuck-nor-waited-on"),
-        pytest.param(pinned("p", released=30, unschedulable=True, nominated="n1"), [], None, "",
-                     id="within-the-pin-deadline-no-wait-to-tell"),
+        pytest.param(nominated(300, "n2"), [terminating_on("n1")], C.UNSCHEDULABLE,
+                     NOMINATED_LATE + " (nominated to n2 instead)", None, id="nominated-to-another-node-than-its-pin"),
+        pytest.param(nominated(300, None), [terminating_on("n1")], C.UNSCHEDULABLE, NOMINATED_LATE + "; recovered",
+                     None, id="nomination-cleared-is-stuck-as-before"),
+        pytest.param(nominated(300, deleting=True), [], None, "", None, id="pod-deleted-neither-stuck-nor-waited-on"),
+        pytest.param(nominated(30), [], None, "", None, id="within-the-pin-deadline-no-wait-to-tell"),
     ],
 )
 def test_a_pin_kube_scheduler_nominated_to_its_node_is_waited_on_each_wait_bounded(
     pod: dict[str, Any], others: list[dict[str, Any]], want: recovery.Cause | recovery.Wait | None, says: str,
+    until: float | None,
 ) -> None:
     config = settings.Settings()  # the default deadlines: pin 60 s, nominated retry 360 s
     cluster = snapshot.build(nodes=[N1, N2], pods=[pod, *others], names=NAMES, taken_at=NOW)
@@ -183,7 +185,8 @@ def test_a_pin_kube_scheduler_nominated_to_its_node_is_waited_on_each_wait_bound
     if isinstance(want, recovery.Wait):
         assert found == {}
         [wait] = waits
-        assert (wait.key, wait.node, wait.wait) == ("team/p", "n1", want) and says in wait.why, wait.why
+        assert (wait.key, wait.node, wait.wait, wait.until) == ("team/p", "n1", want, until) and says in wait.why, (
+            wait.why)
         return
     assert waits == ()
     if want is None:
