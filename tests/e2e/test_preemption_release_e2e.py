@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from common import settings, snapshot
+from common import label_values, settings, snapshot, timestamps
 from descheduler.release import planning, recovery
 from gpu_steward import localcluster
 from tests.e2e import conftest
@@ -22,6 +22,7 @@ from tests.support import kube
 pytestmark = pytest.mark.e2e
 
 NAMES = settings.Names()
+PIN_DEADLINE = settings.Gangs().pin_deadline_seconds  # the default, which the gang test keeps
 # The descheduler would keep an unplaceable pod gated for 600 s: only the preemption rule can release it in time.
 HOLD_FOR_LONG = {"descheduler": {"reclaim": {"enabled": False},
                                  "gangs": {"max_wait_seconds": 600, "gang_max_wait_seconds": 600}}}
@@ -126,6 +127,15 @@ def test_gang_only_preemption_can_place_is_released_pinned_and_preempts_on_one_n
     taken_back = [e["message"] for m in members for e in kube.events_about(cluster, ns, m, reason=recovery.RECOVERED)]
     assert not taken_back and {m: bound[m]["metadata"]["uid"] for m in members} == uids, (
         f"the gang was bound as released, never taken back (no member restarted)\n{story()}")
+    for name in members:  # the race above: bound well past the pin deadline, each pass said why it waited
+        pod = bound[name]
+        released = label_values.stamped(pod["metadata"]["annotations"][NAMES.release])[0]
+        scheduled = timestamps.epoch(next(c["lastTransitionTime"] for c in pod["status"]["conditions"]
+                                          if c["type"] == "PodScheduled"))
+        if released is not None and scheduled is not None and scheduled - released > PIN_DEADLINE + 15:
+            said = [e["message"] for e in kube.events_about(cluster, ns, name, reason=recovery.WAITING)]
+            assert any("where no pod is terminating and it fits now: its retry is due" in m for m in said), (
+                f"{name} bound {scheduled - released:.0f}s after its release\n{story()}")
     hosts = {bound[m]["spec"]["nodeName"] for m in members}
     assert len(hosts) == 1, f"one node holds the whole gang (the best NVLink domain after preemption): {hosts}"
     [host] = hosts
