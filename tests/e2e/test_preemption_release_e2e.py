@@ -93,7 +93,7 @@ def test_gang_only_preemption_can_place_is_released_pinned_and_preempts_on_one_n
         cluster.kubectl("create", "-f", "-", input=json.dumps(filler))
     kube.poll("every filler bound", lambda: all(
         (p := kube.pods(cluster, ns).get(name)) and p["spec"].get("nodeName") for name in fillers))
-    # The default pin deadline (60 s). Seen on 1.37.2 in 4 runs of 8: two members share a victim, and the
+    # The default pin deadline (60 s). Seen on 1.37.2 in 5 runs of 12: two members share a victim, and the
     # one whose last victim the other deleted first is not tried again until kube-scheduler's unschedulable flush
     # (5 min; docs/operations.md, "A preemptor kube-scheduler does not retry"). Recovery waits for it
     # (`retry-due`) instead of taking the gang back at 60 s and restarting the member already bound.
