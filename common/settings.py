@@ -736,6 +736,16 @@ class Gangs(Model):
         "re-created by its controller where that costs nothing, else re-created by us or reported "
         "(docs/placement.md, Recovery) (seconds).",
     )
+    nominated_retry_seconds: Seconds = pydantic.Field(
+        default=360,
+        description="A pinned pod kube-scheduler has nominated to its pinned node is waited on past "
+        "pin_deadline_seconds: while a pod there is terminating, until that pod's deletion time plus this long; "
+        "once none is and the capacity model finds room for it there, until this long after its release. "
+        "kube-scheduler 1.37 can leave such a pod untried until its unschedulable-pod flush "
+        "(podMaxInUnschedulablePodsDuration, 5 min, checked every 30 s): the default is that, its 10 s "
+        "longest backoff and 20 s to spare (docs/operations.md, A preemptor kube-scheduler does not retry) "
+        "(seconds).",
+    )
     incomplete_event_grace_seconds: Seconds = pydantic.Field(
         default=10,
         description="An incomplete gang gets its GangWaiting Event only once it has stayed incomplete this long "

@@ -339,18 +339,24 @@ class LocalCluster:
         scheduler_config: Mapping[str, Any] | None = None,
         feature_gates: Mapping[str, bool] | None = None,
         runtime_config: Mapping[str, str] | None = None,
+        scheduler_verbosity: int | None = None,
+        keep_logs: pathlib.Path | None = None,
         progress: Progress | None = None,
         start_timeout_seconds: float = 120,
         stop_timeout_seconds: float = 30,
     ) -> None:
         """`scheduler_config` is a KubeSchedulerConfiguration (kwokctl fills in its kubeconfig);
         `feature_gates` (e.g. {"GenericWorkload": True}) and `runtime_config`
-        (e.g. {"scheduling.k8s.io/v1alpha2": "true"}) go to every component that takes them."""
+        (e.g. {"scheduling.k8s.io/v1alpha2": "true"}) go to every component that takes them;
+        `scheduler_verbosity`: kube-scheduler's `--v` (5 logs each queueing decision: which event moved which pod);
+        `keep_logs`: a directory the components' logs are copied to on `stop()` (the workdir is removed)."""
         self.bin_dir = bin_dir
         self.name = name or f"gs-{secrets.token_hex(4)}"
         self.scheduler_config = scheduler_config
         self.feature_gates = dict(feature_gates or {})
         self.runtime_config = dict(runtime_config or {})
+        self.scheduler_verbosity = scheduler_verbosity
+        self.keep_logs = keep_logs
         self._say = progress or _log_progress
         self.start_timeout_seconds = start_timeout_seconds
         self.stop_timeout_seconds = stop_timeout_seconds
@@ -407,15 +413,16 @@ class LocalCluster:
         config = self.workdir / "kwokctl.yaml"
         ports = dict(zip(PORT_OPTIONS, free_ports(len(PORT_OPTIONS)), strict=True))
         # Loopback only (kwokctl's default bind address is 0.0.0.0), on ports the OS picked.
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
-                    "kind": "KwokctlConfiguration",
-                    "options": {"bindAddress": "127.0.0.1", **ports},
-                }
-            )
-        )
+        document: dict[str, Any] = {
+            "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+            "kind": "KwokctlConfiguration",
+            "options": {"bindAddress": "127.0.0.1", **ports},
+        }
+        if self.scheduler_verbosity is not None:
+            document["componentsPatches"] = [
+                {"name": "kube-scheduler", "extraArgs": [{"key": "v", "value": str(self.scheduler_verbosity)}]}
+            ]
+        config.write_text(yaml.safe_dump(document))
         wait = f"{int(self.start_timeout_seconds)}s"
         args = [
             *("--config", str(config), "create", "cluster", "--runtime=binary", f"--kubeconfig={self.kubeconfig}"),
@@ -491,6 +498,9 @@ class LocalCluster:
             return
         started = time.monotonic()
         self._collect_pids()
+        logs = self.cluster_dir / "logs"
+        if self.keep_logs is not None and logs.is_dir():  # before kwokctl deletes them
+            shutil.copytree(logs, self.keep_logs / self.name, dirs_exist_ok=True)
         try:
             done = self._kwokctl("delete", "cluster", timeout_seconds=60)
             if done.returncode != 0:

@@ -2,7 +2,9 @@
 
 Called by the release controller after each pass's releases. Every recovery is a log line, a metric
 (`gpu_steward_pin_recoveries_total{cause,how}`) and Events on the pod and on its owner; the pins stuck past their
-deadline are a gauge (`gpu_steward_pins_stuck`) the chart's PrometheusRule alerts on.
+deadline are a gauge (`gpu_steward_pins_stuck`) the chart's PrometheusRule alerts on. A pin past its deadline that
+is waited on (`recovery.waiting`: kube-scheduler nominated it to its node) is a log line, a Normal `PinWaiting` Event
+on the pod saying which wait and until when (once per text), and a gauge (`gpu_steward_pins_waiting{wait}`).
 
 A bare pod is re-created through a journal, so that no restart can lose it: its manifest (`patches.recreation`)
 is written first to a ConfigMap in the Lease namespace (`gpu-steward-recreate-<uid>`), then the pod is deleted
@@ -51,6 +53,10 @@ class Metrics:
         self.stuck = prometheus_client.Gauge(
             "gpu_steward_pins_stuck", "Pinned pods stuck at the last pass (recovered ones leave it at the next).",
             registry=registry)
+        self.waiting = prometheus_client.Gauge(
+            "gpu_steward_pins_waiting", "Pinned pods past their deadline that were waited on at the last pass, by "
+            "why: victims-leaving (kube-scheduler preempts on their node), retry-due (nominated there, room free).",
+            ["wait"], registry=registry)
 
 
 def _journal_label(names: settings.Names) -> str:
@@ -90,6 +96,7 @@ class Recoverer:
         self._metrics = metrics
         self._timeout = config.kubernetes.request_timeout_seconds
         self._reported: set[tuple[str, str]] = set()  # courtesy: (pod key, message) already told
+        self._waits_told: set[tuple[str, str]] = set()  # courtesy: (pod key, why) of waits already told
         self._replayed_at: float | None = None  # courtesy: journals are listed once per resync (and after a recreate)
 
     async def run(self, cluster: snapshot.Snapshot, *, now: float) -> tuple[recovery.Recovery, ...]:
@@ -107,12 +114,28 @@ class Recoverer:
                 logger.warning("pin recovery of %s stopped: %s; retried on the next pass", item.unit, exc)
             live |= {(p.key, said) for p in item.pods}
         self._reported &= live
+        await self._tell_waits(recovery.waiting(cluster, config=self._config, now=now), cluster)
         recreated = any(p.how is recovery.How.RECREATE for r in found if r.acting for p in r.pods)
         resync = self._config.descheduler.gangs.resync_seconds
         if recreated or self._replayed_at is None or now - self._replayed_at >= resync:
             self._replayed_at = now
             await self._replay()
         return found
+
+    async def _tell_waits(self, waits: tuple[recovery.Waiting, ...], cluster: snapshot.Snapshot) -> None:
+        for wait in recovery.Wait:
+            self._metrics.waiting.labels(wait.value).set(sum(1 for w in waits if w.wait is wait))
+        told = {(w.key, w.why) for w in waits}
+        for item in waits:
+            if (item.key, item.why) in self._waits_told:
+                continue
+            message = f"pinned to {item.node}, not bound past its deadline: {item.why}"
+            logger.info("pin waited on: %s: %s", item.key, message)
+            regarding = events.ObjectRef.pod(item.key, uid=cluster.pods[item.key].uid)
+            if not await events.post(self._api, regarding=regarding, type="Normal", reason=recovery.WAITING,
+                                     message=message, request_timeout=self._timeout):
+                told.discard((item.key, item.why))  # told again on the next pass
+        self._waits_told = told
 
     async def _one(self, item: recovery.Recovery, cluster: snapshot.Snapshot) -> str:
         """Act on one unit (or report it); what it told."""

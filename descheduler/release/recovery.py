@@ -11,9 +11,21 @@ a new leader finds the same stuck pins. Rules:
   - kube-scheduler reports it Unschedulable (condition PodScheduled False, reason Unschedulable) and more than
     `descheduler.gangs.pin_deadline_seconds` have passed since its release (`unschedulable`). Within the deadline,
     or before the scheduler has said so, it is left alone. A record without a time counts from the pod's creation.
-    Nor is it stuck while kube-scheduler has nominated it to its pinned node and a pod bound there is terminating:
-    the scheduler's preemption is making room for it (a gang released to preempt, `planning`), and the victims'
-    grace periods bound that wait.
+    Past the deadline, a pod kube-scheduler has nominated (status.nominatedNodeName) to its pinned node — it
+    preempts there for it (a gang released to preempt, `planning`) — is waited on longer, each wait bounded
+    (`Wait`, listed by `waiting`; `descheduler.gangs.nominated_retry_seconds`, "retry" below):
+    - a pod bound there is terminating (`victims-leaving`): until the latest such pod's deletion time (the end of
+      its grace period) plus retry; past that, stuck (`nominated-stalled`);
+    - none is and the capacity model (`common.capacity`, every other pod holding the node counted) finds room for
+      it there (`retry-due`): until retry after its release; past that, stuck (`nominated-stalled`).
+      kube-scheduler 1.37 can leave such a pod untried until its unschedulable-pod flush (5 min): when two
+      preemptors share a victim, the one whose last victim the other deleted first stays gated by
+      DefaultPreemption's PreEnqueue through every victim's deletion event, and nothing requeues it after
+      (docs/operations.md, "A preemptor kube-scheduler does not retry"); recovering it would restart the
+      gang's bound members for nothing. Boundary: measured from the release, so victims with long grace
+      periods use part of it up.
+    - no room for it there (another pod took it), or nominated to another node: stuck as `unschedulable`, the
+      message says which.
 - Recovered as a unit: a stuck gang member brings every member of its gang that is pinned, released and not bound
   (they are re-planned together, never half-placed by an old plan), and every member bound from the same release as
   one of those: the same release record, time and text, which the release pass writes alike on all the members it
@@ -52,7 +64,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from common import gangs, label_values, settings, snapshot, timestamps
+from common import capacity, gangs, label_values, settings, snapshot, timestamps
 
 FREE_OWNERS = frozenset({"ReplicaSet", "StatefulSet", "ReplicationController"})
 JOB = "Job"
@@ -60,12 +72,32 @@ DEFAULT_BACKOFF_LIMIT = 6  # batch/v1 Job's default
 
 RECOVERED = "PinRecovered"
 STUCK = "PinStuck"
+WAITING = "PinWaiting"  # a Normal Event: past its deadline, waited on (`Wait`)
 
 
 class Cause(enum.StrEnum):
     NODE_GONE = "node-gone"
     NODE_CORDONED = "node-cordoned"
     UNSCHEDULABLE = "unschedulable"
+    NOMINATED_STALLED = "nominated-stalled"  # nominated to its node, waited on past its bound (`Wait`)
+
+
+class Wait(enum.StrEnum):
+    """Why a pin past its deadline is not stuck yet: kube-scheduler nominated it to its pinned node, and ..."""
+
+    VICTIMS_LEAVING = "victims-leaving"  # ... a pod there is terminating (its preemption victims)
+    RETRY_DUE = "retry-due"  # ... none is, and it fits there now: the scheduler's retry is due
+
+
+@dataclasses.dataclass(frozen=True)
+class Waiting:
+    """A pin past its deadline that is waited on, and until when."""
+
+    key: str
+    node: str
+    wait: Wait
+    why: str
+    until: float  # epoch seconds: stuck after this
 
 
 class How(enum.StrEnum):
@@ -174,6 +206,13 @@ def _unschedulable(pod: snapshot.Pod) -> bool:
 def cause(pod: snapshot.Pod, node: str, cluster: snapshot.Snapshot, *, names: settings.Names,
           cfg: settings.Gangs, now: float) -> tuple[Cause, str] | None:
     """Why this pinned pod is stuck, and how we know; None when it is not (yet)."""
+    found = _verdict(pod, node, cluster, names=names, cfg=cfg, now=now)
+    return found if found is None or isinstance(found, tuple) else None
+
+
+def _verdict(pod: snapshot.Pod, node: str, cluster: snapshot.Snapshot, *, names: settings.Names,
+             cfg: settings.Gangs, now: float) -> tuple[Cause, str] | Waiting | None:
+    """`cause`, or the wait that holds it off (`Wait`)."""
     found = cluster.nodes.get(node)
     if found is None:
         return Cause.NODE_GONE, f"its node {node} is gone"
@@ -182,15 +221,47 @@ def cause(pod: snapshot.Pod, node: str, cluster: snapshot.Snapshot, *, names: se
     since = released_at(pod, names=names)
     if since is None:
         since = timestamps.epoch(pod.created)
-    waited = now - since if since is not None else 0.0
-    if (pod.raw.get("status") or {}).get("nominatedNodeName") == node and any(
-            cluster.pods[k].deleting for k in found.pods if k in cluster.pods):
-        return None  # preemption is making room for it there
-    if _unschedulable(pod) and waited > cfg.pin_deadline_seconds:
-        # No running count in the text: a reported pin is told again only when what it says changes.
-        return Cause.UNSCHEDULABLE, (f"kube-scheduler reports it Unschedulable more than "
-                                     f"{cfg.pin_deadline_seconds:g}s after its release")
-    return None
+    if since is None or not _unschedulable(pod) or now - since <= cfg.pin_deadline_seconds:
+        return None  # within the deadline, or not reported Unschedulable (or no time to count from)
+    # No running count in the texts: a reported pin is told again only when what it says changes.
+    late = f"kube-scheduler reports it Unschedulable more than {cfg.pin_deadline_seconds:g}s after its release"
+    nominated = (pod.raw.get("status") or {}).get("nominatedNodeName")
+    if nominated != node:
+        return Cause.UNSCHEDULABLE, late + (f" (nominated to {nominated} instead)" if nominated else "")
+    retry = cfg.nominated_retry_seconds
+    leaving = [cluster.pods[k] for k in found.pods if k in cluster.pods and cluster.pods[k].deleting]
+    if leaving:
+        ends = [timestamps.epoch((p.raw.get("metadata") or {}).get("deletionTimestamp")) for p in leaving]
+        until = max((e for e in ends if e is not None), default=since) + retry
+        who = ", ".join(p.key for p in leaving)
+        if now <= until:
+            return Waiting(pod.key, node, Wait.VICTIMS_LEAVING, f"kube-scheduler nominated it to {node}, where "
+                           f"it preempts: {who} terminating; waited on until {retry:g}s past their deletion time",
+                           until)
+        return Cause.NOMINATED_STALLED, (f"{late}; nominated to {node}, where {who} still terminating more than "
+                                         f"{retry:g}s past their deletion time")
+    room = capacity.place_pod(pod, capacity.Room.of(found, cluster=cluster, leaving={pod.key}), one_domain=False)
+    if isinstance(room, str):
+        return Cause.UNSCHEDULABLE, f"{late} (nominated to {node}, no room for it there now: {room})"
+    until = since + retry
+    if now <= until:
+        return Waiting(pod.key, node, Wait.RETRY_DUE, f"kube-scheduler nominated it to {node}, where no pod is "
+                       f"terminating and it fits now: its retry is due; waited on until {retry:g}s after its "
+                       "release", until)
+    return Cause.NOMINATED_STALLED, (f"{late}; nominated to {node}, where it fits, yet not bound {retry:g}s "
+                                     "after its release")
+
+
+def waiting(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float) -> tuple[Waiting, ...]:
+    """The pins past their deadline that are waited on (`Wait`), by pod key."""
+    names, cfg = config.names, config.descheduler.gangs
+    out = []
+    for pod in sorted(cluster.pods.values(), key=lambda p: p.key):
+        node = _pinned(pod, names=names)
+        if node is not None and isinstance(found := _verdict(pod, node, cluster, names=names, cfg=cfg, now=now),
+                                           Waiting):
+            out.append(found)
+    return tuple(out)
 
 
 def _how(pod: snapshot.Pod, *, jobs: Mapping[str, JobFacts], unit_pods_of_job: int) -> tuple[How, str]:

@@ -71,8 +71,12 @@ def _control_plane(pytestconfig: pytest.Config) -> Iterator[localcluster.LocalCl
         bin_dir = localcluster.ensure_binaries(progress=say)
         # Native gang scheduling on (Kubernetes 1.37 beta, off by default): every test runs beside it, and
         # test_native_gangs_e2e shows which pods it takes over from us.
+        # For a look inside kube-scheduler's queue: GPU_STEWARD_E2E_SCHEDULER_V=5 and GPU_STEWARD_E2E_KEEP_LOGS=dir.
+        verbosity, keep = os.environ.get("GPU_STEWARD_E2E_SCHEDULER_V"), os.environ.get("GPU_STEWARD_E2E_KEEP_LOGS")
         cluster = localcluster.LocalCluster(bin_dir, progress=say, feature_gates=NATIVE_GANGS,
-                                            runtime_config=NATIVE_GANGS_API).start()
+                                            runtime_config=NATIVE_GANGS_API,
+                                            scheduler_verbosity=int(verbosity) if verbosity else None,
+                                            keep_logs=pathlib.Path(keep) if keep else None).start()
     except localcluster.HarnessError as exc:
         problem = str(exc)  # failed outside the handler: the message is the whole story
     if problem is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import pathlib
 from typing import Any
@@ -112,3 +113,33 @@ def test_namespace_filters_what_is_shown(
 ) -> None:
     assert cli.main(["gangs", "--cluster", str(state(tmp_path)), "-o", "json", *flags]) == 0
     assert [g["gang"] for g in json.loads(capsys.readouterr().out)["gangs"]] == shown
+
+
+def test_a_pin_recovery_waits_on_is_a_line_with_its_wait(tmp_path: pathlib.Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Past its deadline, nominated by kube-scheduler to its node where it fits: shown as waited on, not stuck."""
+
+    def mutate(pod: dict[str, Any]) -> None:
+        pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["big"]}]}]}}}
+        pod["status"].update(nominatedNodeName="big", conditions=[
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}])
+
+    now = datetime.datetime.now(datetime.UTC)
+    released = (now - datetime.timedelta(seconds=120)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    pod = builders.pod("infer", namespace="team", gpus=4, mutate=mutate,
+                       annotations={NAMES.release: f"{released} placed on big: NVLink score 90"})
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps({"kind": "List", "items": [builders.gpu_node("big", gpus=8), pod]}))
+    assert cli.main(["gangs", "--cluster", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "waited pin team/infer  retry-due  on big",
+        "  why: kube-scheduler nominated it to big, where no pod is terminating and it fits now: its retry is due; "
+        "waited on until 360s after its release",
+        "no gangs",
+    ]
+    assert cli.main(["gangs", "--cluster", str(path), "--output", "json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    [waited] = shown["waited_pins"]
+    assert shown["stuck_pins"] == [] and (waited["pod"], waited["node"], waited["wait"]) == (
+        "team/infer", "big", "retry-due")

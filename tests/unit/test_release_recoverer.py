@@ -157,3 +157,50 @@ async def test_a_refused_eviction_never_leaves_the_pinned_pods_half_done(
     if recovery.STUCK in told:
         [stuck] = {m for _, reason, m in said if reason == recovery.STUCK}
         assert "not recovered, retried on each pass: team/g-2: eviction refused" in stuck, stuck
+
+
+# --- a pin past its deadline that is waited on is told once, and counted ------------------------------------------
+
+
+def nominated_cluster(*, nominated: str | None, now: float) -> snapshot.Snapshot:
+    """pair-0 released 100 s before `now`, Unschedulable, pinned to n1 (8 GPUs, nothing else there)."""
+    body = stuck({NAMES.release: "1970-01-01T00:15:00Z gang team/pair of 2 placed on n1"})  # released at 900
+    body["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    if nominated:
+        body["status"]["nominatedNodeName"] = nominated
+    return snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=[body], names=NAMES, taken_at=now)
+
+
+@pytest.mark.parametrize(
+    ("nominated", "events_told", "waiting"),
+    [
+        pytest.param("n1", 1, 1.0, id="nominated-with-room-told-once-and-counted/match"),
+        pytest.param(None, 0, 0.0, id="not-nominated-is-recovered-not-waited-on/no-match"),
+    ],
+)
+async def test_a_pin_waited_on_is_one_normal_event_and_a_gauge(
+    monkeypatch: pytest.MonkeyPatch, nominated: str | None, events_told: int, waiting: float,
+) -> None:
+    said: list[tuple[str, str, str, str]] = []
+
+    async def post(api: object, *, regarding: events.ObjectRef, type: str, reason: str, message: str,
+                   **_: object) -> bool:
+        said.append((regarding.name, type, reason, message))
+        return True
+
+    monkeypatch.setattr(kube, "request", FakeApi(set(), dry_too=False).request)
+    monkeypatch.setattr(events, "post", post)
+    registry = prometheus_client.CollectorRegistry()
+    worker = recoverer.Recoverer(config=CONFIG, api=object(), metrics=recoverer.Metrics(registry))  # type: ignore[arg-type]
+    for now in (NOW, NOW + 10):  # the second pass says nothing new
+        await worker.run(nominated_cluster(nominated=nominated, now=now), now=now)
+    told = [s for s in said if s[2] == recovery.WAITING]
+    assert len(told) == events_told
+    if told:
+        assert told[0][:3] == ("pair-0", "Normal", recovery.WAITING)
+        assert told[0][3].startswith("pinned to n1, not bound past its deadline: kube-scheduler nominated it to n1, "
+                                     "where no pod is terminating and it fits now"), told[0][3]
+    else:
+        assert {s[2] for s in said} == {recovery.RECOVERED}  # recovered (on each pass: the fake pod stays)
+    assert registry.get_sample_value("gpu_steward_pins_waiting", {"wait": "retry-due"}) == waiting
+    assert registry.get_sample_value("gpu_steward_pins_waiting", {"wait": "victims-leaving"}) == 0

@@ -40,6 +40,7 @@ def pinned(
     nominated: str | None = None,
     text: str | None = None,  # the release record's text; default: placed on its node
     phase: str | None = None,
+    condition: tuple[str, str] | None = None,  # PodScheduled's (status, reason) other than False, Unschedulable
 ) -> dict[str, Any]:
     labels = {NAMES.gang_name: gang[0], NAMES.gang_size: str(gang[1])} if gang else {}
     annotations = {}
@@ -61,6 +62,8 @@ def pinned(
             meta["deletionTimestamp"] = at(1)
         if nominated:
             pod["status"]["nominatedNodeName"] = nominated
+        if condition:
+            pod["status"]["conditions"] = [{"type": "PodScheduled", "status": condition[0], "reason": condition[1]}]
         if unschedulable:
             pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                             "message": "0/2 nodes are available: 1 node(s) didn't satisfy plugin(s) "
@@ -69,12 +72,6 @@ def pinned(
     return builders.pod(name, namespace="team", gpus=4, node=node if bound else None,
                         phase=phase or ("Running" if bound else "Pending"), labels=labels, annotations=annotations,
                         created=created, mutate=mutate)
-
-
-def terminating_on(node: str) -> dict[str, Any]:
-    """A lower-priority pod bound to `node` that kube-scheduler's preemption is deleting."""
-    return builders.pod("victim", namespace="other", gpus=4, node=node, phase="Running",
-                        mutate=lambda p: p["metadata"].update(deletionTimestamp=at(5)))
 
 
 N1 = builders.gpu_node("n1", gpus=8)
@@ -106,6 +103,10 @@ def assess(nodes: Sequence[dict[str, Any]], pods: Sequence[dict[str, Any]], *,
         pytest.param([N1], pinned("p", released=60, unschedulable=True), None, "",
                      id="unschedulable-exactly-at-deadline/boundary"),
         pytest.param([N1], pinned("p", released=600), None, "", id="past-deadline-but-not-reported-unschedulable"),
+        pytest.param([N1], pinned("p", released=600, condition=("False", "SchedulingGated")), None, "",
+                     id="past-deadline-still-schedulinggated-not-tried-yet"),
+        pytest.param([N1], pinned("p", released=600, condition=("True", "Unschedulable")), None, "",
+                     id="past-deadline-a-condition-not-false-is-no-report"),
         pytest.param([N1], pinned("p", released=None, unschedulable=True, created=at(61)), C.UNSCHEDULABLE,
                      "Unschedulable more than 60s", id="record-without-time-counts-from-creation"),
         pytest.param([N2], pinned("p", record=False), None, "", id="not-released-by-us-never-touched"),
@@ -125,20 +126,148 @@ def test_when_a_pin_is_stuck(nodes: list[dict[str, Any]], pod: dict[str, Any], w
     assert says in item.message and "recovered: team/p: its ReplicaSet rs re-creates it" in item.message
 
 
+def bound_on(node: str, name: str = "other", *, leaving: float | None = None) -> dict[str, Any]:
+    """A lower-priority 4-GPU pod bound to `node`; `leaving`: kube-scheduler's preemption is deleting it, its deletion
+    time (the end of its grace period) that many seconds before NOW (negative: still to come)."""
+    def mutate(p: dict[str, Any]) -> None:
+        if leaving is not None:
+            p["metadata"]["deletionTimestamp"] = at(leaving)
+    return builders.pod(name, namespace="other", gpus=4, node=node, phase="Running", mutate=mutate)
+
+
+def terminating_on(node: str) -> dict[str, Any]:
+    """A lower-priority pod bound to `node` that kube-scheduler's preemption is deleting."""
+    return bound_on(node, "victim", leaving=5)
+
+
+W = recovery.Wait
+NOMINATED_LATE = "Unschedulable more than 60s after its release"
+
+
+def nominated(released: float, node: str | None = "n1", **kw: Any) -> dict[str, Any]:
+    """Pinned to n1, reported Unschedulable, released `released` seconds before NOW, nominated to `node`."""
+    return pinned("p", released=released, unschedulable=True, nominated=node, **kw)
+
+
 @pytest.mark.parametrize(
-    ("nominated", "others", "stuck"),
+    ("pod", "others", "want", "says", "until"),
     [
-        pytest.param("n1", [terminating_on("n1")], False,
-                     id="nominated-to-its-pin-while-a-victim-terminates-is-being-made-room-for/match"),
-        pytest.param("n1", [], True, id="nominated-but-no-victim-terminating-is-stuck/no-match"),
-        pytest.param("n2", [terminating_on("n1")], True, id="nominated-to-another-node-than-its-pin-is-stuck/boundary"),
+        pytest.param(nominated(600), [terminating_on("n1")], W.VICTIMS_LEAVING,
+                     "nominated it to n1, where it preempts: other/victim terminating; waited on until 360s past "
+                     "their deletion time", NOW - 5 + 360, id="victims-leaving-waited-on/match"),
+        pytest.param(nominated(600), [bound_on("n1", leaving=360)], W.VICTIMS_LEAVING, "other/other terminating",
+                     NOW, id="victims-leaving-exactly-at-bound/boundary"),
+        pytest.param(nominated(600), [bound_on("n1", leaving=361)], C.NOMINATED_STALLED,
+                     NOMINATED_LATE + "; nominated to n1, where other/other still terminating more than 360s past "
+                     "their deletion time", None, id="victims-leaving-past-bound/no-match"),
+        pytest.param(nominated(600), [bound_on("n1", leaving=-3600)], W.VICTIMS_LEAVING, "other/other terminating",
+                     NOW + 3600 + 360, id="victim-with-a-long-grace-period-still-counts"),
+        pytest.param(nominated(300), [], W.RETRY_DUE,
+                     "nominated it to n1, where no pod is terminating and it fits now: its retry is due; waited on "
+                     "until 360s after its release", NOW - 300 + 360, id="victims-gone-room-free-waited-on/match"),
+        pytest.param(nominated(360), [bound_on("n1")], W.RETRY_DUE, "its retry is due", NOW,
+                     id="victims-gone-room-free-exactly-at-bound-with-another-pod-there/boundary"),
+        pytest.param(nominated(361), [], C.NOMINATED_STALLED,
+                     NOMINATED_LATE + "; nominated to n1, where it fits, yet not bound 360s after its release", None,
+                     id="victims-gone-room-free-past-bound/no-match"),
+        pytest.param(nominated(300), [bound_on("n1", "a"), bound_on("n1", "b")], C.UNSCHEDULABLE,
+                     NOMINATED_LATE + " (nominated to n1, no room for it there now: needs 4 GPU, 0 free)", None,
+                     id="nominated-but-another-pod-took-the-room"),
+        pytest.param(nominated(300, "n2"), [terminating_on("n1")], C.UNSCHEDULABLE,
+                     NOMINATED_LATE + " (nominated to n2 instead)", None, id="nominated-to-another-node-than-its-pin"),
+        pytest.param(nominated(300, None), [terminating_on("n1")], C.UNSCHEDULABLE, NOMINATED_LATE + "; recovered",
+                     None, id="nomination-cleared-is-stuck-as-before"),
+        pytest.param(nominated(300, deleting=True), [], None, "", None, id="pod-deleted-neither-stuck-nor-waited-on"),
+        pytest.param(nominated(30), [], None, "", None, id="within-the-pin-deadline-no-wait-to-tell"),
     ],
 )
-def test_a_pin_kube_scheduler_preempts_for_is_not_stuck_while_its_victims_leave(
-    nominated: str, others: list[dict[str, Any]], stuck: bool,
+def test_a_pin_kube_scheduler_nominated_to_its_node_is_waited_on_each_wait_bounded(
+    pod: dict[str, Any], others: list[dict[str, Any]], want: recovery.Cause | recovery.Wait | None, says: str,
+    until: float | None,
 ) -> None:
-    found = assess([N1, N2], [pinned("p", released=600, unschedulable=True, nominated=nominated), *others])
-    assert [(r.unit, r.cause) for r in found.values()] == ([("team/p", C.UNSCHEDULABLE)] if stuck else [])
+    config = settings.Settings()  # the default deadlines: pin 60 s, nominated retry 360 s
+    cluster = snapshot.build(nodes=[N1, N2], pods=[pod, *others], names=NAMES, taken_at=NOW)
+    found = {r.unit: r for r in recovery.assess(cluster, config=config, now=NOW)}
+    waits = recovery.waiting(cluster, config=config, now=NOW)
+    if isinstance(want, recovery.Wait):
+        assert found == {}
+        [wait] = waits
+        assert (wait.key, wait.node, wait.wait, wait.until) == ("team/p", "n1", want, until) and says in wait.why, (
+            wait.why)
+        return
+    assert waits == ()
+    if want is None:
+        assert found == {}
+        return
+    assert [(r.unit, r.cause) for r in found.values()] == [("team/p", want)]
+    assert f"pinned to n1, not bound: kube-scheduler reports it {says}" in found["team/p"].message, (
+        found["team/p"].message)
+
+
+@pytest.mark.parametrize(
+    ("released", "want", "until"),
+    [
+        pytest.param(300, W.VICTIMS_LEAVING, NOW + 60, id="within-retry-of-its-release/match"),
+        pytest.param(361, C.NOMINATED_STALLED, None, id="past-retry-of-its-release/no-match"),
+    ],
+)
+def test_victims_whose_deletion_time_cannot_be_read_count_from_the_release(
+    released: float, want: recovery.Wait | recovery.Cause, until: float | None,
+) -> None:
+    victims = [bound_on("n1", "a", leaving=5), bound_on("n1", "b", leaving=5)]
+    for victim in victims:
+        victim["metadata"]["deletionTimestamp"] = "soon"
+    cluster = snapshot.build(nodes=[N1], pods=[nominated(released), *victims], names=NAMES, taken_at=NOW)
+    config = settings.Settings()
+    waits = recovery.waiting(cluster, config=config, now=NOW)
+    if isinstance(want, recovery.Wait):
+        [wait] = waits
+        assert (wait.wait, wait.until) == (want, until) and "other/a, other/b terminating" in wait.why, wait.why
+    else:
+        [item] = recovery.assess(cluster, config=config, now=NOW)
+        assert waits == () and item.cause is want and "where other/a, other/b still terminating" in item.message
+
+
+@pytest.mark.parametrize(
+    ("indices", "want"),
+    [
+        pytest.param({0: "other/a", 1: "other/a", 4: "other/b", 5: "other/b"}, W.RETRY_DUE,
+                     id="free-gpus-spread-over-nvlink-domains-still-fit/match"),
+        pytest.param({0: "other/a", 1: "other/a", 2: "other/b", 3: "other/b", 4: "other/c", 5: "other/c"},
+                     C.UNSCHEDULABLE, id="too-few-free-gpus/no-match"),
+    ],
+)
+def test_room_is_what_kube_scheduler_counts_not_nvlink_domains(indices: dict[int, str], want: object) -> None:
+    """kube-scheduler does not place by NVLink domain: 4 free GPUs in two domains are room for a 4-GPU pod."""
+    node = builders.gpu_node("n1", gpus=8, domains=[range(4), range(4, 8)])
+    others = [builders.pod(name, namespace="other", gpus=2, node="n1", phase="Running")
+              for name in sorted({k.partition("/")[2] for k in indices.values()})]
+    cluster = snapshot.build(nodes=[node], pods=[nominated(300), *others], names=NAMES, taken_at=NOW,
+                             occupancy={"n1": indices})
+    config = settings.Settings()
+    waits = recovery.waiting(cluster, config=config, now=NOW)
+    found = recovery.assess(cluster, config=config, now=NOW)
+    assert ([w.wait for w in waits] == [want]) if isinstance(want, recovery.Wait) else (
+        waits == () and [r.cause for r in found] == [want] and "no room for it there now" in found[0].message)
+
+
+def test_a_gang_with_a_member_waited_on_and_one_bound_is_left_until_the_bound_then_taken_back_whole() -> None:
+    """The preemption race of docs/operations.md: one member bound, the other nominated to its node where it fits;
+    within the bound nothing is taken (the bound member keeps running), past it the whole gang comes back."""
+    gang = "gang team/g of 2 placed on n1: why"
+    pods = [pinned(f"g-{i}", node="n1", gang=("g", 2), text=gang, released=400, bound=i == 1,
+                   unschedulable=i == 0, nominated="n1" if i == 0 else None) for i in range(2)]
+    config = settings.Settings()
+    within = snapshot.build(nodes=[N1], pods=pods, names=NAMES, taken_at=NOW - 200)
+    assert recovery.assess(within, config=config, now=NOW - 200) == ()
+    assert [(w.key, w.wait) for w in recovery.waiting(within, config=config, now=NOW - 200)] == [
+        ("team/g-0", W.RETRY_DUE)]
+    past = snapshot.build(nodes=[N1], pods=pods, names=NAMES, taken_at=NOW)
+    [item] = recovery.assess(past, config=config, now=NOW)
+    assert (item.unit, item.cause) == ("team/g", C.NOMINATED_STALLED)
+    assert [(p.key, p.cause, p.bound) for p in item.pods] == [
+        ("team/g-0", C.NOMINATED_STALLED, False), ("team/g-1", None, True)]
+    assert "recovered with the 1 member(s) bound from the same release" in item.message
 
 
 # --- how it is recovered, by what re-creates it ------------------------------------------------------------------
@@ -157,7 +286,7 @@ def job(name: str = "j") -> tuple[str, str]:
                      id="replicaset-evicted"),
         pytest.param([pinned("p", owner=("StatefulSet", "db"))], {}, H.EVICT, "its StatefulSet db re-creates it",
                      id="statefulset-evicted"),
-        pytest.param([pinned("p", owner=None)], {}, H.RECREATE, "a bare pod: created again as it was",
+        pytest.param([pinned("p", owner=None)], {}, H.RECREATE, "a bare pod: created again as it was, without our pin",
                      id="bare-pod-recreated"),
         pytest.param([pinned("p", owner=("Workflow", "wf"))], {}, H.REPORT,
                      "left as it is: its owner Workflow wf may count a deleted pod as a failure. To recover, delete "
@@ -171,7 +300,7 @@ def job(name: str = "j") -> tuple[str, str]:
                      {"team/j": recovery.JobFacts(1, False)}, H.REPORT, "its Job j has 1 retries left: deleting 2",
                      id="job-with-fewer-retries-than-stuck-pods/boundary"),
         pytest.param([pinned("p", owner=job())], {"team/j": recovery.JobFacts(0, True)}, H.EVICT,
-                     "podFailurePolicy ignores DisruptionTarget", id="job-ignoring-disruption-evicted"),
+                     "podFailurePolicy ignores DisruptionTarget)", id="job-ignoring-disruption-evicted"),
         pytest.param([pinned("p", owner=job())], {}, H.REPORT, "its Job j could not be read",
                      id="job-not-read-is-never-evicted"),
     ],
@@ -181,6 +310,8 @@ def test_how_it_is_recovered(pods: list[dict[str, Any]], jobs: dict[str, recover
     [item] = assess(GONE, pods, jobs=jobs).values()
     assert item.how is how and item.acting is (how is not H.REPORT)
     assert says in item.message, item.message
+    if item.acting:
+        assert item.message.endswith(f"recovered: team/p: {item.pods[0].why}") and item.pods[0].why.endswith(says)
 
 
 # --- a gang is recovered as a whole -------------------------------------------------------------------------------
@@ -298,10 +429,62 @@ def test_healthy_gang_members_are_not_touched() -> None:
 
 
 def test_jobs_to_read_are_those_of_stuck_units_only() -> None:
-    pods = [pinned("a", owner=job("stuck")), pinned("b", node="n2", owner=job("fine"))]
+    """Jobs only (a stuck ReplicaSet's or bare pod's owner is never read), of units stuck by any cause (here node
+    gone and Unschedulable past the deadline)."""
+    pods = [pinned("a", owner=job("stuck")), pinned("b", node="n2", owner=job("fine")),
+            pinned("c", node="n2", owner=job("late"), released=61, unschedulable=True),
+            pinned("d", owner=("ReplicaSet", "rs")), pinned("e", owner=None)]
     config = settings.Settings()
     cluster = snapshot.build(nodes=[N2], pods=pods, names=NAMES, taken_at=NOW)
-    assert recovery.jobs_to_read(cluster, config=config, now=NOW) == ("team/stuck",)
+    assert recovery.jobs_to_read(cluster, config=config, now=NOW) == ("team/late", "team/stuck")
+
+
+@pytest.mark.parametrize(
+    ("owner", "want"),
+    [
+        pytest.param(("ReplicaSet", "rs"), ("ReplicaSet", "rs"), id="its-controller"),
+        pytest.param(None, None, id="a-bare-pod-has-none"),
+    ],
+)
+def test_each_recovered_pod_names_its_owner(owner: tuple[str, str] | None, want: tuple[str, str] | None) -> None:
+    [item] = assess(GONE, [pinned("p", owner=owner)]).values()
+    assert [p.owner for p in item.pods] == [want]
+
+
+def test_a_gang_named_with_a_colon_keeps_its_whole_name() -> None:
+    """Our gang name may come from an annotation, where a colon is allowed."""
+    def named(name: str) -> dict[str, Any]:
+        body = pinned(name, gang=None)
+        body["metadata"]["annotations"].update({NAMES.gang_name: "train:v2", NAMES.gang_size: "2"})
+        return body
+
+    [item] = assess(GONE, [named("a"), named("b")]).values()
+    assert item.unit == "team/train:v2" and item.message.startswith("gang team/train:v2: team/a pinned to n1")
+
+
+def test_a_gang_in_a_native_podgroup_without_a_gang_policy_is_still_ours() -> None:
+    """A PodGroup with no gang policy holds nothing together: the members' own gang labels make the unit."""
+    def member_of(name: str) -> dict[str, Any]:
+        body = pinned(name, gang=("g", 2))
+        body["spec"]["schedulingGroup"] = {"podGroupName": "pg"}
+        return body
+
+    group = {"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+             "metadata": {"name": "pg", "namespace": "team"}, "spec": {}}
+    cluster = snapshot.build(nodes=GONE, pods=[member_of("a"), member_of("b")], pod_groups=[group], names=NAMES,
+                             taken_at=NOW)
+    [item] = recovery.assess(cluster, config=settings.Settings(), now=NOW)
+    assert item.unit == "team/g" and [p.key for p in item.pods] == ["team/a", "team/b"]
+
+
+def test_a_gang_recovery_says_every_member_and_why_in_one_sentence() -> None:
+    pods = [STUCK_G0, member(1, bound=False), member(2)]
+    [item] = assess([N2], pods).values()
+    assert item.message == (
+        "gang team/g: team/g-0 pinned to n1, not bound: its node n1 is gone; recovered with the 1 other unbound "
+        "member(s) and the 1 member(s) bound from the same release (the gang never ran whole): team/g-0: its "
+        "ReplicaSet rs re-creates it; team/g-1: its ReplicaSet rs re-creates it; team/g-2: its ReplicaSet rs "
+        "re-creates it")
 
 
 # --- what a Job's spec and status say ----------------------------------------------------------------------------
