@@ -739,14 +739,15 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
                     scrape_targets=[f"127.0.0.1:{port}"], scrape_interval=f"{SCRAPE_SECONDS}s")
                 stack.callback(prom.stop)
                 if arm in OURS:
-                    config = {"kubernetes": {"watch_timeout_seconds": 60}, "log_level": "DEBUG" if logs else "INFO",
-                              "prometheus": {"url": prom.url, "occupancy_refresh_seconds": SCRAPE_SECONDS},
-                              "descheduler": {"leader_election": {"lease_namespace": LEASE_NAMESPACE},
-                                              "reclaim": {"enabled": False}}}
+                    ours: dict[str, Any] = {
+                        "kubernetes": {"watch_timeout_seconds": 60}, "log_level": "DEBUG" if logs else "INFO",
+                        "prometheus": {"url": prom.url, "occupancy_refresh_seconds": SCRAPE_SECONDS},
+                        "descheduler": {"leader_election": {"lease_namespace": LEASE_NAMESPACE},
+                                        "reclaim": {"enabled": False}}}
                     if release_min_gpus is not None:
-                        config["admission"] = {"release_min_gpus": release_min_gpus}
+                        ours["admission"] = {"release_min_gpus": release_min_gpus}
                     await asyncio.to_thread(
-                        stack.enter_context, localsteward.webhook(cluster, workdir, config=config, descheduler=True))
+                        stack.enter_context, localsteward.webhook(cluster, workdir, config=ours, descheduler=True))
                 await _wait_until(lambda: live.synced and len(live.snapshot.nodes) == len(setup.nodes), within=60)
                 say(f"   replaying {len(setup.pods)} pods ({len(setup.plan)} actions)")
                 replay = await _replay(api, setup, tracker, start)

@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     decoders: dict[str, Callable[[bytes], Any]] = {"json.loads": json.loads, "jsontext.loads": jsontext.loads,
                                                    "kube._event": kube._event, "orjson.loads": orjson.loads}
     load_before = os.getloadavg()
-    results = []
+    results: list[dict[str, Any]] = []
     for kind, decoder in rows:
         lines = sets[kind]
         measured = cpu_per(decoders[decoder], lines, repeats=args.repeats)
