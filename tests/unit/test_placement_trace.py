@@ -142,6 +142,22 @@ def test_replay_plan_paces_arrivals_compresses_lifetimes_and_drops_deletions_aft
 
 
 @pytest.mark.parametrize(
+    ("drain", "deleted"),
+    [
+        pytest.param(3.0, [0, 1, 2], id="all-leave-within-the-drain"),
+        pytest.param(2.0, [0, 1, 2], id="boundary-a-deletion-at-the-end-is-kept"),
+        pytest.param(1.9, [0, 1], id="a-deletion-after-the-end-is-dropped"),
+        pytest.param(0.5, [], id="a-short-drain-drops-every-deletion"),
+    ],
+)
+def test_replay_plan_ends_drain_seconds_after_the_last_arrival(drain: float, deleted: list[int]) -> None:
+    pods = [pt.TracePod("a", 1, 1, 1, 0, 300), pt.TracePod("b", 1, 1, 1, 0, 10), pt.TracePod("c", 1, 1, 1, 0, 10)]
+    plan = pt.replay_plan(pods, arrival_rate=1.0, compression=100.0, drain_seconds=drain)
+    # arrivals at 0, 1, 2 (the end: 2 + drain); a leaves at 3 (300 s / 100), b at 3 and c at 4 (minimum lifetime 2 s)
+    assert [a.pod for a in plan if a.kind == "delete"] == deleted
+
+
+@pytest.mark.parametrize(
     ("used", "expected"),
     [
         pytest.param({}, pt.Fragmentation(12, 12, 0, 0), id="empty"),
