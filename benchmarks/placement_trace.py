@@ -693,27 +693,17 @@ async def _replay(api: client.ApiClient, setup: Setup, tracker: Tracker, start: 
     }
 
 
-def steward_processes(config_file: pathlib.Path) -> dict[str, int]:
-    """PIDs of `gpu-steward webhook|descheduler --config config_file` (localsteward.process), by command."""
+def steward_processes(config_file: pathlib.Path) -> dict[str, localcluster.Pid]:
+    """`gpu-steward webhook|descheduler --config config_file` (localsteward.process), by command."""
     found = {}
     for entry in pathlib.Path("/proc").iterdir():
         try:
             argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:  # not a process, or one that just ended
             continue
-        if "gpu_steward" in argv and str(config_file) in argv:
-            found[argv[argv.index("gpu_steward") + 1]] = int(entry.name)
+        if "gpu_steward" in argv and str(config_file) in argv and (pid := localcluster.Pid.of(int(entry.name))):
+            found[argv[argv.index("gpu_steward") + 1]] = pid
     return found
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU the process has used so far (None: gone)."""
-    try:
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()  # the command name may hold spaces and ')'
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _wait_until(predicate: Callable[[], bool], *, within: float, interval: float = 0.2) -> bool:
@@ -768,7 +758,7 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
     # Wall time of each step: Prometheus, the feeder's first lists (and our webhook and descheduler) until ready;
     # the replay; the burst, with the emptying before it and the deletion after.
     phases: dict[str, float] = {}
-    processes: dict[str, int] = {}  # our webhook's and descheduler's PIDs, in our arms
+    processes: dict[str, localcluster.Pid] = {}  # our webhook and descheduler, in our arms
     cpu: dict[str, float | None] = {}  # the CPU seconds each used during the replay and the burst
     try:
         live = feeder.Feeder(config=config, api=api, prometheus=None)
@@ -794,7 +784,7 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
                     processes = steward_processes(config_file)
                 await _wait_until(lambda: live.synced and len(live.snapshot.nodes) == len(setup.nodes), within=60)
                 phases["ready_seconds"] = time.monotonic() - start
-                cpu_before = {name: cpu_seconds(pid) for name, pid in processes.items()}
+                cpu_before = {name: pid.cpu_seconds() for name, pid in processes.items()}
                 say(f"   replaying {len(setup.pods)} pods ({len(setup.plan)} actions)")
                 replay = await _replay(api, setup, tracker, start)
                 phases["replay_seconds"] = time.monotonic() - start - phases["ready_seconds"]
@@ -802,7 +792,7 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
                 burst = await _burst(api, setup, tracker, start)
                 phases["burst_seconds"] = time.monotonic() - start - phases["ready_seconds"] - phases["replay_seconds"]
                 for name, pid in processes.items():
-                    used, began = cpu_seconds(pid), cpu_before.get(name)
+                    used, began = pid.cpu_seconds(), cpu_before.get(name)
                     cpu[name] = None if used is None or began is None else used - began
                 for task in background:
                     task.cancel()

@@ -1,8 +1,12 @@
-"""The pure parts of benchmarks/placement_trace.py: trace reading, NVLink mapping, replay plan, metrics."""
+"""The pure parts of benchmarks/placement_trace.py: trace reading, NVLink mapping, replay plan, metrics; and how it
+finds our processes and reads their CPU."""
 
 from __future__ import annotations
 
 import pathlib
+import subprocess
+import sys
+import time
 from typing import Any
 
 import pytest
@@ -336,3 +340,23 @@ def test_tracker_counts_pins_the_scheduler_refused(pod: dict[str, Any], refused:
     tracker = pt.Tracker(rooms=ROOMS, requests={})
     tracker.observe(_cluster([pod]), now=1.0)
     assert tracker.refused == ({"default/p"} if refused else set())
+
+
+def test_our_processes_are_found_by_their_settings_file_and_their_cpu_read(tmp_path: pathlib.Path) -> None:
+    """A process shaped like `python -m gpu_steward webhook --config FILE` (it burns 0.2 s of CPU, then sleeps)."""
+    config_file = tmp_path / "gpu-steward.yaml"
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass\ntime.sleep(60)"
+    other = tmp_path / "other.yaml"
+    argv = [sys.executable, "-c", burn, "gpu_steward", "webhook", "--config"]
+    with subprocess.Popen([*argv, str(config_file)]) as ours, subprocess.Popen([*argv, str(other)]) as theirs:
+        try:
+            found = pt.steward_processes(config_file)
+            assert found == {"webhook": localcluster.Pid.of(ours.pid)}
+            deadline = time.monotonic() + 30
+            while (found["webhook"].cpu_seconds() or 0.0) < 0.2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert (found["webhook"].cpu_seconds() or 0.0) >= 0.2
+        finally:
+            ours.kill()
+            theirs.kill()
+    assert found["webhook"].cpu_seconds() is None  # gone
