@@ -119,8 +119,8 @@ BURST_MAX_PODS = 400
 BURST_TIMEOUT_SECONDS = 120.0
 CREATE_CONCURRENCY = 32
 API_TIMEOUT_SECONDS = 30.0
-# --quick (CI, under a minute on a quiet machine): a baseline against our arm, each on its own control plane, on a
-# slice with 1-, 2- and 4-GPU pods (the first 250 pods hold only 1- and 8-GPU pods: no domain-fittable pod).
+# --quick (CI's target: about a minute): a baseline against our arm, each on its own control plane, on a slice with
+# 1-, 2- and 4-GPU pods (the first 250 pods hold only 1- and 8-GPU pods: no domain-fittable pod).
 QUICK = {"nodes": "20", "pods": 150, "skip": 1750, "arrival_rate": 20.0, "drain_seconds": 5.0,
          "arms": "default,gpu-steward"}
 GOALS = {"one_domain_share": 0.995, "throughput_ratio": 0.90, "wait_p99_over_default_seconds": 1.0}

@@ -360,3 +360,19 @@ def test_our_processes_are_found_by_their_settings_file_and_their_cpu_read(tmp_p
             ours.kill()
             theirs.kill()
     assert found["webhook"].cpu_seconds() is None  # gone
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        pytest.param([], ("200", 2000, 0, 12.0, 10.0, list(pt.ARMS)), id="full-defaults"),
+        pytest.param(["--quick"], ("20", 150, 1750, 20.0, 5.0, ["default", "gpu-steward"]), id="quick"),
+        pytest.param(["--quick", "--arms", "gpu-steward", "--skip", "0", "--pods", "100"],
+                     ("20", 100, 0, 20.0, 5.0, ["gpu-steward"]), id="quick-keeps-what-is-given"),
+        pytest.param(["--skip", "2000", "--arms", "default,binpack"], ("200", 2000, 2000, 12.0, 10.0,
+                     ["default", "binpack"]), id="full-with-a-slice"),
+    ],
+)
+def test_the_quick_run_and_the_full_run_defaults(argv: list[str], expected: tuple[Any, ...]) -> None:
+    args = pt.parse_args(argv)
+    assert (args.nodes, args.pods, args.skip, args.arrival_rate, args.drain_seconds, args.arms) == expected
