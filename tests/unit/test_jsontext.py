@@ -103,6 +103,45 @@ def test_malformed_lines_raise_api_error_naming_the_line(line: bytes, message: s
     assert raised.value.status == 0  # the feeder counts it in gpu_steward_feeder_errors and watches again
 
 
+@pytest.mark.parametrize(
+    ("document", "by_json"),
+    [
+        pytest.param(MODIFIED.replace(b"9223372036854775808", b"922337203685477580"), False, id="18-digits-orjson"),
+        pytest.param(MODIFIED, True, id="19-digits-json"),
+        pytest.param(b'{"a": [1, 2.5, "x"]}', False, id="plain-orjson"),
+        pytest.param(b'{"a": "1234567890", "b": "123456789"}', False, id="two-short-runs-orjson"),
+        pytest.param(b'{"a": NaN}', True, id="refused-by-orjson-json"),
+        pytest.param('{"a": "9223372036854775808"}', True, id="str-19-digits-json"),
+        pytest.param('{"a": "ü"}', False, id="str-orjson"),
+    ],
+)
+def test_which_decoder_decides(document: bytes | str, by_json: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """orjson decodes unless the document has 19 digits in a row or orjson refuses it; json decides those."""
+    asked: list[bytes | str] = []
+    json_loads = json.loads
+
+    def spy(data: bytes | str) -> Any:
+        asked.append(data)
+        return json_loads(data)
+
+    monkeypatch.setattr(jsontext.json, "loads", spy)
+    same(jsontext.loads(document), json_loads(document))
+    assert asked == ([document] if by_json else [])
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        pytest.param('{"a": "\\ud800"}', id="escaped"),
+        pytest.param('{"a": "\ud800", "n": 1}', id="raw-lone-surrogate-in-str"),
+        pytest.param('{"a": "\udc00 12345678901234567890"}', id="raw-and-digits"),
+    ],
+)
+def test_str_documents_with_lone_surrogates_decode_as_json_does(document: str) -> None:
+    """json takes a str holding a lone surrogate (no UTF-8 can); the digit scan must not fail on it."""
+    same(jsontext.loads(document), json.loads(document))
+
+
 def outcome(decode: Any, document: bytes | str) -> tuple[str, str]:
     try:
         return "value", repr(decode(document))
