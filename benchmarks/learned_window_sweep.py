@@ -62,7 +62,8 @@ def previous(stretches: list[float], *, config: settings.LearnedWindow) -> int:
     if len(stretches) < config.min_stretches:
         return TIER
     window = max(max(stretches) * PREVIOUS_MARGIN, config.floor_seconds)
-    return min(TIER, math.ceil(window / config.bucket_seconds) * config.bucket_seconds)
+    buckets = math.ceil(window / config.bucket_seconds)
+    return min(TIER, math.ceil(buckets * config.bucket_seconds))  # whole seconds, as idle_learning.learn's window
 
 
 def replay(trace: rt.Trace, config: settings.LearnedWindow | None, *, judge_from: int, earlier: bool = False,

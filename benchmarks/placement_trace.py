@@ -37,7 +37,7 @@ pods together) — so a literal time replay would measure an empty cluster. Pods
 creation order at `--arrival-rate` pods/s and each lives its trace lifetime (deletion - creation)
 divided by `--time-compression` (at least `MIN_LIFETIME_SECONDS`, so every binding is observed). A
 pod still pending when its lifetime ends is deleted anyway, as its user did in the trace. The replay
-ends `DRAIN_SECONDS` after the last arrival. Then all pods are deleted and a burst of pods (the
+ends `DRAIN_SECONDS` (--quick: 5 s) after the last arrival. Then all pods are deleted and a burst of pods (the
 sequence's first 1-GPU pods, up to `BURST_GPU_SHARE` of the cluster's GPUs) is created at once: the burst's
 pods bound per second is the scheduling throughput (it includes the webhook call in arm c).
 
@@ -58,7 +58,15 @@ create-to-bound waits, for all pods and split into the pods our webhook gates (`
 whole GPUs or more, 2 by default: placed at release in our arms) and the rest (1-GPU pods, preferred terms
 only), in every arm, so the release path's own wait is seen apart; pins refused: pods our release pinned that
 kube-scheduler reported Unschedulable (the pin lost its node to another pod), and how many of them were never
-bound; burst throughput. Prints a table, writes JSON (--out) and a PNG bar chart (--picture).
+bound; burst throughput; in our arms, the CPU seconds our webhook and descheduler processes used during the replay
+and the burst (from /proc). Prints a table, writes JSON (--out) and a PNG bar chart (--picture), and each arm's wall
+time by step (control plane and nodes, until the feeder and our processes are ready, replay, burst, stop; `phases`
+in the JSON) beside the load average.
+
+--quick (CI): the default scheduler against gpu-steward (unless --arms), each on its own control plane as above,
+20 nodes (102 GPUs) and 150 pods from #1750 of multigpu50 (109 1-GPU, 28 2-GPU and 13 4-GPU pods: 41 pods that
+our webhook gates, domain-fittable on the 8-GPU and P100 nodes) at 20 pods/s, the replay ending 5 s after the last
+arrival (12.5 s), then a burst of 61 1-GPU pods. Every row of the table is measured; the numbers are small-sample.
 """
 
 from __future__ import annotations
@@ -71,6 +79,7 @@ import csv
 import dataclasses
 import json
 import math
+import os
 import pathlib
 import statistics
 import sys
@@ -110,6 +119,10 @@ BURST_MAX_PODS = 400
 BURST_TIMEOUT_SECONDS = 120.0
 CREATE_CONCURRENCY = 32
 API_TIMEOUT_SECONDS = 30.0
+# --quick (CI's target: about a minute): a baseline against our arm, each on its own control plane, on a slice with
+# 1-, 2- and 4-GPU pods (the first 250 pods hold only 1- and 8-GPU pods: no domain-fittable pod).
+QUICK = {"nodes": "20", "pods": 150, "skip": 1750, "arrival_rate": 20.0, "drain_seconds": 5.0,
+         "arms": "default,gpu-steward"}
 GOALS = {"one_domain_share": 0.995, "throughput_ratio": 0.90, "wait_p99_over_default_seconds": 1.0}
 LEASE_NAMESPACE = "gpu-steward"
 BINPACK_SCHEDULER = {
@@ -268,13 +281,14 @@ class Action:
 
 
 def replay_plan(
-    pods: Sequence[TracePod], *, arrival_rate: float, compression: float, min_lifetime: float = MIN_LIFETIME_SECONDS
+    pods: Sequence[TracePod], *, arrival_rate: float, compression: float, min_lifetime: float = MIN_LIFETIME_SECONDS,
+    drain_seconds: float = DRAIN_SECONDS,
 ) -> list[Action]:
     """Arrivals every 1/arrival_rate s in order; each pod deleted after its compressed trace lifetime.
-    Deletions later than the last arrival + DRAIN_SECONDS are left out (those pods run to the end)."""
+    Deletions later than the last arrival + `drain_seconds` are left out (those pods run to the end)."""
     if arrival_rate <= 0 or compression <= 0:
         raise ValueError("arrival rate and time compression must be positive")
-    end = (len(pods) - 1) / arrival_rate + DRAIN_SECONDS if pods else 0.0
+    end = (len(pods) - 1) / arrival_rate + drain_seconds if pods else 0.0
     actions = []
     for index, pod in enumerate(pods):
         start = index / arrival_rate
@@ -570,6 +584,7 @@ class Setup:
     plan: tuple[Action, ...]
     burst: tuple[TracePod, ...]
     gated_min_gpus: int = settings.Admission().release_min_gpus  # pods our webhook gates: this many GPUs or more
+    drain_seconds: float = DRAIN_SECONDS  # the replay ends this long after the last arrival
 
 
 def say(message: str) -> None:
@@ -663,7 +678,7 @@ async def _replay(api: client.ApiClient, setup: Setup, tracker: Tracker, start: 
             else:
                 group.create_task(delete(action.pod))
         last_arrival = max((a.at for a in setup.plan if a.kind == "create"), default=0.0)
-        await asyncio.sleep(max(0.0, offset + last_arrival + DRAIN_SECONDS - clock()))
+        await asyncio.sleep(max(0.0, offset + last_arrival + setup.drain_seconds - clock()))
         sampling.cancel()
     end = clock()
     lag = [created[f"{NAMESPACE}/{setup.pods[a.pod].name}"] - offset - a.at for a in setup.plan
@@ -676,6 +691,19 @@ async def _replay(api: client.ApiClient, setup: Setup, tracker: Tracker, start: 
         "create_lag_p99_seconds": _quantile(lag, 0.99),
         "pending": pending_summary(created=created, deleted=deleted, bound=bound, end=end, gated=gated),
     }
+
+
+def steward_processes(config_file: pathlib.Path) -> dict[str, localcluster.Pid]:
+    """`gpu-steward webhook|descheduler --config config_file` (localsteward.process), by command."""
+    found = {}
+    for entry in pathlib.Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # not a process, or one that just ended
+            continue
+        if "gpu_steward" in argv and str(config_file) in argv and (pid := localcluster.Pid.of(int(entry.name))):
+            found[argv[argv.index("gpu_steward") + 1]] = pid
+    return found
 
 
 async def _wait_until(predicate: Callable[[], bool], *, within: float, interval: float = 0.2) -> bool:
@@ -727,6 +755,11 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
     tracker = Tracker(rooms=rooms, requests=requests)
     api = await kube.api_client(config.kubernetes)
     start = time.monotonic()
+    # Wall time of each step: Prometheus, the feeder's first lists (and our webhook and descheduler) until ready;
+    # the replay; the burst, with the emptying before it and the deletion after.
+    phases: dict[str, float] = {}
+    processes: dict[str, localcluster.Pid] = {}  # our webhook and descheduler, in our arms
+    cpu: dict[str, float | None] = {}  # the CPU seconds each used during the replay and the burst
     try:
         live = feeder.Feeder(config=config, api=api, prometheus=None)
         with contextlib.ExitStack() as stack:
@@ -739,19 +772,28 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
                     scrape_targets=[f"127.0.0.1:{port}"], scrape_interval=f"{SCRAPE_SECONDS}s")
                 stack.callback(prom.stop)
                 if arm in OURS:
-                    config = {"kubernetes": {"watch_timeout_seconds": 60}, "log_level": "DEBUG" if logs else "INFO",
-                              "prometheus": {"url": prom.url, "occupancy_refresh_seconds": SCRAPE_SECONDS},
-                              "descheduler": {"leader_election": {"lease_namespace": LEASE_NAMESPACE},
-                                              "reclaim": {"enabled": False}}}
+                    ours: dict[str, Any] = {
+                        "kubernetes": {"watch_timeout_seconds": 60}, "log_level": "DEBUG" if logs else "INFO",
+                        "prometheus": {"url": prom.url, "occupancy_refresh_seconds": SCRAPE_SECONDS},
+                        "descheduler": {"leader_election": {"lease_namespace": LEASE_NAMESPACE},
+                                        "reclaim": {"enabled": False}}}
                     if release_min_gpus is not None:
-                        config["admission"] = {"release_min_gpus": release_min_gpus}
-                    await asyncio.to_thread(
-                        stack.enter_context, localsteward.webhook(cluster, workdir, config=config, descheduler=True))
+                        ours["admission"] = {"release_min_gpus": release_min_gpus}
+                    config_file = await asyncio.to_thread(
+                        stack.enter_context, localsteward.webhook(cluster, workdir, config=ours, descheduler=True))
+                    processes = steward_processes(config_file)
                 await _wait_until(lambda: live.synced and len(live.snapshot.nodes) == len(setup.nodes), within=60)
+                phases["ready_seconds"] = time.monotonic() - start
+                cpu_before = {name: pid.cpu_seconds() for name, pid in processes.items()}
                 say(f"   replaying {len(setup.pods)} pods ({len(setup.plan)} actions)")
                 replay = await _replay(api, setup, tracker, start)
+                phases["replay_seconds"] = time.monotonic() - start - phases["ready_seconds"]
                 say(f"   replay done in {replay['duration_seconds']:.0f} s; burst of {len(setup.burst)} pods")
                 burst = await _burst(api, setup, tracker, start)
+                phases["burst_seconds"] = time.monotonic() - start - phases["ready_seconds"] - phases["replay_seconds"]
+                for name, pid in processes.items():
+                    used, began = pid.cpu_seconds(), cpu_before.get(name)
+                    cpu[name] = None if used is None or began is None else used - began
                 for task in background:
                     task.cancel()
     finally:
@@ -760,7 +802,8 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
     refused = sorted(k for k in tracker.refused if k.startswith(f"{NAMESPACE}/"))
     replay["pins_refused"] = {"pods": len(refused), "never_bound": sum(k not in tracker.bindings for k in refused)}
     return {**replay, "placement": placement_summary(replayed),
-            "fragmentation": fragmentation_summary(tracker.samples), "burst": burst}
+            "fragmentation": fragmentation_summary(tracker.samples), "burst": burst, "phases": phases,
+            "cpu_seconds": cpu}
 
 
 def run_arm(setup: Setup, *, arm: str, workdir: pathlib.Path, logs: bool = False,
@@ -775,10 +818,17 @@ def run_arm(setup: Setup, *, arm: str, workdir: pathlib.Path, logs: bool = False
         namespaces = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
                       for n in (NAMESPACE, BURST_NAMESPACE, LEASE_NAMESPACE)]
         cluster.apply([*namespaces, *demo.priority_classes(settings.Settings())])  # tier classes, same in every arm
-        say(f"   control plane + {len(setup.nodes)} kwok nodes ready in {time.monotonic() - started:.0f} s")
+        control_plane = time.monotonic() - started
+        say(f"   control plane + {len(setup.nodes)} kwok nodes ready in {control_plane:.0f} s")
         result = asyncio.run(_measure(cluster, setup, arm=arm, workdir=workdir, logs=logs,
                                       release_min_gpus=release_min_gpus))
-    return result
+        stopping = time.monotonic()
+    phases = {"control_plane_seconds": control_plane, **result["phases"],
+              "stop_seconds": time.monotonic() - stopping, "arm_seconds": time.monotonic() - started}
+    say(f"   arm done in {phases['arm_seconds']:.0f} s: " + ", ".join(
+        f"{name.removesuffix('_seconds').replace('_', ' ')} {value:.1f} s" for name, value in phases.items()
+        if name != "arm_seconds") + f"; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return {**result, "phases": phases}
 
 
 # --- reporting --------------------------------------------------------------------------------------
@@ -826,6 +876,8 @@ def table(arms: Mapping[str, Mapping[str, Any]], *, gated_min_gpus: int = 2) -> 
     row("pins refused (never bound)", lambda r: f"{r.get('pins_refused', {}).get('pods', 0)} "
         f"({r.get('pins_refused', {}).get('never_bound', 0)})")
     row("burst pods bound / s", lambda r: _fmt(r["burst"]["pods_per_second"], ".1f"))
+    row("CPU s, webhook / descheduler", lambda r: f"{_fmt(r.get('cpu_seconds', {}).get('webhook'), '.1f')} / "
+        f"{_fmt(r.get('cpu_seconds', {}).get('descheduler'), '.1f')}")
     width = max(len(r[0]) for r in rows) + 2
     column = max([18, *(len(cell) + 2 for r in rows for cell in r[1:])])
     return [r[0].ljust(width) + "".join(cell.ljust(column) for cell in r[1:]) for r in rows]
@@ -889,23 +941,32 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--nodes", default="200", help="nodes (stratified sample) or 'all' (1,213)")
     parser.add_argument("--pods", type=int, default=2000, help="N whole-GPU pods in creation order")
-    parser.add_argument("--skip", type=int, default=0,
-                        help="start after the first N whole-GPU pods (another slice of the trace)")
+    parser.add_argument("--skip", type=int,
+                        help=f"start after the first N whole-GPU pods (another slice of the trace; default 0, "
+                             f"--quick {QUICK['skip']})")
     parser.add_argument("--trace", choices=sorted(POD_FILES), default="multigpu50")
     parser.add_argument("--time-compression", type=float, default=40.0,
                         help="trace lifetimes are divided by this")
     parser.add_argument("--arrival-rate", type=float, default=12.0, help="pods created per second")
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {','.join(ARMS)}")
-    parser.add_argument("--quick", action="store_true", help="small CI run: 40 nodes, 250 pods")
+    parser.add_argument("--arms", help=f"comma-separated, from {','.join(ARMS)} (default: all; --quick: "
+                                       f"{QUICK['arms']})")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"small CI run: {QUICK['nodes']} nodes, {QUICK['pods']} pods from #{QUICK['skip']} at "
+                             f"{QUICK['arrival_rate']:g}/s, drain {QUICK['drain_seconds']:g} s, arms {QUICK['arms']}")
     parser.add_argument("--out", type=pathlib.Path, help=f"JSON results (default {DEFAULT_OUT.name})")
     parser.add_argument("--release-min-gpus", type=int,
                         help="our arms: admission.release_min_gpus (pods with fewer GPUs get preferred terms only)")
     parser.add_argument("--logs", type=pathlib.Path, help="keep each arm's process logs here (default: discarded)")
     parser.add_argument("--picture", type=pathlib.Path, help=f"PNG chart (default {DEFAULT_PICTURE.name})")
     args = parser.parse_args(argv)
+    args.drain_seconds = DRAIN_SECONDS
     if args.quick:
-        args.nodes, args.pods, args.arrival_rate = "40", min(args.pods, 250), 15.0
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+        args.nodes, args.pods, args.arrival_rate = QUICK["nodes"], min(args.pods, QUICK["pods"]), QUICK["arrival_rate"]
+        args.drain_seconds = QUICK["drain_seconds"]
+        args.skip = QUICK["skip"] if args.skip is None else args.skip
+        args.arms = args.arms or QUICK["arms"]
+    args.skip = args.skip or 0
+    arms = [a.strip() for a in (args.arms or ",".join(ARMS)).split(",") if a.strip()]
     unknown = [a for a in arms if a not in ARMS]
     if unknown or not arms:
         parser.error(f"--arms: unknown {unknown}; choose from {', '.join(ARMS)}")
@@ -927,14 +988,15 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
     pod_set = load_pods(args.trace)
     pods = pod_set.pods[args.skip: args.skip + args.pods]
     gpus = sum(n.gpus for n in nodes)
-    plan = replay_plan(pods, arrival_rate=args.arrival_rate, compression=args.time_compression)
+    plan = replay_plan(pods, arrival_rate=args.arrival_rate, compression=args.time_compression,
+                       drain_seconds=args.drain_seconds)
     say(f"{len(nodes)} nodes ({gpus} GPUs), {len(pods)} pods of {args.trace} from #{args.skip} "
         f"({dict(collections.Counter(p.gpus for p in pods))} by GPUs; skipped {pod_set.skipped}), "
         f"{args.arrival_rate:g} pods/s, lifetimes / {args.time_compression:g}")
     bin_dir = localcluster.ensure_binaries(progress=lambda line: None)
     gated_min_gpus = args.release_min_gpus or settings.Admission().release_min_gpus
     setup = Setup(bin_dir, tuple(nodes), tuple(pods), tuple(plan), burst_pods(pods, gpus=int(gpus * BURST_GPU_SHARE)),
-                  gated_min_gpus)
+                  gated_min_gpus, args.drain_seconds)
     arms: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="placement-trace-") as tmp:
         for arm in args.arms:
@@ -955,6 +1017,7 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
         "nodes": len(nodes), "gpus": gpus, "pods": len(pods),
         "pods_by_gpus": dict(collections.Counter(p.gpus for p in pods)), "skipped": pod_set.skipped,
         "arrival_rate": args.arrival_rate, "time_compression": args.time_compression,
+        "drain_seconds": args.drain_seconds,
         "burst_pods": len(setup.burst), "arms": arms, "goals": verdicts, "table": lines,
     }, indent=2))
     picture(args.picture, arms, title=f"Mean NVLink domains spanned per multi-GPU pod - {args.trace}, "

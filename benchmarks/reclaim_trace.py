@@ -72,7 +72,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import yaml
@@ -884,7 +884,8 @@ def table(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-CURVES = {  # series of the reclaimed-vs-regret picture: which rows, in which colour
+# Series of the reclaimed-vs-regret picture: which rows (a test of the row's policy), in which colour.
+CURVES: dict[str, tuple[Callable[[Mapping[str, Any]], bool], tuple[int, int, int]]] = {
     "gpu-steward, fixed windows (peak <5%)": (lambda p: p["kind"] == "gpu-steward" and p["threshold_percent"] == 5.0
                                               and not p.get("learned"), (0, 90, 200)),
     "ReclaimIdleResource plugin semantics (average)": (lambda p: p["kind"] == "plugin", (200, 60, 0)),

@@ -63,9 +63,9 @@ sys.path.append(str(ROOT))  # after site-packages: an installed gpu-steward wins
 
 import aiohttp  # noqa: E402
 from kubernetes_asyncio import client  # noqa: E402
-from noop_webhook import serve_noop  # noqa: E402  # benchmarks/noop_webhook.py, beside this script
 from prometheus_client import parser as prom_parser  # noqa: E402
 
+from benchmarks.noop_webhook import serve_noop  # noqa: E402
 from common import kube, settings  # noqa: E402
 from gpu_steward import certs, demo, localcluster, localsteward  # noqa: E402
 

@@ -38,9 +38,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout; the tests package is not installed
 
 import aiohttp  # noqa: E402
-from noop_webhook import serve_noop  # noqa: E402  # benchmarks/noop_webhook.py, beside this script
 
 from admission import mutation  # noqa: E402
+from benchmarks.noop_webhook import serve_noop  # noqa: E402
 from common import settings_loader, snapshot  # noqa: E402
 from gpu_steward import certs  # noqa: E402
 from tests import builders  # noqa: E402

@@ -2,13 +2,13 @@
 
 We work on plain dicts, never on kubernetes_asyncio's generated models: they cost ~10x more to
 build (measured: see `tests/integration/test_feeder.py::test_raw_list_is_cheaper_than_models`) and
-drop fields they do not know. Every call goes through `ApiClient.call_api` with
+drop fields they do not know. JSON is decoded by `jsontext.loads` (orjson's speed, the standard library's
+result). Every call goes through `ApiClient.call_api` with
 `_preload_content=False` (auth, TLS and host come from the loaded configuration) and carries a timeout.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -17,7 +17,7 @@ import aiohttp
 import yaml
 from kubernetes_asyncio import client, config
 
-from common import settings
+from common import jsontext, settings
 
 QueryValue = str | int | bool
 DEFAULT_KUBECONFIG = "~/.kube/config"
@@ -110,7 +110,7 @@ async def _send(
 async def _error(response: aiohttp.ClientResponse) -> ApiError:
     text = await response.text()
     try:
-        status: Any = json.loads(text)
+        status: Any = jsontext.loads(text)
     except ValueError:
         return ApiError(response.status, text[:500] or str(response.reason))
     message = status.get("message") if isinstance(status, dict) else None
@@ -141,7 +141,7 @@ async def request(
             raise await _error(response)
         raw = await response.read()
     try:
-        decoded = json.loads(raw)
+        decoded = jsontext.loads(raw)
     except ValueError as exc:
         raise ApiError(0, f"{method} {path}: response is not JSON: {exc}") from exc
     if not isinstance(decoded, dict):
@@ -207,9 +207,9 @@ async def watch(
 
 def _event(line: bytes) -> Json:
     try:
-        event = json.loads(line)
-    except ValueError as exc:
-        raise ApiError(0, f"watch event is not JSON: {exc}") from exc
+        event = jsontext.loads(line)
+    except ValueError as exc:  # invalid UTF-8 included
+        raise ApiError(0, f"watch event is not JSON: {exc}: {line[:200]!r}") from exc
     if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
         raise ApiError(0, f"watch event without an object: {line[:200]!r}")
     return event

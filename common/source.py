@@ -11,7 +11,7 @@ from typing import Protocol
 
 import yaml
 
-from common import settings, snapshot
+from common import jsontext, settings, snapshot
 
 
 class SnapshotSource(Protocol):
@@ -72,7 +72,7 @@ def from_file(path: pathlib.Path, *, names: settings.Names, clock: Callable[[], 
     """Load `kubectl get nodes,pods,priorityclasses,namespaces -A -o json` output, always current."""
     text = read_text(str(path), expected=f"the output of {SAVE_STATE}")
     try:
-        document = json.loads(text)
+        document = jsontext.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: line {exc.lineno} column {exc.colno}: {_not_json(text, exc)}") from None
     if not isinstance(document, dict):

@@ -184,16 +184,28 @@ class Pid:
         match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)
         return int(match.group(1)) * 1024 if match and self.alive() else 0
 
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU the process has used so far (None once it is gone)."""
+        fields = _stat_fields(self.pid)
+        if fields is None or not self.alive():
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-def _start_ticks(pid: int) -> int | None:
-    """Start time of a live (non-zombie) process, else None."""
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat from its third field (the state) on; None if there is no such process."""
     try:
         stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # the command name may contain spaces and ')'
-    if fields[0] in ("Z", "X"):
-        return None  # exited; only its parent's wait() is missing
+    return stat[stat.rindex(")") + 2 :].split()  # the command name may contain spaces and ')'
+
+
+def _start_ticks(pid: int) -> int | None:
+    """Start time of a live (non-zombie) process, else None."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] in ("Z", "X"):
+        return None  # gone, or exited with only its parent's wait() missing
     return int(fields[19])
 
 

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import json
 import pathlib
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -39,7 +40,7 @@ class FakeApi:
         self.revision = 100
         self.objects: dict[str, dict[str, Obj]] = {path: {} for path in PATHS.values()}
         self.history: list[tuple[int, str, Obj]] = []  # (revision, path, event)
-        self.watchers: dict[str, list[asyncio.Queue[Obj | None]]] = {path: [] for path in PATHS.values()}
+        self.watchers: dict[str, list[asyncio.Queue[Obj | bytes | None]]] = {path: [] for path in PATHS.values()}
         self.requests: list[tuple[str, dict[str, str]]] = []
         self.fail: dict[str, list[int]] = {path: [] for path in PATHS.values()}  # next responses' statuses
         self.hold: dict[str, asyncio.Event] = {}  # lists of these paths wait for the event
@@ -65,8 +66,9 @@ class FakeApi:
         gone = {**gone, "metadata": {**gone["metadata"], "resourceVersion": str(self.revision)}}
         self._emit(path, {"type": "DELETED", "object": gone})
 
-    def send(self, kind: str, event: Obj | None) -> None:
-        """An event to open watches only (ERROR, BOOKMARK), or None: end them as the server would."""
+    def send(self, kind: str, event: Obj | bytes | None) -> None:
+        """An event to open watches only (ERROR, BOOKMARK; bytes: a line sent as it is), or None: end them as the
+        server would."""
         for queue in self.watchers[PATHS[kind]]:
             queue.put_nowait(event)
 
@@ -131,14 +133,14 @@ class FakeApi:
     async def _watch(self, request: web.Request, path: str, since: int) -> web.StreamResponse:
         response = web.StreamResponse()
         await response.prepare(request)
-        queue: asyncio.Queue[Obj | None] = asyncio.Queue()
+        queue: asyncio.Queue[Obj | bytes | None] = asyncio.Queue()
         for revision, event_path, past in self.history:
             if event_path == path and revision > since:
                 queue.put_nowait(past)
         self.watchers[path].append(queue)
         try:
             while (event := await queue.get()) is not None:
-                await response.write(json.dumps(event).encode() + b"\n")
+                await response.write(event + b"\n" if isinstance(event, bytes) else json.dumps(event).encode() + b"\n")
         finally:
             self.watchers[path].remove(queue)
         return response
@@ -353,6 +355,49 @@ async def test_410_gone_event_relists(fake_api: FakeApi, running: Running) -> No
     assert fake_api.lists("pods") == 2
     assert running.metric("gpu_steward_feeder_relists_total", kind="pods") == 2
     assert running.metric("gpu_steward_feeder_errors_total", source="pods") == 0
+
+
+RECORDED = [line for line in (pathlib.Path(__file__).parent.parent / "fixtures" / "watch" / "pods.jsonl").read_bytes()
+            .splitlines() if line.strip()]  # BOOKMARK, ADDED, MODIFIED x3, DELETED from kube-apiserver 1.37
+
+
+async def test_recorded_watch_lines_reach_the_snapshot_as_json_decodes_them(
+        fake_api: FakeApi, running: Running) -> None:
+    """Lines as kube-apiserver wrote them (unicode, escapes, a 19-digit string; one with an integer beyond 64 bits)
+    give the snapshot the very objects the standard library's json makes of them."""
+    seed(fake_api)
+    await running.until(lambda: fake_api.open_watches() == len(feeder.KINDS), "watching")
+    big = RECORDED[3].replace(b'"restartCount":0', b'"restartCount":18446744073709551616')
+
+    def holds(want: Obj) -> Callable[[], bool]:
+        return lambda: (pod := running.feeder.snapshot.pods.get("default/train-0")) is not None and pod.raw == want
+
+    for line in [*RECORDED[:5], big]:  # BOOKMARK first: it changes no pod
+        fake_api.send("pods", line)
+        event = json.loads(line)
+        if event["type"] != "BOOKMARK":
+            await running.until(holds(event["object"]), f"{event['type']} applied")
+            assert repr(running.feeder.snapshot.pods["default/train-0"].raw) == repr(event["object"])
+    status = running.feeder.snapshot.pods["default/train-0"].raw["status"]
+    assert status["containerStatuses"][0]["restartCount"] == 2**64
+    fake_api.send("pods", RECORDED[5])
+    await running.until(lambda: "default/train-0" not in running.feeder.snapshot.pods, "DELETED applied")
+    assert running.metric("gpu_steward_feeder_errors_total", source="pods") == 0
+
+
+async def test_a_malformed_watch_line_is_an_error_that_rewatches(
+        fake_api: FakeApi, running: Running, caplog: pytest.LogCaptureFixture) -> None:
+    seed(fake_api)
+    await running.until(lambda: fake_api.open_watches() == len(feeder.KINDS), "watching")
+    fake_api.send("pods", RECORDED[3][:1000])  # cut short
+    await running.until(lambda: running.metric("gpu_steward_feeder_errors_total", source="pods") == 1, "error")
+    await eventually(lambda: len(fake_api.watches("pods")) == 2, "re-watching")
+    assert re.search(r"pods: watch event is not JSON: [^:]+: line 1 column \d+ \(char \d+\): "
+                     r"b'\{\"type\":\"MODIFIED\",\"object\":\{\"kind\":\"Pod\"", caplog.text), caplog.text
+    assert fake_api.lists("pods") == 1
+    assert sorted(running.feeder.snapshot.pods) == [f"team-a/train-{i}" for i in range(5)]
+    fake_api.send("pods", RECORDED[1])
+    await running.until(lambda: "default/train-0" in running.feeder.snapshot.pods, "the next line is read")
 
 
 async def test_http_410_on_watch_relists(fake_api: FakeApi, running: Running) -> None:

@@ -1,8 +1,12 @@
-"""The pure parts of benchmarks/placement_trace.py: trace reading, NVLink mapping, replay plan, metrics."""
+"""The pure parts of benchmarks/placement_trace.py: trace reading, NVLink mapping, replay plan, metrics; and how it
+finds our processes and reads their CPU."""
 
 from __future__ import annotations
 
 import pathlib
+import subprocess
+import sys
+import time
 from typing import Any
 
 import pytest
@@ -139,6 +143,22 @@ def test_replay_plan_paces_arrivals_compresses_lifetimes_and_drops_deletions_aft
         pt.Action(2.5, "delete", 1),  # 0.1 s raised to the minimum lifetime
         pt.Action(4.0, "delete", 0),  # 400 s / 100
     ]  # c lives past the last arrival + drain: runs to the end
+
+
+@pytest.mark.parametrize(
+    ("drain", "deleted"),
+    [
+        pytest.param(3.0, [0, 1, 2], id="all-leave-within-the-drain"),
+        pytest.param(2.0, [0, 1, 2], id="boundary-a-deletion-at-the-end-is-kept"),
+        pytest.param(1.9, [0, 1], id="a-deletion-after-the-end-is-dropped"),
+        pytest.param(0.5, [], id="a-short-drain-drops-every-deletion"),
+    ],
+)
+def test_replay_plan_ends_drain_seconds_after_the_last_arrival(drain: float, deleted: list[int]) -> None:
+    pods = [pt.TracePod("a", 1, 1, 1, 0, 300), pt.TracePod("b", 1, 1, 1, 0, 10), pt.TracePod("c", 1, 1, 1, 0, 10)]
+    plan = pt.replay_plan(pods, arrival_rate=1.0, compression=100.0, drain_seconds=drain)
+    # arrivals at 0, 1, 2 (the end: 2 + drain); a leaves at 3 (300 s / 100), b at 3 and c at 4 (minimum lifetime 2 s)
+    assert [a.pod for a in plan if a.kind == "delete"] == deleted
 
 
 @pytest.mark.parametrize(
@@ -320,3 +340,39 @@ def test_tracker_counts_pins_the_scheduler_refused(pod: dict[str, Any], refused:
     tracker = pt.Tracker(rooms=ROOMS, requests={})
     tracker.observe(_cluster([pod]), now=1.0)
     assert tracker.refused == ({"default/p"} if refused else set())
+
+
+def test_our_processes_are_found_by_their_settings_file_and_their_cpu_read(tmp_path: pathlib.Path) -> None:
+    """A process shaped like `python -m gpu_steward webhook --config FILE` (it burns 0.2 s of CPU, then sleeps)."""
+    config_file = tmp_path / "gpu-steward.yaml"
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass\ntime.sleep(60)"
+    other = tmp_path / "other.yaml"
+    argv = [sys.executable, "-c", burn, "gpu_steward", "webhook", "--config"]
+    with subprocess.Popen([*argv, str(config_file)]) as ours, subprocess.Popen([*argv, str(other)]) as theirs:
+        try:
+            found = pt.steward_processes(config_file)
+            assert found == {"webhook": localcluster.Pid.of(ours.pid)}
+            deadline = time.monotonic() + 30
+            while (found["webhook"].cpu_seconds() or 0.0) < 0.2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert (found["webhook"].cpu_seconds() or 0.0) >= 0.2
+        finally:
+            ours.kill()
+            theirs.kill()
+    assert found["webhook"].cpu_seconds() is None  # gone
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        pytest.param([], ("200", 2000, 0, 12.0, 10.0, list(pt.ARMS)), id="full-defaults"),
+        pytest.param(["--quick"], ("20", 150, 1750, 20.0, 5.0, ["default", "gpu-steward"]), id="quick"),
+        pytest.param(["--quick", "--arms", "gpu-steward", "--skip", "0", "--pods", "100"],
+                     ("20", 100, 0, 20.0, 5.0, ["gpu-steward"]), id="quick-keeps-what-is-given"),
+        pytest.param(["--skip", "2000", "--arms", "default,binpack"], ("200", 2000, 2000, 12.0, 10.0,
+                     ["default", "binpack"]), id="full-with-a-slice"),
+    ],
+)
+def test_the_quick_run_and_the_full_run_defaults(argv: list[str], expected: tuple[Any, ...]) -> None:
+    args = pt.parse_args(argv)
+    assert (args.nodes, args.pods, args.skip, args.arrival_rate, args.drain_seconds, args.arms) == expected

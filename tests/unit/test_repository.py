@@ -85,3 +85,14 @@ def test_every_module_that_says_it_is_pure_is_held_to_it() -> None:
     assert claimed, "the pattern finds nothing: it is broken"
     assert claimed <= set(pure["source_modules"]), sorted(claimed - set(pure["source_modules"]))
     assert {"os", "pathlib", "datetime", "subprocess", "socket", "time", "asyncio"} <= set(pure["forbidden_modules"])
+
+
+def test_the_static_checks_see_every_python_file() -> None:
+    """ruff reads files by suffix: a Python script without one (scripts/) must be listed for it; mypy checks
+    the benchmarks too."""
+    tool = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]
+    scripts = [name for name in tracked_files() if name.startswith("scripts/") and not name.endswith(".py")
+               and re.match(rb"#!.*\bpython", (REPO / name).read_bytes().split(b"\n", 1)[0])]
+    assert "scripts/mutation-check" in scripts  # the pattern finds what it should
+    assert sorted(scripts) == sorted(tool["ruff"].get("extend-include", []))
+    assert {"common", "admission", "descheduler", "gpu_steward", "benchmarks"} <= set(tool["mypy"]["packages"])
