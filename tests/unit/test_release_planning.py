@@ -913,7 +913,8 @@ def test_a_decision_carries_the_gang_s_size_priority_creation_and_members() -> N
     pods = [solo("one", gpus=2, priority=7),
             member("g-0", gang="g", size=2, gpus=2, priority=20, created="2026-11-21T11:50:00Z"),
             member("g-1", gang="g", size=2, gpus=2, priority=30, created="2026-11-21T11:55:00Z"),
-            member("s-0", gang="s", size=2, gated=False, node="big", priority=40, created="2026-11-21T11:40:00Z")]
+            member("s-0", gang="s", size=2, gated=False, node="big", priority=40, created="2026-11-21T11:40:00Z"),
+            member("u-0", gang="u", size=None, gated=False, node="big")]
     decisions = outcome(planning.plan(cluster([EIGHT], pods), config=config(), now=NOW))
 
     def fields(d: planning.Decision) -> tuple[object, ...]:
@@ -921,13 +922,14 @@ def test_a_decision_carries_the_gang_s_size_priority_creation_and_members() -> N
                 [(m.key, m.uid, m.gated, m.request.full, m.node) for m in d.members])
 
     assert fields(decisions["team/one"]) == (
-        A.RELEASE, 1, 7, RECENT, True, "placed on big: NVLink score 125.833; 1 GPUs left free there",
+        A.RELEASE, 1, 7, RECENT, True, "placed on big: NVLink score 130; 0 GPUs left free there",
         [("team/one", "uid-one", True, 2, "big")])
     assert fields(decisions["team/g"])[:6] == (A.RELEASE, 2, 30, "2026-11-21T11:50:00Z", False,
                                                "2 members on 1 node(s) (big): one node; each member within one "
                                                "NVLink domain")
     assert fields(decisions["team/s"]) == (A.NONE, 2, 40, "2026-11-21T11:40:00Z", False, "no member gated by us",
                                            [("team/s-0", "uid-s-0", False, 1, "big")])
+    assert fields(decisions["team/u"])[:2] == (A.NONE, None), "a running gang of no known size"
 
 
 def test_a_waiting_decision_has_no_short_summary() -> None:
@@ -1069,7 +1071,8 @@ WAITS_SOLO = Want(A.WAIT, planning.WAITING, "waiting for 2 more free GPUs", wait
 @pytest.mark.parametrize(
     ("pods", "cfg", "key", "want"),
     [
-        pytest.param([solo("p", gpus=8, created=LONG_AGO)], config(), "team/p", UNPLACED_SOLO,
+        # Ten minutes: past a single pod's limit (300 s), within a gang's (1800 s).
+        pytest.param([solo("p", gpus=8, created=seconds_ago(600))], config(), "team/p", UNPLACED_SOLO,
                      id="single-past-max-wait/match"),
         pytest.param([solo("p", gpus=8)], config(), "team/p", WAITS_SOLO, id="single-within-max-wait/no-match"),
         pytest.param([solo("p", gpus=8, created="2026-11-21T12:00:00Z")], config(max_wait_seconds=0.5), "team/p",
@@ -1138,3 +1141,96 @@ def test_the_re_check_reads_every_pinned_node_and_resource(
     present = [] if want and "is gone" in want else gated
     fresh = cluster(nodes, [*before, *present, *arrived])
     assert planning.overtaken(decision, planned=planned, fresh=fresh, left=result.left) == want
+
+
+# --- one gang's decision never stops the pass: the gangs queued after it are still decided ----------------------
+
+
+@pytest.mark.parametrize(
+    ("nodes", "pods", "expected"),
+    [
+        pytest.param([EIGHT], [*gang("cpu", 2, size=2, gpus=0, created=EARLIER), *gang("t", 2, size=2, gpus=2)],
+                     {"team/cpu": Want(A.RELEASE, planning.RELEASED, "no member to place"),
+                      "team/t": Want(A.RELEASE, planning.RELEASED, "one node", pins={"t-0": "big", "t-1": "big"})},
+                     id="after-a-gang-with-nothing-to-place"),
+        pytest.param([EIGHT, builders.gpu_node("small", gpus=2)],
+                     [solo("urgent", gpus=8, created=EARLIER), low("low", node="big", gpus=4),
+                      *gang("t", 2, size=2, gpus=1)],
+                     {"team/urgent": Want(A.RELEASE_ALONE, planning.PREEMPTING, "preempting lower-priority pods on "
+                                          "big"),
+                      "team/t": Want(A.RELEASE, planning.RELEASED, "one node", pins={"t-0": "small", "t-1": "small"})},
+                     id="after-a-single-pod-released-to-preempt"),
+        pytest.param([EIGHT, builders.gpu_node("small", gpus=2)],
+                     [*gang("g", 2, size=2, gpus=4, created=EARLIER), low("low", node="big", gpus=4),
+                      *gang("t", 2, size=2, gpus=1)],
+                     {"team/g": Want(A.RELEASE, planning.PREEMPTING, "once kube-scheduler preempts"),
+                      "team/t": Want(A.RELEASE, planning.RELEASED, "one node", pins={"t-0": "small", "t-1": "small"})},
+                     id="after-a-gang-released-to-preempt"),
+    ],
+)
+def test_every_gang_in_the_queue_is_decided(nodes: list[dict[str, Any]], pods: list[dict[str, Any]],
+                                            expected: Mapping[str, Want]) -> None:
+    decisions = outcome(planning.plan(cluster(nodes, pods), config=config(), now=NOW))
+    for key, want in expected.items():
+        check(decisions[key], want)
+
+
+# --- what this controller released that the snapshot does not show yet (`assumed`) -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pods", "assumed", "expected"),
+    [
+        # a-0 is still gated in the snapshot but already released onto big: no decision, and it holds its 8 GPUs.
+        pytest.param([member("a-0", gang="a", size=1, gpus=8, created=EARLIER), *gang("b", 2, size=2, gpus=2)],
+                     {"team/a-0": "big"},
+                     {"team/b": Want(A.WAIT, planning.WAITING, "waiting for 4 more free GPUs", waiting=W.CAPACITY)},
+                     id="a-released-gang-is-not-planned-again-and-holds-its-node/match"),
+        pytest.param([member("a-0", gang="a", size=1, gpus=8, created=EARLIER), *gang("b", 2, size=2, gpus=2)], {},
+                     {"team/a": Want(A.RELEASE, planning.RELEASED, "placed on big"),
+                      "team/b": Want(A.WAIT, planning.WAITING, "waiting for 4 more free GPUs", waiting=W.CAPACITY)},
+                     id="nothing-assumed/no-match"),
+        # Only a gated member counts: a started member we released earlier does not hide its gang's gated rest.
+        pytest.param([member("a-0", gang="a", size=2, gated=False, node="big"), member("a-1", gang="a", size=2)],
+                     {"team/a-0": "big"},
+                     {"team/a": Want(A.RESUME, planning.RELEASED, "1 of 2 members already released", ungate=["a-1"])},
+                     id="a-released-member-that-is-not-gated/boundary"),
+    ],
+)
+def test_a_release_the_snapshot_does_not_show_yet(pods: list[dict[str, Any]], assumed: Mapping[str, str],
+                                                  expected: Mapping[str, Want]) -> None:
+    decisions = outcome(planning.plan(cluster([EIGHT], pods), config=config(), now=NOW, assumed=assumed))
+    assert set(decisions) == set(expected)
+    for key, want in expected.items():
+        check(decisions[key], want)
+
+
+# --- the tie-break: equal nodes go to the one fewer pending never-gated pods prefer (`layout.contested`) ------------
+
+
+def preferring(name: str, *, node: str) -> dict[str, Any]:
+    """A pending GPU pod carrying no gate that prefers `node`, as the webhook writes it for pods it does not gate."""
+    pod = running(name, node=node, gpus=1, priority=0)
+    pod["spec"].pop("nodeName")
+    pod["status"]["phase"] = "Pending"
+    pod["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "preference": {"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}}]}}
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("pods", "expected"),
+    [
+        pytest.param([*gang("g", 2, size=2, gpus=8), preferring("q", node="a")],
+                     Want(A.RELEASE, planning.RELEASED, "on 2 node(s) (b, c)", pins={"g-0": "b", "g-1": "c"}),
+                     id="placed-away-from-the-contested-node"),
+        pytest.param([*gang("g", 2, size=2, gpus=8), low("la", node="a", gpus=8), low("lb", node="b", gpus=8),
+                      low("lc", node="c", gpus=8), preferring("q", node="a")],
+                     Want(A.RELEASE, planning.PREEMPTING, "on 2 node(s) (b, c)", pins={"g-0": "b", "g-1": "c"}),
+                     id="preempting-away-from-the-contested-node"),
+    ],
+)
+def test_a_release_avoids_nodes_pending_pods_prefer(pods: list[dict[str, Any]], expected: Want) -> None:
+    nodes = [builders.gpu_node(n, gpus=8, domains=SPLIT_8) for n in "abc"]
+    check(outcome(planning.plan(cluster(nodes, pods), config=config(), now=NOW))["team/g"], expected)
