@@ -373,9 +373,8 @@ def test_demand_lists_only_gangs_waiting_for_capacity() -> None:
     pods = [*LARGE_BLOCKED, *gang("small", 2, size=2, gpus=1),
             *gang("partial", 1, size=3)]
     result = planning.plan(cluster([EIGHT], pods), config=config(), now=NOW)
-    assert [(d.gang, d.nodes, d.missing_gpus, sorted(p.name for p in d.members)) for d in result.shortages] == [
-        ("team/large", ("big",), 2, ["large-0", "large-1"])
-    ]
+    assert [(d.gang, d.priority, d.created, d.nodes, d.missing_gpus, sorted(p.name for p in d.members))
+            for d in result.shortages] == [("team/large", 10_000, EARLIER, ("big",), 2, ["large-0", "large-1"])]
 
 
 @pytest.mark.parametrize(
@@ -1079,6 +1078,10 @@ WAITS_SOLO = Want(A.WAIT, planning.WAITING, "waiting for 2 more free GPUs", wait
                      WAITS_SOLO, id="single-just-created-under-a-tiny-limit/boundary"),
         pytest.param([solo("p", gpus=8, created="")], config(max_wait_seconds=0.5), "team/p", WAITS_SOLO,
                      id="single-of-unknown-age-waits"),
+        pytest.param([solo("p", gpus=16, created=seconds_ago(600))], config(), "team/p",
+                     Want(A.RELEASE_ALONE, planning.UNPLACED, "not placed within 300s (complete; team/p can run on no "
+                          "node as the cluster stands (requests more than the node has: nvidia.com/gpu 16 > 8)); "
+                          "released unpinned", ungate=["p"]), id="single-that-can-never-fit-past-max-wait"),
         pytest.param(gang("g", 2, size=2, gpus=4, created=LONG_AGO), config(), "team/g",
                      Want(A.RELEASE_ALONE, planning.UNPLACED, "not placed within 1800s", ungate=["g-0", "g-1"]),
                      id="gang-past-max-wait-since-its-newest-member/match"),
@@ -1234,3 +1237,37 @@ def preferring(name: str, *, node: str) -> dict[str, Any]:
 def test_a_release_avoids_nodes_pending_pods_prefer(pods: list[dict[str, Any]], expected: Want) -> None:
     nodes = [builders.gpu_node(n, gpus=8, domains=SPLIT_8) for n in "abc"]
     check(outcome(planning.plan(cluster(nodes, pods), config=config(), now=NOW))["team/g"], expected)
+
+
+def test_gangs_queued_behind_others_name_them_all_and_ask_for_the_mark() -> None:
+    """A gang that fits but is queued keeps the nodes it could use for itself too: the next names both. The single
+    pod first in the queue (the oldest), released past its max wait, holds back none of them."""
+    pods = [*LARGE_BLOCKED, *gang("small", 2, size=2, gpus=1, annotations={MARK: "x"}),
+            *gang("tiny", 1, size=1, gpus=1), solo("p", gpus=8, created=seconds_ago(600)),
+            *gang("t", 2, size=2, gpus=1)]
+    decisions = outcome(planning.plan(cluster([EIGHT], pods), config=config(), now=NOW))
+    check(decisions["team/tiny"], Want(
+        A.WAIT, planning.WAITING, "complete; fits, but queued behind team/large, team/small, team/t (backfill off: "
+        f"the nodes they could use are kept for them); what to do: {planning.TO_DO[W.QUEUED]}", waiting=W.QUEUED,
+        whole=True))
+    assert (decisions["team/tiny"].mark, decisions["team/small"].mark) == (("team/tiny-0",), ())
+    check(decisions["team/p"], Want(A.RELEASE_ALONE, planning.UNPLACED, "not placed within 300s"))
+    check(decisions["team/t"], Want(A.WAIT, planning.WAITING, "queued behind team/large, team/small (",
+                                    waiting=W.QUEUED))
+
+
+def test_a_single_pod_waiting_asks_for_no_mark() -> None:
+    [decision] = planning.plan(cluster([EIGHT], [solo("p", gpus=16)]), config=config(), now=NOW).decisions
+    assert (decision.action, decision.mark) == (A.WAIT, ())
+
+
+def test_every_blocked_gang_keeps_its_nodes() -> None:
+    """Two gangs blocked on different nodes: a later gang that could use the first one's node is queued too."""
+    pool_b = builders.gpu_node("other-pool", gpus=2, labels={"pool": "b"})
+    pods = [*LARGE_BLOCKED, *gang("b", 2, size=2, gpus=1, created=EARLIER, selector={"pool": "b"}),
+            running("busy-b", node="other-pool", gpus=1),
+            *gang("small", 2, size=2, gpus=1, selector={"kubernetes.io/hostname": "big"})]
+    decisions = outcome(planning.plan(cluster([EIGHT, pool_b], pods), config=config(backfill=False), now=NOW))
+    check(decisions["team/b"], Want(A.WAIT, planning.WAITING, "waiting for 1 more free GPUs", waiting=W.CAPACITY))
+    check(decisions["team/small"], Want(A.WAIT, planning.WAITING, "queued behind team/b, team/large",
+                                        waiting=W.QUEUED))
