@@ -1262,12 +1262,20 @@ def test_a_single_pod_waiting_asks_for_no_mark() -> None:
 
 
 def test_every_blocked_gang_keeps_its_nodes() -> None:
-    """Two gangs blocked on different nodes: a later gang that could use the first one's node is queued too."""
+    """Two gangs blocked on different nodes (b first in the queue): a later gang that fits the first one's node is
+    queued behind both, the second blocked gang keeping its node does not free the first one's."""
     pool_b = builders.gpu_node("other-pool", gpus=2, labels={"pool": "b"})
     pods = [*LARGE_BLOCKED, *gang("b", 2, size=2, gpus=1, created=EARLIER, selector={"pool": "b"}),
             running("busy-b", node="other-pool", gpus=1),
-            *gang("small", 2, size=2, gpus=1, selector={"kubernetes.io/hostname": "big"})]
+            *gang("tiny", 1, size=1, gpus=1, selector={"pool": "b"})]
     decisions = outcome(planning.plan(cluster([EIGHT, pool_b], pods), config=config(backfill=False), now=NOW))
     check(decisions["team/b"], Want(A.WAIT, planning.WAITING, "waiting for 1 more free GPUs", waiting=W.CAPACITY))
-    check(decisions["team/small"], Want(A.WAIT, planning.WAITING, "queued behind team/b, team/large",
-                                        waiting=W.QUEUED))
+    check(decisions["team/tiny"], Want(A.WAIT, planning.WAITING, "queued behind team/b, team/large",
+                                       waiting=W.QUEUED))
+
+
+def test_a_gang_that_fits_not_even_on_kept_nodes_is_not_queued_but_waits_for_gpus() -> None:
+    pods = [*LARGE_BLOCKED, *gang("second", 2, size=2, gpus=4)]
+    decisions = outcome(planning.plan(cluster([EIGHT], pods), config=config(backfill=False), now=NOW))
+    check(decisions["team/second"], Want(A.WAIT, planning.WAITING, "complete; waiting for 2 more free GPUs",
+                                         waiting=W.CAPACITY))
