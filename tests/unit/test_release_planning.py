@@ -1141,7 +1141,7 @@ def test_the_re_check_reads_every_pinned_node_and_resource(
     planned = cluster(nodes, [*before, *gated])
     result = planning.plan(planned, config=config(), now=NOW)
     [decision] = [d for d in result.decisions if d.action is A.RELEASE]
-    present = [] if want and "is gone" in want else gated
+    present = [] if want and "is gone" in want else gated  # the row whose member is gone: deleted since the plan
     fresh = cluster(nodes, [*before, *present, *arrived])
     assert planning.overtaken(decision, planned=planned, fresh=fresh, left=result.left) == want
 
