@@ -104,6 +104,16 @@ class Want:
     pins: Mapping[str, str] | None = None  # pod name -> node (RELEASE)
     waiting: planning.Waiting | None = None
     ungate: Sequence[str] | None = None  # pod names
+    warns: bool = False  # a Warning where the reason is also given Normal (a gang that can never fit)
+    whole: bool = False  # `says` is the whole message
+
+
+# The Event type each reason goes out with (GangWaiting: Normal, unless the gang can never fit).
+EVENT_TYPES: Mapping[str | None, str | None] = {
+    planning.RELEASED: "Normal", planning.WAITING: "Normal", planning.PREEMPTING: "Normal",
+    planning.INCOMPLETE: "Warning", planning.INVALID: "Warning", planning.ORPHANED: "Warning",
+    planning.UNPLACED: "Warning", None: None,
+}
 
 
 def outcome(plan: planning.ReleasePlan) -> dict[str, planning.Decision]:
@@ -112,7 +122,9 @@ def outcome(plan: planning.ReleasePlan) -> dict[str, planning.Decision]:
 
 def check(decision: planning.Decision, want: Want) -> None:
     assert (decision.action, decision.event_reason, decision.waiting) == (want.action, want.reason, want.waiting)
-    assert want.says in decision.message
+    assert decision.event_type == ("Warning" if want.warns else EVENT_TYPES[want.reason]), decision.event_type
+    assert decision.message == want.says if want.whole else want.says in decision.message, decision.message
+    assert {m.key.split("/")[0] for m in decision.members} == {decision.gang.split("/")[0]}, decision.members
     if want.pins is not None:
         assert {k.split("/")[1]: v for k, v in decision.pins.items()} == dict(want.pins)
     if want.ungate is not None:
@@ -293,7 +305,7 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
             [EIGHT], gang("train", 2, size=2, gpus=16), config(),
             {"team/train": Want(A.WAIT, planning.WAITING, "can run on no node as the cluster stands (requests "
                                 "more than the node has: nvidia.com/gpu 16 > 8); reserves no node",
-                                waiting=W.CAPACITY)},
+                                waiting=W.CAPACITY, warns=True)},
             id="gang-larger-than-its-nodes-says-it-can-never-fit",
         ),
         pytest.param(
@@ -361,9 +373,8 @@ def test_demand_lists_only_gangs_waiting_for_capacity() -> None:
     pods = [*LARGE_BLOCKED, *gang("small", 2, size=2, gpus=1),
             *gang("partial", 1, size=3)]
     result = planning.plan(cluster([EIGHT], pods), config=config(), now=NOW)
-    assert [(d.gang, d.nodes, d.missing_gpus, sorted(p.name for p in d.members)) for d in result.shortages] == [
-        ("team/large", ("big",), 2, ["large-0", "large-1"])
-    ]
+    assert [(d.gang, d.priority, d.created, d.nodes, d.missing_gpus, sorted(p.name for p in d.members))
+            for d in result.shortages] == [("team/large", 10_000, EARLIER, ("big",), 2, ["large-0", "large-1"])]
 
 
 @pytest.mark.parametrize(
@@ -619,7 +630,7 @@ STARTED_SMALL = Want(A.RELEASE, planning.RELEASED, "one node", pins={"small-0": 
         pytest.param(
             [ONE_DOMAIN_8], gang("g", 3, size=3, gpus=3), config(),
             {"team/g": Want(A.WAIT, planning.WAITING, "needs 9 GPUs but the nodes it may use have 8 in all: it can "
-                            "never fit as the cluster stands; reserves no node", waiting=W.CAPACITY)},
+                            "never fit as the cluster stands; reserves no node", waiting=W.CAPACITY, warns=True)},
             [],
             id="never-fits/3x3-on-one-8-gpu-node-no-demand/match",
         ),
@@ -775,7 +786,7 @@ FULL_A, FULL_B = builders.gpu_node("a", gpus=8, domains=SPLIT_8), builders.gpu_n
                      id="needs-preemption-on-two-nodes-takes-the-best-domain-on-each"),
         pytest.param([EIGHT], [*gang("g", 2, size=2, gpus=8), low("low", node="big", gpus=8)],
                      Want(A.WAIT, planning.WAITING, "can never fit as the cluster stands", waiting=W.CAPACITY,
-                          ungate=[]),
+                          ungate=[], warns=True),
                      id="only-part-fits-even-after-preemption-waits"),
         pytest.param([FULL_A], [*gang("g", 2, size=2, gpus=4), low("la", node="a", gpus=4),
                                 busy_above("ha", node="a", gpus=4)],
@@ -892,3 +903,379 @@ def test_release_never_pins_onto_room_a_preemption_makes_for_another_pod(others:
     decisions = outcome(planning.plan(cluster([FULL_A, FULL_B], [solo("p", gpus=8), *others]), config=config(),
                                       now=NOW))
     check(decisions["team/p"], Want(A.RELEASE, planning.RELEASED, f"placed on {node}", pins={"p": node}))
+
+
+# --- what a decision carries besides its action: the gang's size, priority, creation, members, Event text ----------
+
+
+def test_a_decision_carries_the_gang_s_size_priority_creation_and_members() -> None:
+    pods = [solo("one", gpus=2, priority=7),
+            member("g-0", gang="g", size=2, gpus=2, priority=20, created="2026-11-21T11:50:00Z"),
+            member("g-1", gang="g", size=2, gpus=2, priority=30, created="2026-11-21T11:55:00Z"),
+            member("s-0", gang="s", size=2, gated=False, node="big", priority=40, created="2026-11-21T11:40:00Z"),
+            member("u-0", gang="u", size=None, gated=False, node="big")]
+    decisions = outcome(planning.plan(cluster([EIGHT], pods), config=config(), now=NOW))
+
+    def fields(d: planning.Decision) -> tuple[object, ...]:
+        return (d.action, d.size, d.priority, d.created, d.single, d.message if d.action is A.NONE else d.summary,
+                [(m.key, m.uid, m.gated, m.request.full, m.node) for m in d.members])
+
+    assert fields(decisions["team/one"]) == (
+        A.RELEASE, 1, 7, RECENT, True, "placed on big: NVLink score 130; 0 GPUs left free there",
+        [("team/one", "uid-one", True, 2, "big")])
+    assert fields(decisions["team/g"])[:6] == (A.RELEASE, 2, 30, "2026-11-21T11:50:00Z", False,
+                                               "2 members on 1 node(s) (big): one node; each member within one "
+                                               "NVLink domain")
+    assert fields(decisions["team/s"]) == (A.NONE, 2, 40, "2026-11-21T11:40:00Z", False, "no member gated by us",
+                                           [("team/s-0", "uid-s-0", False, 1, "big")])
+    assert fields(decisions["team/u"])[:2] == (A.NONE, None), "a running gang of no known size"
+
+
+def test_a_waiting_decision_has_no_short_summary() -> None:
+    [decision] = planning.plan(cluster([EIGHT], gang("train", 2)), config=config(), now=NOW).decisions
+    assert (decision.action, decision.summary) == (A.WAIT, "")
+
+
+def test_place_for_reclaim_a_single_pod_by_its_nvlink_score() -> None:
+    snap = cluster([EIGHT], [solo("one", gpus=4)])
+    placed = planning.place([snap.pods["team/one"]], cluster=snap)
+    assert placed is not None and placed.describe().startswith("placed on big: NVLink score 130 (base +50"), placed
+
+
+# --- the exact messages of releases with members left unpinned ----------------------------------------------------
+
+ANTI = "required podAntiAffinity (not modelled)"
+
+
+@pytest.mark.parametrize(
+    ("pods", "says"),
+    [
+        pytest.param(gang("t", 2, size=2, gpus=2),
+                     "2 members on 1 node(s) (big): one node; each member within one NVLink domain",
+                     id="every-member-pinned/nothing-added"),
+        pytest.param([member("t-0", gang="t", size=3, gpus=2), member("t-1", gang="t", size=3, gpus=0),
+                      member("t-2", gang="t", size=3, gpus=0)],
+                     "; 6 GPUs left free there; un-gated with them, not pinned (no GPU): team/t-1, team/t-2",
+                     id="two-without-gpus"),
+        pytest.param([member("t-0", gang="t", size=3, gpus=2),
+                      anti_affinity(member("t-1", gang="t", size=3, gpus=2), required=[ANTI_TERM]),
+                      anti_affinity(member("t-2", gang="t", size=3, gpus=2), required=[ANTI_TERM])],
+                     f"; 6 GPUs left free there; un-gated with them, not pinned: team/t-1 ({ANTI}), team/t-2 ({ANTI})",
+                     id="two-not-modelled"),
+        pytest.param([member("t-0", gang="t", size=3, gpus=2), member("t-1", gang="t", size=3, gpus=0),
+                      anti_affinity(member("t-2", gang="t", size=3, gpus=2), required=[ANTI_TERM])],
+                     f"; un-gated with them, not pinned (no GPU): team/t-1; un-gated with them, not pinned: team/t-2 "
+                     f"({ANTI})", id="one-of-each"),
+    ],
+)
+def test_a_release_names_the_members_it_does_not_pin(pods: list[dict[str, Any]], says: str) -> None:
+    decision = outcome(planning.plan(cluster([EIGHT], pods), config=config(), now=NOW))["team/t"]
+    assert decision.action is A.RELEASE
+    assert decision.message.endswith(says) if says.startswith(";") else decision.message == says, decision.message
+
+
+# --- pods released alone, whatever comes after them; gangs another scheduler or a PodGroup holds ------------------
+
+
+def elsewhere(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["spec"]["schedulerName"] = "volcano"
+    return pod
+
+
+BAD_SIZE = Want(A.RELEASE_ALONE, planning.INVALID, "'four' is not a positive integer", ungate=["a-bad"])
+B_RELEASED = Want(A.RELEASE, planning.RELEASED, "one node", pins={"b-0": "big", "b-1": "big"})
+
+
+@pytest.mark.parametrize(
+    ("pods", "expected"),
+    [
+        pytest.param([elsewhere(member("a-0", gang="a", size=1)), *gang("b", 2, size=2)],
+                     {"team/a-0": Want(A.RELEASE_ALONE, planning.INVALID, "gang team/a: scheduler volcano places the "
+                                       "gang; our gate is not needed", ungate=["a-0"], whole=True),
+                      "team/b": B_RELEASED}, id="another-scheduler-holds-the-gang"),
+        pytest.param([member("a-0", gang="a", size=None), *gang("b", 2, size=2)],
+                     {"team/a-0": Want(A.RELEASE_ALONE, planning.INVALID, "gang team/a: ", ungate=["a-0"]),
+                      "team/b": B_RELEASED}, id="a-gang-of-unknown-size"),
+        pytest.param([member("a-bad", gang="bad", size="four"), member("a-0", gang="a", size=2),
+                      member("a-1", gang="a", size=3), *gang("b", 2, size=2)],
+                     {"team/a-bad": BAD_SIZE,
+                      "team/a-0": Want(A.RELEASE_ALONE, planning.INVALID, "gang team/a: members disagree on the gang "
+                                       "size (2, 3); released", ungate=["a-0"], whole=True),
+                      "team/a-1": Want(A.RELEASE_ALONE, planning.INVALID, "members disagree", ungate=["a-1"]),
+                      "team/b": B_RELEASED}, id="members-disagreeing-after-an-invalid-pod"),
+    ],
+)
+def test_pods_released_alone_hold_back_nothing_after_them(pods: list[dict[str, Any]],
+                                                          expected: Mapping[str, Want]) -> None:
+    decisions = outcome(planning.plan(cluster([EIGHT], pods), config=config(), now=NOW))
+    assert set(decisions) == set(expected)
+    for key, want in expected.items():
+        check(decisions[key], want)
+
+
+def test_a_podgroup_without_a_gang_policy_leaves_the_gang_to_our_labels() -> None:
+    def grouped(pod: dict[str, Any]) -> dict[str, Any]:
+        pod["spec"]["schedulingGroup"] = {"podGroupName": "pg"}
+        return pod
+
+    snap = snapshot.build(nodes=[EIGHT], pods=[grouped(p) for p in gang("t", 2, size=2)], names=NAMES, taken_at=NOW,
+                          pod_groups=[{"metadata": {"namespace": "team", "name": "pg"}, "spec": {}}])
+    check(outcome(planning.plan(snap, config=config(), now=NOW))["team/t"],
+          Want(A.RELEASE, planning.RELEASED, "one node", pins={"t-0": "big", "t-1": "big"}))
+
+
+# --- before the queue: a started gang resumes, an incomplete one times out, other controllers' gates ---------------
+
+
+@pytest.mark.parametrize(
+    ("pods", "cfg", "want", "mark"),
+    [
+        pytest.param([member("t-0", gang="t", size=2, gated=False, node="big"), member("t-1", gang="t", size=2)],
+                     config(), Want(A.RESUME, planning.RELEASED, "1 of 2 members already released: releasing the "
+                                    "other 1 now (an earlier release was interrupted, or a member was replaced)",
+                                    ungate=["t-1"], whole=True), (), id="started-complete-unpinned-resumes"),
+        pytest.param(gang("t", 2, annotations={MARK: "2026-11-21T11:59:30Z"}), config(),
+                     Want(A.RELEASE_ALONE, planning.ORPHANED, "gang was complete, now 2 of 4 members remain and "
+                          "nothing will recreate the others; released", whole=True), (), id="orphaned"),
+        pytest.param(gang("t", 2, created=LONG_AGO), config(timeout_seconds=600),
+                     Want(A.TIMED_OUT, planning.INCOMPLETE, "2 of 4 members present after more than 600s (the "
+                          "timeout); kept gated: a partial gang is never released; what to do: "
+                          f"{planning.TO_DO[W.INCOMPLETE]}", waiting=W.INCOMPLETE, whole=True), (),
+                     id="incomplete-past-the-timeout"),
+        pytest.param(gang("t", 2, created="2026-11-21T11:50:00Z"), config(timeout_seconds=600),
+                     Want(A.WAIT, planning.WAITING, "2 of 4 members present", waiting=W.INCOMPLETE), (),
+                     id="incomplete-exactly-at-the-timeout-still-waits/boundary"),
+        pytest.param([member("t-0", gang="t", size=2, gates=["x/one", "x/two"], annotations={MARK: "x"}),
+                      member("t-1", gang="t", size=2, gates=["x/two"])], config(),
+                     Want(A.WAIT, planning.WAITING, "complete; waiting for other controllers' gates: x/one, x/two; "
+                          f"what to do: {planning.TO_DO[W.OTHER_GATES]}", waiting=W.OTHER_GATES, whole=True),
+                     ("team/t-1",), id="other-gates-mark-the-unmarked-members"),
+    ],
+)
+def test_before_the_queue(pods: list[dict[str, Any]], cfg: settings.Settings, want: Want,
+                          mark: tuple[str, ...]) -> None:
+    decision = outcome(planning.plan(cluster([EIGHT], pods), config=cfg, now=NOW))["team/t"]
+    check(decision, want)
+    assert decision.mark == mark
+
+
+# --- no pod waits on us forever: released unpinned past its max wait ----------------------------------------------
+
+UNPLACED_SOLO = Want(A.RELEASE_ALONE, planning.UNPLACED, "not placed within 300s (complete; waiting for 2 more free "
+                     "GPUs (8 needed, 6 free on its nodes)); released unpinned so that kube-scheduler's preemption and "
+                     "cluster autoscalers can act on it", ungate=["p"], whole=True)
+WAITS_SOLO = Want(A.WAIT, planning.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY, ungate=[])
+
+
+@pytest.mark.parametrize(
+    ("pods", "cfg", "key", "want"),
+    [
+        # Ten minutes: past a single pod's limit (300 s), within a gang's (1800 s).
+        pytest.param([solo("p", gpus=8, created=seconds_ago(600))], config(), "team/p", UNPLACED_SOLO,
+                     id="single-past-max-wait/match"),
+        pytest.param([solo("p", gpus=8)], config(), "team/p", WAITS_SOLO, id="single-within-max-wait/no-match"),
+        pytest.param([solo("p", gpus=8, created="2026-11-21T12:00:00Z")], config(max_wait_seconds=0.5), "team/p",
+                     WAITS_SOLO, id="single-just-created-under-a-tiny-limit/boundary"),
+        pytest.param([solo("p", gpus=8, created="")], config(max_wait_seconds=0.5), "team/p", WAITS_SOLO,
+                     id="single-of-unknown-age-waits"),
+        pytest.param([solo("p", gpus=16, created=seconds_ago(600))], config(), "team/p",
+                     Want(A.RELEASE_ALONE, planning.UNPLACED, "not placed within 300s (complete; team/p can run on no "
+                          "node as the cluster stands (requests more than the node has: nvidia.com/gpu 16 > 8)); "
+                          "released unpinned", ungate=["p"]), id="single-that-can-never-fit-past-max-wait"),
+        pytest.param(gang("g", 2, size=2, gpus=4, created=LONG_AGO), config(), "team/g",
+                     Want(A.RELEASE_ALONE, planning.UNPLACED, "not placed within 1800s", ungate=["g-0", "g-1"]),
+                     id="gang-past-max-wait-since-its-newest-member/match"),
+        pytest.param(gang("g", 2, size=2, gpus=4, created=LONG_AGO, annotations={MARK: "2026-11-21T11:59:00Z"}),
+                     config(), "team/g", Want(A.WAIT, planning.WAITING, "waiting for 2 more", waiting=W.CAPACITY),
+                     id="gang-seen-complete-recently-waits/no-match"),
+    ],
+)
+def test_no_pod_waits_on_us_forever(pods: list[dict[str, Any]], cfg: settings.Settings, key: str, want: Want) -> None:
+    decisions = outcome(planning.plan(cluster([EIGHT], [*pods, busy_above("busy", node="big", gpus=2)]), config=cfg,
+                                      now=NOW))
+    check(decisions[key], want)
+
+
+# --- the re-check before the first patch, on other nodes and resources ---------------------------------------------
+
+
+def slots(node: dict[str, Any], count: int) -> dict[str, Any]:
+    node["status"]["allocatable"]["pods"] = str(count)
+    return node
+
+
+def asking(pod: dict[str, Any], resource: str) -> dict[str, Any]:
+    pod["spec"]["containers"][0]["resources"]["limits"][resource] = "1"
+    return pod
+
+
+A8, B8 = builders.gpu_node("a", gpus=8, domains=SPLIT_8), builders.gpu_node("b", gpus=8, domains=SPLIT_8)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "before", "gated", "arrived", "want"),
+    [
+        pytest.param([EIGHT], [running("there", node="big", gpus=4)], [solo("p", gpus=4)], [], None,
+                     id="a-pod-there-before-the-plan-is-no-newcomer/no-match"),
+        pytest.param([EIGHT], [], [solo("p", gpus=4)], [], "node big refuses team/p since the plan: team/p is gone",
+                     id="a-member-gone-since"),
+        pytest.param([A8, B8], [], gang("g", 2, size=2, gpus=8), [bound_since("racer", node="b", gpus=1)],
+                     "node b was taken since the plan by other/racer (short of nvidia.com/gpu)",
+                     id="the-second-node-of-a-gang-taken"),
+        pytest.param([slots(builders.gpu_node("big", gpus=8, domains=SPLIT_8), 1)], [], [solo("p", gpus=4)],
+                     [bound_since("racer", node="big", gpus=0)],
+                     "node big was taken since the plan by other/racer (short of pods)", id="its-last-pod-slot-taken"),
+        pytest.param([EIGHT], [], [solo("p", gpus=4)], [asking(bound_since("racer", node="big", gpus=1), "x.io/fpga")],
+                     "node big was taken since the plan by other/racer (short of x.io/fpga)",
+                     id="a-resource-the-node-has-none-of"),
+        pytest.param([slots(builders.gpu_node("big", gpus=8, domains=SPLIT_8), 2)], [], [solo("p", gpus=8)],
+                     [bound_since("r1", node="big", gpus=1), bound_since("r2", node="big", gpus=1)],
+                     "node big was taken since the plan by other/r1, other/r2 (short of nvidia.com/gpu, pods)",
+                     id="two-newcomers-short-of-two-resources"),
+    ],
+)
+def test_the_re_check_reads_every_pinned_node_and_resource(
+    nodes: list[dict[str, Any]], before: list[dict[str, Any]], gated: list[dict[str, Any]],
+    arrived: list[dict[str, Any]], want: str | None,
+) -> None:
+    planned = cluster(nodes, [*before, *gated])
+    result = planning.plan(planned, config=config(), now=NOW)
+    [decision] = [d for d in result.decisions if d.action is A.RELEASE]
+    present = [] if want and "is gone" in want else gated  # the row whose member is gone: deleted since the plan
+    fresh = cluster(nodes, [*before, *present, *arrived])
+    assert planning.overtaken(decision, planned=planned, fresh=fresh, left=result.left) == want
+
+
+# --- one gang's decision never stops the pass: the gangs queued after it are still decided ----------------------
+
+
+@pytest.mark.parametrize(
+    ("nodes", "pods", "expected"),
+    [
+        pytest.param([EIGHT], [*gang("cpu", 2, size=2, gpus=0, created=EARLIER), *gang("t", 2, size=2, gpus=2)],
+                     {"team/cpu": Want(A.RELEASE, planning.RELEASED, "no member to place"),
+                      "team/t": Want(A.RELEASE, planning.RELEASED, "one node", pins={"t-0": "big", "t-1": "big"})},
+                     id="after-a-gang-with-nothing-to-place"),
+        pytest.param([EIGHT, builders.gpu_node("small", gpus=2)],
+                     [solo("urgent", gpus=8, created=EARLIER), low("low", node="big", gpus=4),
+                      *gang("t", 2, size=2, gpus=1)],
+                     {"team/urgent": Want(A.RELEASE_ALONE, planning.PREEMPTING, "preempting lower-priority pods on "
+                                          "big"),
+                      "team/t": Want(A.RELEASE, planning.RELEASED, "one node", pins={"t-0": "small", "t-1": "small"})},
+                     id="after-a-single-pod-released-to-preempt"),
+        pytest.param([EIGHT, builders.gpu_node("small", gpus=2)],
+                     [*gang("g", 2, size=2, gpus=4, created=EARLIER), low("low", node="big", gpus=4),
+                      *gang("t", 2, size=2, gpus=1)],
+                     {"team/g": Want(A.RELEASE, planning.PREEMPTING, "once kube-scheduler preempts"),
+                      "team/t": Want(A.RELEASE, planning.RELEASED, "one node", pins={"t-0": "small", "t-1": "small"})},
+                     id="after-a-gang-released-to-preempt"),
+    ],
+)
+def test_every_gang_in_the_queue_is_decided(nodes: list[dict[str, Any]], pods: list[dict[str, Any]],
+                                            expected: Mapping[str, Want]) -> None:
+    decisions = outcome(planning.plan(cluster(nodes, pods), config=config(), now=NOW))
+    for key, want in expected.items():
+        check(decisions[key], want)
+
+
+# --- what this controller released that the snapshot does not show yet (`assumed`) -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pods", "assumed", "expected"),
+    [
+        # a-0 is still gated in the snapshot but already released onto big: no decision, and it holds its 8 GPUs.
+        pytest.param([member("a-0", gang="a", size=1, gpus=8, created=EARLIER), *gang("b", 2, size=2, gpus=2)],
+                     {"team/a-0": "big"},
+                     {"team/b": Want(A.WAIT, planning.WAITING, "waiting for 4 more free GPUs", waiting=W.CAPACITY)},
+                     id="a-released-gang-is-not-planned-again-and-holds-its-node/match"),
+        pytest.param([member("a-0", gang="a", size=1, gpus=8, created=EARLIER), *gang("b", 2, size=2, gpus=2)], {},
+                     {"team/a": Want(A.RELEASE, planning.RELEASED, "placed on big"),
+                      "team/b": Want(A.WAIT, planning.WAITING, "waiting for 4 more free GPUs", waiting=W.CAPACITY)},
+                     id="nothing-assumed/no-match"),
+        # Only a gated member counts: a started member we released earlier does not hide its gang's gated rest.
+        pytest.param([member("a-0", gang="a", size=2, gated=False, node="big"), member("a-1", gang="a", size=2)],
+                     {"team/a-0": "big"},
+                     {"team/a": Want(A.RESUME, planning.RELEASED, "1 of 2 members already released", ungate=["a-1"])},
+                     id="a-released-member-that-is-not-gated/boundary"),
+    ],
+)
+def test_a_release_the_snapshot_does_not_show_yet(pods: list[dict[str, Any]], assumed: Mapping[str, str],
+                                                  expected: Mapping[str, Want]) -> None:
+    decisions = outcome(planning.plan(cluster([EIGHT], pods), config=config(), now=NOW, assumed=assumed))
+    assert set(decisions) == set(expected)
+    for key, want in expected.items():
+        check(decisions[key], want)
+
+
+# --- the tie-break: equal nodes go to the one fewer pending never-gated pods prefer (`layout.contested`) ------------
+
+
+def preferring(name: str, *, node: str) -> dict[str, Any]:
+    """A pending GPU pod carrying no gate that prefers `node`, as the webhook writes it for pods it does not gate."""
+    pod = running(name, node=node, gpus=1, priority=0)
+    pod["spec"].pop("nodeName")
+    pod["status"]["phase"] = "Pending"
+    pod["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "preference": {"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}}]}}
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("pods", "expected"),
+    [
+        pytest.param([*gang("g", 2, size=2, gpus=8), preferring("q", node="a")],
+                     Want(A.RELEASE, planning.RELEASED, "on 2 node(s) (b, c)", pins={"g-0": "b", "g-1": "c"}),
+                     id="placed-away-from-the-contested-node"),
+        pytest.param([*gang("g", 2, size=2, gpus=8), low("la", node="a", gpus=8), low("lb", node="b", gpus=8),
+                      low("lc", node="c", gpus=8), preferring("q", node="a")],
+                     Want(A.RELEASE, planning.PREEMPTING, "on 2 node(s) (b, c)", pins={"g-0": "b", "g-1": "c"}),
+                     id="preempting-away-from-the-contested-node"),
+    ],
+)
+def test_a_release_avoids_nodes_pending_pods_prefer(pods: list[dict[str, Any]], expected: Want) -> None:
+    nodes = [builders.gpu_node(n, gpus=8, domains=SPLIT_8) for n in "abc"]
+    check(outcome(planning.plan(cluster(nodes, pods), config=config(), now=NOW))["team/g"], expected)
+
+
+def test_gangs_queued_behind_others_name_them_all_and_ask_for_the_mark() -> None:
+    """A gang that fits but is queued keeps the nodes it could use for itself too: the next names both. The single
+    pod first in the queue (the oldest), released past its max wait, holds back none of them."""
+    pods = [*LARGE_BLOCKED, *gang("small", 2, size=2, gpus=1, annotations={MARK: "x"}),
+            *gang("tiny", 1, size=1, gpus=1), solo("p", gpus=8, created=seconds_ago(600)),
+            *gang("t", 2, size=2, gpus=1)]
+    decisions = outcome(planning.plan(cluster([EIGHT], pods), config=config(), now=NOW))
+    check(decisions["team/tiny"], Want(
+        A.WAIT, planning.WAITING, "complete; fits, but queued behind team/large, team/small, team/t (backfill off: "
+        f"the nodes they could use are kept for them); what to do: {planning.TO_DO[W.QUEUED]}", waiting=W.QUEUED,
+        whole=True))
+    assert (decisions["team/tiny"].mark, decisions["team/small"].mark) == (("team/tiny-0",), ())
+    check(decisions["team/p"], Want(A.RELEASE_ALONE, planning.UNPLACED, "not placed within 300s"))
+    check(decisions["team/t"], Want(A.WAIT, planning.WAITING, "queued behind team/large, team/small (",
+                                    waiting=W.QUEUED))
+
+
+def test_a_single_pod_waiting_asks_for_no_mark() -> None:
+    [decision] = planning.plan(cluster([EIGHT], [solo("p", gpus=16)]), config=config(), now=NOW).decisions
+    assert (decision.action, decision.mark) == (A.WAIT, ())
+
+
+def test_every_blocked_gang_keeps_its_nodes() -> None:
+    """Two gangs blocked on different nodes (b first in the queue): a later gang that fits the first one's node is
+    queued behind both, the second blocked gang keeping its node does not free the first one's."""
+    pool_b = builders.gpu_node("other-pool", gpus=2, labels={"pool": "b"})
+    pods = [*LARGE_BLOCKED, *gang("b", 2, size=2, gpus=1, created=EARLIER, selector={"pool": "b"}),
+            running("busy-b", node="other-pool", gpus=1),
+            *gang("tiny", 1, size=1, gpus=1, selector={"pool": "b"})]
+    decisions = outcome(planning.plan(cluster([EIGHT, pool_b], pods), config=config(backfill=False), now=NOW))
+    check(decisions["team/b"], Want(A.WAIT, planning.WAITING, "waiting for 1 more free GPUs", waiting=W.CAPACITY))
+    check(decisions["team/tiny"], Want(A.WAIT, planning.WAITING, "queued behind team/b, team/large",
+                                       waiting=W.QUEUED))
+
+
+def test_a_gang_that_fits_not_even_on_kept_nodes_is_not_queued_but_waits_for_gpus() -> None:
+    pods = [*LARGE_BLOCKED, *gang("second", 2, size=2, gpus=4)]
+    decisions = outcome(planning.plan(cluster([EIGHT], pods), config=config(backfill=False), now=NOW))
+    check(decisions["team/second"], Want(A.WAIT, planning.WAITING, "complete; waiting for 2 more free GPUs",
+                                         waiting=W.CAPACITY))
