@@ -69,7 +69,9 @@ in the JSON) beside the load average.
 --quick (CI): the default scheduler against gpu-steward (unless --arms), each on its own control plane as above,
 20 nodes (102 GPUs) and 150 pods from #1750 of multigpu50 (109 1-GPU, 28 2-GPU and 13 4-GPU pods: 41 pods that
 our webhook gates, domain-fittable on the 8-GPU and P100 nodes) at 20 pods/s, the replay ending 5 s after the last
-arrival (12.5 s), then a burst of 61 1-GPU pods. Every row of the table is measured; the numbers are small-sample.
+arrival (12.5 s), then a burst of 61 1-GPU pods. Every row of the table is measured; the numbers are small-sample:
+the cluster is full 4-6 s into the replay, so its one-domain share is of the 7-10 4-GPU pods bound before that (no
+2-GPU pod binds until the teardown), and its fragmentation rows average ratios of 2-3 free GPUs (RESULTS.md).
 """
 
 from __future__ import annotations
