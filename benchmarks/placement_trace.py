@@ -52,7 +52,10 @@ plugin keeps a pod's GPUs; after departures the two differ (free GPUs per domain
 
 Measured per arm: for every multi-GPU pod, the NVLink domains its GPUs span and the fewest it could
 have spanned on any node that could hold it (GPUs, cpu, memory) at the moment it was bound; the share
-of domain-fittable pods (fewest == 1) placed in one domain; GPU fragmentation sampled every
+of domain-fittable pods (fewest == 1) placed in one domain, counting the pods bound during the replay (like the
+waits); the pods still pending at its end that bind while the replay's pods are all being deleted are reported
+apart (`placement_at_teardown`; on the quick slice most multi-GPU pods); each binding in `bindings` (node, free GPUs
+per domain before it, domains spanned, fewest possible, our release record and pin); GPU fragmentation sampled every
 `SAMPLE_SECONDS` (free GPUs in partly used domains / partly used nodes); pods never scheduled and
 create-to-bound waits, for all pods and split into the pods our webhook gates (`admission.release_min_gpus`
 whole GPUs or more, 2 by default: placed at release in our arms) and the rest (1-GPU pods, preferred terms
@@ -66,7 +69,9 @@ in the JSON) beside the load average.
 --quick (CI): the default scheduler against gpu-steward (unless --arms), each on its own control plane as above,
 20 nodes (102 GPUs) and 150 pods from #1750 of multigpu50 (109 1-GPU, 28 2-GPU and 13 4-GPU pods: 41 pods that
 our webhook gates, domain-fittable on the 8-GPU and P100 nodes) at 20 pods/s, the replay ending 5 s after the last
-arrival (12.5 s), then a burst of 61 1-GPU pods. Every row of the table is measured; the numbers are small-sample.
+arrival (12.5 s), then a burst of 61 1-GPU pods. Every row of the table is measured; the numbers are small-sample:
+the cluster is full 4-6 s into the replay, so its one-domain share is of the 7-10 4-GPU pods bound before that (no
+2-GPU pod binds until the teardown), and its fragmentation rows average ratios of 2-3 free GPUs (RESULTS.md).
 """
 
 from __future__ import annotations
@@ -109,6 +114,7 @@ BINPACKING = ("binpack", "gpu-steward+binpack")
 NAMESPACE = "trace"
 BURST_NAMESPACE = "burst"
 DECISION = settings.Names().decision
+RELEASE = settings.Names().release
 NO_NVLINK_MODELS = frozenset({"T4", "A10"})
 MIN_LIFETIME_SECONDS = 2.0
 DRAIN_SECONDS = 10.0
@@ -376,6 +382,9 @@ class Binding:
     spanned: int  # NVLink domains its GPUs span
     fewest: int | None  # fewest domains any node that could hold it offered then (None: none could)
     steered: bool = False  # carries gpu-steward's decision record (its webhook admitted it)
+    released: str | None = None  # our release record (`gpu-steward.io/release`): gated, then placed by us
+    pinned: bool = False  # bound with our pin (a required term naming its node)
+    free_before: tuple[int, ...] = ()  # free GPUs per NVLink domain of its node just before it
 
     @property
     def fittable(self) -> bool:
@@ -395,6 +404,8 @@ class Tracker:
     bindings: dict[str, Binding] = dataclasses.field(default_factory=dict)
     samples: list[tuple[float, Fragmentation]] = dataclasses.field(default_factory=list)
     refused: set[str] = dataclasses.field(default_factory=set)  # pinned pods seen Unschedulable (a race lost)
+    # At each sample, each node's free GPUs per NVLink domain and free cpu (milli): where the free GPUs were.
+    layouts: list[tuple[float, dict[str, tuple[tuple[int, ...], int]]]] = dataclasses.field(default_factory=list)
 
     def observe(self, cluster: snapshot.Snapshot, *, now: float) -> list[Binding]:
         """Record pods bound since the last call, in creation order, each judged against the cluster as
@@ -421,7 +432,10 @@ class Tracker:
             cpu, memory = self.requests.get(pod.key, (0, 0))
             binding = Binding(pod.key, pod.request.full, node, now, domains_spanned(room.domains, indices),
                               self._fewest(pod.request.full, cpu, memory, used, load),
-                              steered=DECISION in pod.annotations)
+                              steered=DECISION in pod.annotations, released=pod.annotations.get(RELEASE),
+                              pinned=snapshot.pinned_node(pod.raw) == node,
+                              free_before=tuple(sum(1 for i in d if i not in used.get(node, set()))
+                                                for d in room.domains))
             self.bindings[pod.key] = binding
             out.append(binding)
             used.setdefault(node, set()).update(indices)
@@ -448,6 +462,10 @@ class Tracker:
         used = {node: {i for v in pods.values() for i in v} for node, pods in self.assignments.by_node.items()}
         frag = fragmentation({n: r.domains for n, r in self.rooms.items()}, used)
         self.samples.append((now, frag))
+        cpu = {node: sum(self.requests.get(k, (0, 0))[0] for k in pods)
+               for node, pods in self.assignments.by_node.items()}
+        self.layouts.append((now, {n: (tuple(sum(1 for i in d if i not in used.get(n, set())) for d in r.domains),
+                                       r.cpu_milli - cpu.get(n, 0)) for n, r in self.rooms.items()}))
         return frag
 
     def resident(self) -> int:
@@ -496,6 +514,12 @@ def placement_summary(bindings: Sequence[Binding]) -> dict[str, Any]:
         "mean_extra_domains": statistics.fmean(extra) if extra else None,
         "by_size": by_size,
     }
+
+
+def split_at_end(bindings: Sequence[Binding], *, ended_at: float) -> tuple[list[Binding], list[Binding]]:
+    """The bindings seen by the replay's end, and those after it. Pods still pending when the replay ends bind while
+    `_burst` deletes all the replay's pods at once: not the replay's placements (its waits stop at its end too)."""
+    return [b for b in bindings if b.bound_at <= ended_at], [b for b in bindings if b.bound_at > ended_at]
 
 
 def fragmentation_summary(samples: Sequence[tuple[float, Fragmentation]]) -> dict[str, Any]:
@@ -687,6 +711,7 @@ async def _replay(api: client.ApiClient, setup: Setup, tracker: Tracker, start: 
     gated = {f"{NAMESPACE}/{p.name}" for p in setup.pods if p.gpus >= setup.gated_min_gpus}
     return {
         "duration_seconds": end - offset,
+        "ended_at_seconds": end,
         "create_failures": failures[:20],
         "create_lag_p99_seconds": _quantile(lag, 0.99),
         "pending": pending_summary(created=created, deleted=deleted, bound=bound, end=end, gated=gated),
@@ -798,11 +823,15 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
                     task.cancel()
     finally:
         await api.close()
-    replayed = [b for k, b in tracker.bindings.items() if k.startswith(f"{NAMESPACE}/")]
+    traced = sorted((b for k, b in tracker.bindings.items() if k.startswith(f"{NAMESPACE}/")),
+                    key=lambda b: b.bound_at)
+    replayed, teardown = split_at_end(traced, ended_at=replay["ended_at_seconds"])
     refused = sorted(k for k in tracker.refused if k.startswith(f"{NAMESPACE}/"))
     replay["pins_refused"] = {"pods": len(refused), "never_bound": sum(k not in tracker.bindings for k in refused)}
-    return {**replay, "placement": placement_summary(replayed),
-            "fragmentation": fragmentation_summary(tracker.samples), "burst": burst, "phases": phases,
+    return {**replay, "placement": placement_summary(replayed), "placement_at_teardown": placement_summary(teardown),
+            "bindings": [dataclasses.asdict(b) for b in traced],
+            "fragmentation": fragmentation_summary(tracker.samples), "fragmentation_layouts": tracker.layouts,
+            "burst": burst, "phases": phases,
             "cpu_seconds": cpu}
 
 
@@ -844,6 +873,15 @@ def _waits(waits: Mapping[str, Any] | None) -> str:
     return f"{_fmt(waits['wait_p50_seconds'])} / {_fmt(waits['wait_p99_seconds'])} ({waits['pods_bound']})"
 
 
+def _teardown(placement: Mapping[str, Any] | None) -> str:
+    """Multi-GPU pods bound only once the replay had ended, while its pods were being deleted: how many, and how many
+    of the domain-fittable ones landed in one domain."""
+    if not placement:
+        return "-"
+    return f"{placement['multi_gpu_pods_bound']}: {placement['in_one_domain_of_fittable']}/" \
+           f"{placement['fittable_in_one_domain']} in one"
+
+
 def table(arms: Mapping[str, Mapping[str, Any]], *, gated_min_gpus: int = 2) -> list[str]:
     """One row per measure, one column per arm. Waits: p50 / p99 (pods bound); the gated rows split them by
     whether our webhook gates the pod (`gated_min_gpus` GPUs or more), in every arm."""
@@ -856,6 +894,7 @@ def table(arms: Mapping[str, Mapping[str, Any]], *, gated_min_gpus: int = 2) -> 
     row("  of which domain-fittable", lambda r: str(r["placement"]["fittable_in_one_domain"]))
     row("fittable placed in one domain", lambda r: f"{r['placement']['in_one_domain_of_fittable']} "
         f"({_fmt(r['placement']['one_domain_share'], '.1%')})")
+    row("  after the replay (not counted)", lambda r: _teardown(r.get("placement_at_teardown")))
     row("mean domains / multi-GPU pod", lambda r: _fmt(r["placement"]["mean_domains_spanned"]))
     row("mean extra domains vs best", lambda r: _fmt(r["placement"]["mean_extra_domains"]))
     sizes = sorted({s for r in arms.values() for s in r["placement"]["by_size"]}, key=int)

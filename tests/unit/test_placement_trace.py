@@ -207,21 +207,48 @@ def _tracker_with_big_nearly_full(**requests: tuple[int, int]) -> tuple[pt.Track
 def test_tracker_judges_each_pod_against_the_cluster_the_earlier_pods_left() -> None:
     tracker, (a, b) = _tracker_with_big_nearly_full(c=(1000, 1))
     # a took domain 0; b then still fit domain 1 and got it.
-    assert tracker.bindings["default/a"] == pt.Binding("default/a", 3, "big", 1.0, 1, 1)
-    assert tracker.bindings["default/b"] == pt.Binding("default/b", 3, "big", 1.0, 1, 1)
+    assert tracker.bindings["default/a"] == pt.Binding("default/a", 3, "big", 1.0, 1, 1, free_before=(4, 4))
+    assert tracker.bindings["default/b"] == pt.Binding("default/b", 3, "big", 1.0, 1, 1, free_before=(1, 4))
     c = _pod("c", 2, "small", 3, annotations={pt.DECISION: "…"})
     tracker.observe(_cluster([a, b, c]), now=2.0)
     # With a and b on big, 1 GPU is free per big domain: only small's pairs could hold c in one domain.
-    assert tracker.bindings["default/c"] == pt.Binding("default/c", 2, "small", 2.0, 1, 1, steered=True)
+    assert tracker.bindings["default/c"] == pt.Binding("default/c", 2, "small", 2.0, 1, 1, steered=True,
+                                                       free_before=(2, 2))
 
 
 def test_tracker_marks_a_pod_spread_over_two_domains_while_a_whole_pair_was_free_elsewhere() -> None:
     tracker, pods = _tracker_with_big_nearly_full(x=(1000, 1))
     x = _pod("x", 2, "big", 3)  # big has one free GPU per domain; small's pairs are both free
     tracker.observe(_cluster([*pods, x]), now=2.0)
-    assert tracker.bindings["default/x"] == pt.Binding("default/x", 2, "big", 2.0, 2, 1)
+    assert tracker.bindings["default/x"] == pt.Binding("default/x", 2, "big", 2.0, 2, 1, free_before=(1, 1))
     assert tracker.bindings["default/x"].fittable
     assert pt.placement_summary(list(tracker.bindings.values()))["one_domain_share"] == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize(
+    ("pin", "record", "expected"),
+    [
+        pytest.param("big", "2026-01-01T00:00:03Z placed on big", ("2026-01-01T00:00:03Z placed on big", True),
+                     id="released-and-pinned-to-its-node/match"),
+        pytest.param(None, None, (None, False), id="never-gated/no-match"),
+        pytest.param("small", "2026-01-01T00:00:03Z placed on small", ("2026-01-01T00:00:03Z placed on small", False),
+                     id="pin-names-another-node/boundary"),
+    ],
+)
+def test_tracker_records_our_release_and_whether_the_pod_bound_on_its_pin(
+    pin: str | None, record: str | None, expected: tuple[str | None, bool],
+) -> None:
+    def mutate(pod: dict[str, Any]) -> None:
+        if pin is not None:
+            term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [pin]}]}
+            pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [term]}}}
+
+    tracker = pt.Tracker(rooms=ROOMS, requests={})
+    pod = _pod("r", 2, "big", 3, annotations={NAMES.release: record} if record else None, mutate=mutate)
+    tracker.observe(_cluster([pod]), now=1.0)
+    got = tracker.bindings["default/r"]
+    assert (got.released, got.pinned) == expected
 
 
 def test_tracker_respects_cpu_when_asking_where_a_pod_could_have_gone() -> None:
@@ -230,7 +257,7 @@ def test_tracker_respects_cpu_when_asking_where_a_pod_could_have_gone() -> None:
     # where 1 GPU is free per domain: the fewest domains possible was 2, it is not domain-fittable.
     c = _pod("c", 2, "big", 3)
     tracker.observe(_cluster([a, b, c]), now=2.0)
-    assert tracker.bindings["default/c"] == pt.Binding("default/c", 2, "big", 2.0, 2, 2)
+    assert tracker.bindings["default/c"] == pt.Binding("default/c", 2, "big", 2.0, 2, 2, free_before=(1, 1))
     assert not tracker.bindings["default/c"].fittable
 
 
@@ -254,6 +281,31 @@ def test_placement_summary_counts_one_domain_placements_among_fittable_pods() ->
     assert got["mean_extra_domains"] == pytest.approx(1 / 4)
     assert got["by_size"]["8"] == {"pods": 2, "mean_domains_spanned": 2.5, "fittable_in_one_domain": 0,
                                    "in_one_domain_of_fittable": 0}
+
+
+@pytest.mark.parametrize(
+    ("bound_at", "counted"),
+    [
+        pytest.param(3.0, True, id="bound-during-the-replay/match"),
+        pytest.param(12.0, False, id="bound-while-the-replay-pods-are-deleted/no-match"),
+        pytest.param(10.0, True, id="bound-at-the-end/boundary"),
+    ],
+)
+def test_only_bindings_seen_by_the_replays_end_are_its_placements(bound_at: float, counted: bool) -> None:
+    early = pt.Binding("trace/a", 2, "n", 1.0, 1, 1)
+    late = pt.Binding("trace/b", 4, "n", bound_at, 2, 1)
+    replayed, teardown = pt.split_at_end([early, late], ended_at=10.0)
+    assert (replayed, teardown) == (([early, late], []) if counted else ([early], [late]))
+
+
+def test_table_reports_the_pods_bound_after_the_replay_apart() -> None:
+    arm = {"placement": pt.placement_summary([]), "fragmentation": pt.fragmentation_summary([]),
+           "placement_at_teardown": pt.placement_summary([_binding(2, 2, 1), _binding(4, 1, 1), _binding(8, 2, 2)]),
+           "pending": {"never_scheduled": 0, "pending_at_end": 0, "pending_pod_seconds": 0.0,
+                       "wait_p50_seconds": 0.1, "wait_p99_seconds": 7.0, "waits": {}},
+           "burst": {"pods_per_second": 50.0}}
+    lines = pt.table({"default": arm})
+    assert any(line.startswith("  after the replay (not counted)") and "3: 1/2 in one" in line for line in lines)
 
 
 def test_pending_summary_separates_pods_given_up_from_pods_still_waiting() -> None:
