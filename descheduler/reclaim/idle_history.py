@@ -96,7 +96,7 @@ def _folded(learned: _Learned, rows: list[dict[str, Any]], *, stop: float, since
             histories[key] = idle_learning.fold(histories.get(key, idle_learning.History()), _points(row),
                                                 step_seconds=learning.step_seconds, threshold_percent=threshold)
     histories = {k: h.since(since) for k, h in histories.items()
-                 if h.stretches or (h.last is not None and h.last >= since)}
+                 if h.ends or (h.last is not None and h.last >= since)}
     pool = idle_learning.pool(histories.values(), step_seconds=learning.step_seconds,
                               min_stretches=learning.min_stretches)
     return _Learned(dataclasses.replace(learned.read, end=stop), histories, pool)

@@ -94,7 +94,7 @@ async def test_the_pool_is_rebuilt_after_each_read() -> None:
     for _ in range(4):
         await learner.read(threshold=5.0, now=T0)
     before = learner.pool
-    assert (len(before.ended), before.censored) == (16 - 6, ())  # 16 stretches in 4 h, the first 6 not pooled
+    assert (len(before.ended), len(before.censored)) == (16 - 6, 0)  # 16 stretches in 4 h, the first 6 not pooled
     assert learner.pool is before  # not rebuilt without a read
     await learner.read(threshold=5.0, now=T0 + 2100)  # 7 more steps: 2 stretches in, 2 out of the look-back,
     assert (len(learner.pool.ended), len(learner.pool.censored)) == (10, 1)  # and the last step idle: censored
