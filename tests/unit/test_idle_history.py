@@ -178,22 +178,32 @@ async def test_what_a_cycle_reads_before_its_plan(mode: dict[str, bool], fail_fr
     await learner.close()
 
 
-class Held(Fake):
-    """A Prometheus that answers history only once `answer` is set: slow, or hung."""
+class Gate:
+    """Holds a query until `answer` is set (a slow or hung Prometheus); counts the queries cancelled meanwhile."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.asking = asyncio.Event()
         self.answer = asyncio.Event()
         self.cancelled = 0
 
-    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[dict[str, Any]]:
+    async def held(self) -> None:
         self.asking.set()
         try:
             await self.answer.wait()
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
+
+
+class Held(Fake, Gate):
+    """A Prometheus that answers history only once `answer` is set: slow, or hung."""
+
+    def __init__(self) -> None:
+        Fake.__init__(self)
+        Gate.__init__(self)
+
+    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        await self.held()
         rows = await super().query_range(promql, start=start, end=end, step=step)
         rows[0]["values"] = [[t, "50" if t // 300 % 3 == 0 else "0"] for t, _ in rows[0]["values"]]  # Bursty
         return rows
@@ -275,25 +285,18 @@ async def test_a_refresh_cancelled_while_folding_keeps_the_previous_pool(monkeyp
     assert learner.pool is before and learner.errors == 0
 
 
-class HeldDcgm(DcgmStandIn):
+class HeldDcgm(DcgmStandIn, Gate):
     """DCGM as the reclaim cycle reads it, the history's range query held until `answer` is set."""
 
     def __init__(self) -> None:
-        super().__init__({("a", "p", "n1"): 1.0}, now=T0)
-        self.answer = asyncio.Event()
-        self.asking = asyncio.Event()
+        DcgmStandIn.__init__(self, {("a", "p", "n1"): 1.0}, now=T0)
+        Gate.__init__(self)
         self.history: list[tuple[float, float]] = []
-        self.cancelled = 0
 
     async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[prometheus.Series]:
         if " or " in promql:  # the history's (the utilisation parts are range queries too)
             self.history.append((start - T0, end - T0))
-            self.asking.set()
-            try:
-                await self.answer.wait()
-            except asyncio.CancelledError:
-                self.cancelled += 1
-                raise
+            await self.held()
         return await super().query_range(promql, start=start, end=end, step=step)
 
 
