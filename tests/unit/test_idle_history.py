@@ -201,9 +201,13 @@ class Held(Fake, Gate):
     def __init__(self) -> None:
         Fake.__init__(self)
         Gate.__init__(self)
+        self.broken = False  # answers what the fold cannot read (a bug's stand-in: not a PrometheusError)
 
     async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[dict[str, Any]]:
         await self.held()
+        if self.broken:
+            self.asked.append((start - T0, end - T0))
+            return [{"metric": {"namespace": "a", "pod": "p"}, "values": [[None, "0"]]}]
         rows = await super().query_range(promql, start=start, end=end, step=step)
         rows[0]["values"] = [[t, "50" if t // 300 % 3 == 0 else "0"] for t, _ in rows[0]["values"]]  # Bursty
         return rows
@@ -229,6 +233,7 @@ async def learned(fake: Held) -> idle_history.Learner:
         pytest.param("answers", True, 0, id="a-complete-refresh-replaces-the-pool"),
         pytest.param("fails", False, 1, id="a-failed-refresh-keeps-the-previous-pool"),
         pytest.param("hangs", False, 1, id="a-refresh-past-its-timeout-keeps-the-previous-pool"),
+        pytest.param("breaks", False, 1, id="a-refresh-that-raises-unexpectedly-keeps-the-previous-pool"),
         pytest.param("cancelled", False, 0, id="a-refresh-cancelled-while-asking-keeps-the-previous-pool"),
     ],
 )
@@ -248,12 +253,13 @@ async def test_a_refresh_runs_beside_the_cycles_and_replaces_the_pool_only_whole
         assert fake.cancelled == 1
     else:
         fake.fail = how == "fails"
+        fake.broken = how == "breaks"
         if how != "hangs":
             fake.answer.set()
         await learner.settle()
     assert (learner.pool is not before, learner.errors) == (replaced, errors)
     assert learner.fresh(now)  # either way: a refresh that did not complete leaves the history as it was
-    fake.fail = False
+    fake.fail = fake.broken = False
     fake.answer.set()
     learner.start(now=now)  # the next cycle's refresh reads what was missed
     await learner.settle()
