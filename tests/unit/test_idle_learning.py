@@ -543,3 +543,14 @@ def test_the_compact_history_decides_as_the_tuple_history(
         assert stretches == [s for end, s in old.stretches if end >= 3000.0]
         assert idle_learning.learn(stretches, tier_window=tier, pool=got, config=config) == idle_learning.learn(
             [s for end, s in old.stretches if end >= 3000.0], tier_window=tier, pool=expected, config=config)
+
+
+def test_a_history_keeps_what_it_is_made_of_and_a_fold_leaves_it_unchanged() -> None:
+    """The arrays are shared between a history and the ones folded from it until a stretch is added: then copied,
+    so that a history is never changed once made (an abandoned refresh leaves the learner's as it was)."""
+    made = idle_learning.History(last=600.0, run_start=None, run_steps=0, stretches=((600.0, 300.0),))
+    assert (made.last, made.stretches) == (600.0, ((600.0, 300.0),))
+    folded = idle_learning.fold(made, points([IDLE, IDLE, BUSY], start=900.0), step_seconds=STEP,
+                                threshold_percent=5.0)
+    assert folded.stretches == ((600.0, 300.0), (1500.0, 600.0))
+    assert made == idle_learning.History(last=600.0, stretches=((600.0, 300.0),))  # unchanged
