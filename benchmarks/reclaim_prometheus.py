@@ -22,6 +22,12 @@ also printed and reported with its candidates, failed queries, the store's time 
 history ends `AHEAD_SECONDS` after it) and why the other pods were spared: a count per reason, its numbers
 masked and its text cut (`REASON_CHARS`), so that a cycle finding no idle pod says why. `--fail-first-cycle`
 fails every range query of the first cycle (a timeout, as a loaded store gives it): the cold start after it.
+`--learned`: the normal tier learns its idle windows (its PriorityClass opts in), its look-back the history's 4 h
+read in `chunk_seconds` (30 min) reads, one a cycle, each the size of a 30-min refresh; one learner across the
+cycles. Each cycle's refresh runs after it, beside the next one as in the process (`Learner.start()`); here it
+is awaited after the cycle and timed apart: `learned.refresh_seconds` (its query, fold and pool), while the
+cycle's wall and CPU stop before it. (The loop's clock stays put, so once the look-back is read no refresh is due:
+the reads while it is read stand in for the 30-min refreshes.)
 """
 
 from __future__ import annotations
@@ -49,8 +55,8 @@ sys.path.append(str(ROOT))  # after site-packages: an installed gpu-steward wins
 from benchmarks import dcgm_history  # noqa: E402
 from common import prometheus, settings, settings_loader, snapshot, source  # noqa: E402
 from descheduler import evictor, policy, reclaim  # noqa: E402
+from descheduler.reclaim import idle_history, measurement, utilisation_promql  # noqa: E402
 from descheduler.reclaim import loop as reclaim_loop  # noqa: E402
-from descheduler.reclaim import measurement, utilisation_promql  # noqa: E402
 from gpu_steward import cmd_descheduler  # noqa: E402
 
 VALUES = ROOT / "charts" / "gpu-steward" / "values.yaml"
@@ -149,6 +155,8 @@ class Timed:
         self.clock = clock
         self.seconds: list[tuple[str, float]] = []  # this cycle's queries
         self.fail_ranges = False  # every range query fails as a timeout (--fail-first-cycle)
+        self.history = ""  # the learned windows' history query (`--learned`): timed apart, not as the cycle's
+        self.history_seconds: list[float] = []
 
     async def instant(self, promql: str, *, time: float | None = None) -> prometheus.Answer:
         if promql == utilisation_promql.TIME_QUERY:
@@ -168,7 +176,10 @@ class Timed:
         try:
             return await self.client.query_range(promql, start=start, end=end, step=step)
         finally:
-            self.seconds.append((f"parts {_stat(promql)} x{round((end - start) / step) + 1}", _perf() - started))
+            if promql == self.history:
+                self.history_seconds.append(_perf() - started)
+            else:
+                self.seconds.append((f"parts {_stat(promql)} x{round((end - start) / step) + 1}", _perf() - started))
 
 
 class Clock:
@@ -225,16 +236,22 @@ async def _plain(url: str, pid: int, windows: list[int], *, repeats: int = 3) ->
         client.close()
 
 
-def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False) -> dict[str, Any]:
+def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False, learned: bool = False
+        ) -> dict[str, Any]:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="reclaim-prometheus-") as tmp:
         now = time.time()
         raw, devices = cluster(gpus, pending=pending, now=now)
         with dcgm_history.backfilled(pathlib.Path(tmp) / "prometheus", devices, hours=HOURS,
                                      scrape_seconds=SCRAPE_SECONDS, ahead_seconds=AHEAD_SECONDS) as history:
+            learning = {"learned_window": {"lookback_seconds": HOURS * 3600}} if learned else {}
             config = settings_loader.load(overrides={"prometheus": {"url": history.server.url},
                                               "descheduler": {"reclaim": {
-                                                  "dry_run": True, "max_clock_skew_seconds": SKEW_ALLOWED}}})
+                                                  "dry_run": True, "max_clock_skew_seconds": SKEW_ALLOWED,
+                                                  **learning}}})
+            for pc in raw["priority_classes"] if learned else ():
+                if pc["metadata"]["name"] == "gpu-steward-normal":
+                    pc["metadata"]["annotations"][config.names.learned_idle_window] = "true"
             built = snapshot.build(nodes=raw["nodes"], pods=raw["pods"], priority_classes=raw["priority_classes"],
                                    names=config.names, taken_at=now)
             del raw
@@ -242,6 +259,10 @@ def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False)
             client = prometheus.Client(config.prometheus)
             clock = Clock(history.now)
             timed = Timed(client, clock)
+            if learned:
+                timed.history = idle_history.query(config=config.prometheus,
+                                                   step_seconds=config.descheduler.reclaim.learned_window.step_seconds)
+            learner: idle_history.Learner | None = None  # one across the cycles (`--learned`)
             pid = history.server.process.pid
             kept = measurement.Parts()  # one part cache across cycles; a fresh loop each cycle, so that dry-run
             # cooldowns do not shrink the next cycle's work
@@ -258,10 +279,25 @@ def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False)
                                                     clock=lambda: now,
                                                     gang_demands=cmd_descheduler.gang_demands(config))
                     loop.parts = kept
-                    result = asyncio.run(loop.cycle())
+                    learner = learner or loop.learner
+                    loop.learner = learner
+                    timed.history_seconds = []
+
+                    async def cycle(loop: reclaim_loop.ReclaimLoop = loop) -> tuple[reclaim_loop.Cycle, list[float]]:
+                        done = await loop.cycle()
+                        split = [_perf(), time.process_time(), dcgm_history.cpu_seconds(pid)]
+                        await loop.learner.settle()  # the refresh it started: beside the next cycle in the process
+                        return done, split
+
+                    result, (ended, used_until, asked_until) = asyncio.run(cycle())
                     row: dict[str, Any] = {
-                        "wall": _perf() - started, "descheduler_cpu": time.process_time() - used,
-                        "prometheus_cpu": dcgm_history.cpu_seconds(pid) - asked, "queries": result.queries,
+                        "wall": ended - started, "descheduler_cpu": used_until - used,
+                        "prometheus_cpu": asked_until - asked, "queries": result.queries,
+                        "refresh": _perf() - ended if timed.history_seconds else None,
+                        "refresh_cpu": time.process_time() - used_until,
+                        "history_query": timed.history_seconds[0] if timed.history_seconds else None,
+                        "learned_windows": sum("learned idle window" in s.reason for s in result.plan.spared)
+                        + sum("learned idle window" in e.reason for e in result.plan.evictions),
                         "parts_read": sum(loop.parts.read), "query_seconds": list(timed.seconds),
                         "served": sum(1 for d in result.plan.demands if d.served),
                         "phases": dict(result.seconds), "candidates": result.plan.candidates,
@@ -269,7 +305,11 @@ def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False)
                         "store_past_history_now": clock.now - history.now}
                     print(f"  cycle {len(cold) + len(warm) + 1}: store time history+{clock.now - history.now:.0f}s, "
                           f"{row['parts_read']} parts read, {row['errors']} failed queries, {row['candidates']} "
-                          f"candidates, {row['served']} served; spared: {row['spared']}", flush=True)
+                          f"candidates, {row['served']} served, wall {row['wall']:.2f}s"
+                          + (f", history refresh after it {row['refresh']:.2f}s, {row['learned_windows']} learned "
+                             f"windows" if learned and row["refresh"] is not None else
+                             f", {row['learned_windows']} learned windows" if learned else "")
+                          + f"; spared: {row['spared']}", flush=True)
                     # Cold until a cycle reads no more parts than the steady state does (the newest settled
                     # part, one still short of samples), none of its queries failed (a failed read reads no
                     # part: not a warm cache) and it serves demands again.
@@ -319,6 +359,19 @@ def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False)
         "cycles_spared": [{k: r[k] for k in ("store_past_history_now", "parts_read", "errors", "candidates", "served",
                                              "spared")} for r in cold + warm],
         "fail_first_cycle": fail_first_cycle,
+        # `--learned`: every cycle (cold and warm) whose refresh read history, and the cycles after the look-back
+        "learned": {
+            "refresh_seconds": _spread([r["refresh"] for r in cold + warm if r["refresh"] is not None]),
+            "refresh_descheduler_cpu_seconds": _spread([r["refresh_cpu"] for r in cold + warm
+                                                        if r["refresh"] is not None]),
+            "history_query_seconds": _spread([r["history_query"] for r in cold + warm
+                                              if r["history_query"] is not None]),
+            "history_reads": sum(r["refresh"] is not None for r in cold + warm),
+            "cycle_seconds_with_a_refresh_after": _spread([r["wall"] for r in cold + warm
+                                                           if r["refresh"] is not None]),
+            "cycle_seconds_all": _spread([r["wall"] for r in cold + warm]),
+            "learned_windows_last_cycle": warm[-1]["learned_windows"],
+        } if learned else None,
         "plain_max_over_time_seconds": plain,
         "prometheus_errors": sorted({e for c in results for e in c.prometheus_errors}),
         "candidates": last.plan.candidates, "demands": len(last.plan.demands),
@@ -342,12 +395,15 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=10, help="warm cycles measured, after the cold ones")
     parser.add_argument("--fail-first-cycle", action="store_true",
                         help="fail every range query of the first cycle (a timeout): the cold start after it")
+    parser.add_argument("--learned", action="store_true",
+                        help="the normal tier learns its idle windows (4 h look-back, one 30-min read a cycle)")
     parser.add_argument("--quick", action="store_true", help="CI-sized: 200 GPUs, 3 warm cycles")
     parser.add_argument("--out", type=pathlib.Path, required=True)
     args = parser.parse_args()
     if args.quick:
         args.gpus, args.cycles = 200, 3
-    found = run(args.gpus, pending=args.pending, cycles=args.cycles, fail_first_cycle=args.fail_first_cycle)
+    found = run(args.gpus, pending=args.pending, cycles=args.cycles, fail_first_cycle=args.fail_first_cycle,
+                learned=args.learned)
     args.out.write_text(json.dumps(found, indent=2) + "\n")
 
 

@@ -612,8 +612,10 @@ class Runner:
             config=config, cluster=self._source, prometheus=queries, evictions=evictor.DryRunClient(), api=None,
             clock=self._clock,
         ) if rule.kind == "gpu-steward" else None
+        if self._loop is not None:  # store time: each cycle waits for its history refresh (`Learner.wait`)
+            self._loop.learner.wait = True
         if self._loop is not None and learn_until is not None:  # the split: history only up to `learn_until`
-            self._loop.learner = idle_history.Learner(config=config, prometheus=queries, until=learn_until)
+            self._loop.learner = idle_history.Learner(config=config, prometheus=queries, until=learn_until, wait=True)
 
     async def cycle(self, slot: int) -> None:
         started = _perf()

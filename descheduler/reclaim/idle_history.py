@@ -6,6 +6,8 @@ not read yet: at start (or after failures) `chunk_seconds` of it per cycle until
 every `refresh_seconds` the new part. Each GPU's raw samples are read once in all; what is kept per pod is a
 few numbers (`idle_learning.History`), not its samples. After each read the pool of all pods' stretches
 (`idle_learning.pool`) is built once, O(stretches in the look-back). No tier learning: no query at all.
+All of it runs beside the reclaim cycle, not on its path (`Learner.start()`: a task started after a cycle's
+evictions, the fold and pool in a worker thread); a cycle uses the newest complete refresh.
 
 Fails closed: no range-capable Prometheus client, a failed or malformed query, or history older than
 `refresh_seconds` (plus a step) means no learned window — every pod keeps its tier window, and says why.
@@ -15,6 +17,8 @@ and then judged idle over W by the normal fail-closed utilisation query, one per
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
 import math
@@ -63,30 +67,70 @@ def _points(row: Mapping[str, Any]) -> list[tuple[float, float]]:
     return out
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Read:
     start: float  # history is read from here ...
     end: float  # ... to here, contiguously
     threshold: float  # the idle threshold it was folded at
 
 
+@dataclasses.dataclass(frozen=True)
+class _Learned:
+    """What one refresh publishes, whole: the histories folded up to `read.end`, and their pool."""
+
+    read: _Read
+    histories: Mapping[tuple[str, str], idle_learning.History]
+    pool: idle_learning.Pool
+
+
+def _folded(learned: _Learned, rows: list[dict[str, Any]], *, stop: float, since: float,
+            labels: settings.PrometheusLabels, learning: settings.LearnedWindow) -> _Learned:
+    """`learned` after one read's `rows` (up to `stop`), history before `since` forgotten, its pool built: the
+    CPU-heavy part of a refresh, run in a worker thread. Builds new objects only (histories are immutable), so an
+    abandoned refresh leaves `learned` as it was."""
+    threshold = learned.read.threshold
+    histories = dict(learned.histories)
+    for row in rows:
+        key = pod_of(row.get("metric") or {}, labels=labels)
+        if key is not None:
+            histories[key] = idle_learning.fold(histories.get(key, idle_learning.History()), _points(row),
+                                                step_seconds=learning.step_seconds, threshold_percent=threshold)
+    histories = {k: h.since(since) for k, h in histories.items()
+                 if h.ends or (h.last is not None and h.last >= since)}
+    pool = idle_learning.pool(histories.values(), step_seconds=learning.step_seconds,
+                              min_stretches=learning.min_stretches)
+    return _Learned(dataclasses.replace(learned.read, end=stop), histories, pool)
+
+
 class Learner:
-    """Per-descheduler state: the histories folded so far. `at_once` (`gpu-steward descheduler --once`): read
-    the whole look-back in the first cycle (`lookback_seconds / chunk_seconds` range queries, one after the other),
-    so that a single cycle can show learned windows. `until` (benchmarks only): read no history after it,
-    to learn on one part of a trace and judge on another. Metrics: `gpu_steward_reclaim_history_queries_total`,
-    `..._history_errors_total` (a failed read: one log line and this), `..._history_fresh` (1: learned windows
-    apply; 0: tier windows, history not read yet or stale)."""
+    """Per-descheduler state: the histories folded so far, and their pool, replaced only whole by a complete
+    refresh. A refresh is at most one range query (the next chunk not read yet, if one is due), bounded by
+    `prometheus.timeout_seconds`, then the fold and the pool built in a worker thread (`_folded`, so the event loop
+    keeps serving). In the process the reclaim cycle starts it (`start()`, after its evictions) and does not
+    wait for it: a cycle always uses the newest complete refresh, and only the next cycle sees the new one. A
+    refresh that fails, times out or is cancelled (`close()`: shutdown, leadership lost) leaves the previous one.
+    `read()` runs one refresh to completion (replays in store time, tests). `at_once` (`gpu-steward descheduler
+    --once`): read the whole look-back in the first cycle, before its plan (`lookback_seconds / chunk_seconds`
+    range queries, one after the other), so that a single cycle can show learned windows. `wait` (replays in
+    store time, `benchmarks/reclaim_trace.py`): each cycle runs its refresh first and uses it, as if it took no
+    time, so that a replay's decisions do not depend on the machine's speed. `until` (benchmarks
+    only): read no history after it, to learn on one part of a trace and judge on another. Metrics:
+    `gpu_steward_reclaim_history_queries_total`, `..._history_errors_total` (a failed or timed-out read: one log
+    line and this), `..._history_fresh` (1: learned windows apply; 0: tier windows, history not read yet or
+    stale)."""
 
     def __init__(self, *, config: settings.Settings, prometheus: object | None, until: float | None = None,
-                 registry: prometheus_client.CollectorRegistry | None = None, at_once: bool = False) -> None:
+                 registry: prometheus_client.CollectorRegistry | None = None, at_once: bool = False,
+                 wait: bool = False) -> None:
         self._config = config
         self._at_once = at_once
+        self.wait = wait
         self._querier = prometheus if isinstance(prometheus, RangeQuerier) else None
         self._until = until
-        self._histories: dict[tuple[str, str], idle_learning.History] = {}
-        self._pool: idle_learning.Pool | None = None  # of `_histories`, built when first needed after a read
-        self._read: _Read | None = None
+        self._learned: _Learned | None = None
+        self._lock = asyncio.Lock()  # one refresh at a time
+        self._task: asyncio.Task[bool] | None = None  # the refresh running beside the cycles, if any
+        self._threshold: float | None = None  # of the learning tiers, at the last screen (None: no tier learns)
         self.queries = 0
         self.errors = 0
         registry = registry if registry is not None else prometheus_client.CollectorRegistry()
@@ -94,8 +138,8 @@ class Learner:
             "gpu_steward_reclaim_history_queries", "Range queries reading learned idle windows' history.",
             registry=registry)
         self._errors = prometheus_client.Counter(
-            "gpu_steward_reclaim_history_errors", "Failed history reads (learned windows wait; tier windows apply).",
-            registry=registry)
+            "gpu_steward_reclaim_history_errors",
+            "Failed or timed-out history reads (learned windows wait; tier windows apply).", registry=registry)
         self._fresh = prometheus_client.Gauge(
             "gpu_steward_reclaim_history_fresh", "1: the look-back is read and fresh, learned windows apply.",
             registry=registry)
@@ -110,57 +154,103 @@ class Learner:
         return math.floor(end / step) * step
 
     @property
+    def _histories(self) -> Mapping[tuple[str, str], idle_learning.History]:
+        return self._learned.histories if self._learned is not None else {}
+
+    @property
     def pool(self) -> idle_learning.Pool:
-        """All pods' stretches read so far (`idle_learning.pool`), built once after each read."""
-        if self._pool is None:
-            self._pool = idle_learning.pool(self._histories.values(), step_seconds=self._learning.step_seconds,
-                                            min_stretches=self._learning.min_stretches)
-        return self._pool
+        """All pods' stretches of the newest complete refresh (`idle_learning.pool`), built once by it."""
+        return self._learned.pool if self._learned is not None else idle_learning.Pool()
 
     def fresh(self, now: float) -> bool:
         """The whole look-back is read, up to `refresh_seconds` (and a step) ago."""
         learning = self._learning
-        read = self._read
+        read = self._learned.read if self._learned is not None else None
         return read is not None and read.end > read.start and \
             read.end >= self._end(now) - learning.refresh_seconds - learning.step_seconds
 
+    def _base(self, *, threshold: float, end: float) -> _Learned:
+        """What the next read folds into: the newest refresh, or nothing read (another threshold, or the clock
+        went back: folded again from scratch)."""
+        learned = self._learned
+        if learned is not None and learned.read.threshold == threshold and learned.read.end <= end:
+            return learned
+        learning = self._learning
+        start = end - math.ceil(learning.lookback_seconds / learning.step_seconds) * learning.step_seconds
+        return _Learned(_Read(start, start, threshold), {}, idle_learning.Pool())
+
+    def due(self, *, threshold: float, now: float) -> bool:
+        """A refresh would read something now."""
+        end = self._end(now)
+        base = self._base(threshold=threshold, end=end)
+        fresh = base is self._learned and self.fresh(now)
+        return self._querier is not None and base.read.end < end - (self._learning.refresh_seconds if fresh else 0)
+
     async def read(self, *, threshold: float, now: float) -> bool:
-        """One range query at most: the next chunk of history not read yet, if any is due. True: one was read."""
+        """One refresh, to completion: the next chunk of history not read yet, if any is due, folded and
+        published whole. True: one was read."""
+        async with self._lock:
+            return await self._refresh(threshold=threshold, now=now)
+
+    async def _refresh(self, *, threshold: float, now: float) -> bool:
         learning = self._learning
         end = self._end(now)
-        if self._read is not None and (self._read.threshold != threshold or self._read.end > end):
-            self._read = None  # another threshold, or the clock went back: fold again from scratch
-        if self._read is None:
-            self._histories, self._pool = {}, None
-            start = end - math.ceil(learning.lookback_seconds / learning.step_seconds) * learning.step_seconds
-            self._read = _Read(start, start, threshold)
-        if self._read.end >= end - (learning.refresh_seconds if self.fresh(now) else 0) or self._querier is None:
+        base = self._base(threshold=threshold, end=end)
+        if base is not self._learned:
+            self._learned = base  # the old history is of another threshold or from the future: never used
+        if self._querier is None or not self.due(threshold=threshold, now=now):
             return False
-        start = self._read.end + learning.step_seconds
-        stop = min(end, self._read.end + learning.chunk_seconds)
+        start = base.read.end + learning.step_seconds
+        stop = min(end, base.read.end + learning.chunk_seconds)
         self.queries += 1
         self._queries.inc()
+        timeout = self._config.prometheus.timeout_seconds
         try:
-            rows = await self._querier.query_range(query(config=self._config.prometheus,
-                                                         step_seconds=learning.step_seconds),
-                                                   start=start, end=stop, step=learning.step_seconds)
-        except prometheus.PrometheusError as exc:
+            async with asyncio.timeout(timeout):
+                rows = await self._querier.query_range(query(config=self._config.prometheus,
+                                                             step_seconds=learning.step_seconds),
+                                                       start=start, end=stop, step=learning.step_seconds)
+        except (prometheus.PrometheusError, TimeoutError) as exc:
             self.errors += 1
             self._errors.inc()
-            logger.warning("reclaim: idle history not read (learned idle windows wait; tier windows apply): %s", exc)
+            why = exc if isinstance(exc, prometheus.PrometheusError) else f"no answer within {timeout:g}s"
+            logger.warning("reclaim: idle history not read (learned idle windows wait; tier windows apply): %s", why)
             return False
-        for row in rows:
-            key = pod_of(row.get("metric") or {}, labels=self._config.prometheus.labels)
-            if key is not None:
-                self._histories[key] = idle_learning.fold(
-                    self._histories.get(key, idle_learning.History()), _points(row),
-                    step_seconds=learning.step_seconds, threshold_percent=threshold)
-        self._read.end = stop
-        since = end - learning.lookback_seconds
-        self._histories = {k: h.since(since) for k, h in self._histories.items()
-                           if h.stretches or (h.last is not None and h.last >= since)}
-        self._pool = None
+        self._learned = await asyncio.to_thread(
+            _folded, base, rows, stop=stop, since=end - learning.lookback_seconds,
+            labels=self._config.prometheus.labels, learning=learning)
         return True
+
+    def start(self, *, now: float) -> None:
+        """Start a refresh beside the cycles if one is due and none runs (the cycle does not wait for it); not
+        with `at_once` or `wait`, whose cycles read themselves."""
+        threshold = self._threshold
+        if threshold is None or self._at_once or self.wait or (self._task is not None and not self._task.done()) \
+                or not self.due(threshold=threshold, now=now):
+            return
+        self._task = asyncio.create_task(self._background(threshold=threshold, now=now), name="reclaim-history")
+
+    async def _background(self, *, threshold: float, now: float) -> bool:
+        try:
+            return await self.read(threshold=threshold, now=now)
+        except Exception as exc:  # a malformed answer the fold trips on, a bug: logged, counted, the old pool stays
+            self.errors += 1
+            self._errors.inc()
+            logger.exception("reclaim: idle history refresh failed (the previous one stays): %s", exc)
+            return False
+
+    async def settle(self) -> None:
+        """Wait for the refresh running beside the cycles, if any (replays and tests, in store time)."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def close(self) -> None:
+        """Cancel the refresh running beside the cycles, if any, and wait for it: its chunk is read again later."""
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def screen(
         self,
@@ -179,10 +269,16 @@ class Learner:
             if tier and tier.reclaimable and tier.idle_seconds and on.value:
                 tier_windows[name] = tier.idle_seconds
         if not tier_windows:
+            self._threshold = None
             return dict(screened), {}
-        threshold = max(policies[name].threshold_percent for name in tier_windows)
-        while await self.read(threshold=threshold, now=now) and self._at_once and not self.fresh(now):
-            pass  # `--once`: the next chunk at once, until the look-back is read (or a read fails)
+        threshold = self._threshold = max(policies[name].threshold_percent for name in tier_windows)
+        if self._at_once:
+            while await self.read(threshold=threshold, now=now) and not self.fresh(now):
+                pass  # `--once`: the next chunk at once, until the look-back is read (or a read fails)
+        elif self.wait:
+            await self.read(threshold=threshold, now=now)  # a replay in store time: the refresh takes no time
+        elif self._base(threshold=threshold, end=self._end(now)) is not self._learned:
+            self._learned = None  # of another threshold, or from the future: never used (`start()` reads again)
         self._fresh.set(1 if self.fresh(now) else 0)
         learned = idle_learning.windows(
             (cluster.pods[key] for key in screened), tier_windows=tier_windows,

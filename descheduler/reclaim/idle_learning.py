@@ -48,6 +48,7 @@ Rules, each with its reason in words:
 
 from __future__ import annotations
 
+import array
 import bisect
 import dataclasses
 import itertools
@@ -65,26 +66,60 @@ _ONE = re.compile(_TOKEN)  # a controller's pod suffix: ReplicaSet, Job (random)
 _TWO = re.compile(rf"{_TOKEN}-{_TOKEN}")  # a Deployment's: ReplicaSet hash + random; an indexed Job's: index + random
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class History:
-    """What `fold()` keeps of one pod's series: its idle stretches that ended in work, and the open run."""
+    """What `fold()` keeps of one pod's series: its idle stretches that ended in work, and the open run. The
+    stretches are kept as two flat arrays of floats, 16 bytes a stretch (a tuple of two floats is about 110: 10,000
+    pods x 7 d of stretches were 200 MB); `stretches` reads them as pairs."""
 
-    last: float | None = None  # time of the last point folded
-    run_start: float | None = None  # time of the first point of the open idle run (None: not idle)
-    run_steps: int = 0
-    stretches: tuple[tuple[float, float], ...] = ()  # (time of the busy step that ended it, seconds idle)
+    last: float | None  # time of the last point folded
+    run_start: float | None  # time of the first point of the open idle run (None: not idle)
+    run_steps: int
+    ends: array.array[float]  # time of the busy step that ended each stretch, in time order
+    seconds: array.array[float]  # each stretch's seconds idle
+
+    def __init__(self, last: float | None = None, run_start: float | None = None, run_steps: int = 0,
+                 stretches: Iterable[tuple[float, float]] = ()) -> None:
+        pairs = list(stretches)
+        self._set(last, run_start, run_steps, array.array("d", [e for e, _ in pairs]),
+                  array.array("d", [s for _, s in pairs]))
+
+    def _set(self, last: float | None, run_start: float | None, run_steps: int, ends: array.array[float],
+             seconds: array.array[float]) -> None:
+        for name, value in (("last", last), ("run_start", run_start), ("run_steps", run_steps), ("ends", ends),
+                            ("seconds", seconds)):
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def _of(cls, last: float | None, run_start: float | None, run_steps: int, ends: array.array[float],
+            seconds: array.array[float]) -> History:
+        """Over these arrays, not copied (never changed after)."""
+        made = object.__new__(cls)
+        made._set(last, run_start, run_steps, ends, seconds)
+        return made
+
+    @property
+    def stretches(self) -> tuple[tuple[float, float], ...]:
+        """(time of the busy step that ended it, seconds idle) of each stretch, in time order."""
+        return tuple(zip(self.ends, self.seconds, strict=True))
 
     def since(self, start: float) -> History:
         """Forget the stretches that ended before `start` (out of the look-back)."""
-        kept = tuple(s for s in self.stretches if s[0] >= start)
-        return self if len(kept) == len(self.stretches) else dataclasses.replace(self, stretches=kept)
+        if not self.ends or min(self.ends) >= start:
+            return self
+        kept = [end >= start for end in self.ends]
+        return History._of(self.last, self.run_start, self.run_steps,
+                           array.array("d", itertools.compress(self.ends, kept)),
+                           array.array("d", itertools.compress(self.seconds, kept)))
 
 
 def fold(history: History, points: Iterable[tuple[float, float]], *, step_seconds: float,
          threshold_percent: float) -> History:
     """`history` after the points (time, peak %) in time order; points not after `history.last` are ignored,
     so overlapping reads fold once. NaN is a missing step (a gap)."""
-    last, start, steps, stretches = history.last, history.run_start, history.run_steps, list(history.stretches)
+    last, start, steps = history.last, history.run_start, history.run_steps
+    ends, seconds = history.ends, history.seconds  # copied before the first stretch is added
+    copied = False
     for t, value in points:
         if last is not None and t <= last:
             continue
@@ -98,10 +133,13 @@ def fold(history: History, points: Iterable[tuple[float, float]], *, step_second
                 start, steps = t, 0
             steps += 1
         elif start is not None:
-            stretches.append((t, steps * step_seconds))
+            if not copied:
+                ends, seconds, copied = array.array("d", ends), array.array("d", seconds), True
+            ends.append(t)
+            seconds.append(steps * step_seconds)
             start, steps = None, 0
         last = t
-    return History(last, start, steps, tuple(stretches))
+    return History._of(last, start, steps, ends, seconds)
 
 
 # --- Workloads ------------------------------------------------------------------------------------
@@ -169,15 +207,23 @@ def duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min"
 
 
+def _floats() -> array.array[float]:
+    return array.array("d")
+
+
 @dataclasses.dataclass(frozen=True)
 class Pool:
     """Idle stretches of every series read, as ratios to their pod's longest earlier stretch (`pool()`), and
-    their Kaplan-Meier survival. `resumed()` reads it."""
+    their Kaplan-Meier survival. `resumed()` reads it. Flat arrays of floats: 8 bytes a stretch, not a float
+    object's 32."""
 
-    ended: tuple[float, ...] = ()  # ratios of the stretches that ended in work, ascending
-    censored: tuple[float, ...] = ()  # ratios of the open runs (lasted at least that long), ascending
-    times: tuple[float, ...] = ()  # the distinct ratios in `ended`
-    survival: tuple[float, ...] = ()  # the estimated share of stretches lasting beyond each of `times`
+    # `ended`: ratios of the stretches that ended in work, ascending; `censored`: of the open runs (lasted at least
+    # that long), ascending; `times`: the distinct ratios in `ended`; `survival`: the estimated share of stretches
+    # lasting beyond each of `times`.
+    ended: array.array[float] = dataclasses.field(default_factory=_floats)
+    censored: array.array[float] = dataclasses.field(default_factory=_floats)
+    times: array.array[float] = dataclasses.field(default_factory=_floats)
+    survival: array.array[float] = dataclasses.field(default_factory=_floats)
 
     def surviving(self, ratio: float) -> float:
         """The estimated share of stretches lasting at least `ratio` (none ended before it)."""
@@ -232,9 +278,9 @@ def pool(series: Iterable[History], *, step_seconds: float, min_stretches: int) 
     ended: list[float] = []
     censored: list[float] = []
     for history in series:
-        if len(history.stretches) < min_stretches:
+        if len(history.seconds) < min_stretches:
             continue
-        lengths = [seconds + step_seconds for _, seconds in history.stretches]  # lasted(), in time order
+        lengths = [seconds + step_seconds for seconds in history.seconds]  # lasted(), in time order
         longest = list(itertools.accumulate(lengths, max))  # the longest up to each stretch
         ended.extend(map(operator.truediv, lengths[min_stretches:], longest[min_stretches - 1:-1]))
         if history.run_start is not None:
@@ -248,7 +294,7 @@ def pool(series: Iterable[History], *, step_seconds: float, min_stretches: int) 
         alive *= 1 - (bisect.bisect_right(ended, ratio) - first) / at_risk  # of those lasting this long, ended
         times.append(ratio)
         survival.append(alive)
-    return Pool(tuple(ended), tuple(censored), tuple(times), tuple(survival))
+    return Pool(*(array.array("d", floats) for floats in (ended, censored, times, survival)))
 
 
 def learn(stretches: Sequence[float] | None, *, tier_window: int, pool: Pool,
@@ -294,7 +340,7 @@ def enabled(pc: snapshot.PriorityClass, *, names: settings.Names) -> label_value
 
 def stretches_of(series: Iterable[History], *, since: float) -> list[float]:
     """The idle stretches (seconds) of a workload's pods that ended in work at or after `since`."""
-    return [seconds for h in series for end, seconds in h.stretches if end >= since]
+    return [seconds for h in series for end, seconds in zip(h.ends, h.seconds, strict=True) if end >= since]
 
 
 def windows(

@@ -137,15 +137,18 @@ class ReclaimLoop:
     async def run(self) -> None:
         """Cycles until cancelled; a failed cycle is logged and the next one runs on time."""
         interval = self._config.descheduler.reclaim.interval_seconds
-        while True:
-            started = time.monotonic()
-            try:
-                await self.cycle()
-            except (OSError, TimeoutError, ValueError) as exc:
-                logger.error("reclaim cycle failed, nothing more evicted this cycle: %s", exc)
-            except Exception as exc:  # the api module's ApiError and friends: keep the loop alive
-                logger.exception("reclaim cycle failed: %s", exc)
-            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+        try:
+            while True:
+                started = time.monotonic()
+                try:
+                    await self.cycle()
+                except (OSError, TimeoutError, ValueError) as exc:
+                    logger.error("reclaim cycle failed, nothing more evicted this cycle: %s", exc)
+                except Exception as exc:  # the api module's ApiError and friends: keep the loop alive
+                    logger.exception("reclaim cycle failed: %s", exc)
+                await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+        finally:  # cancelled (shutdown, leadership lost): the history refresh beside the cycles stops too
+            await asyncio.shield(self.learner.close())
 
     async def cycle(self) -> Cycle:
         started = time.monotonic()
@@ -210,6 +213,7 @@ class ReclaimLoop:
             await asyncio.shield(self._remember(outcomes, state, now=now))
             lap("act")
             self._metrics.cycle.observe(time.monotonic() - started)
+        self.learner.start(now=now)  # the learned windows' next refresh, if due: beside the next cycles
         logger.debug("reclaim cycle phases (s): %s", {k: round(v, 3) for k, v in seconds.items()})
         return Cycle(plan, tuple(outcomes), queries, tuple(errors), seconds, tuple(replans))
 

@@ -346,7 +346,9 @@ async def test_the_learned_window_opt_in_off_is_the_fixed_window_cycle_exactly(
                                        evictions=evictor.DryRunClient(), api=api_client, clock=lambda: NOW,
                                        registry=registry)
     cycle = await reclaim.cycle()
+    await reclaim.learner.settle()  # the history refresh it started beside the cycles
     await reclaim.cycle()  # reported once per process, counted every cycle
+    await reclaim.learner.settle()
 
     async def no_learner(cluster: snapshot.Snapshot, screened: Any, **_: Any) -> tuple[dict[str, Any], dict[str, str]]:
         return dict(screened), {}
@@ -365,7 +367,7 @@ async def test_the_learned_window_opt_in_off_is_the_fixed_window_cycle_exactly(
     assert registry.get_sample_value("gpu_steward_reclaim_policy_problems", {"priority_class": "broken"}) == 1
     [eviction] = cycle.plan.evictions
     if on:
-        assert len(history_queries) == 2  # one chunk a cycle
+        assert len(history_queries) == 2  # one chunk a cycle, read beside it
         assert eviction.reason == ("peak GPU utilisation 1.0% < 5% over 3600s; history not read (yet): tier window; "
                                    "reclaimed for team-b/want (priority 10000)")
         # ... and so is the dry-run eviction Event on the pod

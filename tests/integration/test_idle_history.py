@@ -144,11 +144,16 @@ async def test_learned_window_evicts_what_the_tier_window_cannot_and_says_why(se
     querier = Counting(prometheus.Client(settings.Prometheus(url=server.url)), now=server.now)
     try:
         reclaim = loop(querier, server.now)
-        first = await reclaim.cycle()
+        before = await reclaim.cycle()  # reads no history itself: starts its refresh, beside the cycles
+        await reclaim.learner.settle()
+        first = await reclaim.cycle()  # the refresh is complete: learned windows
+        await reclaim.learner.settle()
         await reclaim.cycle()  # history is fresh: no second range query
+        await reclaim.learner.settle()
     finally:
         querier.client.close()
     assert querier.ranges == 1
+    assert before.plan.evictions == ()
     [eviction] = first.plan.evictions
     assert (eviction.pod, eviction.window_seconds) == ("team-a/serve-7d9f8-aaaaa", 1800)
     assert eviction.reason.startswith(
@@ -172,12 +177,15 @@ async def test_history_not_read_keeps_the_tier_window() -> None:
     registry = prometheus_client.CollectorRegistry()
     try:
         reclaim = loop(down, now, registry=registry)
+        await reclaim.cycle()
+        await reclaim.learner.settle()  # the refresh it started fails
         cycle = await reclaim.cycle()
+        await reclaim.learner.settle()  # and the next one, started by this cycle
     finally:
         down.close()
     assert cycle.plan.evictions == ()
-    assert (reclaim.learner.queries, reclaim.learner.errors) == (1, 1)
-    assert registry.get_sample_value("gpu_steward_reclaim_history_errors_total") == 1
+    assert (reclaim.learner.queries, reclaim.learner.errors) == (2, 2)
+    assert registry.get_sample_value("gpu_steward_reclaim_history_errors_total") == 2
     assert registry.get_sample_value("gpu_steward_reclaim_history_fresh") == 0
     spared = {s.pod: s.reason for s in cycle.plan.spared}
     assert spared["team-a/serve-7d9f8-aaaaa"].startswith("not idle: Prometheus query for the store's time failed")

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 import pytest
 
-from common import prometheus, settings, settings_loader, snapshot
-from descheduler import cooldowns, policy, reclaim
+from common import prometheus, settings, settings_loader, snapshot, source
+from descheduler import cooldowns, evictor, policy, reclaim
 from descheduler.reclaim import idle_history
+from descheduler.reclaim import loop as reclaim_loop
 from tests import builders
+from tests.support.prometheus import DcgmStandIn
 
 HOUR = 3600.0
 T0 = 1_800_000_000.0  # a multiple of the 300 s step
@@ -90,7 +94,7 @@ async def test_the_pool_is_rebuilt_after_each_read() -> None:
     for _ in range(4):
         await learner.read(threshold=5.0, now=T0)
     before = learner.pool
-    assert (len(before.ended), before.censored) == (16 - 6, ())  # 16 stretches in 4 h, the first 6 not pooled
+    assert (len(before.ended), len(before.censored)) == (16 - 6, 0)  # 16 stretches in 4 h, the first 6 not pooled
     assert learner.pool is before  # not rebuilt without a read
     await learner.read(threshold=5.0, now=T0 + 2100)  # 7 more steps: 2 stretches in, 2 out of the look-back,
     assert (len(learner.pool.ended), len(learner.pool.censored)) == (10, 1)  # and the last step idle: censored
@@ -136,25 +140,190 @@ def learning_cluster() -> snapshot.Snapshot:
                           names=CONFIG.names, taken_at=T0)
 
 
+async def screen(learner: idle_history.Learner, now: float) -> dict[str, str]:
+    """One cycle's screening of `learning_cluster()` by `learner`: each learning pod's reason."""
+    cluster = learning_cluster()
+    policies = policy.parse_all(cluster.priority_classes, default_threshold_percent=5.0)
+    screened = reclaim.screen_all(cluster, policies=policies, state=cooldowns.State(), config=CONFIG, now=now)
+    _, reasons = await learner.screen(cluster, screened, policies=policies, state=cooldowns.State(), now=now)
+    return reasons
+
+
 @pytest.mark.parametrize(
-    ("at_once", "fail_from", "asked", "reason"),
+    ("mode", "fail_from", "asked", "reason"),
     [
-        pytest.param(False, None, 1, "history not read (yet): tier window", id="a-cycle-reads-one-chunk"),
-        pytest.param(True, None, 4, "0 idle stretch(es)", id="once-reads-the-whole-look-back-in-one-cycle"),
-        pytest.param(True, 2, 2, "history not read (yet): tier window", id="once-stops-at-the-first-failed-read"),
-        pytest.param(True, 4, 4, "history not read (yet): tier window", id="boundary-once-last-chunk-fails"),
+        pytest.param({}, None, 0, "history not read (yet): tier window", id="a-cycle-reads-nothing-itself"),
+        pytest.param({"wait": True}, None, 1, "history not read (yet): tier window",
+                     id="a-replay-cycle-waits-for-one-chunk"),
+        pytest.param({"at_once": True}, None, 4, "0 idle stretch(es)",
+                     id="once-reads-the-whole-look-back-in-one-cycle"),
+        pytest.param({"at_once": True}, 2, 2, "history not read (yet): tier window",
+                     id="once-stops-at-the-first-failed-read"),
+        pytest.param({"at_once": True}, 4, 4, "history not read (yet): tier window",
+                     id="boundary-once-last-chunk-fails"),
     ],
 )
-async def test_at_once_reads_the_look_back_in_the_first_cycle(at_once: bool, fail_from: int | None, asked: int,
-                                                              reason: str) -> None:
-    """`gpu-steward descheduler --once` has one cycle: it reads the whole look-back then, else no learned window."""
-    cluster, fake = learning_cluster(), Fake(fail_from=fail_from)
-    learner = idle_history.Learner(config=CONFIG, prometheus=fake, at_once=at_once)
-    policies = policy.parse_all(cluster.priority_classes, default_threshold_percent=5.0)
-    screened = reclaim.screen_all(cluster, policies=policies, state=cooldowns.State(), config=CONFIG, now=T0)
-    _, reasons = await learner.screen(cluster, screened, policies=policies, state=cooldowns.State(), now=T0)
+async def test_what_a_cycle_reads_before_its_plan(mode: dict[str, bool], fail_from: int | None, asked: int,
+                                                  reason: str) -> None:
+    """A cycle reads no history itself (`start()` reads it beside the cycles), except `gpu-steward descheduler
+    --once`'s one cycle, which reads the whole look-back before its plan, and a replay in store time (`wait`),
+    which reads its chunk first. Neither leaves a refresh running after it."""
+    fake = Fake(fail_from=fail_from)
+    learner = idle_history.Learner(config=CONFIG, prometheus=fake, **mode)
+    reasons = await screen(learner, T0)
+    learner.start(now=T0)
     assert len(fake.asked) == asked
     assert reasons["a/p"].startswith(reason)
+    assert len(asyncio.all_tasks()) == 1 + (not mode)  # this test, and the refresh started beside the cycle
+    await learner.close()
+
+
+class Gate:
+    """Holds a query until `answer` is set (a slow or hung Prometheus); counts the queries cancelled meanwhile."""
+
+    def __init__(self) -> None:
+        self.asking = asyncio.Event()
+        self.answer = asyncio.Event()
+        self.cancelled = 0
+
+    async def held(self) -> None:
+        self.asking.set()
+        try:
+            await self.answer.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+
+class Held(Fake, Gate):
+    """A Prometheus that answers history only once `answer` is set: slow, or hung."""
+
+    def __init__(self) -> None:
+        Fake.__init__(self)
+        Gate.__init__(self)
+        self.broken = False  # answers what the fold cannot read (a bug's stand-in: not a PrometheusError)
+
+    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        await self.held()
+        if self.broken:
+            self.asked.append((start - T0, end - T0))
+            return [{"metric": {"namespace": "a", "pod": "p"}, "values": [[None, "0"]]}]
+        rows = await super().query_range(promql, start=start, end=end, step=step)
+        rows[0]["values"] = [[t, "50" if t // 300 % 3 == 0 else "0"] for t, _ in rows[0]["values"]]  # Bursty
+        return rows
+
+
+FAST = CONFIG.model_copy(update={"prometheus": settings.Prometheus(timeout_seconds=0.05)})
+
+
+async def learned(fake: Held) -> idle_history.Learner:
+    """A learner that read the whole look-back up to T0 (fresh until T0 + 2100 s), `fake` held again."""
+    learner = idle_history.Learner(config=FAST, prometheus=fake)
+    fake.answer.set()
+    for _ in range(4):
+        await learner.read(threshold=5.0, now=T0)
+    fake.answer.clear()
+    fake.asking.clear()
+    return learner
+
+
+@pytest.mark.parametrize(
+    ("how", "replaced", "errors"),
+    [
+        pytest.param("answers", True, 0, id="a-complete-refresh-replaces-the-pool"),
+        pytest.param("fails", False, 1, id="a-failed-refresh-keeps-the-previous-pool"),
+        pytest.param("hangs", False, 1, id="a-refresh-past-its-timeout-keeps-the-previous-pool"),
+        pytest.param("breaks", False, 1, id="a-refresh-that-raises-unexpectedly-keeps-the-previous-pool"),
+        pytest.param("cancelled", False, 0, id="a-refresh-cancelled-while-asking-keeps-the-previous-pool"),
+    ],
+)
+async def test_a_refresh_runs_beside_the_cycles_and_replaces_the_pool_only_whole(how: str, replaced: bool,
+                                                                                 errors: int) -> None:
+    fake = Held()
+    learner = await learned(fake)
+    before = learner.pool
+    now = T0 + 2100  # a refresh is due, the history still fresh
+    reasons = await screen(learner, now)
+    learner.start(now=now)
+    await fake.asking.wait()  # the refresh asks Prometheus, beside the cycles ...
+    assert await screen(learner, now) == reasons  # ... and a cycle runs meanwhile, on the previous pool
+    assert learner.pool is before
+    if how == "cancelled":
+        await learner.close()  # shutdown, or leadership lost
+        assert fake.cancelled == 1
+    else:
+        fake.fail = how == "fails"
+        fake.broken = how == "breaks"
+        if how != "hangs":
+            fake.answer.set()
+        await learner.settle()
+    assert (learner.pool is not before, learner.errors) == (replaced, errors)
+    assert learner.fresh(now)  # either way: a refresh that did not complete leaves the history as it was
+    fake.fail = fake.broken = False
+    fake.answer.set()
+    learner.start(now=now)  # the next cycle's refresh reads what was missed
+    await learner.settle()
+    assert fake.asked[-1] == (300, 2100) and learner.pool is not before
+
+
+async def test_a_refresh_cancelled_while_folding_keeps_the_previous_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fold and the pool run in a worker thread; cancelled meanwhile, their result is never published."""
+    fake = Held()
+    learner = await learned(fake)
+    before = learner.pool
+    folding, go_on = threading.Event(), threading.Event()
+    real = idle_history._folded
+
+    def held_fold(*args: Any, **kwargs: Any) -> Any:
+        folding.set()
+        go_on.wait()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(idle_history, "_folded", held_fold)
+    await screen(learner, T0 + 2100)
+    fake.answer.set()
+    learner.start(now=T0 + 2100)
+    await asyncio.to_thread(folding.wait)
+    closing = asyncio.create_task(learner.close())
+    await asyncio.sleep(0)  # the cancellation is delivered to the refresh
+    go_on.set()
+    await closing
+    assert learner.pool is before and learner.errors == 0
+
+
+class HeldDcgm(DcgmStandIn, Gate):
+    """DCGM as the reclaim cycle reads it, the history's range query held until `answer` is set."""
+
+    def __init__(self) -> None:
+        DcgmStandIn.__init__(self, {("a", "p", "n1"): 1.0}, now=T0)
+        Gate.__init__(self)
+        self.history: list[tuple[float, float]] = []
+
+    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[prometheus.Series]:
+        if " or " in promql:  # the history's (the utilisation parts are range queries too)
+            self.history.append((start - T0, end - T0))
+            await self.held()
+        return await super().query_range(promql, start=start, end=end, step=step)
+
+
+async def test_leadership_lost_cancels_the_refresh_and_the_next_leader_reads_that_chunk_again() -> None:
+    """`ReclaimLoop.run()` is cancelled when this replica stops leading (or shuts down): the refresh it started
+    stops with it, nothing of it is kept, and the loop (which lives as long as the process) reads it again."""
+    dcgm = HeldDcgm()
+    reclaim_ = reclaim_loop.ReclaimLoop(config=CONFIG, cluster=source.StaticSource(learning_cluster()),
+                                        prometheus=dcgm, evictions=evictor.DryRunClient(), api=None,
+                                        clock=lambda: T0)
+    leading = asyncio.create_task(reclaim_.run())
+    await dcgm.asking.wait()  # the first cycle is done, its refresh asks beside the next one
+    leading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leading
+    assert (dcgm.cancelled, reclaim_.learner.queries, reclaim_.learner.fresh(T0)) == (1, 1, False)
+    assert len(asyncio.all_tasks()) == 1  # nothing left running
+    dcgm.answer.set()
+    await reclaim_.cycle()  # leading again
+    await reclaim_.learner.settle()
+    assert dcgm.history == [(-4 * HOUR + 300, -3 * HOUR)] * 2
 
 
 @pytest.mark.parametrize(

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 from collections.abc import Sequence
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from common import settings, snapshot
 from descheduler.reclaim import idle_learning
@@ -461,3 +465,92 @@ def test_a_job_shares_its_gone_pods_history() -> None:
 )
 def test_duration(seconds: float, said: str) -> None:
     assert idle_learning.duration(seconds) == said
+
+
+# --- The compact history is the tuple history it replaced ------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TupleHistory:
+    """The representation `History` had before its arrays (a tuple of (end, seconds) pairs), with its `fold()`
+    and `since()` as they were: the reference the compact one must equal, decision for decision."""
+
+    last: float | None = None
+    run_start: float | None = None
+    run_steps: int = 0
+    stretches: tuple[tuple[float, float], ...] = ()
+
+    def since(self, start: float) -> TupleHistory:
+        kept = tuple(s for s in self.stretches if s[0] >= start)
+        return self if len(kept) == len(self.stretches) else dataclasses.replace(self, stretches=kept)
+
+    def fold(self, points: Sequence[tuple[float, float]], *, threshold: float) -> TupleHistory:
+        last, start, steps, stretches = self.last, self.run_start, self.run_steps, list(self.stretches)
+        for t, value in points:
+            if last is not None and t <= last:
+                continue
+            if math.isnan(value):
+                start, steps = None, 0
+                continue
+            if last is not None and t - last > idle_learning.GAP_TOLERANCE * STEP:
+                start, steps = None, 0
+            if value < threshold:
+                if start is None:
+                    start, steps = t, 0
+                steps += 1
+            elif start is not None:
+                stretches.append((t, steps * STEP))
+                start, steps = None, 0
+            last = t
+        return TupleHistory(last, start, steps, tuple(stretches))
+
+
+@st.composite
+def series(draw: st.DrawFn) -> tuple[list[tuple[float, float]], list[int], float]:
+    """A pod's points (idle, busy, NaN, missing or jittered steps), where its reads are cut, and a look-back's
+    start."""
+    values = draw(st.lists(st.sampled_from([IDLE, IDLE, IDLE, 4.99, 5.0, BUSY, BUSY, NAN, None]), max_size=120))
+    jitter = draw(st.lists(st.sampled_from([0.0] * 8 + [100.0, 500.0]), min_size=len(values), max_size=len(values)))
+    at = [(i * STEP + j, v) for i, (v, j) in enumerate(zip(values, jitter, strict=True)) if v is not None]
+    cuts = sorted(draw(st.lists(st.integers(0, len(at)), max_size=4)))
+    since = draw(st.sampled_from([0.0, 30000.0, *(t for t, _ in at)]))  # a point's time: the boundary
+    return at, cuts, since
+
+
+@hypothesis.settings(max_examples=100, deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow])
+@hypothesis.given(st.lists(series(), min_size=1, max_size=12), st.sampled_from([600, 1800, 3600, 10800]))
+def test_the_compact_history_decides_as_the_tuple_history(
+    pods: list[tuple[list[tuple[float, float]], list[int], float]], tier: int
+) -> None:
+    """Random pods, folded in random chunks and cut to random look-backs: the same stretches, open runs, pool and
+    learned windows (with their reasons) as the representation before (`TupleHistory`)."""
+    compact, reference = [], []
+    for at, cuts, since in pods:
+        new, old = idle_learning.History(), TupleHistory()
+        for begin, end in itertools.pairwise([0, *cuts, len(at)]):
+            new = idle_learning.fold(new, at[begin:end], step_seconds=STEP, threshold_percent=5.0).since(since)
+            old = old.fold(at[begin:end], threshold=5.0).since(since)
+        assert (new.last, new.run_start, new.run_steps, new.stretches) == dataclasses.astuple(old)
+        compact.append(new)
+        reference.append(old)
+    config = CONFIG.model_copy(update={"min_stretches": 2, "min_at_risk": 1})
+    got = idle_learning.pool(compact, step_seconds=STEP, min_stretches=2)
+    expected = idle_learning.pool([idle_learning.History(h.last, h.run_start, h.run_steps, h.stretches)
+                                   for h in reference], step_seconds=STEP, min_stretches=2)
+    assert got == expected
+    for new, old in zip(compact, reference, strict=True):
+        stretches = idle_learning.stretches_of([new], since=3000.0)
+        assert stretches == [s for end, s in old.stretches if end >= 3000.0]
+        assert idle_learning.learn(stretches, tier_window=tier, pool=got, config=config) == idle_learning.learn(
+            [s for end, s in old.stretches if end >= 3000.0], tier_window=tier, pool=expected, config=config)
+
+
+def test_a_history_keeps_what_it_is_made_of_and_a_fold_leaves_it_unchanged() -> None:
+    """The arrays are shared between a history and the ones folded from it until a stretch is added: then copied,
+    so that a history is never changed once made (an abandoned refresh leaves the learner's as it was)."""
+    made = idle_learning.History(last=600.0, run_start=None, run_steps=0, stretches=((600.0, 300.0),))
+    assert (made.last, made.stretches) == (600.0, ((600.0, 300.0),))
+    folded = idle_learning.fold(made, points([IDLE, IDLE, BUSY], start=900.0), step_seconds=STEP,
+                                threshold_percent=5.0)
+    assert folded.stretches == ((600.0, 300.0), (1500.0, 600.0))
+    assert made == idle_learning.History(last=600.0, stretches=((600.0, 300.0),))  # unchanged
