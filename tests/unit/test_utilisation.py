@@ -184,6 +184,17 @@ def steady(**kwargs: Any) -> Series:
     return Series(dcgm(), scraped(**kwargs))
 
 
+TWIN = pytest.mark.parametrize("twin", [pytest.param(False, id="one-copy"), pytest.param(True, id="twin")])
+
+
+def twins(series: Sequence[Series], twin: bool) -> list[Series]:
+    """With `twin`, each series of host n1 also under a second spelling of the host (n1.cluster.local): the
+    same device, folded part by part (not from the kept summary); the verdict must not change."""
+    extra = [dataclasses.replace(one, labels={**one.labels, "Hostname": "n1.cluster.local"})
+             for one in series if twin and one.labels.get("Hostname") == "n1"]
+    return [*series, *extra]
+
+
 # --- the queries -------------------------------------------------------------------------------------
 
 
@@ -378,6 +389,8 @@ def mig_series(instance: str = "1", *, value: float = 0.02 * 100, **kwargs: Any)
         # where
         pytest.param([Series(dcgm(host="n2"), scraped())], None, WINDOW, NOW, CONFIG, False,
                      "DCGM series come from n2, not the pod's node n1", id="other-node"),
+        pytest.param([steady(), Series(dcgm(host="n1.cluster.local"), scraped(start=NOW - 200))], None, WINDOW, NOW,
+                     CONFIG, True, "1.0% < 10%", id="second-host-spelling-silent-in-a-part-folds-to-the-fuller"),
         pytest.param([Series(dcgm(host="n1.cluster.local"), scraped())], None, WINDOW, NOW, CONFIG, True,
                      "1.0% < 10%", id="fqdn-host"),
         pytest.param([Series(dcgm(host=""), scraped())], None, WINDOW, NOW, CONFIG, True, "1.0% < 10%",
@@ -408,9 +421,10 @@ def mig_series(instance: str = "1", *, value: float = 0.02 * 100, **kwargs: Any)
                      "peak GPU utilisation 55.0% >= 10% over 600s", id="busy-needs-no-coverage"),
     ],
 )
+@TWIN
 def test_verdict(series: list[Series], target: snapshot.Pod | None, window: int, now: float,
-                 config: settings.Settings, idle: bool, reason: str) -> None:
-    found = judge(series, target=target, window=window, cycles=(now,), config=config)
+                 config: settings.Settings, idle: bool, reason: str, twin: bool) -> None:
+    found = judge(twins(series, twin), target=target, window=window, cycles=(now,), config=config)
     assert (found.idle, reason in found.reason) == (idle, True), found.reason
 
 
@@ -431,13 +445,14 @@ MISSED = [(t, v) for t, v in ON_GRID if t != NOW - 150]  # one missed scrape: 30
         pytest.param(scraped(), True, None, True, "1.0% < 10%", id="not-known-yet-off-the-grid-is-exact"),
     ],
 )
+@TWIN
 def test_samples_on_part_boundaries(samples: list[tuple[float, float]], store_left_closed: bool,
-                                    told: bool | None, idle: bool, reason: str) -> None:
+                                    told: bool | None, idle: bool, reason: str, twin: bool) -> None:
     """Prometheus 2.x ranges include their left end: a 15 s series with samples exactly on the grid has 21 in
     each part's range. Told which the store does (the shell asks it once), it is counted once; until then a
     part's count is between n - 1 and n, and such a series fails closed (stricter)."""
     run = Run(store_left_closed=store_left_closed, left_closed=told)
-    found = judge([Series(dcgm(), samples)], run=run)
+    found = judge(twins([Series(dcgm(), samples)], twin), run=run)
     assert (found.idle, reason in found.reason) == (idle, True), found.reason
 
 
@@ -636,3 +651,155 @@ def test_cycles_whose_reads_failed_leave_no_trace(seed: int, devices: int, windo
         assert (minute, kept.readings) == (minute, cold.readings)
         compared += 1
     assert compared >= 2
+
+
+def test_a_device_that_appears_after_the_summary_was_kept_reads_as_folded_afresh() -> None:
+    """A pod's GPU first seen after its 3 h window's kept summary was made (a new pod): cycle after cycle every
+    reading is the one a fresh cache folds at that time, for it and for the pod seen from the start (this reaches
+    `_summary()`'s fold of the kept parts for devices seen since)."""
+    window = 10800
+    series = [Series(dcgm(), scraped(start=NOW - 12000, end=NOW + 1500)),
+              Series(dcgm("1", pod_name="late"), scraped(start=NOW + 60, end=NOW + 1500, busy={NOW + 400: 3.0}))]
+    pods = {("team-a", "p"): "n1", ("team-a", "late"): "n1"}
+    config = settings_loader.load(overrides={"descheduler": {"reclaim": {"rebuild_parts_per_cycle": 100}}})
+    kept = Run()
+    for minute in range(0, 25, 2):
+        at = NOW + 60 * minute + 7
+        fresh = Run()
+        kept.cycle(series, now=at, window=window, config=config, pods=pods)
+        fresh.cycle(series, now=at, window=window, config=config, pods=pods)
+        assert (minute, kept.readings) == (minute, fresh.readings)
+
+
+# --- the late-sample rule, a part's stretches and host spellings as direct tables (mutation-run survivors) ----
+
+E = NOW  # a part's end; the part is (E - 300, E]
+
+
+def numbers(n: float, last: float) -> utilisation_parts.Numbers:
+    return (n, n, 1.0, last)
+
+
+@pytest.mark.parametrize(
+    ("found", "before", "after", "left_closed", "expected"),
+    [
+        pytest.param(numbers(20, E - 5), E - 305, 15.0, True, False, id="complete-at-15s"),
+        pytest.param(numbers(19, E - 5), E - 305, 15.0, True, True, id="one-sample-fewer-than-its-spacing"),
+        pytest.param(numbers(19, E - 20), E - 305, 15.0, True, True, id="none-within-a-spacing-of-the-end"),
+        pytest.param(numbers(19, E - 15), E - 301, 15.0, True, True, id="newest-exactly-a-spacing-before-the-end"),
+        pytest.param(numbers(20, E - 16), E - 316, 20.0, True, True, id="its-own-spacing-when-the-next-is-slower"),
+        pytest.param(numbers(0, math.nan), math.nan, math.nan, True, False, id="no-sample-yet-started-later"),
+        pytest.param(numbers(0, E - 305), E - 305, 15.0, True, True, id="silent-part-of-a-reporting-gpu"),
+        pytest.param(numbers(1, E - 5), math.nan, math.nan, True, True, id="one-sample-nothing-to-read-a-spacing"),
+        pytest.param(numbers(1, E - 5), E - 20, math.nan, True, False, id="one-sample-its-own-spacing"),
+        pytest.param(numbers(20, E), E - 300, 15.0, False, False, id="prometheus-3-sample-on-the-start-is-not-its"),
+        pytest.param(numbers(21, E), E - 300, 15.0, True, False, id="prometheus-2-sample-on-the-start-counted-once"),
+        pytest.param(numbers(20, E), E - 300, 15.0, True, True, id="prometheus-2-one-short-once-the-start-is-off"),
+    ],
+)
+def test_short_of_samples(found: utilisation_parts.Numbers, before: float, after: float, left_closed: bool | None,
+                          expected: bool) -> None:
+    """A kept part is read again while a GPU that reports later looks short of samples in it (late samples)."""
+    previous = (1.0, 1.0, 1.0, before)
+    assert utilisation_parts.short(found, previous, end=E, part=P, after=after, left_closed=left_closed) is expected
+
+
+@pytest.mark.parametrize(
+    ("previous", "start", "n", "left_closed", "expected"),
+    [
+        pytest.param(E, E, 1, True, 1, id="one-sample-on-the-start-prometheus-2"),
+        pytest.param(E, E, 0, True, 0, id="no-sample-counted"),
+        pytest.param(E, E, 5, None, 1, id="not-known-yet-may-hold-it"),
+        pytest.param(E, E, 5, False, 0, id="prometheus-3-never"),
+        pytest.param(0.0, 0.001, 5, True, 1, id="a-millisecond-off-is-on-it"),
+        pytest.param(E - 15, E, 5, True, 0, id="off-the-start"),
+    ],
+)
+def test_on_start(previous: float, start: float, n: float, left_closed: bool | None, expected: int) -> None:
+    assert utilisation_parts._on_start(previous, start, n, left_closed) == expected
+
+
+J = int(E) // P - 1  # the part ending at E
+
+
+@pytest.mark.parametrize(
+    ("mine", "following", "kept", "live", "left_closed", "expected"),
+    [
+        pytest.param(E - 5, [20.0, None, 1.0, E + 295], None, None, True, 15.0, id="next-part-in-the-same-read"),
+        pytest.param(E - 5, None, (20.0, 20.0, 1.0, E + 295), None, True, 15.0, id="next-part-kept"),
+        pytest.param(E - 5, None, None, (8.0, 8.0, 1.0, E + 115), True, 15.0, id="the-live-stretch"),
+        pytest.param(E, [21.0, None, 1.0, E + 300], None, None, True, 15.0, id="prometheus-2-its-start-once"),
+        pytest.param(E, [20.0, None, 1.0, E + 300], None, None, False, 15.0, id="prometheus-3"),
+        pytest.param(E - 5, [1.0, None, 1.0, E + 10], None, None, True, 15.0, id="one-sample"),
+        pytest.param(E - 5, [0.0, None, math.nan, E - 5], None, (0.0, math.inf, math.nan, E - 5), True, math.nan,
+                     id="no-sample-after"),
+        pytest.param(E - 5, [20.0, None, 1.0, None], None, (8.0, 8.0, 1.0, E + 115), True, 15.0,
+                     id="next-part-without-a-last-falls-back"),
+    ],
+)
+def test_spacing_in_the_part_after(mine: float, following: list[float | None] | None,
+                                   kept: utilisation_parts.Numbers | None, live: utilisation_parts.Numbers | None,
+                                   left_closed: bool | None, expected: float) -> None:
+    """`Cache._after`: a GPU's spacing in the part after the one ending at E (its last sample `mine`): from this
+    read, else the kept part, else the live stretch."""
+    cache = utilisation_parts.Cache()
+    if kept is not None:
+        cache.parts[J + 1] = utilisation_parts.Part({0: kept})
+    rows = {J: {0: [20.0, None, 1.0, mine]}, **({J + 1: {0: following}} if following is not None else {})}
+    after = cache._after(0, J, rows, utilisation_parts.Part({0: live} if live is not None else {}), part=P,
+                         left_closed=left_closed)
+    assert (math.isnan(after), 0.0 if math.isnan(after) else after) == (
+        math.isnan(expected), 0.0 if math.isnan(expected) else expected)
+
+
+@pytest.mark.parametrize(
+    ("total", "counted", "expected"),
+    [pytest.param(5.0, 1.0, 5.0, id="one-sample"), pytest.param(9.0, 3.0, 3.0, id="three-samples"),
+     pytest.param(5.0, 0.0, math.nan, id="only-the-sample-on-the-start-counted-once-is-no-average")],
+)
+def test_average_reading(total: float, counted: float, expected: float) -> None:
+    acc = utilisation_parts.Acc(NOW, True)
+    acc.samples, acc.total, acc.counted = True, total, counted
+    value = acc.reading(NOW, average=True).value
+    assert value is not None and (math.isnan(value), 0.0 if math.isnan(value) else value) == (
+        math.isnan(expected), 0.0 if math.isnan(expected) else expected)
+
+
+@pytest.mark.parametrize(
+    ("previous", "parts", "left_closed", "bound", "average", "expected"),
+    [
+        # (observed, worst, lost, counted) after the parts: (numbers, start, length)
+        pytest.param(E, [((1.0, 1.0, 1.0, E + 15), E, 300.0)], True, 2.0, False, (math.inf, 150.0, 0, 0.0),
+                     id="only-the-sample-on-the-start-prometheus-2-a-part-without-its-own"),
+        pytest.param(E, [((1.0, 1.0, 1.0, E + 15), E, 300.0)], True, 1.0, False, (math.inf, math.inf, 0, 0.0),
+                     id="no-room-for-a-stretch-at-bound-1"),
+        pytest.param(0.0, [((3.0, 3.0, 1.0, 30.001), 0.001, 300.0)], True, 2.0, False, (15.0005, 10.000333333333334,
+                     0, 0.0), id="a-millisecond-off-the-start-is-on-it"),
+        pytest.param(E - 15, [((1.0, 1.0, 1.0, E + 15), E, 300.0)], True, 2.0, False, (30.0, 15.0, 0, 0.0),
+                     id="one-own-sample"),
+        pytest.param(E, [((2.0, 2.0, 1.0, math.nan), E + 1, 300.0), ((2.0, 2.0, 1.0, math.nan), E + 301, 300.0)],
+                     True, 2.0, False, (math.inf, 0.0, 2, 0.0), id="two-parts-without-a-last-sample"),
+        pytest.param(E, [((21.0, 21.0, 21.0, E + 300), E, 300.0)], True, 2.0, True, (15.0, 300 / 21, 0, 20.0),
+                     id="average-counts-the-sample-on-the-start-once"),
+    ],
+)
+def test_a_part_added_to_a_devices_stretches(previous: float, parts: list[tuple[utilisation_parts.Numbers, float,
+                                                                                   float]],
+                                             left_closed: bool | None, bound: float, average: bool,
+                                             expected: tuple[float, float, int, float]) -> None:
+    """`Acc.add`: a part's samples split its stretch from the last sample before it (counted once when it sits
+    on the part's start and the store's ranges include their left end)."""
+    acc = utilisation_parts.Acc(previous, True)
+    for found, start, length in parts:
+        acc.add(found, start, average=average, left_closed=left_closed, bound=bound, length=length)
+    assert (acc.observed, acc.worst, acc.lost, acc.counted) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("host", "node", "same"),
+    [pytest.param("n1", "n1", True, id="same"), pytest.param("n1", "n1.cluster.local", True, id="short-and-fqdn"),
+     pytest.param("n1.cluster.local", "n1", True, id="fqdn-and-short"), pytest.param("", "n1", True, id="no-host"),
+     pytest.param("n2", "n1.cluster.local", False, id="another-node")],
+)
+def test_same_host(host: str, node: str, same: bool) -> None:
+    assert utilisation_parts.same_host(host, node) is same
