@@ -1,4 +1,8 @@
-"""The one JSON decoder for what the API server sends (watch events, lists, errors) and for saved cluster state.
+"""The JSON decoder of the API server's watch events, lists and errors, and of saved cluster state.
+
+(The webhook's AdmissionReview and Prometheus' answers are decoded by orjson directly, `admission/review.py` and
+`common/prometheus.py`: neither is kept as cluster state, and no field of theirs that could hold an integer
+beyond 64 bits is written back.)
 
 `loads(data)` returns exactly what the standard library's `json.loads(data)` returns, and raises what it raises,
 at orjson's speed where the two agree (a pod watch event decodes 2-3x faster: `benchmarks/watch_decode.py`).
