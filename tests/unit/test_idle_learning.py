@@ -86,6 +86,7 @@ def test_fold_in_chunks_equals_one_fold_and_overlap_folds_once() -> None:
     [
         pytest.param(900.0, 2, id="ended-at-start-kept"),
         pytest.param(901.0, 1, id="ended-before-start-dropped"),
+        pytest.param(1500.0, 1, id="boundary-one-dropped-one-ended-at-start-kept"),
     ],
 )
 def test_since(start: float, kept: int) -> None:
