@@ -26,7 +26,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from gpu_steward import localprometheus
+from gpu_steward_lab import localprometheus
 
 METRIC = "DCGM_FI_DEV_GPU_UTIL"
 PATTERNS = 16  # distinct value sequences per kind (idle, busy): enough variety, cheap to write

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import dcgm_history  # noqa: E402
 from common import prometheus, settings_loader  # noqa: E402
 from descheduler.reclaim import idle_history  # noqa: E402
-from gpu_steward import localprometheus  # noqa: E402
+from gpu_steward_lab import localprometheus  # noqa: E402
 
 SCRAPE_SECONDS = 15
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "idle_history_cost.json"

@@ -6,7 +6,7 @@
 
 Each (arrival rate, arm) runs on a fresh local control plane (Kubernetes 1.37.2 built by
 `scripts/setup test`: kube-apiserver, etcd, kube-scheduler, kube-controller-manager via kwokctl; kwok plays the
-kubelets), with the harness of benchmarks/placement_trace.py: the device stand-in `gpu_steward.devicesim` assigns
+kubelets), with the harness of benchmarks/placement_trace.py: the device stand-in `gpu_steward_lab.devicesim` assigns
 GPU indices and serves them as DCGM series to a real Prometheus (2 s scrapes), and in the `gpu-steward` arm our
 webhook and descheduler (gang release and pin recovery; reclaim off) run as processes, the descheduler with
 `descheduler.gangs.pin_deadline_seconds` = `--pin-deadline` (20 s) and its /metrics served. The `default` arm is
@@ -77,7 +77,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from benchmarks import placement_trace as pt  # noqa: E402
 from common import feeder, gpu, kube, settings, snapshot  # noqa: E402
-from gpu_steward import demo, devicesim, localcluster, localprometheus, localsteward  # noqa: E402
+from gpu_steward_lab import demo, devicesim, localcluster, localprometheus, localsteward  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "pin_churn.json"
 ARMS = ("gpu-steward", "default")

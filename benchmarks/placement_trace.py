@@ -41,7 +41,7 @@ ends `DRAIN_SECONDS` (--quick: 5 s) after the last arrival. Then all pods are de
 sequence's first 1-GPU pods, up to `BURST_GPU_SHARE` of the cluster's GPUs) is created at once: the burst's
 pods bound per second is the scheduling throughput (it includes the webhook call in arm c).
 
-GPU indices inside a node: kwok has no device plugin, so `gpu_steward.devicesim.Assignments` (the one
+GPU indices inside a node: kwok has no device plugin, so `gpu_steward_lab.devicesim.Assignments` (the one
 policy: smallest free NVLink domain that fits, else fewest domains; a pod keeps its indices) assigns
 them in every arm, updated on every cluster change this benchmark sees, and the same object is served
 as DCGM series to a real Prometheus in every arm (same load everywhere). In arm c the webhook reads
@@ -101,7 +101,7 @@ from kubernetes_asyncio import client  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
 from common import feeder, gpu, kube, placement, settings, snapshot  # noqa: E402
-from gpu_steward import demo, devicesim, localcluster, localprometheus, localsteward  # noqa: E402
+from gpu_steward_lab import demo, devicesim, localcluster, localprometheus, localsteward  # noqa: E402
 
 TRACES = ROOT / "benchmarks" / "data" / "alibaba-openb"  # the public traces (benchmarks/data/README.md)
 NODE_FILE = "openb_node_list_gpu_node.csv"

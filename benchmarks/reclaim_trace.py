@@ -85,7 +85,7 @@ from common import prometheus, settings, settings_loader, snapshot  # noqa: E402
 from descheduler import evictor, policy  # noqa: E402
 from descheduler.reclaim import idle_history, utilisation_promql  # noqa: E402
 from descheduler.reclaim import loop as reclaim_loop  # noqa: E402
-from gpu_steward import localprometheus  # noqa: E402
+from gpu_steward_lab import localprometheus  # noqa: E402
 from tests import builders  # noqa: E402
 
 DEFAULT_TRACE = ROOT / "benchmarks" / "data" / "alibaba-genai" / "pod_gpu_duty_cycle.csv.gz"

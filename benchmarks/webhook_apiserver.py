@@ -67,7 +67,7 @@ from prometheus_client import parser as prom_parser  # noqa: E402
 
 from benchmarks.noop_webhook import serve_noop  # noqa: E402
 from common import kube, settings  # noqa: E402
-from gpu_steward import certs, demo, localcluster, localsteward  # noqa: E402
+from gpu_steward_lab import certs, demo, localcluster, localsteward  # noqa: E402
 
 SCRIPT = pathlib.Path(__file__).resolve()
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "webhook_apiserver.json"

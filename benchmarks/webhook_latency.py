@@ -42,7 +42,7 @@ import aiohttp  # noqa: E402
 from admission import mutation  # noqa: E402
 from benchmarks.noop_webhook import serve_noop  # noqa: E402
 from common import settings_loader, snapshot  # noqa: E402
-from gpu_steward import certs  # noqa: E402
+from gpu_steward_lab import certs  # noqa: E402
 from tests import builders  # noqa: E402
 
 SCRIPT = pathlib.Path(__file__).resolve()

@@ -25,7 +25,6 @@ COMMAND_MODULES = (
     "gpu_steward.cmd_descheduler",
     "gpu_steward.cmd_gangs",
     "gpu_steward.cmd_release_gates",
-    "gpu_steward.cmd_demo",
     "gpu_steward.cmd_label_node",
     "gpu_steward.cmd_check",
 )

@@ -22,7 +22,7 @@ import yaml
 from kubernetes_asyncio import client, config
 
 from common import settings, settings_loader
-from gpu_steward import certs, localcluster
+from gpu_steward_lab import certs, localcluster
 from tests.support import kube
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ import pytest
 
 from common import settings
 from descheduler import leader
-from gpu_steward import localcluster
+from gpu_steward_lab import localcluster
 from tests.e2e import conftest
 from tests.support import kube
 

@@ -24,7 +24,7 @@ import pytest
 
 from common import capacity, fit, gpu, hostports, placement, resources, settings, snapshot
 from descheduler.release import patches
-from gpu_steward import localcluster
+from gpu_steward_lab import localcluster
 from tests.e2e import conftest
 from tests.support import kube
 

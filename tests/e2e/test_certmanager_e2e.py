@@ -15,7 +15,7 @@ from kubernetes_asyncio import client
 
 from admission import certmanager
 from common import settings
-from gpu_steward import localcluster
+from gpu_steward_lab import localcluster
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ import yaml
 
 from common import gpu, settings
 from descheduler import policy
-from gpu_steward import localcluster
+from gpu_steward_lab import localcluster
 from tests.chart import helm
 from tests.e2e import test_reclaim_e2e
 from tests.support import kube, prometheus

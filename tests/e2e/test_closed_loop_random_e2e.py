@@ -59,7 +59,7 @@ import yaml
 
 from common import gpu, label_values, settings, snapshot
 from descheduler.release import recovery
-from gpu_steward import certs, localcluster
+from gpu_steward_lab import certs, localcluster
 from tests.chart import helm
 from tests.e2e import conftest
 from tests.support import kube

@@ -16,7 +16,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from common import gpu, settings
-from gpu_steward import localcluster
+from gpu_steward_lab import localcluster
 from tests.e2e import conftest
 from tests.support import kube
 

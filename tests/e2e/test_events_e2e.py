@@ -5,7 +5,7 @@ from __future__ import annotations
 from kubernetes_asyncio import client
 
 from common import events
-from gpu_steward import localcluster
+from gpu_steward_lab import localcluster
 from tests.support import kube
 
 

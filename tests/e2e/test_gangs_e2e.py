@@ -14,7 +14,7 @@ import pytest
 
 from common import gpu, label_values, settings
 from descheduler.release import planning
-from gpu_steward import localcluster
+from gpu_steward_lab import localcluster
 from tests.e2e import conftest
 from tests.support import kube
 

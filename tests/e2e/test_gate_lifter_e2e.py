@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from common import label_values, settings
-from gpu_steward import certs, localcluster
+from gpu_steward_lab import certs, localcluster
 from tests.e2e import conftest
 from tests.support import kube
 

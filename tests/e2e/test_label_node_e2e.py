@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpu_steward import localcluster
+from gpu_steward_lab import localcluster
 from tests.integration import test_label_node as unit
 
 pytestmark = pytest.mark.e2e

@@ -21,7 +21,7 @@ import pytest
 
 from admission import mutation
 from common import settings, snapshot
-from gpu_steward import localcluster
+from gpu_steward_lab import localcluster
 from tests import builders
 from tests.e2e import conftest
 from tests.support import kube

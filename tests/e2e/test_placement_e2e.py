@@ -23,7 +23,7 @@ import pytest
 
 from admission import mutation
 from common import snapshot
-from gpu_steward import localcluster
+from gpu_steward_lab import localcluster
 from tests.e2e import conftest
 from tests.support import kube
 

@@ -15,7 +15,7 @@ import pytest
 
 from common import label_values, settings, snapshot, timestamps
 from descheduler.release import planning, recovery
-from gpu_steward import localcluster
+from gpu_steward_lab import localcluster
 from tests.e2e import conftest
 from tests.support import kube
 

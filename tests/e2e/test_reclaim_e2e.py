@@ -18,7 +18,7 @@ import pytest
 
 from common import gpu, settings
 from descheduler import policy, unschedulable
-from gpu_steward import localcluster
+from gpu_steward_lab import localcluster
 from tests.e2e import conftest
 from tests.support import kube, prometheus
 

@@ -16,7 +16,8 @@ from kubernetes_asyncio import client
 
 from common import gate_patch, settings
 from common import kube as kube_client
-from gpu_steward import cmd_release_gates, localcluster
+from gpu_steward import cmd_release_gates
+from gpu_steward_lab import localcluster
 from tests.e2e.conftest import REPO
 from tests.support import kube
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from common import settings
-from gpu_steward import localcluster
+from gpu_steward_lab import localcluster
 from tests.e2e import conftest
 from tests.support import kube
 

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from admission import server, tls
 from common import httpserver, settings, settings_loader, source
-from gpu_steward import certs
+from gpu_steward_lab import certs
 
 FIXTURES = pathlib.Path(__file__).parent.parent / "fixtures" / "admission"
 CLUSTER_STATE = FIXTURES / "cluster.json"

@@ -24,7 +24,8 @@ from prometheus_client import parser
 
 from admission import gating, mutation, review, tls
 from common import buildinfo, settings, snapshot, source
-from gpu_steward import certs, cli
+from gpu_steward import cli
+from gpu_steward_lab import certs
 from tests.integration import conftest
 from tests.support import processes
 from tests.support.prometheus import free_port

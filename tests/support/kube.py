@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from common import gpu, settings, snapshot
-from gpu_steward import devicesim, localcluster
+from gpu_steward_lab import devicesim, localcluster
 
 
 def requirement(key: str, operator: str, *values: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The `prometheus_factory` fixture: real Prometheus servers (gpu_steward.localprometheus), stopped at teardown.
+"""The `prometheus_factory` fixture: real Prometheus servers (gpu_steward_lab.localprometheus), stopped at teardown.
 
     def test_x(prometheus_factory):
         server = prometheus_factory([Series("DCGM_FI_DEV_GPU_UTIL", {"gpu": "0"}, [(120, 3.0), (60, 4.0)])])
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from common import prometheus
-from gpu_steward import localprometheus
+from gpu_steward_lab import localprometheus
 
 Series = localprometheus.Series
 PrometheusServer = localprometheus.PrometheusServer

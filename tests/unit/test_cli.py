@@ -10,7 +10,8 @@ import pathlib
 import pytest
 
 from common import buildinfo
-from gpu_steward import certs, cli, cmdline
+from gpu_steward import cli, cmdline
+from gpu_steward_lab import certs
 from tests import builders
 
 KUBECTL = "kubectl get nodes,pods,priorityclasses,namespaces -A -o json"

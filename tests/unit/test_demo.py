@@ -9,7 +9,7 @@ import pytest
 
 from admission import tiers
 from common import settings
-from gpu_steward import demo
+from gpu_steward_lab import demo
 
 
 def _pod(workload: demo.Workload) -> dict[str, Any]:

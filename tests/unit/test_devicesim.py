@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from common import settings, snapshot
-from gpu_steward import devicesim
+from gpu_steward_lab import devicesim
 from tests import builders
 
 NAMES = settings.Names()

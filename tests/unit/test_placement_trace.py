@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks import placement_trace as pt
 from common import settings, snapshot, topology
-from gpu_steward import localcluster
+from gpu_steward_lab import localcluster
 from tests import builders
 
 NAMES = settings.Names()

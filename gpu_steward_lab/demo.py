@@ -1,4 +1,4 @@
-"""`gpu-steward demo`: the product on a local cluster, next to the same workload without it.
+"""The demo (`scripts/demo`): the product on a local cluster, next to the same workload without it.
 
 Two runs, one after the other, each on a fresh local control plane (kube-apiserver, scheduler,
 controller-manager, etcd, kwok GPU nodes of the brief's classes: an 8-GPU node with two NVLink
@@ -11,7 +11,7 @@ domains of 4, 4-GPU nodes with pairs, 2-GPU nodes):
 The workload, in order: an inference service (critical, 2 x 1 GPU), a notebook (1 GPU, idle from
 the start), a batch job (scavenger, 2 x 1 GPU), two training gangs (2 x 2 GPUs and 2 x 4 GPUs);
 then the batch job finishes, experiments fill the free GPUs, and an urgent training pod arrives
-on a full cluster. GPU indices inside each node come from `gpu_steward.devicesim` — the same
+on a full cluster. GPU indices inside each node come from `gpu_steward_lab.devicesim` — the same
 policy in both runs, so only the node choice differs. The demo narrates tiers, placements, NVLink
 domains, gang releases and the reclaim, prints a comparison, writes a PNG of GPU occupancy per
 node, and stops everything it started.
@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from common import feeder, kube, settings, snapshot
-from gpu_steward import devicesim, localcluster, localprometheus, localsteward, occupancy_picture
+from gpu_steward_lab import devicesim, localcluster, localprometheus, localsteward, occupancy_picture
 
 NODES = "1x8g2d,2x4g2d,2x2g"  # 20 GPUs
 NAMESPACE = "ml"

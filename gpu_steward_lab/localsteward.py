@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from common import settings
-from gpu_steward import certs, localcluster
+from gpu_steward_lab import certs, localcluster
 
 REGISTRATION = "gpu-steward"
 

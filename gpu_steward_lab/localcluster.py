@@ -1,9 +1,9 @@
-"""A real Kubernetes control plane on this machine, for the end-to-end tests and `gpu-steward demo`.
+"""A real Kubernetes control plane on this machine, for the end-to-end tests, the benchmarks and the demo.
 
 kube-apiserver, etcd, kube-scheduler and kube-controller-manager run as plain processes started by
 `kwokctl create cluster --runtime binary`; kwok's controller plays every kubelet, so nodes annotated
 `kwok.x-k8s.io/node: fake` go Ready and pods bound to them run. Binaries come from
-`controlplane_build.sh` (built once from the Go module proxy, cached under ~/.cache/gpu-steward).
+`hack/controlplane/build.sh` (built once from the Go module proxy, cached under ~/.cache/gpu-steward).
 
 Everything listens on 127.0.0.1 on ports kwokctl picks free, lives in a temporary directory (kwok's
 workdir, the kubeconfig, the component logs) and is stopped by PID: `stop()` returns only when every
@@ -46,7 +46,7 @@ from common import gpu, settings, topology
 
 log = logging.getLogger(__name__)
 
-BUILD_SCRIPT = pathlib.Path(__file__).with_name("controlplane_build.sh")
+BUILD_SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "hack" / "controlplane" / "build.sh"
 # What kwokctl starts for a binary-runtime cluster; each writes <workdir>/clusters/<name>/pids/<c>.pid.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
 # kwokctl flag -> our binary for it (kwokctl would otherwise download release binaries).
