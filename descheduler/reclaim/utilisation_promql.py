@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from common import settings
+from common import dcgm, settings
 
 KINDS = ("gpu", "mig")
 TIME_QUERY = "vector(time())"  # the store's "now": every query of a cycle is evaluated at it
@@ -67,8 +67,9 @@ def queries(span: str, *, config: settings.Prometheus, statistic: str,
     time. `kinds`: the kinds of device asked about (each costs its reads even where no series match)."""
     mig = config.labels.mig_profile
     selectors = {
-        "gpu": (f'{config.gpu_util_metric}{{{mig}=""}}', ratio_metric(config.gpu_util_metric, config.gpu_util_unit)),
-        "mig": (f'{config.mig_activity_metric}{{{mig}!=""}}',
+        "gpu": (dcgm.selector(config.gpu_util_metric, f'{mig}=""', config=config),
+                ratio_metric(config.gpu_util_metric, config.gpu_util_unit)),
+        "mig": (dcgm.selector(config.mig_activity_metric, f'{mig}!=""', config=config),
                 ratio_metric(config.mig_activity_metric, config.mig_activity_unit)),
     }
     by = device_labels(config.labels)
