@@ -389,7 +389,8 @@ class PrometheusLabels(Model):
     )
     mig_instance: str = pydantic.Field(default="GPU_I_ID", description="DCGM label with the MIG GPU instance id.")
     uuid: str = pydantic.Field(
-        default="UUID", description="DCGM label with the GPU's UUID: with the index, what makes series one device."
+        default="UUID", description="DCGM label with the GPU's UUID: what identifies a GPU first (the host and "
+        "index only for series without it)."
     )
 
 
