@@ -15,6 +15,11 @@ backoff (`descheduler.loop_restart_*`).
 
 `--metrics-port` serves `/metrics`, `/healthz` and `/readyz` (plain HTTP) from the same asyncio loop
 as the work (`descheduler.health`), from before the initial sync until the process stops.
+
+With `prometheus.url` set and reclaim on, the metrics store is checked once the snapshot is there (series of
+`prometheus.gpu_util_metric` under `prometheus.scope_matchers`, a per-GPU identity, a retention of at least the
+longest idle window of the PriorityClasses; `gpu-steward check --prometheus` runs the same): a failed check exits
+2 with the reasons; a store that does not answer is logged and the run goes on (its cycles fail closed).
 """
 
 from __future__ import annotations
