@@ -11,7 +11,8 @@ carry `GPU_I_PROFILE`/`GPU_I_ID` and report activity in `DCGM_FI_PROF_GR_ENGINE_
 Every selector gpu-steward sends is written by `selector()`: it puts `prometheus.scope_matchers` (e.g.
 `cluster="prod-a"` in a store holding several clusters) first in the braces, and `common.prometheus.Client` refuses a
 query with a selector that does not start with them (`unscoped`), so no query (utilisation, occupancy, history, a
-re-check) can read another cluster's series.
+re-check) can read another cluster's series. `store_checks` judges what the store says of the configured metrics
+(common.prometheus reads it at start and for `gpu-steward check --prometheus`).
 
 One query covers the whole cluster: for every series of either metric, the time of its latest sample
 (`timestamp()` of a plain selector is the sample's own time), kept only if newer than
@@ -24,6 +25,7 @@ itself is counted from pod requests.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -55,7 +57,7 @@ def occupancy_query(config: settings.Prometheus) -> str:
     metrics = "|".join(dict.fromkeys([config.gpu_util_metric, config.mig_activity_metric]))
     return (
         f"max by ({', '.join(_by_labels(config.labels))}) "
-        f'(timestamp({selector("", f"__name__=~{chr(34)}{metrics}{chr(34)}", config=config)})) '
+        f"(timestamp({selector('', '__name__=~' + json.dumps(metrics), config=config)})) "
         f"> time() - {config.occupancy_max_age_seconds:g}"
     )
 
@@ -196,8 +198,10 @@ def store_checks(facts: StoreFacts, *, config: settings.Prometheus,
             continue
         out.append((True, f"{metric}: {found.series} series{scope}, GPUs identified by {' and '.join(identity)}"))
     retention = duration_seconds(facts.retention) if facts.retention else None
-    if retention is None:
+    if facts.retention is None:
         out.append((True, f"retention not checked: {facts.retention_source}"))
+    elif retention is None:
+        out.append((True, f"retention not checked: {facts.retention} ({facts.retention_source}) has no time bound"))
     elif longest_window is not None and retention < longest_window:
         out.append((False, f"the store keeps {facts.retention} ({facts.retention_source}), less than the longest "
                            f"idle window {longest_window:g}s: pods of that window could never be judged idle"))

@@ -38,6 +38,7 @@ from urllib3.util import retry
 
 from common import dcgm, settings
 
+CHECK_REQUESTS = 6  # `store_facts`: a count and the label names of each of two metrics, two status endpoints
 # {"metric": {...}, "value": [t, "v"]}, or "values": [[t, "v"], ...] for a range selector
 Series = dict[str, Any]
 
@@ -113,9 +114,10 @@ class Client:
 
     async def store_facts(self) -> dcgm.StoreFacts:
         """What the store says of the configured metrics under the scope matchers, and its retention, read with
-        prometheus-api-client in a worker thread (a few requests, each bounded by `timeout_seconds`)."""
+        prometheus-api-client in a worker thread (at most `CHECK_REQUESTS` requests, each bounded by
+        `timeout_seconds`)."""
         try:
-            async with asyncio.timeout(self._config.timeout_seconds * 8):
+            async with asyncio.timeout(self._config.timeout_seconds * CHECK_REQUESTS):
                 return await asyncio.to_thread(self._store_facts)
         except TimeoutError as exc:
             raise PrometheusError(f"store checks timed out at {self.url}") from exc

@@ -284,6 +284,7 @@ def facts(util: dcgm.MetricFacts | None = IDENTIFIED, mig: dcgm.MetricFacts | No
         pytest.param(facts(retention="3h"), [], 10800.0, [], id="retention-equal-to-the-window-boundary"),
         pytest.param(facts(retention="2h"), [], None, [], id="no-window-to-compare"),
         pytest.param(facts(retention=None), [], 10800.0, [], id="retention-unknown-is-said-not-failed"),
+        pytest.param(facts(retention="512MiB"), [], 10800.0, [], id="size-only-retention-is-said-not-failed"),
     ],
 )
 def test_store_checks(found: dcgm.StoreFacts, scope: list[str], window: float | None, failed: list[str]) -> None:
@@ -293,3 +294,18 @@ def test_store_checks(found: dcgm.StoreFacts, scope: list[str], window: float | 
         failures
     if not failed:
         assert any("retention not checked" in why or "keeps" in why for _, why in checks)
+
+
+@pytest.mark.parametrize(
+    ("retention", "line"),
+    [
+        pytest.param(None, "retention not checked: the store reports no retention", id="unknown"),
+        pytest.param("512MiB", "retention not checked: 512MiB (/api/v1/status/runtimeinfo storageRetention) has no "
+                     "time bound", id="size-only"),
+        pytest.param("15d", "the store keeps 15d (/api/v1/status/runtimeinfo storageRetention) >= the longest idle "
+                     "window 10800s", id="enough"),
+    ],
+)
+def test_retention_lines(retention: str | None, line: str) -> None:
+    checks = dcgm.store_checks(facts(retention=retention), config=settings.Prometheus(), longest_window=10800.0)
+    assert checks[-1] == (True, line)
