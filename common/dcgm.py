@@ -48,8 +48,7 @@ def unscoped(promql: str, *, config: settings.Prometheus) -> bool:
     """Whether `promql` has a selector that does not start with the scope matchers (always False without them)."""
     if not config.scope_matchers:
         return False
-    scope = "{" + ",".join(config.scope_matchers)
-    return promql.count("{") != promql.count(scope)
+    return "{" in promql.replace("{" + ",".join(config.scope_matchers), "")
 
 
 def occupancy_query(config: settings.Prometheus) -> str:

@@ -200,6 +200,10 @@ SCOPE = ['cluster="prod-a"', 'env=~"p.*"']
         pytest.param('max(DCGM_FI_DEV_GPU_UTIL{cluster="prod-a",gpu="0"})', SCOPE, True, id="half-the-scope"),
         pytest.param('max(DCGM_FI_DEV_GPU_UTIL{cluster="prod-a",env=~"p.*",gpu="0"})', SCOPE, False, id="scoped"),
         pytest.param("vector(time())", SCOPE, False, id="no-selector"),
+        pytest.param('max(DCGM_FI_DEV_GPU_UTIL{cluster=~"prod-{a,b}",gpu="0"})', ['cluster=~"prod-{a,b}"'], False,
+                     id="a-brace-inside-the-scope"),
+        pytest.param('max(DCGM_FI_DEV_GPU_UTIL{gpu="{0}"})', ['cluster=~"prod-{a,b}"'], True,
+                     id="a-brace-inside-another-matcher-is-no-scope"),
         pytest.param('max(DCGM_FI_DEV_GPU_UTIL{gpu="0"})', [], False, id="no-scope-configured"),
     ],
 )
