@@ -247,6 +247,7 @@ def test_a_client_refuses_an_unscoped_query_unsent() -> None:
         pytest.param("2w", 14 * 86400.0, id="weeks"),
         pytest.param("0s", None, id="zero-is-no-bound"),
         pytest.param("15 days", None, id="not-a-duration"),
+        pytest.param("15dx", None, id="a-duration-with-a-tail-is-none"),
     ],
 )
 def test_duration_seconds(text: str, seconds: float | None) -> None:
@@ -278,6 +279,12 @@ def facts(util: dcgm.MetricFacts | None = IDENTIFIED, mig: dcgm.MetricFacts | No
                      id="recording-rule"),
         pytest.param(facts(mig=RULE), [], 10800.0, ["DCGM_FI_PROF_GR_ENGINE_ACTIVE (prometheus.mig_activity_metric): "
                      "its 5 series carry neither"], id="mig-metric-recording-rule"),
+        pytest.param(facts(util=None, mig=RULE), [], 10800.0, ["no series of DCGM_FI_DEV_GPU_UTIL",
+                     "DCGM_FI_PROF_GR_ENGINE_ACTIVE (prometheus.mig_activity_metric): its 5 series carry neither"],
+                     id="no-utilisation-series-and-a-mig-recording-rule-both-said"),
+        pytest.param(facts(util=RULE, mig=RULE), [], 10800.0, ["DCGM_FI_DEV_GPU_UTIL (prometheus.gpu_util_metric)",
+                     "DCGM_FI_PROF_GR_ENGINE_ACTIVE (prometheus.mig_activity_metric)"],
+                     id="two-recording-rules-both-said"),
         pytest.param(facts(util=dcgm.MetricFacts(3, frozenset({"UUID", "pod"}))), [], 10800.0, [],
                      id="uuid-alone-is-an-identity"),
         pytest.param(facts(util=dcgm.MetricFacts(3, frozenset({"gpu", "pod"}))), [], 10800.0, [],
@@ -301,6 +308,25 @@ def test_store_checks(found: dcgm.StoreFacts, scope: list[str], window: float | 
 
 
 @pytest.mark.parametrize(
+    ("found", "scope", "lines"),
+    [
+        pytest.param(facts(util=None), SCOPE, [
+            (False, "no series of DCGM_FI_DEV_GPU_UTIL (prometheus.gpu_util_metric) matching prometheus.scope_matchers "
+                    "['cluster=\"prod-a\"', 'env=~\"p.*\"'] in the store: no pod could be judged idle; is the "
+                    "matcher's label (e.g. the external label cluster) on the series?")], id="no-series-scoped"),
+        pytest.param(facts(util=None), [], [
+            (False, "no series of DCGM_FI_DEV_GPU_UTIL (prometheus.gpu_util_metric) in the store: no pod could be "
+                    "judged idle")], id="no-series-unscoped"),
+        pytest.param(facts(), [], [(True, "DCGM_FI_DEV_GPU_UTIL: 40 series, GPUs identified by UUID and gpu")],
+                     id="identified-by-both"),
+    ],
+)
+def test_metric_lines(found: dcgm.StoreFacts, scope: list[str], lines: list[tuple[bool, str]]) -> None:
+    checks = dcgm.store_checks(found, config=settings.Prometheus(scope_matchers=scope), longest_window=None)
+    assert checks[:-1] == lines
+
+
+@pytest.mark.parametrize(
     ("retention", "line"),
     [
         pytest.param(None, "retention not checked: the store reports no retention", id="unknown"),
@@ -313,3 +339,8 @@ def test_store_checks(found: dcgm.StoreFacts, scope: list[str], window: float | 
 def test_retention_lines(retention: str | None, line: str) -> None:
     checks = dcgm.store_checks(facts(retention=retention), config=settings.Prometheus(), longest_window=10800.0)
     assert checks[-1] == (True, line)
+
+
+def test_retention_without_a_window_is_only_said() -> None:
+    checks = dcgm.store_checks(facts(retention="2h"), config=settings.Prometheus(), longest_window=None)
+    assert checks[-1] == (True, "the store keeps 2h (/api/v1/status/runtimeinfo storageRetention)")
