@@ -136,6 +136,16 @@ def test_the_readme_install_runs_as_written_and_helm_test_passes(
         for command in commands:
             if command.words[:1] == ["kubectl"]:
                 cluster.kubectl(*command.words[1:], "--timeout=120s", timeout_seconds=150)
+        # kwok reports the descheduler's pod Ready at once; its process here is ready once it leads.
+        lease = settings.Settings().descheduler.leader_election.lease_name
+
+        def leads() -> bool:
+            assert descheduler.running(), descheduler.log_tail(40)
+            holder = cluster.kubectl("get", "lease", lease, "-n", namespace, "-o",
+                                     "jsonpath={.spec.holderIdentity}", check=False)
+            return holder.stdout.startswith(prefix)
+
+        kube.poll("descheduler leads", leads, timeout_seconds=60)
 
         test = readme.one(commands, "helm", "test")
         outcome: dict[str, Any] = {}
