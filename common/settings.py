@@ -613,8 +613,7 @@ class LearnedWindow(Model):
         "so that no query grows with the look-back (seconds). Until the whole look-back is read (7 d, 30 min a "
         "cycle while its end moves on: 347 cycles, 5.8 h at 60 s cycles, after a start or on a new leader) every pod "
         "keeps its tier's window; `descheduler --once` reads it all in its one cycle. A query's cost grows with "
-        "GPUs x this (benchmarks/RESULTS.md, Learned idle windows: 30 min of 10,000 GPUs ~1 s on a loaded 2-core "
-        "VM).",
+        "GPUs x this (measured: benchmarks/RESULTS.md, Learned idle windows).",
     )
     bucket_seconds: Seconds = pydantic.Field(
         default=600,
@@ -683,8 +682,9 @@ class Reclaim(Model):
         ge=30,
         le=300,
         description="Utilisation is read in parts of this many seconds of the store's time, aligned to multiples "
-        "of it; each part's per-device peak, sample count and last sample time are kept (a few MB at 10,000 GPUs "
-        "x 3 h) and every idle window is judged from the parts it overlaps plus the part being written, so each "
+        "of it; each part's per-device peak, sample count and last sample time are kept (their memory: "
+        "benchmarks/RESULTS.md, Descheduler cost against a real Prometheus) and every idle window is judged from "
+        "the parts it overlaps plus the part being written, so each "
         "cycle reads only the newest minutes. A window starting inside a part takes the whole part (up to this "
         "much longer: stricter, never laxer). At most the store's lookback delta (Prometheus' default 5 min): "
         "each part's last sample is looked up at its end.",

@@ -139,3 +139,23 @@ def test_image_venv_imports_the_io_shell(image_venv: pathlib.Path) -> None:
     result = subprocess.run([str(image_venv / "bin" / "python"), "-c", code], capture_output=True, text=True,
                             timeout=120, check=False, cwd="/")
     assert result.returncode == 0, result.stderr
+
+
+def test_the_image_holds_the_product_only(image_venv: pathlib.Path) -> None:
+    """The lab (local control plane, Prometheus, device stand-in, demo), the tests and the benchmarks stay out of
+    the image: no such package, no harness module under another name, and no `demo` command."""
+    (site,) = (image_venv / "lib").glob("python3*/site-packages")
+    ours = {"gpu_steward", "common", "admission", "descheduler"}
+    assert ours <= {path.name for path in site.iterdir()}
+    assert not {"gpu_steward_lab", "tests", "benchmarks"} & {path.name for path in site.iterdir()}
+    harness = {path.stem for path in (REPO / "gpu_steward_lab").glob("*.py")} - {"__init__", "__main__"}
+    assert {"localcluster", "localprometheus", "devicesim", "demo"} <= harness  # the pattern finds what it should
+    shipped = [path.relative_to(site) for package in ours for path in (site / package).rglob("*.py")]
+    assert [path for path in shipped if path.stem in harness] == []
+    assert not [path for path in site.rglob("*") if path.name == "build.sh"]  # the control plane's build script
+    result = subprocess.run([str(image_venv / "bin" / "python"), "-c", "import gpu_steward_lab"], capture_output=True,
+                            text=True, timeout=60, check=False, cwd="/")
+    assert "No module named 'gpu_steward_lab'" in result.stderr
+    usage = subprocess.run([str(image_venv / "bin" / "gpu-steward"), "--help"], capture_output=True, text=True,
+                           timeout=60, check=True, cwd="/").stdout
+    assert "demo" not in usage

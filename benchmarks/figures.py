@@ -1,0 +1,241 @@
+"""The benchmark figures the README and the docs quote, made from `benchmarks/results/*.json`: the one place a
+figure is written down, so that no copy drifts from its run.
+
+    python benchmarks/figures.py           # rewrite docs/figures.md
+    python benchmarks/figures.py --check   # exit 1 if docs/figures.md is not what the results make now
+
+Not a benchmark (`scripts/test` skips it); `tests/unit/test_figures.py` fails while docs/figures.md is stale.
+Each row names its result file and the load average the run recorded (or says it recorded none); the runs'
+commands and machine notes are in benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+OUT = REPO / "docs" / "figures.md"
+
+Result = Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Figure:
+    section: tuple[str, str]  # title, what was run
+    what: str
+    source: str  # a file under benchmarks/results
+    value: Callable[[Result], str]
+
+
+def percent(share: float) -> str:
+    return f"{100 * share:.1f} %"
+
+
+def seconds(value: float) -> str:
+    return f"{value:.2f} s"
+
+
+def _placement(arm: str, key: str) -> Callable[[Result], str]:
+    def value(result: Result) -> str:
+        arms = result["arms"]
+        if key == "one_domain_share":
+            return percent(arms[arm]["placement"]["one_domain_share"])
+        if key == "never_scheduled":
+            return str(arms[arm]["pending"]["never_scheduled"])
+        if key == "wait_p99_seconds":
+            return seconds(arms[arm]["pending"]["wait_p99_seconds"])
+        if key == "burst_vs_default":
+            ratio = arms[arm]["burst"]["pods_per_second"] / arms["default"]["burst"]["pods_per_second"]
+            return f"{ratio:.2f}x"
+        raise KeyError(key)
+
+    return value
+
+
+def _policy(name: str, key: str) -> Callable[[Result], str]:
+    def value(result: Result) -> str:
+        (policy,) = [p for p in result["policies"] if p["policy"]["name"] == name]
+        return str(policy[key]) if key == "missing_data_evictions" else percent(policy[key])
+
+    return value
+
+
+def _learned(name: str, key: str) -> Callable[[Result], str]:
+    def value(result: Result) -> str:
+        (total,) = [t for t in result["totals"] if t["policy"]["name"] == name]
+        if key == "of_clairvoyant_range":
+            low, high = total[key]
+            return f"{percent(total['of_clairvoyant'])} ({percent(low)}-{percent(high)} by phase)"
+        return percent(total[key])
+
+    return value
+
+
+def _pin_churn(run: str) -> Callable[[Result], str]:
+    def value(result: Result) -> str:
+        row = result["runs"][run]
+        return f"{row['stuck_per_1000_arrivals']:g} per 1,000 arrivals, {row['still_stuck_at_end']} left at the end"
+
+    return value
+
+
+def _decide(result: Result) -> str:
+    decide = result["decide_in_process"]
+    return f"p50 {decide['p50_us']:.1f} µs, p99 {decide['p99_us']:.1f} µs ({decide['gpu_nodes']:,} GPU nodes)"
+
+
+def _tls(result: Result) -> str:
+    ours, noop = result["servers"]["gpu-steward"], result["servers"]["noop"]
+    ratio = ours["max"]["achieved_rps"] / noop["max"]["achieved_rps"]
+    return (f"p99 {ours['fixed']['p99_ms']:.1f} ms at {ours['fixed']['target_rps']} requests/s; "
+            f"{ours['max']['achieved_rps']:,.0f} requests/s at most, {ratio:.2f}x a no-op webhook's")
+
+
+def _apiserver(key: str) -> Callable[[Result], str]:
+    def value(result: Result) -> str:
+        return f"{result['comparison'][key]['added_p50_ms_paired_blocks']:.1f} ms"
+
+    return value
+
+
+def _cycle_cpu(gpus: int) -> Callable[[Result], str]:
+    def value(result: Result) -> str:
+        (size,) = [s for s in result["prometheus"]["sizes"] if s["gpus"] == gpus]
+        cpu = size["cycle_cpu_seconds_p50"]
+        return f"Prometheus {cpu['prometheus']:.2f} s, descheduler {cpu['descheduler']:.2f} s"
+
+    return value
+
+
+def _quiet_cycle(result: Result) -> str:
+    cycle = result["cycle_seconds"]
+    return (f"cycle p50 {cycle['p50']:.2f} s, max {cycle['max']:.2f} s; slowest query "
+            f"{result['query_seconds_max']:.2f} s; descheduler {result['peak_rss_mb']['descheduler']:.0f} MB")
+
+
+# Each section: its title (the README links to its anchor) and what was run.
+PLACEMENT = ("Placement", "`benchmarks/placement_trace.py`: the Alibaba openb trace through the real kube-scheduler "
+             "1.37.2 on 200 kwok nodes, placement at release, two slices of the trace.")
+CHURN = ("Pin churn", "`benchmarks/pin_churn.py`: 800 mixed pods through 20 x 8-GPU nodes of the real control plane "
+         "while nodes are cordoned, deleted and created again, pin deadline 20 s.")
+RECLAIM = ("Idle reclaim", "`benchmarks/reclaim_trace.py`: the Alibaba GenAI duty-cycle trace in a real Prometheus, "
+           "the real reclaim loop cycle by cycle.")
+WEBHOOK = ("Webhook cost", "`benchmarks/webhook_latency.py` (in process, and over TLS against a no-op aiohttp "
+           "webhook) and `benchmarks/webhook_apiserver.py` (pod creates through the real API server).")
+CYCLE = ("Descheduler cost", "`benchmarks/reclaim_cycle.py --prometheus`: a real Prometheus holding 4 h of 15 s DCGM "
+         "history, the store's time advancing a minute a cycle.")
+
+
+def _placement_rows() -> list[Figure]:
+    rows = []
+    for part in ("0-2000", "2000-4000"):
+        source = f"placement_trace_release_{part}.json"
+        for arm in ("gpu-steward", "default", "binpack"):
+            rows.append(Figure(PLACEMENT, f"pods {part}, {arm}: domain-fittable multi-GPU pods in one NVLink domain",
+                               source, _placement(arm, "one_domain_share")))
+            rows.append(Figure(PLACEMENT, f"pods {part}, {arm}: pods never scheduled", source,
+                               _placement(arm, "never_scheduled")))
+        rows.append(Figure(PLACEMENT, f"pods {part}, gpu-steward: burst bind rate against the default scheduler's",
+                           source, _placement("gpu-steward", "burst_vs_default")))
+        for arm in ("gpu-steward", "default"):
+            rows.append(Figure(PLACEMENT, f"pods {part}, {arm}: create-to-bound wait p99", source,
+                               _placement(arm, "wait_p99_seconds")))
+    return rows
+
+
+FIGURES: list[Figure] = [
+    *_placement_rows(),
+    Figure(CHURN, "seed 1, ~90 % load (2/s): stuck pins", "pin_churn.json", _pin_churn("2/s gpu-steward")),
+    Figure(CHURN, "seed 1, ~130 % load (3/s): stuck pins", "pin_churn.json", _pin_churn("3/s gpu-steward")),
+    Figure(CHURN, "seed 2, ~90 % load (2/s): stuck pins", "pin_churn_seed2.json", _pin_churn("2/s gpu-steward")),
+    Figure(CHURN, "seed 2, ~130 % load (3/s): stuck pins", "pin_churn_seed2.json", _pin_churn("3/s gpu-steward")),
+    Figure(RECLAIM, "normal tier (chart default, 3 h peak): reclaimable idle GPU-hours reclaimed", "reclaim_trace.json",
+           _policy("normal (chart default)", "reclaimed_share")),
+    Figure(RECLAIM, "normal tier (chart default): evictions regretted", "reclaim_trace.json",
+           _policy("normal (chart default)", "regretted_share")),
+    Figure(RECLAIM, "normal tier (chart default): evictions on missing data", "reclaim_trace.json",
+           _policy("normal (chart default)", "missing_data_evictions")),
+    Figure(RECLAIM, "ReclaimIdleResource plugin's semantics, same window: evictions regretted", "reclaim_trace.json",
+           _policy("plugin semantics, normal tier", "regretted_share")),
+    Figure(RECLAIM, "ReclaimIdleResource plugin's semantics, same window: evictions on missing data",
+           "reclaim_trace.json", _policy("plugin semantics, normal tier", "missing_data_evictions")),
+    Figure(RECLAIM, "scavenger tier (chart default, 10 min): evictions regretted, all 99 pods", "reclaim_trace.json",
+           _policy("scavenger (chart default)", "regretted_share")),
+    Figure(RECLAIM, "scavenger tier (chart default, 10 min): evictions regretted, a 50-pod subset",
+           "reclaim_trace_50pods.json", _policy("scavenger (chart default)", "regretted_share")),
+    Figure(RECLAIM, "learned windows, whole day (5 phases): share of the clairvoyant regret-free reclaim",
+           "reclaim_trace_learned.json", _learned("normal tier, learned window", "of_clairvoyant_range")),
+    Figure(RECLAIM, "learned windows, whole day (5 phases): evictions regretted", "reclaim_trace_learned.json",
+           _learned("normal tier, learned window", "regretted_share")),
+    Figure(WEBHOOK, "decision in process, 1,000 nodes", "webhook_latency.json", _decide),
+    Figure(WEBHOOK, "decision in process, 10,000 nodes", "webhook_latency_10k.json", _decide),
+    Figure(WEBHOOK, "over TLS on one core, 1,000 nodes", "webhook_latency.json", _tls),
+    Figure(WEBHOOK, "through the real API server: added to the median pod create by gpu-steward",
+           "webhook_apiserver.json", _apiserver("B_vs_A")),
+    Figure(WEBHOOK, "through the real API server: added to the median pod create by a no-op Python webhook",
+           "webhook_apiserver.json", _apiserver("C_vs_A")),
+    *[Figure(CYCLE, f"warm reclaim cycle CPU p50, {gpus:,} GPUs", "reclaim_cycle_prometheus.json", _cycle_cpu(gpus))
+      for gpus in (1000, 5000, 10000)],
+    Figure(CYCLE, "warm reclaim cycle, 10,000 GPUs, quiet machine", "reclaim_cycle_prometheus_quiet_10000.json",
+           _quiet_cycle),
+]
+
+
+def load_average(result: Result) -> str:
+    """The 1-minute load average the run recorded before (and after) it, or that it recorded none."""
+    recorded = result.get("load_average") or result.get("machine", {}).get("load_average")
+    if not recorded:
+        return "not recorded"
+    if isinstance(recorded, Mapping):
+        return f"{recorded['before'][0]:g} / {recorded['after'][0]:g}"
+    return f"{recorded[0]:g}"
+
+
+def render(results: pathlib.Path = RESULTS) -> str:
+    loaded: dict[str, Result] = {}
+    lines = [
+        "# Benchmark figures",
+        "",
+        "<!-- Generated by `python benchmarks/figures.py` from benchmarks/results/*.json: do not edit by hand. -->",
+        "",
+        "Every figure the README and the docs quote, read from the result file its run wrote. Load average: the",
+        "machine's 1-minute load before / after the run, as the run recorded it. Commands, machine notes and what each",
+        "figure means: [benchmarks/RESULTS.md](../benchmarks/RESULTS.md).",
+    ]
+    section = ("", "")
+    for figure in FIGURES:
+        if figure.section != section:
+            section = figure.section
+            lines += ["", f"## {section[0]}", "", section[1], "", "| figure | value | result file | load average |",
+                      "|---|---|---|---|"]
+        if figure.source not in loaded:
+            loaded[figure.source] = json.loads((results / figure.source).read_text())
+        result = loaded[figure.source]
+        lines.append(f"| {figure.what} | {figure.value(result)} | [{figure.source}](../benchmarks/results/"
+                     f"{figure.source}) | {load_average(result)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0] if __doc__ else None)
+    parser.add_argument("--check", action="store_true", help="exit 1 if docs/figures.md is stale; write nothing")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        if not OUT.is_file() or OUT.read_text() != text:
+            print(f"stale: {OUT}; run python benchmarks/figures.py", file=sys.stderr)
+            return 1
+        return 0
+    OUT.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
