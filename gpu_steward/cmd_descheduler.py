@@ -5,9 +5,11 @@
 
 `--cluster` replays `kubectl get nodes,pods,priorityclasses,namespaces -A -o json`; with no API
 server nothing can be evicted, so it always runs as a dry-run. `--once` runs one cycle and prints its
-plan (`--output json`: `{"evictions": [...], "spared": [...]}`); when a tier learns its idle windows, that cycle
-first reads their whole look-back (`lookback_seconds / chunk_seconds` range queries, 336 with the defaults), so
-the plan shows learned windows and their reasons; otherwise, while this replica holds
+plan (`--output json`: `{"evictions": [...], "spared": [...]}`). That cycle first reads every utilisation part its
+windows need (a loop reads `rebuild_parts_per_cycle` a cycle after a start), so its verdicts are a warmed-up
+loop's, and when a tier learns its idle windows their whole look-back (`lookback_seconds / chunk_seconds` range
+queries, 336 with the defaults), so the plan shows learned windows and their reasons; a line on stderr tells
+each read's progress. Otherwise, while this replica holds
 the leader Lease, the gang controller releases complete gangs (on every pod change and every
 `descheduler.gangs.resync_seconds`) and reclaim cycles run every `descheduler.reclaim.interval_seconds`;
 an unexpected error in one of the two loops is logged and counted, and that loop alone is restarted after a
@@ -58,7 +60,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         parents=[cmdline.connection_parent()],
     )
     parser.add_argument("--once", action="store_true",
-                        help="run one cycle, print its plan, exit (a learning tier's history is read whole first)")
+                        help="run one cycle, print its plan, exit (every utilisation part its windows need, and a "
+                        "learning tier's history, are read first; progress on stderr)")
     parser.add_argument("--dry-run", action="store_true", help="decide, log and emit 'would' events; evict nothing")
     parser.add_argument("--cluster", type=pathlib.Path,
                         help="offline cluster state (a Kubernetes List); implies dry-run")
@@ -233,6 +236,11 @@ async def _serving(
         yield
 
 
+def _progress(line: str) -> None:
+    """`--once`: each read before its cycle, on stderr (the plan alone goes to stdout)."""
+    print(f"descheduler --once: {line}", file=sys.stderr, flush=True)
+
+
 def gang_demands(config: settings.Settings) -> reclaim_loop.GangDemands:
     """What reclaim may free capacity for besides pending pods: the complete gated gangs the release planner finds
     waiting only for GPUs. Wired here, in the process, so that release and reclaim never import each other."""
@@ -257,7 +265,8 @@ async def _work(
     )
     if isinstance(cluster, source.StaticSource):
         loop = reclaim_loop.ReclaimLoop(config=config, cluster=cluster, prometheus=dcgm, evictions=client, api=None,
-                                        registry=registry, gang_demands=gang_demands(config), once=once)
+                                        registry=registry, gang_demands=gang_demands(config), once=once,
+                                        progress=_progress)
         if once:
             return await loop.cycle()
         await loop.run()
@@ -277,7 +286,8 @@ async def _work(
                     published.clear()
             live.unsubscribe(published)
             loop = reclaim_loop.ReclaimLoop(config=config, cluster=live, prometheus=dcgm, evictions=client, api=api,
-                                            registry=registry, gang_demands=gang_demands(config), once=once)
+                                            registry=registry, gang_demands=gang_demands(config), once=once,
+                                            progress=_progress)
 
             gang_metrics = controller.Metrics(registry)
             failures = supervisor.Failures(registry)

@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import prometheus_client
@@ -121,9 +121,10 @@ class Learner:
 
     def __init__(self, *, config: settings.Settings, prometheus: object | None, until: float | None = None,
                  registry: prometheus_client.CollectorRegistry | None = None, at_once: bool = False,
-                 wait: bool = False) -> None:
+                 wait: bool = False, progress: Callable[[str], None] | None = None) -> None:
         self._config = config
         self._at_once = at_once
+        self._progress = progress
         self.wait = wait
         self._querier = prometheus if isinstance(prometheus, RangeQuerier) else None
         self._until = until
@@ -273,8 +274,14 @@ class Learner:
             return dict(screened), {}
         threshold = self._threshold = max(policies[name].threshold_percent for name in tier_windows)
         if self._at_once:
-            while await self.read(threshold=threshold, now=now) and not self.fresh(now):
-                pass  # `--once`: the next chunk at once, until the look-back is read (or a read fails)
+            chunks = math.ceil(self._learning.lookback_seconds / self._learning.chunk_seconds)
+            read = 0
+            while await self.read(threshold=threshold, now=now):  # `--once`: the next chunk at once, until the
+                read += 1                                          # look-back is read (or a read fails)
+                if self._progress is not None:
+                    self._progress(f"idle history read: {read} of {chunks} chunk(s)")
+                if self.fresh(now):
+                    break
         elif self.wait:
             await self.read(threshold=threshold, now=now)  # a replay in store time: the refresh takes no time
         elif self._base(threshold=threshold, end=self._end(now)) is not self._learned:
