@@ -38,6 +38,7 @@ import prometheus_client
 
 from common import buildinfo, httpserver, settings, snapshot, source
 from descheduler import evictor, health, reclaim, supervisor
+from descheduler.reclaim import idle_history
 from descheduler.reclaim import loop as reclaim_loop
 from descheduler.release import planning
 from gpu_steward import cmdline
@@ -112,10 +113,13 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     config = cmdline.load_settings(args, overrides=overrides)
-    static = None
+    static = controllers = None
     if args.cluster:
         try:
             static = source.from_file(args.cluster, names=config.names, clock=time.time)
+            # Its ReplicaSets and Jobs, if saved too (`kubectl get ...,replicasets,jobs`): learned windows' workloads.
+            controllers = idle_history.fixed_controllers(idle_history.controllers_in(
+                json.loads(args.cluster.read_text()).get("items") or ()))
         except (OSError, ValueError) as exc:
             print(f"descheduler: {exc}", file=sys.stderr)
             return 2
@@ -130,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
                   f"{exc}", file=sys.stderr)
             return 2
     try:
-        cycle = asyncio.run(_main(config=config, static=static, once=args.once, registry=registry, listener=listener))
+        cycle = asyncio.run(_main(config=config, static=static, once=args.once, registry=registry, listener=listener,
+                                  controllers=controllers))
     except settings.SettingsError:
         raise  # bad configuration found on the way (no usable kubeconfig): one line, exit 2 (cli.main)
     except Exception:
@@ -178,6 +183,7 @@ async def _clients(config: settings.Settings, *, live: bool) -> AsyncIterator[tu
 async def _main(
     *, config: settings.Settings, static: source.StaticSource | None, once: bool,
     registry: prometheus_client.CollectorRegistry, listener: socket.socket | None = None,
+    controllers: idle_history.ControllerReader | None = None,
 ) -> reclaim_loop.Cycle | None:
     loop = asyncio.get_running_loop()
     stop: asyncio.Future[None] = loop.create_future()
@@ -192,7 +198,8 @@ async def _main(
         async with _clients(config, live=static is None) as (dcgm, api):
             cluster = static if static is not None else _feeder(config=config, api=api, dcgm=dcgm, registry=registry)
             work = asyncio.create_task(
-                _work(config=config, cluster=cluster, once=once, dcgm=dcgm, api=api, registry=registry),
+                _work(config=config, cluster=cluster, once=once, dcgm=dcgm, api=api, registry=registry,
+                      controllers=controllers),
                 name="descheduler-work")
             try:
                 # `listener` has listened since `run`: a probe that came early is answered as soon as this
@@ -254,7 +261,7 @@ def gang_demands(config: settings.Settings) -> reclaim_loop.GangDemands:
 
 async def _work(
     *, config: settings.Settings, cluster: source.StaticSource | feeder.Feeder, once: bool, dcgm: Any, api: Any,
-    registry: prometheus_client.CollectorRegistry,
+    registry: prometheus_client.CollectorRegistry, controllers: idle_history.ControllerReader | None = None,
 ) -> reclaim_loop.Cycle | None:
     dry_run = config.descheduler.reclaim.dry_run
     client: evictor.EvictionClient = (
@@ -266,7 +273,7 @@ async def _work(
     if isinstance(cluster, source.StaticSource):
         loop = reclaim_loop.ReclaimLoop(config=config, cluster=cluster, prometheus=dcgm, evictions=client, api=None,
                                         registry=registry, gang_demands=gang_demands(config), once=once,
-                                        progress=_progress)
+                                        progress=_progress, controllers=controllers)
         if once:
             return await loop.cycle()
         await loop.run()

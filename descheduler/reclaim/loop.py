@@ -110,9 +110,11 @@ class ReclaimLoop:
         gang_demands: GangDemands | None = None,
         once: bool = False,
         progress: Callable[[str], None] | None = None,
+        controllers: idle_history.ControllerReader | None = None,
     ) -> None:
         """`once`: this loop runs one cycle (`--once`), which reads every utilisation part its windows need and
-        the learned windows' whole look-back first, each read told to `progress` (a line; None: logged)."""
+        the learned windows' whole look-back first, each read told to `progress` (a line; None: logged).
+        `controllers`: where learned windows find ReplicaSets and Jobs (default: listed from `api`, if any)."""
         self._config = config
         self._gang_demands = gang_demands
         self._cluster = cluster
@@ -127,7 +129,9 @@ class ReclaimLoop:
         self.parts = measurement.Parts()  # utilisation parts kept across cycles: a new leader starts empty
         self._memory = cooldowns.State()  # dry-run / offline cooldowns
         self.learner = idle_history.Learner(config=config, prometheus=prometheus, registry=registry, at_once=once,
-                                              progress=self._whole)
+                                              progress=self._whole, controllers=controllers or (
+            idle_history.api_controllers(api, timeout_seconds=config.kubernetes.request_timeout_seconds)
+            if api is not None else None))
         self._reported: set[tuple[str, str]] = set()  # (class, problem) already reported
         # Pods evicted (or, in dry-run, that would have been) -> (the demand they were evicted for, until when
         # it is remembered: the preemptor cooldown). Until the snapshot shows them gone their GPUs are that

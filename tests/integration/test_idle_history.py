@@ -91,6 +91,22 @@ PODS = [
     running("train-x1y2z", gpu_class="learning", owner=("Job", "train")),
     running("gappy-qwert", gpu_class="learning", owner=("ReplicaSet", "gappy")),
 ]
+
+
+def controller(kind: str, name: str, owner: tuple[str, str] | None = None) -> dict[str, Any]:
+    """A ReplicaSet or Job as `kubectl get replicasets,jobs -o json` lists it (the fields learned windows read)."""
+    meta: dict[str, Any] = {"name": name, "namespace": "team-a", "uid": f"uid-{name}"}
+    if owner is not None:
+        meta["ownerReferences"] = [{"kind": owner[0], "name": owner[1], "uid": f"uid-{owner[1]}", "controller": True}]
+    return {"apiVersion": "apps/v1" if kind == "ReplicaSet" else "batch/v1", "kind": kind, "metadata": meta}
+
+
+# Deployment serve's ReplicaSets (the current rollout and an older one, whose pod is gone), plain's, Job train
+# and a ReplicaSet gappy of its own.
+CONTROLLERS = [controller("ReplicaSet", "serve-7d9f8", ("Deployment", "serve")),
+               controller("ReplicaSet", "serve-11111", ("Deployment", "serve")),
+               controller("ReplicaSet", "plain-7d9f8", ("Deployment", "plain")),
+               controller("Job", "train"), controller("ReplicaSet", "gappy")]
 # 6 h of look-back read in one range query; everything else as the defaults.
 CONFIG = settings_loader.load(overrides={"descheduler": {"reclaim": {
     "mode": "always", "limits": {"per_cycle": 100, "per_node": 100, "per_namespace": 100},
@@ -137,7 +153,8 @@ def loop(querier: Any, now: float, *, registry: prometheus_client.CollectorRegis
     cluster = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=PODS, priority_classes=CLASSES,
                              names=CONFIG.names, taken_at=now)
     return reclaim_loop.ReclaimLoop(config=CONFIG, cluster=source.StaticSource(cluster), prometheus=querier,
-                                    evictions=evictor.DryRunClient(), api=None, clock=lambda: now, registry=registry)
+                                    evictions=evictor.DryRunClient(), api=None, clock=lambda: now, registry=registry,
+                                    controllers=idle_history.fixed_controllers(idle_history.controllers_in(CONTROLLERS)))
 
 
 async def test_learned_window_evicts_what_the_tier_window_cannot_and_says_why(server: PrometheusServer) -> None:
@@ -211,7 +228,8 @@ def test_the_cli_once_dry_run_prints_the_learned_window_reason(
     fleet = [Series(UTIL, s.labels, history(newest=0, oldest=15000, idle_for=5400)) for s in HISTORY[5:]]
     server = prometheus_factory([*HISTORY[:5], *fleet])
     state = tmp_path / "state.json"
-    state.write_text(json.dumps({"kind": "List", "items": [builders.gpu_node("n1", gpus=8), *CLASSES, *PODS]}))
+    state.write_text(json.dumps({"kind": "List", "items": [builders.gpu_node("n1", gpus=8), *CLASSES, *PODS,
+                                                           *CONTROLLERS]}))
     config = tmp_path / "settings.yaml"
     config.write_text(json.dumps({"descheduler": {"reclaim": {"mode": "always",
                                                               "learned_window": {"lookback_seconds": 21600}}}}))
