@@ -20,9 +20,16 @@ Rules, each with its reason in words:
   it does not count (a restart that loses data teaches nothing; one that keeps the series counts as the idle
   time it was). A stretch is measured in whole steps and taken to have lasted one step more (`lasted()`: the busy
   steps on either side of it are partly idle, half a step each on average).
-- Workload: a Deployment's pods (through their ReplicaSets, across rollouts), a ReplicaSet's, Job's or
-  StatefulSet's pods share one history, found by their controller's pod names (`workload()`); a bare pod has
-  its own. Pods that are gone still count: their series carry their names.
+- Resumed: a run that did not end in a busy step of its own (its series ended while idle: an eviction; or a gap
+  cut it) counts as a stretch that ended in work if its workload worked within `resume_horizon_seconds` after the
+  run's last idle step, in a series that began after it (the replacement, or the pod itself after the gap):
+  ending at that busy step, lasting from the run's start to it (`resumed()`). So an eviction followed by work
+  widens the window.
+- Workload: by owner references (`workload()`): a ReplicaSet's or Job's pods share their controller's controller's
+  history (a Deployment's, a CronJob's), found in the ReplicaSets and Jobs read (`Controllers`, UID-checked), else
+  their ReplicaSet's or Job's; an unknown ReplicaSet or Job leaves the pod alone; any other controller is the
+  workload itself; a bare pod has its own. A gone pod's series belongs to the workload the shell saw it in, else to
+  the ReplicaSet or Job whose generateName made its name, if known (`series_workload()`), else to itself.
 - Too little history: fewer than `min_stretches` stretches that ended in work within the look-back, or
   history not read yet (`None`): the tier window.
 - The pool (`pool()`): each pod's stretches that ended in work, in time order, each divided by the longest of

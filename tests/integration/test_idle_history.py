@@ -242,3 +242,48 @@ def test_the_cli_once_dry_run_prints_the_learned_window_reason(
     assert "; learned idle window 30 min = " in evicted, out
     assert "this workload's longest idle stretch that ended in work in 6.0 h" in evicted
     assert lines["spare team-a/train-x1y2z"].endswith("fewer than 6: tier window")
+
+
+def web_history() -> list[Series]:
+    """Deployment web: its pod `web-5f6g7-qwrtz` worked, idled 27 min and was evicted (its series ends); 5 min
+    later the pod that replaced it, `web-5f6g7-bcdfg`, worked at once, then 6 stretches of 10 min and 35 min idle
+    now. The fleet (as above, idle 40 min now) is the pool."""
+    start = 2100 + 13 * 600  # the replacement's first sample (s ago), busy
+    evicted = [(float(ago), 1.0 if ago < start + 300 + 1620 else 50.0) for ago in range(start + 300, start + 2700, 60)]
+    return [Series(UTIL, dcgm("0", "web-5f6g7-bcdfg"), history(newest=0, oldest=start + 1, idle_for=2100)),
+            Series(UTIL, dcgm("0", "web-5f6g7-qwrtz"), evicted), *HISTORY[5:]]
+
+
+async def test_an_eviction_followed_by_work_widens_the_learned_window(prometheus_factory: StartPrometheus) -> None:
+    """The evicted run and the replacement's wait (about 35 min) is a stretch that ended in work: Deployment web's
+    longest, so its window is 40 min, not the 30 min its 10-min stretches alone give: idle 35 min, it stays."""
+    now = math.floor(time.time() / 300) * 300
+    server = prometheus_factory(web_history(), now=now)
+    web = running("web-5f6g7-bcdfg", gpu_class="learning", owner=("ReplicaSet", "web-5f6g7"))
+    cluster = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=[web], priority_classes=CLASSES,
+                             names=CONFIG.names, taken_at=now)
+    querier = Counting(prometheus.Client(settings.Prometheus(url=server.url)), now=now)
+    controllers = idle_history.controllers_in([controller("ReplicaSet", "web-5f6g7", ("Deployment", "web"))])
+
+    async def judged(found: dict[tuple[str, str, str], Any]) -> str:
+        reclaim = reclaim_loop.ReclaimLoop(config=CONFIG, cluster=source.StaticSource(cluster), prometheus=querier,
+                                           evictions=evictor.DryRunClient(), api=None, clock=lambda: now,
+                                           controllers=idle_history.fixed_controllers(found))
+        await reclaim.cycle()
+        await reclaim.learner.settle()
+        cycle = await reclaim.cycle()
+        return {**{e.pod: f"evict: {e.reason}" for e in cycle.plan.evictions},
+                **{s.pod: f"spare: {s.reason}" for s in cycle.plan.spared}}["team-a/web-5f6g7-bcdfg"]
+
+    try:
+        widened = await judged(controllers)
+        alone = await judged({})  # its ReplicaSet unknown: the evicted pod's series is not its workload's
+    finally:
+        querier.client.close()
+    assert widened.startswith("spare: not idle: peak GPU utilisation 50.0% >= 5% over 2400s; learned idle window "
+                              "40 min = "), widened
+    assert "this workload's longest idle stretch that ended in work in 6.0 h (about 3" in widened
+    assert ", of 7)" in widened
+    assert alone.startswith("evict: peak GPU utilisation 1.0% < 5% over 1800s; learned idle window 30 min = 2.0x "
+                            "this workload's longest idle stretch that ended in work in 6.0 h (about 15 min, of 6)"
+                            ), alone
