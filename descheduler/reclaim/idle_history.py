@@ -237,9 +237,8 @@ class Learner:
         if self._reader is None or not self._namespaces or (
                 self._controllers_at is not None and now - self._controllers_at < self._learning.refresh_seconds):
             return
-        try:
-            async with asyncio.timeout(self._config.prometheus.timeout_seconds):
-                self._controllers = await self._reader(self._namespaces)
+        try:  # each request bounded by kubernetes.request_timeout_seconds
+            self._controllers = await self._reader(self._namespaces)
         except Exception as exc:  # an API error or timeout: one log line; the previous ones stay
             logger.warning("reclaim: ReplicaSets and Jobs not read (pods whose workload is not known learn alone): "
                            "%s", exc or type(exc).__name__)
