@@ -109,9 +109,9 @@ EVICTED = [(0.0, BUSY), *((300.0 * i, IDLE) for i in range(1, 9))]
 def test_resumed_makes_an_evicted_run_followed_by_work_a_stretch(
     others: dict[object, list[tuple[float, float]]], stretch: tuple[float, float] | None
 ) -> None:
-    own = [*EVICTED, *others.pop("self", [])]
+    own = [*EVICTED, *others.get("self", [])]
     histories: dict[object, idle_learning.History] = {("old", "web"): timed(own)}
-    histories.update({key: timed(pairs) for key, pairs in others.items()})
+    histories.update({key: timed(pairs) for key, pairs in others.items() if key != "self"})
     got = idle_learning.resumed(histories, of=lambda key: key[1], step_seconds=STEP,  # type: ignore[index]
                                 horizon_seconds=600.0)
     old = got[("old", "web")]
