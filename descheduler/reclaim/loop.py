@@ -128,10 +128,10 @@ class ReclaimLoop:
         self._measurement_metrics = measurement.Metrics(registry)
         self.parts = measurement.Parts()  # utilisation parts kept across cycles: a new leader starts empty
         self._memory = cooldowns.State()  # dry-run / offline cooldowns
+        if controllers is None and api is not None:
+            controllers = idle_history.api_controllers(api, timeout_seconds=config.kubernetes.request_timeout_seconds)
         self.learner = idle_history.Learner(config=config, prometheus=prometheus, registry=registry, at_once=once,
-                                              progress=self._whole, controllers=controllers or (
-            idle_history.api_controllers(api, timeout_seconds=config.kubernetes.request_timeout_seconds)
-            if api is not None else None))
+                                            progress=self._whole, controllers=controllers)
         self._reported: set[tuple[str, str]] = set()  # (class, problem) already reported
         # Pods evicted (or, in dry-run, that would have been) -> (the demand they were evicted for, until when
         # it is remembered: the preemptor cooldown). Until the snapshot shows them gone their GPUs are that
