@@ -116,8 +116,50 @@ def test_resumed_makes_an_evicted_run_followed_by_work_a_stretch(
                                 horizon_seconds=600.0)
     old = got[("old", "web")]
     assert old.stretches == (() if stretch is None else (stretch,))
-    assert old.run_start == (None if stretch is not None else 300.0)  # resumed: no open (censored) run left
+    if "self" not in others:  # resumed: no open (censored) run left; else it stays
+        assert (old.run_start, old.run_steps) == ((None, 0) if stretch is not None else (300.0, 8))
+    assert old.last == histories[("old", "web")].last
     assert all(got[k] is histories[k] for k in histories if k != ("old", "web"))
+
+
+def test_resumed_keeps_an_open_run_nobody_resumed_beside_a_cut_that_was() -> None:
+    """A cut run resumed after its gap, then idle again to the end: the cut is a stretch, the open run stays."""
+    own = timed([(0.0, BUSY), (300.0, IDLE), (600.0, IDLE), (1200.0, BUSY), (1500.0, IDLE), (1800.0, IDLE)])
+    got = idle_learning.resumed({"p": own}, of=lambda key: key, step_seconds=STEP, horizon_seconds=600.0)["p"]
+    assert got.stretches == ((1200.0, 600.0 + 600.0 - STEP),)
+    assert (got.run_start, got.run_steps, got.last) == (1500.0, 2, 1800.0)
+
+
+def test_resumed_looks_at_every_workload_and_at_runs_only() -> None:
+    """A workload with no work at all comes first (it is skipped, not the end); a pod whose series ended busy has
+    no run to resume, whatever its next pod does."""
+    quiet = timed([(0.0, IDLE), (300.0, IDLE)])
+    ended_busy = timed([(0.0, BUSY), (300.0, IDLE), (600.0, BUSY)])
+    histories = {("a", "quiet"): quiet, ("old", "web"): timed(EVICTED), ("new", "web"): timed([(2700.0, BUSY)]),
+                 ("old", "job"): ended_busy, ("new", "job"): timed([(900.0, BUSY)])}
+    got = idle_learning.resumed(histories, of=lambda key: key[1], step_seconds=STEP, horizon_seconds=600.0)
+    assert got[("old", "web")].stretches == ((2700.0, 2400.0),)
+    assert got[("old", "job")] is ended_busy and got[("a", "quiet")] is quiet
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        pytest.param({"metadata": {"ownerReferences": [{"kind": "ReplicaSet", "name": "a", "uid": "u"},
+                                                       {"kind": "Job", "name": "b", "controller": True}]}},
+                     idle_learning.Ref("Job", "b", ""), id="the-controller-not-the-first-owner"),
+        pytest.param({"metadata": {"ownerReferences": [{"kind": "ReplicaSet", "name": "a", "uid": "u"}]}}, None,
+                     id="an-owner-that-is-no-controller"),
+        pytest.param({"metadata": {"ownerReferences": [{"kind": "ReplicaSet", "controller": True}]}}, None,
+                     id="a-controller-without-a-name"),
+        pytest.param({"metadata": {"ownerReferences": [{"name": "a", "controller": True}]}}, None,
+                     id="a-controller-without-a-kind"),
+        pytest.param({"metadata": ["not", "a", "mapping"]}, None, id="malformed-metadata"),
+        pytest.param({"metadata": {"ownerReferences": ["x"]}}, None, id="malformed-reference"),
+    ],
+)
+def test_controller_ref(raw: dict[str, object], expected: idle_learning.Ref | None) -> None:
+    assert idle_learning.controller_ref(raw) == expected
 
 
 @pytest.mark.parametrize(
@@ -522,6 +564,9 @@ def test_windows_share_the_workload_history_by_owner_and_respect_the_lookback() 
     later = idle_learning.windows([serving], tier_windows={"normal": TIER}, pool=SAFE.build(), histories=histories,
                                   of=of, since=901.0, config=CONFIG)
     assert not later[serving.key].learned and "4 idle stretch(es)" in later[serving.key].reason
+    nothing = idle_learning.windows([serving], tier_windows={"normal": TIER}, pool=SAFE.build(), histories={},
+                                    of=of, since=0.0, config=CONFIG)  # read, but no series of its workload
+    assert nothing[serving.key].reason.startswith("0 idle stretch(es) of this workload")
     unread = idle_learning.windows([serving], tier_windows={"normal": TIER}, pool=SAFE.build(), histories=None,
                                    of=of, since=0.0, config=CONFIG)
     assert unread[serving.key] == idle_learning.Learned(TIER, False, "history not read (yet): tier window")
