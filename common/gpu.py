@@ -87,6 +87,22 @@ def pod_request(pod: Mapping[str, Any]) -> GpuRequest:
     two. Restartable (sidecar) init containers keep running and add up like regular ones.
     Raises QuantityError for a malformed quantity.
     """
+    running, peak_init = _requests(pod)
+    return _max(running, peak_init)
+
+
+def running_request(pod: Mapping[str, Any]) -> GpuRequest:
+    """The GPUs the pod's running containers hold once it has started: its containers' and its restartable
+    (sidecar) init containers' requests, without the peak of a one-off init container's.
+
+    The scheduler accounts the larger of the two (`pod_request`: what evicting the pod frees), but once its init
+    containers are done no running container holds the extra GPUs, so DCGM attributes none of their samples to the
+    pod: what a measurement of the pod can expect to see. Raises QuantityError for a malformed quantity."""
+    return _requests(pod)[0]
+
+
+def _requests(pod: Mapping[str, Any]) -> tuple[GpuRequest, GpuRequest]:
+    """(containers + sidecars, the peak of any one init container run with the sidecars started before it)."""
     spec = pod.get("spec") or {}
     total = GpuRequest()
     for container in spec.get("containers") or []:
@@ -99,7 +115,7 @@ def pod_request(pod: Mapping[str, Any]) -> GpuRequest:
             sidecars = _add(sidecars, request)
         else:
             peak_init = _max(peak_init, _add(sidecars, request))
-    return _max(_add(total, sidecars), peak_init)
+    return _add(total, sidecars), peak_init
 
 
 def node_allocatable(node: Mapping[str, Any]) -> GpuRequest:

@@ -99,6 +99,14 @@ class Pod:
     held_on: str | None = None  # the node whose resources it holds (bound, nominated, or pinned and released)
     gpu_indices: tuple[int, ...] = ()
     indices_observed: bool = False  # True: from DCGM; False: estimated (or not bound)
+    # What its running containers hold (`gpu.running_request`; None: `request`): what measuring it sees. `request`
+    # is what the scheduler accounts and an eviction frees, a one-off init container's larger request included.
+    running: gpu.GpuRequest | None = None
+
+    @property
+    def measured(self) -> gpu.GpuRequest:
+        """The GPUs a measurement of the pod expects to see (see `running`)."""
+        return self.request if self.running is None else self.running
 
     @property
     def key(self) -> str:
@@ -260,6 +268,7 @@ def _pod(raw: Mapping[str, Any]) -> Pod:
         node_name=spec.get("nodeName") or None,
         phase=(raw.get("status") or {}).get("phase") or "Pending",
         request=gpu.pod_request(raw),
+        running=gpu.running_request(raw),
         priority=int(spec.get("priority") or 0),
         priority_class_name=spec.get("priorityClassName") or None,
         preemption_policy=spec.get("preemptionPolicy") or DEFAULT_PREEMPTION_POLICY,

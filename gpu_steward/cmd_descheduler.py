@@ -5,9 +5,11 @@
 
 `--cluster` replays `kubectl get nodes,pods,priorityclasses,namespaces -A -o json`; with no API
 server nothing can be evicted, so it always runs as a dry-run. `--once` runs one cycle and prints its
-plan (`--output json`: `{"evictions": [...], "spared": [...]}`); when a tier learns its idle windows, that cycle
-first reads their whole look-back (`lookback_seconds / chunk_seconds` range queries, 336 with the defaults), so
-the plan shows learned windows and their reasons; otherwise, while this replica holds
+plan (`--output json`: `{"evictions": [...], "spared": [...]}`). That cycle first reads every utilisation part its
+windows need (a loop reads `rebuild_parts_per_cycle` a cycle after a start), so its verdicts are a warmed-up
+loop's, and when a tier learns its idle windows their whole look-back (`lookback_seconds / chunk_seconds` range
+queries, 336 with the defaults), so the plan shows learned windows and their reasons; a line on stderr tells
+each read's progress. Otherwise, while this replica holds
 the leader Lease, the gang controller releases complete gangs (on every pod change and every
 `descheduler.gangs.resync_seconds`) and reclaim cycles run every `descheduler.reclaim.interval_seconds`;
 an unexpected error in one of the two loops is logged and counted, and that loop alone is restarted after a
@@ -41,6 +43,7 @@ import prometheus_client
 
 from common import buildinfo, httpserver, settings, snapshot, source
 from descheduler import evictor, health, policy, reclaim, supervisor
+from descheduler.reclaim import idle_history
 from descheduler.reclaim import loop as reclaim_loop
 from descheduler.release import planning
 from gpu_steward import cmdline
@@ -63,7 +66,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         parents=[cmdline.connection_parent()],
     )
     parser.add_argument("--once", action="store_true",
-                        help="run one cycle, print its plan, exit (a learning tier's history is read whole first)")
+                        help="run one cycle, print its plan, exit (every utilisation part its windows need, and a "
+                        "learning tier's history, are read first; progress on stderr)")
     parser.add_argument("--dry-run", action="store_true", help="decide, log and emit 'would' events; evict nothing")
     parser.add_argument("--cluster", type=pathlib.Path,
                         help="offline cluster state (a Kubernetes List); implies dry-run")
@@ -114,10 +118,13 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     config = cmdline.load_settings(args, overrides=overrides)
-    static = None
+    static = controllers = None
     if args.cluster:
         try:
             static = source.from_file(args.cluster, names=config.names, clock=time.time)
+            # Its ReplicaSets and Jobs, if saved too (`kubectl get ...,replicasets,jobs`): learned windows' workloads.
+            controllers = idle_history.fixed_controllers(idle_history.controllers_in(
+                json.loads(args.cluster.read_text()).get("items") or ()))
         except (OSError, ValueError) as exc:
             print(f"descheduler: {exc}", file=sys.stderr)
             return 2
@@ -132,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
                   f"{exc}", file=sys.stderr)
             return 2
     try:
-        cycle = asyncio.run(_main(config=config, static=static, once=args.once, registry=registry, listener=listener))
+        cycle = asyncio.run(_main(config=config, static=static, once=args.once, registry=registry, listener=listener,
+                                  controllers=controllers))
     except settings.SettingsError:
         raise  # bad configuration found on the way (no usable kubeconfig): one line, exit 2 (cli.main)
     except Exception as exc:
@@ -183,6 +191,7 @@ async def _clients(config: settings.Settings, *, live: bool) -> AsyncIterator[tu
 async def _main(
     *, config: settings.Settings, static: source.StaticSource | None, once: bool,
     registry: prometheus_client.CollectorRegistry, listener: socket.socket | None = None,
+    controllers: idle_history.ControllerReader | None = None,
 ) -> reclaim_loop.Cycle | None:
     loop = asyncio.get_running_loop()
     stop: asyncio.Future[None] = loop.create_future()
@@ -197,7 +206,8 @@ async def _main(
         async with _clients(config, live=static is None) as (dcgm, api):
             cluster = static if static is not None else _feeder(config=config, api=api, dcgm=dcgm, registry=registry)
             work = asyncio.create_task(
-                _work(config=config, cluster=cluster, once=once, dcgm=dcgm, api=api, registry=registry),
+                _work(config=config, cluster=cluster, once=once, dcgm=dcgm, api=api, registry=registry,
+                      controllers=controllers),
                 name="descheduler-work")
             try:
                 # `listener` has listened since `run`: a probe that came early is answered as soon as this
@@ -239,6 +249,11 @@ async def _serving(
     async with httpserver.serving(app, sock=listener, shutdown_seconds=SHUTDOWN_SECONDS) as (_, port):
         log.info("descheduler serving /metrics, /healthz and /readyz on port %d", port)
         yield
+
+
+def _progress(line: str) -> None:
+    """`--once`: each read before its cycle, on stderr (the plan alone goes to stdout)."""
+    print(f"descheduler --once: {line}", file=sys.stderr, flush=True)
 
 
 def gang_demands(config: settings.Settings) -> reclaim_loop.GangDemands:
@@ -288,7 +303,7 @@ def _settings_error(exc: BaseException) -> settings.SettingsError | None:
 
 async def _work(
     *, config: settings.Settings, cluster: source.StaticSource | feeder.Feeder, once: bool, dcgm: Any, api: Any,
-    registry: prometheus_client.CollectorRegistry,
+    registry: prometheus_client.CollectorRegistry, controllers: idle_history.ControllerReader | None = None,
 ) -> reclaim_loop.Cycle | None:
     dry_run = config.descheduler.reclaim.dry_run
     client: evictor.EvictionClient = (
@@ -300,7 +315,8 @@ async def _work(
     if isinstance(cluster, source.StaticSource):
         await check_store(config=config, dcgm=dcgm, cluster=cluster.snapshot)
         loop = reclaim_loop.ReclaimLoop(config=config, cluster=cluster, prometheus=dcgm, evictions=client, api=None,
-                                        registry=registry, gang_demands=gang_demands(config), once=once)
+                                        registry=registry, gang_demands=gang_demands(config), once=once,
+                                        progress=_progress, controllers=controllers)
         if once:
             return await loop.cycle()
         await loop.run()
@@ -321,7 +337,8 @@ async def _work(
             live.unsubscribe(published)
             await check_store(config=config, dcgm=dcgm, cluster=live.snapshot)
             loop = reclaim_loop.ReclaimLoop(config=config, cluster=live, prometheus=dcgm, evictions=client, api=api,
-                                            registry=registry, gang_demands=gang_demands(config), once=once)
+                                            registry=registry, gang_demands=gang_demands(config), once=once,
+                                            progress=_progress)
 
             gang_metrics = controller.Metrics(registry)
             failures = supervisor.Failures(registry)

@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Collection, Hashable, Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import prometheus_client
@@ -78,18 +78,21 @@ class _Read:
 
 @dataclasses.dataclass(frozen=True)
 class _Learned:
-    """What one refresh publishes, whole: the histories folded up to `read.end`, and their pool."""
+    """What one refresh publishes, whole: the histories folded up to `read.end`, the same with the runs that its
+    workload's next pod resumed made stretches (`idle_learning.resumed`: what is learned from), and their pool."""
 
     read: _Read
     histories: Mapping[tuple[str, str], idle_learning.History]
     pool: idle_learning.Pool
+    resumed: Mapping[tuple[str, str], idle_learning.History] = dataclasses.field(default_factory=dict)
 
 
 def _folded(learned: _Learned, rows: list[dict[str, Any]], *, stop: float, since: float,
-            labels: settings.PrometheusLabels, learning: settings.LearnedWindow) -> _Learned:
-    """`learned` after one read's `rows` (up to `stop`), history before `since` forgotten, its pool built: the
-    CPU-heavy part of a refresh, run in a worker thread. Builds new objects only (histories are immutable), so an
-    abandoned refresh leaves `learned` as it was."""
+            labels: settings.PrometheusLabels, learning: settings.LearnedWindow,
+            of: Callable[[tuple[str, str]], Hashable]) -> _Learned:
+    """`learned` after one read's `rows` (up to `stop`), history before `since` forgotten, the resumed runs made
+    stretches (workloads by `of`), its pool built: the CPU-heavy part of a refresh, run in a worker thread. Builds
+    new objects only (histories are immutable), so an abandoned refresh leaves `learned` as it was."""
     threshold = learned.read.threshold
     histories = dict(learned.histories)
     for row in rows:
@@ -99,9 +102,58 @@ def _folded(learned: _Learned, rows: list[dict[str, Any]], *, stop: float, since
                                                 step_seconds=learning.step_seconds, threshold_percent=threshold)
     histories = {k: h.since(since) for k, h in histories.items()
                  if h.ends or (h.last is not None and h.last >= since)}
-    pool = idle_learning.pool(histories.values(), step_seconds=learning.step_seconds,
+    resumed = idle_learning.resumed(histories, of=of, step_seconds=learning.step_seconds,
+                                    horizon_seconds=learning.resume_horizon_seconds)
+    pool = idle_learning.pool(resumed.values(), step_seconds=learning.step_seconds,
                               min_stretches=learning.min_stretches)
-    return _Learned(dataclasses.replace(learned.read, end=stop), histories, pool)
+    return _Learned(dataclasses.replace(learned.read, end=stop), histories, pool, resumed)
+
+
+ControllerReader = Callable[[Collection[str]], Awaitable[idle_learning.Controllers]]
+"""Namespaces -> the ReplicaSets and Jobs in them (`idle_learning.Controllers`): how a pod's workload is found."""
+
+
+def fixed_controllers(found: idle_learning.Controllers) -> ControllerReader:
+    """A reader of these controllers only (an offline state file, tests)."""
+    async def read(namespaces: Collection[str]) -> idle_learning.Controllers:
+        return {key: c for key, c in found.items() if key[0] in namespaces}
+
+    return read
+
+
+def controllers_in(objects: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], idle_learning.Controller]:
+    """The ReplicaSets and Jobs among `objects` (a `kubectl get ... -o json` List's items)."""
+    out = {}
+    for obj in objects:
+        meta = obj.get("metadata") or {}
+        if obj.get("kind") in idle_learning.GROUPED and meta.get("name"):
+            out[(meta.get("namespace") or "default", str(obj["kind"]), str(meta["name"]))] = \
+                idle_learning.controller(obj)
+    return out
+
+
+def api_controllers(api: Any, *, timeout_seconds: float) -> ControllerReader:
+    """A reader that lists the namespaces' ReplicaSets and Jobs from the API server (paged; RBAC `list` on
+    `apps/replicasets` and `batch/jobs`), keeping of each only its UID and controller reference."""
+    from common import kube  # the Kubernetes client: only where there is an API server
+
+    paths = {"ReplicaSet": "/apis/apps/v1/namespaces/{}/replicasets", "Job": "/apis/batch/v1/namespaces/{}/jobs"}
+
+    async def read(namespaces: Collection[str]) -> idle_learning.Controllers:
+        out: dict[tuple[str, str, str], idle_learning.Controller] = {}
+        for namespace in sorted(namespaces):
+            for kind, path in paths.items():
+                token = ""
+                while True:
+                    query: dict[str, Any] = {"limit": 500, **({"continue": token} if token else {})}
+                    page = await kube.get(api, path.format(namespace), timeout_seconds=timeout_seconds, query=query)
+                    out.update(controllers_in({**item, "kind": kind} for item in page.get("items") or ()))
+                    token = (page.get("metadata") or {}).get("continue") or ""
+                    if not token:
+                        break
+        return out
+
+    return read
 
 
 class Learner:
@@ -123,9 +175,17 @@ class Learner:
 
     def __init__(self, *, config: settings.Settings, prometheus: object | None, until: float | None = None,
                  registry: prometheus_client.CollectorRegistry | None = None, at_once: bool = False,
-                 wait: bool = False) -> None:
+                 wait: bool = False, progress: Callable[[str], None] | None = None,
+                 controllers: ControllerReader | None = None) -> None:
         self._config = config
+        self._reader = controllers
+        self._controllers: idle_learning.Controllers = {}
+        self._controllers_at: float | None = None  # when they were last read (None: never)
+        self._namespaces: frozenset[str] = frozenset()  # of the learning pods, at the last screen
+        self._seen: dict[tuple[str, str], idle_learning.Workload] = {}  # each GPU pod seen: its workload
+        self._live: list[snapshot.Pod] = []  # the GPU pods of the last screen
         self._at_once = at_once
+        self._progress = progress
         self.wait = wait
         self._querier = prometheus if isinstance(prometheus, RangeQuerier) else None
         self._until = until
@@ -157,7 +217,35 @@ class Learner:
 
     @property
     def _histories(self) -> Mapping[tuple[str, str], idle_learning.History]:
-        return self._learned.histories if self._learned is not None else {}
+        """What is learned from: the histories with the runs their workload resumed made stretches."""
+        return self._learned.resumed if self._learned is not None else {}
+
+    def _identity(self) -> Callable[[tuple[str, str]], Hashable]:
+        """The workload of a series, as now known (frozen copies: the fold's worker thread reads it): the pod's
+        as last seen, else the ReplicaSet or Job that named it, else the series alone."""
+        controllers = self._controllers
+        self._seen.update({(p.namespace, p.name): idle_learning.workload(p, controllers=controllers)
+                           for p in self._live})
+        seen = dict(self._seen)
+
+        def of(key: tuple[str, str]) -> Hashable:
+            return seen.get(key) or idle_learning.series_workload(*key, controllers=controllers) or key
+
+        return of
+
+    async def _read_controllers(self, now: float) -> None:
+        """The learning pods' namespaces' ReplicaSets and Jobs, every `refresh_seconds`; a failed read keeps the
+        previous ones (pods whose controller is not among them learn alone)."""
+        if self._reader is None or not self._namespaces or (
+                self._controllers_at is not None and now - self._controllers_at < self._learning.refresh_seconds):
+            return
+        try:  # each request bounded by kubernetes.request_timeout_seconds
+            self._controllers = await self._reader(self._namespaces)
+        except Exception as exc:  # an API error or timeout: one log line; the previous ones stay
+            logger.warning("reclaim: ReplicaSets and Jobs not read (pods whose workload is not known learn alone): "
+                           "%s", exc or type(exc).__name__)
+            return
+        self._controllers_at = now
 
     @property
     def pool(self) -> idle_learning.Pool:
@@ -202,6 +290,7 @@ class Learner:
             self._learned = base  # the old history is of another threshold or from the future: never used
         if self._querier is None or not self.due(threshold=threshold, now=now):
             return False
+        await self._read_controllers(now)
         start = base.read.end + learning.step_seconds
         stop = min(end, base.read.end + learning.chunk_seconds)
         self.queries += 1
@@ -220,7 +309,7 @@ class Learner:
             return False
         self._learned = await asyncio.to_thread(
             _folded, base, rows, stop=stop, since=end - learning.lookback_seconds,
-            labels=self._config.prometheus.labels, learning=learning)
+            labels=self._config.prometheus.labels, learning=learning, of=self._identity())
         return True
 
     def start(self, *, now: float) -> None:
@@ -274,9 +363,19 @@ class Learner:
             self._threshold = None
             return dict(screened), {}
         threshold = self._threshold = max(policies[name].threshold_percent for name in tier_windows)
+        self._namespaces = frozenset(p.namespace for p in cluster.pods.values()
+                                     if p.priority_class_name in tier_windows)
+        self._live = [p for p in cluster.pods.values() if p.holds_gpus]
+        self._seen = {key: w for key, w in self._seen.items() if key in self._histories}  # gone and forgotten: out
         if self._at_once:
-            while await self.read(threshold=threshold, now=now) and not self.fresh(now):
-                pass  # `--once`: the next chunk at once, until the look-back is read (or a read fails)
+            chunks = math.ceil(self._learning.lookback_seconds / self._learning.chunk_seconds)
+            read = 0
+            while await self.read(threshold=threshold, now=now):  # `--once`: the next chunk at once, until the
+                read += 1                                          # look-back is read (or a read fails)
+                if self._progress is not None:
+                    self._progress(f"idle history read: {read} of {chunks} chunk(s)")
+                if self.fresh(now):
+                    break
         elif self.wait:
             await self.read(threshold=threshold, now=now)  # a replay in store time: the refresh takes no time
         elif self._base(threshold=threshold, end=self._end(now)) is not self._learned:
@@ -284,7 +383,7 @@ class Learner:
         self._fresh.set(1 if self.fresh(now) else 0)
         learned = idle_learning.windows(
             (cluster.pods[key] for key in screened), tier_windows=tier_windows,
-            histories=self._histories if self.fresh(now) else None,
+            histories=self._histories if self.fresh(now) else None, of=self._identity(),
             since=self._end(now) - self._learning.lookback_seconds, pool=self.pool, config=self._learning)
         out = dict(screened)
         for key, found in learned.items():

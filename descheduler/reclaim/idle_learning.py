@@ -20,9 +20,16 @@ Rules, each with its reason in words:
   it does not count (a restart that loses data teaches nothing; one that keeps the series counts as the idle
   time it was). A stretch is measured in whole steps and taken to have lasted one step more (`lasted()`: the busy
   steps on either side of it are partly idle, half a step each on average).
-- Workload: a Deployment's pods (through their ReplicaSets, across rollouts), a ReplicaSet's, Job's or
-  StatefulSet's pods share one history, found by their controller's pod names (`workload()`); a bare pod has
-  its own. Pods that are gone still count: their series carry their names.
+- Resumed: a run that did not end in a busy step of its own (its series ended while idle: an eviction; or a gap
+  cut it) counts as a stretch that ended in work if its workload worked within `resume_horizon_seconds` after the
+  run's last idle step, in a series that began after it (the replacement, or the pod itself after the gap):
+  ending at that busy step, lasting from the run's start to it (`resumed()`). So an eviction followed by work
+  widens the window.
+- Workload: by owner references (`workload()`): a ReplicaSet's or Job's pods share their controller's controller's
+  history (a Deployment's, a CronJob's), found in the ReplicaSets and Jobs read (`Controllers`, UID-checked), else
+  their ReplicaSet's or Job's; an unknown ReplicaSet or Job leaves the pod alone; any other controller is the
+  workload itself; a bare pod has its own. A gone pod's series belongs to the workload the shell saw it in, else to
+  the ReplicaSet or Job whose generateName made its name, if known (`series_workload()`), else to itself.
 - Too little history: fewer than `min_stretches` stretches that ended in work within the look-back, or
   history not read yet (`None`): the tier window.
 - The pool (`pool()`): each pod's stretches that ended in work, in time order, each divided by the longest of
@@ -55,62 +62,89 @@ import itertools
 import math
 import operator
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 from common import label_values, settings, snapshot
 
 GAP_TOLERANCE = 1.5  # points further apart than this many steps have a gap between them
-DEPLOYMENT_HASH = "pod-template-hash"  # label the Deployment controller puts on its ReplicaSets' pods
-_TOKEN = r"[a-z0-9]+"
-_ONE = re.compile(_TOKEN)  # a controller's pod suffix: ReplicaSet, Job (random), StatefulSet (ordinal)
-_TWO = re.compile(rf"{_TOKEN}-{_TOKEN}")  # a Deployment's: ReplicaSet hash + random; an indexed Job's: index + random
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclasses.dataclass(frozen=True, init=False)
 class History:
-    """What `fold()` keeps of one pod's series: its idle stretches that ended in work, and the open run. The
-    stretches are kept as two flat arrays of floats, 16 bytes a stretch (a tuple of two floats is about 110: 10,000
-    pods x 7 d of stretches were 200 MB); `stretches` reads them as pairs."""
+    """What `fold()` keeps of one pod's series: its idle stretches that ended in work, the open run, the runs cut
+    short by a gap, and where each stretch of data (a segment: after a gap, or the series' start) began and first
+    worked (`resumed()` reads those two). Kept as flat arrays of floats, 16 bytes a stretch (a tuple of two floats
+    is about 110: 10,000 pods x 7 d of stretches were 200 MB); `stretches` reads them as pairs."""
 
     last: float | None  # time of the last point folded
     run_start: float | None  # time of the first point of the open idle run (None: not idle)
     run_steps: int
     ends: array.array[float]  # time of the busy step that ended each stretch, in time order
     seconds: array.array[float]  # each stretch's seconds idle
+    cut_at: array.array[float]  # time of the last idle point of each run a gap cut short, in time order
+    cut_seconds: array.array[float]  # its seconds idle
+    segment_at: array.array[float]  # time of each segment's first point, in time order
+    segment_busy: array.array[float]  # time of its first busy point (NaN: none yet)
 
     def __init__(self, last: float | None = None, run_start: float | None = None, run_steps: int = 0,
-                 stretches: Iterable[tuple[float, float]] = ()) -> None:
-        pairs = list(stretches)
-        self._set(last, run_start, run_steps, array.array("d", [e for e, _ in pairs]),
-                  array.array("d", [s for _, s in pairs]))
+                 stretches: Iterable[tuple[float, float]] = (), cuts: Iterable[tuple[float, float]] = (),
+                 segments: Iterable[tuple[float, float]] = ()) -> None:
+        self._set(last, run_start, run_steps, *_columns(stretches), *_columns(cuts), *_columns(segments))
 
-    def _set(self, last: float | None, run_start: float | None, run_steps: int, ends: array.array[float],
-             seconds: array.array[float]) -> None:
-        for name, value in (("last", last), ("run_start", run_start), ("run_steps", run_steps), ("ends", ends),
-                            ("seconds", seconds)):
+    def _set(self, last: float | None, run_start: float | None, run_steps: int, *columns: array.array[float]) -> None:
+        for name, value in (("last", last), ("run_start", run_start), ("run_steps", run_steps),
+                            *zip(_COLUMNS, columns, strict=True)):
             object.__setattr__(self, name, value)
 
     @classmethod
-    def _of(cls, last: float | None, run_start: float | None, run_steps: int, ends: array.array[float],
-            seconds: array.array[float]) -> History:
+    def _of(cls, last: float | None, run_start: float | None, run_steps: int, *columns: array.array[float]) -> History:
         """Over these arrays, not copied (never changed after)."""
         made = object.__new__(cls)
-        made._set(last, run_start, run_steps, ends, seconds)
+        made._set(last, run_start, run_steps, *columns)
         return made
+
+    @property
+    def _columns(self) -> tuple[array.array[float], ...]:
+        return tuple(getattr(self, name) for name in _COLUMNS)
 
     @property
     def stretches(self) -> tuple[tuple[float, float], ...]:
         """(time of the busy step that ended it, seconds idle) of each stretch, in time order."""
         return tuple(zip(self.ends, self.seconds, strict=True))
 
+    @property
+    def cuts(self) -> tuple[tuple[float, float], ...]:
+        """(time of its last idle point, seconds idle) of each run a gap cut short, in time order."""
+        return tuple(zip(self.cut_at, self.cut_seconds, strict=True))
+
+    @property
+    def segments(self) -> tuple[tuple[float, float], ...]:
+        """(time of its first point, of its first busy point or NaN) of each segment, in time order."""
+        return tuple(zip(self.segment_at, self.segment_busy, strict=True))
+
     def since(self, start: float) -> History:
-        """Forget the stretches that ended before `start` (out of the look-back)."""
-        if not self.ends or min(self.ends) >= start:
+        """Forget the stretches that ended, the cuts and the segments that began before `start` (out of the
+        look-back)."""
+        columns = self._columns
+        pairs = [(columns[k], columns[k + 1]) for k in range(0, len(columns), 2)]
+        if all(not times or min(times) >= start for times, _ in pairs):
             return self
-        kept = [end >= start for end in self.ends]
-        return History._of(self.last, self.run_start, self.run_steps,
-                           array.array("d", itertools.compress(self.ends, kept)),
-                           array.array("d", itertools.compress(self.seconds, kept)))
+        kept: list[array.array[float]] = []
+        for times, values in pairs:
+            keep = [t >= start for t in times]
+            kept += [array.array("d", itertools.compress(times, keep)), array.array("d", itertools.compress(values,
+                                                                                                           keep))]
+        return History._of(self.last, self.run_start, self.run_steps, *kept)
+
+
+_COLUMNS = ("ends", "seconds", "cut_at", "cut_seconds", "segment_at", "segment_busy")
+
+
+def _columns(pairs: Iterable[tuple[float, float]]) -> tuple[array.array[float], array.array[float]]:
+    listed = list(pairs)
+    return array.array("d", [a for a, _ in listed]), array.array("d", [b for _, b in listed])
 
 
 def fold(history: History, points: Iterable[tuple[float, float]], *, step_seconds: float,
@@ -118,74 +152,183 @@ def fold(history: History, points: Iterable[tuple[float, float]], *, step_second
     """`history` after the points (time, peak %) in time order; points not after `history.last` are ignored,
     so overlapping reads fold once. NaN is a missing step (a gap)."""
     last, start, steps = history.last, history.run_start, history.run_steps
-    ends, seconds = history.ends, history.seconds  # copied before the first stretch is added
+    columns = history._columns  # copied before the first change
     copied = False
+
+    def cut() -> None:  # the open run ends in a gap: no stretch, a cut (`resumed()` may make it one)
+        nonlocal start, steps
+        if start is not None and last is not None:
+            changing()
+            columns[2].append(last)
+            columns[3].append(steps * step_seconds)
+        start, steps = None, 0
+
+    def changing() -> None:
+        nonlocal columns, copied
+        if not copied:
+            columns, copied = tuple(array.array("d", c) for c in columns), True
+
     for t, value in points:
         if last is not None and t <= last:
             continue
         if math.isnan(value):
-            start, steps = None, 0  # the run ends in a gap: it did not end in work
+            cut()  # the run ends in a gap: it did not end in work
             continue  # `last` stays: the next point is then seen after a gap
-        if last is not None and t - last > GAP_TOLERANCE * step_seconds:
-            start, steps = None, 0
+        if last is None or t - last > GAP_TOLERANCE * step_seconds:
+            cut()
+            changing()
+            columns[4].append(t)  # a new segment
+            columns[5].append(math.nan)
         if value < threshold_percent:
             if start is None:
                 start, steps = t, 0
             steps += 1
-        elif start is not None:
-            if not copied:
-                ends, seconds, copied = array.array("d", ends), array.array("d", seconds), True
-            ends.append(t)
-            seconds.append(steps * step_seconds)
-            start, steps = None, 0
+        else:
+            if columns[5] and math.isnan(columns[5][-1]):  # (none kept: it began before the look-back)
+                changing()
+                columns[5][-1] = t
+            if start is not None:
+                changing()
+                columns[0].append(t)
+                columns[1].append(steps * step_seconds)
+                start, steps = None, 0
         last = t
-    return History._of(last, start, steps, ends, seconds)
+    return History._of(last, start, steps, *columns)
+
+
+def resumed(histories: Mapping[K, History], *, of: Callable[[K], Hashable], step_seconds: float,
+            horizon_seconds: float) -> dict[K, History]:
+    """`histories` with each run that a gap cut short, or that was still idle when its pod's series ended (an
+    eviction, a deletion), made a stretch that ended in work where its workload (`of`) worked again within the
+    horizon: the first busy point, at most `horizon_seconds` after the run's last idle point, of a segment that
+    began after it (the pod that replaced it, or the pod itself after the gap). The stretch ends at that point and
+    lasted from the run's start to it: the run's seconds plus the wait. Other histories are returned as they are."""
+    groups: dict[Hashable, list[K]] = {}
+    for key in histories:
+        groups.setdefault(of(key), []).append(key)
+    out = dict(histories)
+    for keys in groups.values():
+        starts = sorted((s, b) for k in keys for s, b in zip(histories[k].segment_at, histories[k].segment_busy,
+                                                             strict=True) if not math.isnan(b))
+        if not starts:
+            continue
+        at = [s for s, _ in starts]
+        for key in keys:
+            h = histories[key]
+            runs = list(h.cuts)
+            if h.run_start is not None and h.last is not None:
+                runs.append((h.last, h.run_steps * step_seconds))
+            added, ended_open = [], False
+            for i, (t, seconds) in enumerate(runs):
+                first = bisect.bisect_right(at, t)
+                stop = bisect.bisect_right(at, t + horizon_seconds)
+                busy = min((b for _, b in starts[first:stop] if b - t <= horizon_seconds), default=None)
+                if busy is not None:
+                    added.append((busy, seconds + (busy - t) - step_seconds))
+                    ended_open = ended_open or i == len(h.cut_at)
+            if added:
+                merged = sorted([*h.stretches, *added])
+                out[key] = History._of(h.last, None if ended_open else h.run_start, 0 if ended_open else h.run_steps,
+                                       *_columns(merged), *h._columns[2:])
+    return out
 
 
 # --- Workloads ------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
+class Ref:
+    """A controller reference (`metadata.ownerReferences[]` with `controller: true`)."""
+
+    kind: str
+    name: str
+    uid: str  # "" where the reference carries none
+
+
+@dataclasses.dataclass(frozen=True)
+class Controller:
+    """A ReplicaSet or a Job as the API server has it: its UID and its own controller (None: none)."""
+
+    uid: str
+    owner: Ref | None
+
+
+Controllers = Mapping[tuple[str, str, str], Controller]  # (namespace, kind, name) -> ReplicaSets and Jobs
+# The pod controllers whose own controller (a ReplicaSet's Deployment, a Job's CronJob) is the workload, if any.
+GROUPED = ("ReplicaSet", "Job")
+# The suffix the API server appends to a generateName: 5 characters of this alphabet (apimachinery's
+# `utilrand.String`); a Job's indexed pods carry `<index>-` before it.
+_GENERATED = re.compile(r"(?:[0-9]+-)?[bcdfghjklmnpqrstvwxz2456789]{5}")
+
+
+@dataclasses.dataclass(frozen=True)
 class Workload:
+    """What shares a history: a Deployment (through its ReplicaSets), a CronJob (through its Jobs), another
+    controller, or a pod alone (`kind` "pod"), told apart by UID."""
+
     namespace: str
-    name: str  # "Deployment web", "Job train", "pod notebook-0" (in reasons)
-    prefix: str  # its pods' names: prefix + suffix (a bare pod: its whole name, no suffix)
-    suffix: re.Pattern[str] | None  # what follows the prefix; None: exactly the prefix
+    kind: str
+    name: str
+    uid: str
 
-    def owns(self, pod_name: str) -> bool:
-        if self.suffix is None:
-            return pod_name == self.prefix
-        return pod_name.startswith(self.prefix) and bool(self.suffix.fullmatch(pod_name[len(self.prefix):]))
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}"
 
 
-def workload(pod: snapshot.Pod) -> Workload:
-    """The pods that share the pod's history: its Deployment's (the ReplicaSet's name less the
-    `pod-template-hash`), else its controller's (`<owner>-<suffix>`), else the pod alone."""
-    kind, owner = pod.owner_kind, pod.owner_name
-    if not kind or not owner:
-        return Workload(pod.namespace, f"pod {pod.name}", pod.name, None)
-    template = pod.labels.get(DEPLOYMENT_HASH)
-    if kind == "ReplicaSet" and template and owner.endswith(f"-{template}"):
-        deployment = owner[: -len(template) - 1]
-        return Workload(pod.namespace, f"Deployment {deployment}", f"{deployment}-", _TWO)
-    suffix = _TWO if kind == "Job" and "batch.kubernetes.io/job-completion-index" in pod.labels else _ONE
-    return Workload(pod.namespace, f"{kind} {owner}", f"{owner}-", suffix)
+def controller_ref(raw: Mapping[str, object]) -> Ref | None:
+    """An object's controller reference (the first one marked `controller`), or None."""
+    meta = raw.get("metadata")
+    refs = meta.get("ownerReferences") if isinstance(meta, Mapping) else None
+    for ref in refs if isinstance(refs, list) else ():
+        if isinstance(ref, Mapping) and ref.get("controller") and ref.get("kind") and ref.get("name"):
+            return Ref(str(ref["kind"]), str(ref["name"]), str(ref.get("uid") or ""))
+    return None
 
 
-def members(workloads: Iterable[Workload], pods: Iterable[tuple[str, str]]) -> dict[Workload, list[tuple[str, str]]]:
-    """Which (namespace, pod name) series belong to which workload: looked up by each '-'-ended prefix of
-    the name, so the cost grows with series, not series x workloads."""
-    by_prefix: dict[tuple[str, str], list[Workload]] = {}
-    for w in workloads:
-        by_prefix.setdefault((w.namespace, w.prefix), []).append(w)
-    out: dict[Workload, list[tuple[str, str]]] = {}
-    for namespace, name in pods:
-        cuts = [i + 1 for i, c in enumerate(name) if c == "-"] + [len(name)]
-        for cut in cuts:
-            for w in by_prefix.get((namespace, name[:cut]), ()):
-                if w.owns(name):
-                    out.setdefault(w, []).append((namespace, name))
-    return out
+def controller(raw: Mapping[str, object]) -> Controller:
+    """A ReplicaSet's or Job's UID and controller, from its object (or its metadata alone)."""
+    meta = raw.get("metadata")
+    uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    return Controller(str(uid or ""), controller_ref(raw))
+
+
+def workload_of(namespace: str, owner: Ref | None, *, pod: tuple[str, str], controllers: Controllers) -> Workload:
+    """The workload of a pod (`pod`: its name and UID) whose controller is `owner`: for a ReplicaSet or Job, its
+    own controller (a Deployment, a CronJob), found by the ReplicaSet's or Job's reference as `controllers` has it
+    (its UID checked against the pod's reference), else the ReplicaSet or Job itself; a ReplicaSet or Job not in
+    `controllers` (not read, gone, or another object of that name) leaves the pod alone rather than guessing;
+    any other controller (a StatefulSet) is the workload itself."""
+    alone = Workload(namespace, "pod", *pod)
+    if owner is None:
+        return alone
+    if owner.kind not in GROUPED:
+        return Workload(namespace, owner.kind, owner.name, owner.uid)
+    found = controllers.get((namespace, owner.kind, owner.name))
+    if found is None or (owner.uid and found.uid != owner.uid):
+        return alone
+    if found.owner is not None:  # a Deployment, a CronJob (or another controller's: an Argo Rollout)
+        return Workload(namespace, found.owner.kind, found.owner.name, found.owner.uid)
+    return Workload(namespace, owner.kind, owner.name, found.uid)
+
+
+def workload(pod: snapshot.Pod, *, controllers: Controllers) -> Workload:
+    """The workload of a pod the snapshot holds, by its controller reference (`workload_of`)."""
+    return workload_of(pod.namespace, controller_ref(pod.raw), pod=(pod.name, pod.uid), controllers=controllers)
+
+
+def series_workload(namespace: str, name: str, *, controllers: Controllers) -> Workload | None:
+    """The workload of a pod known only by its series (gone before it was seen): the ReplicaSet or Job whose
+    generateName made its name (`<owner>-<5 generated characters>`, an indexed Job's `<owner>-<index>-<...>`), if
+    `controllers` holds one of that name; None: unknown, the series stays its own."""
+    for cut in [i for i, c in enumerate(name) if c == "-"][-2:]:
+        if not _GENERATED.fullmatch(name[cut + 1:]):
+            continue
+        for kind in GROUPED:
+            found = controllers.get((namespace, kind, name[:cut]))
+            if found is not None:
+                return workload_of(namespace, Ref(kind, name[:cut], found.uid), pod=(name, ""),
+                                   controllers=controllers)
+    return None
 
 
 # --- The learned window ---------------------------------------------------------------------------
@@ -348,20 +491,24 @@ def windows(
     *,
     tier_windows: Mapping[str, int],
     histories: Mapping[tuple[str, str], History] | None,
+    of: Callable[[tuple[str, str]], Hashable],
     since: float,
     pool: Pool,
     config: settings.LearnedWindow,
 ) -> dict[str, Learned]:
     """Per pod key, the learned window of pods whose class learns (`tier_windows`: class -> its window), judged
-    on `pool` (of the same histories). `histories` None: not read (every pod keeps its tier window, so says)."""
+    on `pool` (of the same histories). `of`: the workload of a series (namespace, pod), the pods' own included: the
+    series of one workload share a history. `histories` None: not read (every pod keeps its tier window, so says)."""
     chosen = [p for p in pods if p.priority_class_name in tier_windows]
-    of = {p.key: workload(p) for p in chosen}
-    owned = members(set(of.values()), histories or {})
+    owned: dict[Hashable, list[tuple[str, str]]] = {}
+    for key in histories or {}:
+        owned.setdefault(of(key), []).append(key)
     out = {}
     for pod in chosen:
         found = None
-        if histories is not None:  # its workload's pods, and itself whatever its name (not its owner's pattern)
-            keys = set(owned.get(of[pod.key], ())) | {(pod.namespace, pod.name)}
+        if histories is not None:  # its workload's series, and its own
+            own = (pod.namespace, pod.name)
+            keys = set(owned.get(of(own), ())) | {own}
             found = stretches_of((histories[k] for k in sorted(keys) if k in histories), since=since)
         out[pod.key] = learn(found, tier_window=tier_windows[pod.priority_class_name or ""], pool=pool,
                              config=config)

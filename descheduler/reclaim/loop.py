@@ -109,8 +109,12 @@ class ReclaimLoop:
         clock: Callable[[], float] = time.time,
         gang_demands: GangDemands | None = None,
         once: bool = False,
+        progress: Callable[[str], None] | None = None,
+        controllers: idle_history.ControllerReader | None = None,
     ) -> None:
-        """`once`: this loop runs one cycle (`--once`), which reads the learned windows' whole look-back."""
+        """`once`: this loop runs one cycle (`--once`), which reads every utilisation part its windows need and
+        the learned windows' whole look-back first, each read told to `progress` (a line; None: logged).
+        `controllers`: where learned windows find ReplicaSets and Jobs (default: listed from `api`, if any)."""
         self._config = config
         self._gang_demands = gang_demands
         self._cluster = cluster
@@ -118,12 +122,16 @@ class ReclaimLoop:
         self._evictor = evictor.Evictor(evictions, config=config.descheduler.reclaim, names=config.names)
         self._api = api
         self._clock = clock
+        self._whole = (progress or logger.info) if once else None  # `--once`: read everything first
         registry = registry if registry is not None else prometheus_client.CollectorRegistry()
         self._metrics = Metrics(registry)
         self._measurement_metrics = measurement.Metrics(registry)
         self.parts = measurement.Parts()  # utilisation parts kept across cycles: a new leader starts empty
         self._memory = cooldowns.State()  # dry-run / offline cooldowns
-        self.learner = idle_history.Learner(config=config, prometheus=prometheus, registry=registry, at_once=once)
+        if controllers is None and api is not None:
+            controllers = idle_history.api_controllers(api, timeout_seconds=config.kubernetes.request_timeout_seconds)
+        self.learner = idle_history.Learner(config=config, prometheus=prometheus, registry=registry, at_once=once,
+                                            progress=self._whole, controllers=controllers)
         self._reported: set[tuple[str, str]] = set()  # (class, problem) already reported
         # Pods evicted (or, in dry-run, that would have been) -> (the demand they were evicted for, until when
         # it is remembered: the preemptor cooldown). Until the snapshot shows them gone their GPUs are that
@@ -234,7 +242,7 @@ class ReclaimLoop:
         measured = await measurement.measure(cluster, wanted, thresholds=thresholds, querier=self._prometheus,
                                              config=self._config, clock=self._clock,
                                              metrics=self._measurement_metrics, on_query=counted,
-                                             kept=self.parts)
+                                             kept=self.parts, whole=self._whole)
         return measured.assessments, measured.queries, list(measured.errors)
 
     async def _act(

@@ -86,9 +86,12 @@ async def measure(
     metrics: Metrics,
     on_query: Callable[[bool], None],
     kept: Parts | None = None,
+    whole: Callable[[str], None] | None = None,
 ) -> Measured:
     """Assess every pod of `wanted` (window -> pod keys). `on_query(ok)` is told of each query sent; `kept`:
-    the parts kept from earlier cycles (None: none, read everything this cycle)."""
+    the parts kept from earlier cycles (None: none, read everything this cycle). `whole` (`--once`): read every
+    part the windows need first, `rebuild_parts_per_cycle` at a time, telling it each step's progress (a line), so
+    that one cycle judges as a warmed-up loop does."""
     if querier is None or not wanted:
         reason = "prometheus.url is not set: no utilisation data"
         return Measured({key: utilisation.failed(reason) for pods in wanted.values() for key in pods}, 0, ())
@@ -104,6 +107,9 @@ async def measure(
     kept.windows = {w: at for w, at in kept.windows.items() if store_now - at <= KEEP_SECONDS}
     keys = [key for pods in wanted.values() for key in pods]
     kinds = utilisation.kinds_needed((cluster.pods[k] for k in keys), cluster.nodes)
+    if whole is not None:
+        await _read_back(asker, kinds, window=max(kept.windows), now=store_now, config=config, kept=kept,
+                         progress=whole)
     found = await _read(asker, kinds, window=max(kept.windows), now=store_now, config=config, kept=kept,
                         short=list(wanted))
     if found.refused is not None:
@@ -141,6 +147,29 @@ async def read_window(querier: Querier, pods: Mapping[tuple[str, str], str], win
     if found.errors or isinstance(readings, str):
         raise RuntimeError("; ".join(found.errors))
     return readings
+
+
+async def _read_back(asker: _Asker, kinds: Collection[str], *, window: int, now: float, config: settings.Settings,
+                     kept: Parts, progress: Callable[[str], None]) -> None:
+    """Read the kept parts back until every part windows up to `window` need is kept (as a cold cache is read
+    back over cycles, but now), one line of progress per read; stops at a read that fails or adds nothing (the
+    cycle's own read then judges what is missing, and says so)."""
+    grid = utilisation_parts.Grid.of(config.descheduler.reclaim)
+    needed = grid.needed(window, now)
+    total = len(needed) * len(kinds)
+
+    def kept_parts() -> int:
+        return sum(j in kept.caches[kind].parts for kind in kinds if kind in kept.caches for j in needed)
+
+    before = kept_parts()
+    while before < total:
+        found = await _read(asker, kinds, window=window, now=now, config=config, kept=kept)
+        after = kept_parts()
+        progress(f"utilisation parts of {grid.part}s read back: {after} of {total}"
+                 + (f" (stopped: {'; '.join(found.errors)})" if found.errors else ""))
+        if found.errors or found.refused is not None or after <= before:
+            return
+        before = after
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,7 +54,9 @@ def evaluated_at(result: Iterable[Mapping[str, Any]]) -> float | None:
 
 
 def _devices(pod: snapshot.Pod) -> dict[str, int]:
-    wanted = {"gpu": pod.request.full, "mig": sum(pod.request.mig.values())}
+    """The devices a measurement expects, by kind: those its running containers hold (`snapshot.Pod.measured`),
+    not the larger count the scheduler accounts for a one-off init container."""
+    wanted = {"gpu": pod.measured.full, "mig": sum(pod.measured.mig.values())}
     return {kind: count for kind, count in wanted.items() if count}
 
 
@@ -63,9 +65,9 @@ def kinds_needed(pods: Iterable[snapshot.Pod], nodes: Mapping[str, snapshot.Node
     whole-GPU requests on a node labelled with the `single` MIG strategy."""
     kinds: set[str] = set()
     for pod in pods:
-        if pod.request.mig:
+        if pod.measured.mig:
             kinds.add("mig")
-        if pod.request.full:
+        if pod.measured.full:
             kinds.add("gpu")
             node = nodes.get(pod.node_name or "")
             if node is not None and node.topology.mig_strategy == "single":
@@ -119,7 +121,7 @@ def _kind_reading(found: parts.PodReading, kind: str, pod: snapshot.Pod) -> tupl
     """What a pod's `kind` of request is measured by, and the kind it comes from: a whole-GPU request with
     no whole-GPU series but MIG-instance ones is the MIG `single` strategy."""
     reading = found.kinds.get(kind)
-    if reading is None and kind == "gpu" and not pod.request.mig:
+    if reading is None and kind == "gpu" and not pod.measured.mig:
         return "mig", found.kinds.get("mig")
     return kind, reading
 
@@ -146,6 +148,9 @@ def assess(
         return failed(f"DCGM series come from {', '.join(found.hosts)}, not the pod's node {pod.node_name or ''}")
     utilisations: list[float] = []
     by_index: list[str] = []
+    if not _devices(pod):
+        return failed(f"no running container holds a GPU (its {pod.request.describe()} were asked by init "
+                      "containers only): nothing to measure")
     for wanted, count in _devices(pod).items():
         kind, reading = _kind_reading(found, wanted, pod)
         name = metric[kind]

@@ -259,7 +259,8 @@ def check_defaults(objects: Objects) -> None:
     assert _rules(objects, "ClusterRole", f"{PREFIX}-descheduler") == [
         (("",), ("nodes", "namespaces"), READ), (("",), ("pods",), (*READ, "patch", "create", "delete")),
         (("scheduling.k8s.io",), ("priorityclasses", "podgroups"), READ), (("",), ("pods/eviction",), ("create",)),
-        (("",), ("pods",), ("get",)), (("policy",), ("poddisruptionbudgets",), READ), (("batch",), ("jobs",), ("get",)),
+        (("",), ("pods",), ("get",)), (("policy",), ("poddisruptionbudgets",), READ),
+        (("apps",), ("replicasets",), ("list",)), (("batch",), ("jobs",), ("list",)), (("batch",), ("jobs",), ("get",)),
         (("",), ("events",), ("create", "get", "patch"))]
     assert _rules(objects, "ClusterRole", f"{PREFIX}-release-gates") == [(("",), ("pods",), ("get", "list", "patch"))]
     # Uninstall: a pre-delete hook with objects of its own, deleted when it succeeded.

@@ -91,6 +91,22 @@ PODS = [
     running("train-x1y2z", gpu_class="learning", owner=("Job", "train")),
     running("gappy-qwert", gpu_class="learning", owner=("ReplicaSet", "gappy")),
 ]
+
+
+def controller(kind: str, name: str, owner: tuple[str, str] | None = None) -> dict[str, Any]:
+    """A ReplicaSet or Job as `kubectl get replicasets,jobs -o json` lists it (the fields learned windows read)."""
+    meta: dict[str, Any] = {"name": name, "namespace": "team-a", "uid": f"uid-{name}"}
+    if owner is not None:
+        meta["ownerReferences"] = [{"kind": owner[0], "name": owner[1], "uid": f"uid-{owner[1]}", "controller": True}]
+    return {"apiVersion": "apps/v1" if kind == "ReplicaSet" else "batch/v1", "kind": kind, "metadata": meta}
+
+
+# Deployment serve's ReplicaSets (the current rollout and an older one, whose pod is gone), plain's, Job train
+# and a ReplicaSet gappy of its own.
+CONTROLLERS = [controller("ReplicaSet", "serve-7d9f8", ("Deployment", "serve")),
+               controller("ReplicaSet", "serve-11111", ("Deployment", "serve")),
+               controller("ReplicaSet", "plain-7d9f8", ("Deployment", "plain")),
+               controller("Job", "train"), controller("ReplicaSet", "gappy")]
 # 6 h of look-back read in one range query; everything else as the defaults.
 CONFIG = settings_loader.load(overrides={"descheduler": {"reclaim": {
     "mode": "always", "limits": {"per_cycle": 100, "per_node": 100, "per_namespace": 100},
@@ -137,7 +153,8 @@ def loop(querier: Any, now: float, *, registry: prometheus_client.CollectorRegis
     cluster = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=PODS, priority_classes=CLASSES,
                              names=CONFIG.names, taken_at=now)
     return reclaim_loop.ReclaimLoop(config=CONFIG, cluster=source.StaticSource(cluster), prometheus=querier,
-                                    evictions=evictor.DryRunClient(), api=None, clock=lambda: now, registry=registry)
+                                    evictions=evictor.DryRunClient(), api=None, clock=lambda: now, registry=registry,
+                                    controllers=idle_history.fixed_controllers(idle_history.controllers_in(CONTROLLERS)))
 
 
 async def test_learned_window_evicts_what_the_tier_window_cannot_and_says_why(server: PrometheusServer) -> None:
@@ -211,7 +228,8 @@ def test_the_cli_once_dry_run_prints_the_learned_window_reason(
     fleet = [Series(UTIL, s.labels, history(newest=0, oldest=15000, idle_for=5400)) for s in HISTORY[5:]]
     server = prometheus_factory([*HISTORY[:5], *fleet])
     state = tmp_path / "state.json"
-    state.write_text(json.dumps({"kind": "List", "items": [builders.gpu_node("n1", gpus=8), *CLASSES, *PODS]}))
+    state.write_text(json.dumps({"kind": "List", "items": [builders.gpu_node("n1", gpus=8), *CLASSES, *PODS,
+                                                           *CONTROLLERS]}))
     config = tmp_path / "settings.yaml"
     config.write_text(json.dumps({"descheduler": {"reclaim": {"mode": "always",
                                                               "learned_window": {"lookback_seconds": 21600}}}}))
@@ -224,3 +242,48 @@ def test_the_cli_once_dry_run_prints_the_learned_window_reason(
     assert "; learned idle window 30 min = " in evicted, out
     assert "this workload's longest idle stretch that ended in work in 6.0 h" in evicted
     assert lines["spare team-a/train-x1y2z"].endswith("fewer than 6: tier window")
+
+
+def web_history() -> list[Series]:
+    """Deployment web: its pod `web-5f6g7-qwrtz` worked, idled 27 min and was evicted (its series ends); 5 min
+    later the pod that replaced it, `web-5f6g7-bcdfg`, worked at once, then 6 stretches of 10 min and 35 min idle
+    now. The fleet (as above, idle 40 min now) is the pool."""
+    start = 2100 + 13 * 600  # the replacement's first sample (s ago), busy
+    evicted = [(float(ago), 1.0 if ago < start + 300 + 1620 else 50.0) for ago in range(start + 300, start + 2700, 60)]
+    return [Series(UTIL, dcgm("0", "web-5f6g7-bcdfg"), history(newest=0, oldest=start + 1, idle_for=2100)),
+            Series(UTIL, dcgm("0", "web-5f6g7-qwrtz"), evicted), *HISTORY[5:]]
+
+
+async def test_an_eviction_followed_by_work_widens_the_learned_window(prometheus_factory: StartPrometheus) -> None:
+    """The evicted run and the replacement's wait (about 35 min) is a stretch that ended in work: Deployment web's
+    longest, so its window is 40 min, not the 30 min its 10-min stretches alone give: idle 35 min, it stays."""
+    now = math.floor(time.time() / 300) * 300
+    server = prometheus_factory(web_history(), now=now)
+    web = running("web-5f6g7-bcdfg", gpu_class="learning", owner=("ReplicaSet", "web-5f6g7"))
+    cluster = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=[web], priority_classes=CLASSES,
+                             names=CONFIG.names, taken_at=now)
+    querier = Counting(prometheus.Client(settings.Prometheus(url=server.url)), now=now)
+    controllers = idle_history.controllers_in([controller("ReplicaSet", "web-5f6g7", ("Deployment", "web"))])
+
+    async def judged(found: dict[tuple[str, str, str], Any]) -> str:
+        reclaim = reclaim_loop.ReclaimLoop(config=CONFIG, cluster=source.StaticSource(cluster), prometheus=querier,
+                                           evictions=evictor.DryRunClient(), api=None, clock=lambda: now,
+                                           controllers=idle_history.fixed_controllers(found))
+        await reclaim.cycle()
+        await reclaim.learner.settle()
+        cycle = await reclaim.cycle()
+        return {**{e.pod: f"evict: {e.reason}" for e in cycle.plan.evictions},
+                **{s.pod: f"spare: {s.reason}" for s in cycle.plan.spared}}["team-a/web-5f6g7-bcdfg"]
+
+    try:
+        widened = await judged(controllers)
+        alone = await judged({})  # its ReplicaSet unknown: the evicted pod's series is not its workload's
+    finally:
+        querier.client.close()
+    assert widened.startswith("spare: not idle: peak GPU utilisation 50.0% >= 5% over 2400s; learned idle window "
+                              "40 min = "), widened
+    assert "this workload's longest idle stretch that ended in work in 6.0 h (about 3" in widened
+    assert ", of 7)" in widened
+    assert alone.startswith("evict: peak GPU utilisation 1.0% < 5% over 1800s; learned idle window 30 min = 2.0x "
+                            "this workload's longest idle stretch that ended in work in 6.0 h (about 15 min, of 6)"
+                            ), alone

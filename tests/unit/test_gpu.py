@@ -92,6 +92,35 @@ def test_pod_request(raw_pod: dict[str, Any], expected: gpu.GpuRequest) -> None:
 
 
 @pytest.mark.parametrize(
+    ("raw_pod", "accounted", "running"),
+    [
+        # Adversarial first: an init container asked more than the main containers. The scheduler accounts 4 (an
+        # eviction frees 4), the running container holds 2: a measurement sees 2 devices, not 4.
+        pytest.param(_pod([_container("a", limits={G: "2"})], init=[_container("i", limits={G: "4"})]),
+                     gpu.GpuRequest(full=4), gpu.GpuRequest(full=2), id="init-larger-is-accounted-not-running"),
+        pytest.param(_pod([_container("a", limits={G: "1"})],
+                          init=[_container("side", limits={G: "1"}, restart_policy="Always"),
+                                _container("i", limits={G: "3"})]),
+                     gpu.GpuRequest(full=4), gpu.GpuRequest(full=2), id="sidecar-runs-the-init-after-it-does-not"),
+        pytest.param(_pod([_container("a", limits={G: "1"})],
+                          init=[_container("side", limits={G: "1"}, restart_policy="Always")]),
+                     gpu.GpuRequest(full=2), gpu.GpuRequest(full=2), id="sidecar-held-while-running"),
+        pytest.param(_pod([_container("a", limits={G: "2"})], init=[_container("i", limits={G: "2"})]),
+                     gpu.GpuRequest(full=2), gpu.GpuRequest(full=2), id="init-equal-boundary"),
+        pytest.param(_pod([_container("a", limits={"cpu": "1"})], init=[_container("i", limits={G: "1"})]),
+                     gpu.GpuRequest(full=1), gpu.GpuRequest(), id="gpu-in-init-only"),
+        pytest.param(_pod([_container("a", limits={MIG_1G: "1"})], init=[_container("i", limits={MIG_1G: "2"})]),
+                     gpu.GpuRequest(mig={"1g.10gb": 2}), gpu.GpuRequest(mig={"1g.10gb": 1}), id="mig-init-larger"),
+        pytest.param(_pod([_container("a", limits={G: "3"})]), gpu.GpuRequest(full=3), gpu.GpuRequest(full=3),
+                     id="no-init-same"),
+    ],
+)
+def test_running_request_is_what_the_running_containers_hold(raw_pod: dict[str, Any], accounted: gpu.GpuRequest,
+                                                             running: gpu.GpuRequest) -> None:
+    assert (gpu.pod_request(raw_pod), gpu.running_request(raw_pod)) == (accounted, running)
+
+
+@pytest.mark.parametrize(
     ("request_", "any_", "is_mig", "text"),
     [
         pytest.param(gpu.GpuRequest(), False, False, "no GPU", id="none"),

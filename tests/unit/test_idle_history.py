@@ -368,3 +368,36 @@ async def test_cycles_until_learned_windows_apply_at_the_defaults(away: float | 
 )
 def test_pod_of(metric: dict[str, str], key: tuple[str, str] | None) -> None:
     assert idle_history.pod_of(metric, labels=settings.PrometheusLabels()) == key
+
+
+class Reader:
+    """ReplicaSets and Jobs as an API server lists them (`idle_history.ControllerReader`); `fail`: it errs."""
+
+    def __init__(self, *, fail: bool = False) -> None:
+        self.asked: list[frozenset[str]] = []
+        self.fail = fail
+
+    async def __call__(self, namespaces: Any) -> dict[tuple[str, str, str], Any]:
+        self.asked.append(frozenset(namespaces))
+        if self.fail:
+            raise TimeoutError("the API server did not answer within 5s")
+        return {}
+
+
+@pytest.mark.parametrize(
+    ("fail", "asked"),
+    [
+        pytest.param(True, 5, id="a-failed-list-is-retried-at-each-read"),
+        pytest.param(False, 2, id="a-list-holds-for-refresh-seconds"),
+    ],
+)
+async def test_replicasets_and_jobs_are_listed_in_the_learning_namespaces_once_per_refresh(
+    fail: bool, asked: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    reader = Reader(fail=fail)
+    learner = idle_history.Learner(config=CONFIG, prometheus=Fake(), at_once=True, controllers=reader)
+    await screen(learner, T0)  # the whole look-back: 4 chunks, the first lists the controllers (or each tries)
+    await learner.read(threshold=5.0, now=T0 + 1500)  # no refresh due: nothing listed
+    await learner.read(threshold=5.0, now=T0 + 2100)  # a refresh, refresh_seconds after the list: listed again
+    assert reader.asked == [frozenset({"a"})] * asked
+    assert ("ReplicaSets and Jobs not read" in caplog.text) is fail

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import hypothesis
 import pytest
@@ -54,6 +54,112 @@ def test_fold(values: list[float | None], stretches: list[tuple[float, float]], 
     assert list(history.stretches) == stretches
     assert history.run_steps == open_steps
     assert (history.run_start is not None) is (open_steps > 0)
+
+
+def nan_none(pairs: Sequence[tuple[float, float]]) -> list[tuple[float, float | None]]:
+    return [(a, None if math.isnan(b) else b) for a, b in pairs]
+
+
+@pytest.mark.parametrize(
+    ("values", "cuts", "segments"),
+    [
+        pytest.param([BUSY, IDLE, IDLE, None, BUSY], [(600.0, 600.0)], [(0.0, 0.0), (1200.0, 1200.0)],
+                     id="a-gap-cuts-the-run-and-begins-a-segment"),
+        pytest.param([BUSY, IDLE, NAN, BUSY], [(300.0, 300.0)], [(0.0, 0.0), (900.0, 900.0)],
+                     id="nan-cuts-the-run"),
+        pytest.param([IDLE, None, IDLE, BUSY], [(0.0, 300.0)], [(0.0, None), (600.0, 900.0)],
+                     id="a-segment-first-busy-later"),
+        pytest.param([BUSY, None, BUSY], [], [(0.0, 0.0), (600.0, 600.0)], id="a-gap-in-work-cuts-no-run"),
+        pytest.param([IDLE, IDLE], [], [(0.0, None)], id="still-idle-no-cut-one-segment"),
+        pytest.param([BUSY, IDLE, BUSY], [], [(0.0, 0.0)], id="a-stretch-is-no-cut"),
+    ],
+)
+def test_fold_keeps_cuts_and_segments(values: list[float | None], cuts: list[tuple[float, float]],
+                                      segments: list[tuple[float, float | None]]) -> None:
+    got = fold(values)
+    assert (list(got.cuts), nan_none(got.segments)) == (cuts, segments)
+
+
+def timed(pairs: Sequence[tuple[float, float]]) -> idle_learning.History:
+    return idle_learning.fold(idle_learning.History(), pairs, step_seconds=STEP, threshold_percent=5.0)
+
+
+# Pod "old" worked at 0, idled from 300 to 2400 (8 steps) and its series ended there: evicted while idle.
+EVICTED = [(0.0, BUSY), *((300.0 * i, IDLE) for i in range(1, 9))]
+
+
+@pytest.mark.parametrize(
+    ("others", "stretch"),
+    [
+        # Adversarial first: the eviction's replacement worked 5 min later: the run ended in work then.
+        pytest.param({("new", "web"): [(2700.0, BUSY)]}, (2700.0, 2400.0), id="next-pod-works-within-the-horizon"),
+        pytest.param({("new", "web"): [(2700.0, IDLE), (3000.0, BUSY)]}, (3000.0, 2700.0),
+                     id="boundary-exactly-the-horizon"),
+        pytest.param({("new", "web"): [(2700.0, IDLE), (3000.0, IDLE), (3300.0, BUSY)]}, None,
+                     id="works-past-the-horizon"),
+        pytest.param({("sibling", "web"): [*((300.0 * i, IDLE) for i in range(9)), (2700.0, BUSY)]}, None,
+                     id="a-pod-running-before-the-eviction-is-no-next-pod"),
+        pytest.param({("new", "other"): [(2700.0, BUSY)]}, None, id="another-workload-s-pod"),
+        pytest.param({("new", "web"): [(2100.0, BUSY), (2400.0, BUSY), (2700.0, BUSY)]}, None,
+                     id="began-before-the-run-ended"),
+        # The pod itself back after a gap (a StatefulSet's pod keeps its name): its cut run resumed.
+        pytest.param({"self": [(3000.0, BUSY)]}, (3000.0, 2700.0), id="same-pod-after-a-gap"),
+    ],
+)
+def test_resumed_makes_an_evicted_run_followed_by_work_a_stretch(
+    others: dict[object, list[tuple[float, float]]], stretch: tuple[float, float] | None
+) -> None:
+    own = [*EVICTED, *others.get("self", [])]
+    histories: dict[object, idle_learning.History] = {("old", "web"): timed(own)}
+    histories.update({key: timed(pairs) for key, pairs in others.items() if key != "self"})
+    got = idle_learning.resumed(histories, of=lambda key: key[1], step_seconds=STEP,  # type: ignore[index]
+                                horizon_seconds=600.0)
+    old = got[("old", "web")]
+    assert old.stretches == (() if stretch is None else (stretch,))
+    if "self" not in others:  # resumed: no open (censored) run left; else it stays
+        assert (old.run_start, old.run_steps) == ((None, 0) if stretch is not None else (300.0, 8))
+    assert old.last == histories[("old", "web")].last
+    assert all(got[k] is histories[k] for k in histories if k != ("old", "web"))
+
+
+def test_resumed_keeps_an_open_run_nobody_resumed_beside_a_cut_that_was() -> None:
+    """A cut run resumed after its gap, then idle again to the end: the cut is a stretch, the open run stays."""
+    own = timed([(0.0, BUSY), (300.0, IDLE), (600.0, IDLE), (1200.0, BUSY), (1500.0, IDLE), (1800.0, IDLE)])
+    got = idle_learning.resumed({"p": own}, of=lambda key: key, step_seconds=STEP, horizon_seconds=600.0)["p"]
+    assert got.stretches == ((1200.0, 600.0 + 600.0 - STEP),)
+    assert (got.run_start, got.run_steps, got.last) == (1500.0, 2, 1800.0)
+
+
+def test_resumed_looks_at_every_workload_and_at_runs_only() -> None:
+    """A workload with no work at all comes first (it is skipped, not the end); a pod whose series ended busy has
+    no run to resume, whatever its next pod does."""
+    quiet = timed([(0.0, IDLE), (300.0, IDLE)])
+    ended_busy = timed([(0.0, BUSY), (300.0, IDLE), (600.0, BUSY)])
+    histories = {("a", "quiet"): quiet, ("old", "web"): timed(EVICTED), ("new", "web"): timed([(2700.0, BUSY)]),
+                 ("old", "job"): ended_busy, ("new", "job"): timed([(900.0, BUSY)])}
+    got = idle_learning.resumed(histories, of=lambda key: key[1], step_seconds=STEP, horizon_seconds=600.0)
+    assert got[("old", "web")].stretches == ((2700.0, 2400.0),)
+    assert got[("old", "job")] is ended_busy and got[("a", "quiet")] is quiet
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        pytest.param({"metadata": {"ownerReferences": [{"kind": "ReplicaSet", "name": "a", "uid": "u"},
+                                                       {"kind": "Job", "name": "b", "controller": True}]}},
+                     idle_learning.Ref("Job", "b", ""), id="the-controller-not-the-first-owner"),
+        pytest.param({"metadata": {"ownerReferences": [{"kind": "ReplicaSet", "name": "a", "uid": "u"}]}}, None,
+                     id="an-owner-that-is-no-controller"),
+        pytest.param({"metadata": {"ownerReferences": [{"kind": "ReplicaSet", "controller": True}]}}, None,
+                     id="a-controller-without-a-name"),
+        pytest.param({"metadata": {"ownerReferences": [{"name": "a", "controller": True}]}}, None,
+                     id="a-controller-without-a-kind"),
+        pytest.param({"metadata": ["not", "a", "mapping"]}, None, id="malformed-metadata"),
+        pytest.param({"metadata": {"ownerReferences": ["x"]}}, None, id="malformed-reference"),
+    ],
+)
+def test_controller_ref(raw: dict[str, object], expected: idle_learning.Ref | None) -> None:
+    assert idle_learning.controller_ref(raw) == expected
 
 
 @pytest.mark.parametrize(
@@ -326,55 +432,85 @@ def parsed(raw: dict[str, object]) -> snapshot.Pod:
     return next(iter(built.pods.values()))
 
 
-def rs_pod(name: str, owner: str, *, kind: str = "ReplicaSet", labels: dict[str, str] | None = None) -> snapshot.Pod:
+def owned(name: str, kind: str | None, owner: str = "", uid: str = "", *, class_name: str | None = None
+          ) -> snapshot.Pod:
+    """A running 1-GPU pod in `default` whose controller is `kind` `owner` (None: a bare pod)."""
     def own(p: dict[str, object]) -> None:
-        p["metadata"]["ownerReferences"] = [{"kind": kind, "name": owner, "controller": True}]  # type: ignore[index]
+        if kind is not None:
+            p["metadata"]["ownerReferences"] = [  # type: ignore[index]
+                {"kind": kind, "name": owner, "uid": uid, "controller": True}]
+        if class_name:
+            p["spec"]["priorityClassName"] = class_name  # type: ignore[index]
 
-    return parsed(builders.pod(name, gpus=1, node="n1", phase="Running", labels=labels, mutate=own))
+    return parsed(builders.pod(name, gpus=1, node="n1", phase="Running", mutate=own))
+
+
+Ref, Controller, Workload = idle_learning.Ref, idle_learning.Controller, idle_learning.Workload
+# ReplicaSets and Jobs as the API server has them: serve's two rollouts, a bare ReplicaSet serve-canary, a CronJob
+# serve's run (a Job serve-29400000), a Job train without a CronJob, a ReplicaSet of an Argo Rollout.
+CONTROLLERS = {
+    ("default", "ReplicaSet", "serve-7d9f8"): Controller("rs-1", Ref("Deployment", "serve", "dep-serve")),
+    ("default", "ReplicaSet", "serve-55cc4"): Controller("rs-0", Ref("Deployment", "serve", "dep-serve")),
+    ("default", "ReplicaSet", "serve-canary"): Controller("rs-canary", None),
+    ("default", "Job", "serve-29400000"): Controller("job-1", Ref("CronJob", "serve", "cron-serve")),
+    ("default", "Job", "train"): Controller("job-train", None),
+    ("default", "ReplicaSet", "roll-6b8f9"): Controller("rs-roll", Ref("Rollout", "roll", "rollout-roll")),
+    ("default", "Job", "db"): Controller("job-db", None),
+}
+SERVE = Workload("default", "Deployment", "serve", "dep-serve")
 
 
 @pytest.mark.parametrize(
-    ("pod", "name", "owns", "not_owns"),
+    ("pod", "expected"),
     [
-        pytest.param(rs_pod("web-7d9f8-abcde", "web-7d9f8", labels={"pod-template-hash": "7d9f8"}),
-                     "Deployment web", ["web-55aa1-zzzzz"], ["web-api-7d9f8-abcde", "web-abcde", "web-"],
-                     id="deployment-across-rollouts"),
-        pytest.param(rs_pod("rs-abcde", "rs"), "ReplicaSet rs", ["rs-x1y2z"], ["rs-x-y", "rsx-abcde"],
-                     id="replicaset-without-hash"),
-        pytest.param(rs_pod("train-abcde", "train", kind="Job"), "Job train", ["train-qwert"], ["train-big-abcde"],
-                     id="job"),
-        pytest.param(rs_pod("train-0-abcde", "train", kind="Job",
-                            labels={"batch.kubernetes.io/job-completion-index": "0"}),
-                     "Job train", ["train-3-qwert"], ["train-qwert"], id="indexed-job"),
-        pytest.param(rs_pod("db-0", "db", kind="StatefulSet"), "StatefulSet db", ["db-1"], ["db-1-x"],
-                     id="statefulset"),
-        # A CronJob's run is a Job named <cronjob>-<minutes>; its pods name that Job, not the CronJob: each run
-        # is a workload of its own (docs/operations.md).
-        pytest.param(rs_pod("nightly-29400000-abcde", "nightly-29400000", kind="Job"), "Job nightly-29400000",
-                     ["nightly-29400000-qwert"], ["nightly-29401440-abcde"], id="cronjob-run-is-its-own-job"),
-        pytest.param(rs_pod("rs-abc-x1y2z", "rs-abc", labels={"pod-template-hash": "zzz"}), "ReplicaSet rs-abc",
-                     ["rs-abc-qwert"], ["rs-abc-zzz-qwert"], id="hash-not-in-the-owner-name-is-no-deployment"),
-        pytest.param(rs_pod("lost", ""), "pod lost", ["lost"], ["lost-abcde"], id="owner-without-name-is-alone"),
-        pytest.param(parsed(builders.pod("notebook", gpus=1, node="n1", phase="Running")),
-                     "pod notebook", ["notebook"], ["notebook-2", "notebook-abcde"], id="bare-pod-alone"),
+        # Adversarial first: names that a pattern on `serve-` would take for Deployment serve's pods.
+        pytest.param(owned("serve-cache-0", "StatefulSet", "serve-cache", "sts-1"),
+                     Workload("default", "StatefulSet", "serve-cache", "sts-1"), id="statefulset-serve-cache"),
+        pytest.param(owned("serve-canary-bcdfg", "ReplicaSet", "serve-canary", "rs-canary"),
+                     Workload("default", "ReplicaSet", "serve-canary", "rs-canary"), id="bare-replicaset-serve-canary"),
+        pytest.param(owned("serve-29400000-bcdfg", "Job", "serve-29400000", "job-1"),
+                     Workload("default", "CronJob", "serve", "cron-serve"), id="cronjob-serve-run"),
+        pytest.param(owned("serve-7d9f8-bcdfg", "ReplicaSet", "serve-7d9f8", "rs-9"), Workload(
+            "default", "pod", "serve-7d9f8-bcdfg", "uid-serve-7d9f8-bcdfg"), id="replicaset-uid-differs-alone"),
+        pytest.param(owned("web-7d9f8-bcdfg", "ReplicaSet", "web-7d9f8", "rs-web"),
+                     Workload("default", "pod", "web-7d9f8-bcdfg", "uid-web-7d9f8-bcdfg"),
+                     id="replicaset-not-read-alone"),
+        # Matches.
+        pytest.param(owned("serve-7d9f8-bcdfg", "ReplicaSet", "serve-7d9f8", "rs-1"), SERVE, id="deployment"),
+        pytest.param(owned("serve-7d9f8-bcdfg", "ReplicaSet", "serve-7d9f8", ""), SERVE,
+                     id="reference-without-uid-trusts-the-name"),
+        pytest.param(owned("train-0-bcdfg", "Job", "train", "job-train"),
+                     Workload("default", "Job", "train", "job-train"), id="job-without-cronjob"),
+        pytest.param(owned("roll-6b8f9-bcdfg", "ReplicaSet", "roll-6b8f9", "rs-roll"),
+                     Workload("default", "Rollout", "roll", "rollout-roll"), id="replicaset-of-another-controller"),
+        pytest.param(owned("notebook", None), Workload("default", "pod", "notebook", "uid-notebook"),
+                     id="bare-pod-alone"),
     ],
 )
-def test_workload(pod: snapshot.Pod, name: str, owns: list[str], not_owns: list[str]) -> None:
-    found = idle_learning.workload(pod)
-    assert found.name == name
-    assert found.owns(pod.name)
-    assert all(found.owns(n) for n in owns)
-    assert not any(found.owns(n) for n in not_owns)
-    series = [(pod.namespace, n) for n in [pod.name, *owns, *not_owns]] + [("other", pod.name)]
-    assert idle_learning.members([found], series) == {found: [(pod.namespace, n) for n in [pod.name, *owns]]}
+def test_workload_by_owner_references(pod: snapshot.Pod, expected: idle_learning.Workload) -> None:
+    assert idle_learning.workload(pod, controllers=CONTROLLERS) == expected
 
 
-def test_members_by_prefix_in_its_namespace_only() -> None:
-    web = idle_learning.workload(rs_pod("web-7d9f8-abcde", "web-7d9f8", labels={"pod-template-hash": "7d9f8"}))
-    api = idle_learning.workload(rs_pod("web-api-11111-abcde", "web-api-11111", labels={"pod-template-hash": "11111"}))
-    found = idle_learning.members([web, api], [("default", "web-1-a"), ("default", "web-api-2-b"),
-                                              ("other", "web-1-a"), ("default", "web-x")])
-    assert found == {web: [("default", "web-1-a")], api: [("default", "web-api-2-b")]}
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        # Adversarial first: a StatefulSet's pod beside a Job of its name prefix; suffixes no generateName makes.
+        pytest.param("db-0", None, id="statefulset-ordinal-is-no-generated-suffix"),
+        pytest.param("serve-7d9f8-aaaaa", None, id="vowels-are-no-generated-suffix"),
+        pytest.param("serve-7d9f8-bcdf", None, id="four-characters-are-no-generated-suffix"),
+        pytest.param("serve-cache-bcdfg", None, id="no-replicaset-or-job-of-that-name"),
+        pytest.param("serve-canary-bcdfg", Workload("default", "ReplicaSet", "serve-canary", "rs-canary"),
+                     id="bare-replicaset-is-its-own-workload"),
+        pytest.param("serve-29400000-bcdfg", Workload("default", "CronJob", "serve", "cron-serve"),
+                     id="cronjob-run"),
+        # Matches: a rollout gone before it was seen, an indexed Job's pod.
+        pytest.param("serve-55cc4-z2z2z", SERVE, id="older-rollout"),
+        pytest.param("train-3-bcdfg", Workload("default", "Job", "train", "job-train"), id="indexed-job"),
+    ],
+)
+def test_series_workload_by_the_controller_that_named_it(name: str, expected: idle_learning.Workload | None) -> None:
+    assert idle_learning.series_workload("default", name, controllers=CONTROLLERS) == expected
+    assert idle_learning.series_workload("other", name, controllers=CONTROLLERS) is None  # its namespace only
 
 
 def learning_class(annotations: dict[str, str]) -> snapshot.PriorityClass:
@@ -400,56 +536,59 @@ def test_enabled(annotations: dict[str, str], on: bool, problem: str | None) -> 
     assert got.problem == problem
 
 
-def with_class(pod: snapshot.Pod, class_name: str) -> snapshot.Pod:
-    raw = dict(pod.raw)
-    raw["spec"] = {**raw["spec"], "priorityClassName": class_name}  # type: ignore[dict-item]
-    return parsed(raw)
+def identity(pods: Sequence[snapshot.Pod]) -> Callable[[tuple[str, str]], object]:
+    """The Learner's grouping: live pods by their references, other series by the controller that named them."""
+    live = {(p.namespace, p.name): idle_learning.workload(p, controllers=CONTROLLERS) for p in pods}
+    return lambda key: live.get(key) or idle_learning.series_workload(*key, controllers=CONTROLLERS) or key
 
 
-def test_windows_share_the_workload_history_and_respect_the_lookback() -> None:
-    labels = {"pod-template-hash": "7d9f8"}
-    serving = with_class(rs_pod("web-7d9f8-abcde", "web-7d9f8", labels=labels), "normal")
-    other = with_class(rs_pod("solo", "x", kind="Node"), "normal")  # owner kind without a pod naming rule
-    scavenger = with_class(parsed(builders.pod("batch", gpus=1, node="n1", phase="Running")), "scavenger")
-    short = fold([BUSY] + [IDLE, IDLE, BUSY] * 3)  # three 10-min stretches, ending at 900, 1800, 2700
-    histories = {("default", "web-7d9f8-abcde"): short, ("default", "web-0aaaa-gone1"): short}  # a gone replica
-    got = idle_learning.windows([serving, other, scavenger], tier_windows={"normal": TIER}, pool=SAFE.build(),
-                                histories=histories, since=900.0, config=CONFIG)
+THREE = fold([BUSY] + [IDLE, IDLE, BUSY] * 3)  # three 10-min stretches, ending at 900, 1800, 2700
+
+
+def test_windows_share_the_workload_history_by_owner_and_respect_the_lookback() -> None:
+    """Deployment serve's pod learns from its own series and its older rollout's (6 stretches), never from the
+    series of StatefulSet serve-cache, ReplicaSet serve-canary or CronJob serve, whose names begin as its do."""
+    serving = owned("serve-7d9f8-bcdfg", "ReplicaSet", "serve-7d9f8", "rs-1", class_name="normal")
+    stateful = owned("serve-cache-0", "StatefulSet", "serve-cache", "sts-1", class_name="normal")
+    scavenger = owned("batch", None, class_name="scavenger")
+    histories = {("default", "serve-7d9f8-bcdfg"): THREE, ("default", "serve-55cc4-z2z2z"): THREE,  # gone replica
+                 ("default", "serve-cache-0"): THREE, ("default", "serve-cache-1"): THREE,
+                 ("default", "serve-canary-bcdfg"): THREE, ("default", "serve-29400000-bcdfg"): THREE}
+    of = identity([serving, stateful, scavenger])
+    got = idle_learning.windows([serving, stateful, scavenger], tier_windows={"normal": TIER}, pool=SAFE.build(),
+                                histories=histories, of=of, since=900.0, config=CONFIG)
     assert got[serving.key] == idle_learning.Learned(1800, True, got[serving.key].reason)
     assert "of 6)" in got[serving.key].reason
-    assert not got[other.key].learned and "0 idle stretch(es)" in got[other.key].reason
-    assert scavenger.key not in got  # its class does not learn
+    assert got[stateful.key].reason.startswith("3 idle stretch(es) of this workload")  # its own only: serve-cache-1
+    assert scavenger.key not in got  # its class does not learn  # is no pod of it, its ordinal names no generator
     later = idle_learning.windows([serving], tier_windows={"normal": TIER}, pool=SAFE.build(), histories=histories,
-                                  since=901.0, config=CONFIG)
+                                  of=of, since=901.0, config=CONFIG)
     assert not later[serving.key].learned and "4 idle stretch(es)" in later[serving.key].reason
-    odd = with_class(rs_pod("renamed", "web-7d9f8", labels=labels), "normal")  # not named as its owner names
-    alone = idle_learning.windows([odd], tier_windows={"normal": TIER}, pool=SAFE.build(), config=CONFIG, since=0.0,
-                                  histories={("default", "renamed"): short, **histories})
-    assert "of 9)" in alone[odd.key].reason  # its own 3 and its Deployment's 6
+    nothing = idle_learning.windows([serving], tier_windows={"normal": TIER}, pool=SAFE.build(), histories={},
+                                    of=of, since=0.0, config=CONFIG)  # read, but no series of its workload
+    assert nothing[serving.key].reason.startswith("0 idle stretch(es) of this workload")
     unread = idle_learning.windows([serving], tier_windows={"normal": TIER}, pool=SAFE.build(), histories=None,
-                                   since=0.0, config=CONFIG)
+                                   of=of, since=0.0, config=CONFIG)
     assert unread[serving.key] == idle_learning.Learned(TIER, False, "history not read (yet): tier window")
 
 
-def test_a_pod_whose_name_the_api_server_cut_short_learns_from_its_own_series() -> None:
-    """generateName keeps 58 characters of `<ReplicaSet>-`: a Deployment named with 47 or more has pods its
-    pattern does not match, so each learns alone (docs/operations.md, Names)."""
-    deployment = "d" * 50
-    owner = f"{deployment}-7d9f8c6b4"
-    cut = with_class(rs_pod(f"{owner}-"[:58] + "abcde", owner, labels={"pod-template-hash": "7d9f8c6b4"}), "normal")
-    sibling = f"{owner}-"[:58] + "qwert"
-    got = idle_learning.windows([cut], tier_windows={"normal": TIER}, pool=SAFE.build(), since=0.0, config=CONFIG,
-                                histories={("default", cut.name): fold([BUSY] + [IDLE, IDLE, BUSY] * 3),
-                                           ("default", sibling): fold([BUSY] + [IDLE, IDLE, BUSY] * 3)})
-    assert idle_learning.workload(cut).name == f"Deployment {deployment}"
-    assert got[cut.key].reason.startswith("3 idle stretch(es) of this workload")  # its own 3, not its sibling's
+def test_a_pod_whose_replicaset_is_unknown_learns_alone() -> None:
+    lone = owned("web-7d9f8-bcdfg", "ReplicaSet", "web-7d9f8", "rs-web", class_name="normal")
+    got = idle_learning.windows([lone], tier_windows={"normal": TIER}, pool=SAFE.build(), since=0.0, config=CONFIG,
+                                of=identity([lone]), histories={("default", lone.name): THREE,
+                                                                ("default", "web-7d9f8-z2z2z"): THREE})
+    assert got[lone.key].reason.startswith("3 idle stretch(es) of this workload")  # its own 3, not its sibling's
 
 
-def test_a_job_shares_its_gone_pods_history() -> None:
-    job = with_class(rs_pod("train-abcde", "train", kind="Job"), "normal")
-    got = idle_learning.windows([job], tier_windows={"normal": TIER}, pool=SAFE.build(), since=0.0, config=CONFIG,
-                                histories={("default", "train-qwert"): fold([BUSY] + [IDLE, IDLE, BUSY] * 6)})
-    assert got[job.key].window_seconds == 1800 and "of 6)" in got[job.key].reason
+def test_cronjob_runs_share_a_history_through_the_cronjob() -> None:
+    run = owned("serve-29400000-bcdfg", "Job", "serve-29400000", "job-1", class_name="normal")
+    earlier = ("default", "serve-29398560-bcdfg")  # an earlier run's pod, seen alive: its Job is gone since
+    of = identity([run])
+    seen = {earlier: Workload("default", "CronJob", "serve", "cron-serve")}
+    got = idle_learning.windows([run], tier_windows={"normal": TIER}, pool=SAFE.build(), since=0.0, config=CONFIG,
+                                of=lambda key: seen.get(key) or of(key),
+                                histories={("default", run.name): THREE, earlier: THREE})
+    assert got[run.key].window_seconds == 1800 and "of 6)" in got[run.key].reason
 
 
 @pytest.mark.parametrize(

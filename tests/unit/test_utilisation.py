@@ -397,6 +397,14 @@ def mig_series(instance: str = "1", *, value: float = 0.02 * 100, **kwargs: Any)
         pytest.param([Series({**dcgm(), "job": "a"}, scraped()),
                       Series({**dcgm(), "job": "b", "UUID": ""}, scraped(every=30, value=30.0))],
                      None, WINDOW, NOW, AVERAGE, False, "30.0% >= 10%", id="average-bounds-every-copy"),
+        # what is measured: the GPUs the running containers hold, not an init container's larger request
+        pytest.param([steady()], dataclasses.replace(pod(full=2), running=gpu.GpuRequest(full=1)), WINDOW, NOW,
+                     CONFIG, True, "1.0% < 10%", id="init-container-asked-more-measured-on-the-running-one"),
+        pytest.param([steady()], dataclasses.replace(pod(full=3), running=gpu.GpuRequest(full=2)), WINDOW, NOW,
+                     CONFIG, False, "only 1 of 2 devices report", id="init-larger-running-two-one-silent"),
+        pytest.param([steady()], dataclasses.replace(pod(full=1), running=gpu.GpuRequest()), WINDOW, NOW, CONFIG,
+                     False, "no running container holds a GPU (its 1 GPU were asked by init containers only)",
+                     id="gpus-in-init-containers-only-nothing-to-measure"),
         # where
         pytest.param([Series(dcgm(host="n2"), scraped())], None, WINDOW, NOW, CONFIG, False,
                      "DCGM series come from n2, not the pod's node n1", id="other-node"),
