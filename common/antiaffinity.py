@@ -9,7 +9,7 @@ Read in Kubernetes 1.37.2: `pkg/scheduler/framework/plugins/interpodaffinity/fil
 - a term concerns the namespaces it names (`namespaces`), or its own pod's namespace when it names none and
   has no `namespaceSelector`, plus those its `namespaceSelector` selects (an empty selector: every namespace);
 - it rules out a candidate pod in such a namespace whose labels its `labelSelector` selects (none: no pod;
-  an empty selector: every pod; `common.fit.selector_matches`);
+  an empty selector: every pod; `common.label_selectors.matches`);
 - within its topology: every node whose label `topologyKey` has the value the term's own node has. A term
   whose node lacks that label rules out nothing, and a node without it is never ruled out by it. For
   `kubernetes.io/hostname` that is the node itself (hostnames are unique; the scheduler's fast path then reads
@@ -25,7 +25,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from common import fit
+from common import label_selectors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,13 +66,13 @@ def resolve(term: Mapping[str, Any], *, owner: str, owner_namespace: str, node_l
     if not concerned and selector is None:
         concerned = {owner_namespace}
     if selector is not None:
-        concerned |= {name for name, labels in namespaces.items() if fit.selector_matches(selector, labels)}
+        concerned |= {name for name, labels in namespaces.items() if label_selectors.matches(selector, labels)}
     return Term(owner, key, node_labels[key], frozenset(concerned), term.get("labelSelector"))
 
 
 def refusing(terms: Sequence[Term], *, namespace: str, labels: Mapping[str, str]) -> Term | None:
     """The first term (of those attached to a node) that rules out a pod with this namespace and labels."""
     for term in terms:
-        if namespace in term.namespaces and fit.selector_matches(term.selector, labels):
+        if namespace in term.namespaces and label_selectors.matches(term.selector, labels):
             return term
     return None

@@ -22,7 +22,7 @@ import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from common import antiaffinity, gangs, gpu, hostports, placement, resources, settings, topology
+from common import antiaffinity, gangs, gpu, hostports, label_selectors, placement, resources, settings, topology
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 DEFAULT_PREEMPTION_POLICY = "PreemptLowerPriority"
@@ -542,9 +542,7 @@ class DisruptionBudget:
 
     def selects(self, pod: Pod) -> bool:
         """A selector we cannot read selects the pod: a budget we misread must protect, never expose."""
-        if pod.namespace != self.namespace or self.selector is None:
-            return False
-        return selector_matches(self.selector, pod.labels)
+        return pod.namespace == self.namespace and label_selectors.matches(self.selector, pod.labels)
 
 
 def disruption_budget(raw: Mapping[str, Any]) -> DisruptionBudget:
@@ -558,36 +556,6 @@ def disruption_budget(raw: Mapping[str, Any]) -> DisruptionBudget:
         # No status yet (the disruption controller has not computed it): the API server refuses, so do we.
         disruptions_allowed=allowed if isinstance(allowed, int) else 0,
     )
-
-
-def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """metav1.LabelSelector: matchLabels and matchExpressions ANDed; an empty selector matches everything. A
-    malformed selector matches (see `DisruptionBudget.selects`)."""
-    match_labels = selector.get("matchLabels") or {}
-    expressions = selector.get("matchExpressions") or []
-    if not isinstance(match_labels, Mapping) or not isinstance(expressions, list):
-        return True
-    if any(labels.get(k) != v for k, v in match_labels.items()):
-        return False
-    for expression in expressions:
-        if not isinstance(expression, Mapping):
-            return True
-        key, operator, values = expression.get("key"), expression.get("operator"), expression.get("values") or []
-        if not isinstance(key, str):
-            return True
-        if operator == "In":
-            met = labels.get(key) in values
-        elif operator == "NotIn":
-            met = labels.get(key) not in values
-        elif operator == "Exists":
-            met = key in labels
-        elif operator == "DoesNotExist":
-            met = key not in labels
-        else:
-            return True
-        if not met:
-            return False
-    return True
 
 
 def parse_pod(raw: Mapping[str, Any]) -> Pod:

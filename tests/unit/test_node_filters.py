@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from common import capacity, fit, hostports, placement, resources, settings, snapshot
+from common import capacity, hostports, placement, resources, settings, snapshot
 from descheduler.release import layout
 from tests import builders
 
@@ -235,28 +235,6 @@ def test_existing_pods_anti_affinity(guards: list[dict[str, Any]], labels: dict[
     got = capacity.refuses(candidate(labels=labels, namespace=namespace), node)
     assert got == (None if expected is None else
                    f"pod default/guard has required anti-affinity against it ({expected})")
-
-
-@pytest.mark.parametrize(
-    ("selector", "labels", "expected"),
-    [
-        pytest.param(None, {"app": "web"}, False, id="null-selects-nothing"),
-        pytest.param({}, {}, True, id="empty-selects-everything"),
-        pytest.param({"matchLabels": {"app": "web"}}, {"app": "web", "x": "y"}, True, id="match-labels"),
-        pytest.param({"matchLabels": {"app": "web"}}, {"app": "db"}, False, id="match-labels-other-value"),
-        pytest.param({"matchLabels": {"app": "web"}, "matchExpressions": [{"key": "tier", "operator": "Exists"}]},
-                     {"app": "web"}, False, id="labels-and-expressions-are-anded"),
-        pytest.param({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}]},
-                     {"tier": "b"}, True, id="in"),
-        pytest.param({"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}, {"tier": ""}, False,
-                     id="does-not-exist-an-empty-value-exists"),
-        pytest.param({"matchExpressions": [{"key": "tier", "operator": "Gt", "values": ["1"]}]}, {}, True,
-                     id="operator-the-api-server-rejects-counts-as-selecting"),
-        pytest.param("junk", {}, True, id="not-a-selector-counts-as-selecting"),
-    ],
-)
-def test_label_selector(selector: Any, labels: dict[str, str], expected: bool) -> None:
-    assert fit.selector_matches(selector, labels) is expected
 
 
 def zone_node(name: str, zone: str | None, *, gpus: int = 8) -> dict[str, Any]:

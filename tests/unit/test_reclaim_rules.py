@@ -442,30 +442,6 @@ def test_a_pod_refused_earlier_this_cycle_is_no_victim_and_the_next_candidate_is
                                            "eviction")
 
 
-@pytest.mark.parametrize(
-    ("selector", "labels", "selected"),
-    [
-        pytest.param({}, {}, True, id="empty-selects-all"),
-        pytest.param({"matchLabels": {"app": "db"}}, {"app": "db", "x": "1"}, True, id="labels-match"),
-        pytest.param({"matchLabels": {"app": "db"}}, {"app": "web"}, False, id="labels-differ"),
-        pytest.param({"matchExpressions": [{"key": "app", "operator": "In", "values": ["db", "x"]}]},
-                     {"app": "db"}, True, id="in"),
-        pytest.param({"matchExpressions": [{"key": "app", "operator": "In", "values": ["x"]}]},
-                     {"app": "db"}, False, id="not-in-the-values"),
-        pytest.param({"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["db"]}]},
-                     {}, True, id="notin-absent-label"),
-        pytest.param({"matchExpressions": [{"key": "app", "operator": "Exists"}]}, {"app": ""}, True,
-                     id="exists-empty-value"),
-        pytest.param({"matchExpressions": [{"key": "app", "operator": "DoesNotExist"}]}, {"app": "db"}, False,
-                     id="does-not-exist"),
-        pytest.param({"matchLabels": {"app": "db"}, "matchExpressions": [
-            {"key": "tier", "operator": "Exists"}]}, {"app": "db"}, False, id="both-anded"),
-        pytest.param({"matchExpressions": [{"key": "app", "operator": "Near"}]}, {}, True,
-                     id="unreadable-selects-so-it-protects"),
-    ],
-)
-def test_budget_selectors(selector: dict[str, Any], labels: dict[str, str], selected: bool) -> None:
-    assert snapshot.selector_matches(selector, labels) is selected
 
 
 def test_a_demand_is_told_which_budget_keeps_the_only_idle_pod() -> None:
