@@ -221,6 +221,21 @@ class Snapshot:
         """Whether any node carries required anti-affinity terms of the pods holding nodes."""
         return any(node.anti_affinity for node in self.nodes.values())
 
+    @functools.cached_property
+    def residents(self) -> tuple[antiaffinity.Resident, ...]:
+        """Every pod holding a node (GPU pod or not, on any node) with its labels and its node's, in key order:
+        what a pod's own required anti-affinity selects among (`antiaffinity.occupied`). Computed on first use."""
+        node_labels = {name: (raw.get("metadata") or {}).get("labels") or {}
+                       for name, (raw, _) in self.parsed_nodes.items()}
+        out = []
+        for key in sorted(self.parsed):
+            raw, entry = self.parsed[key]
+            if entry.held_on is not None:
+                meta = raw.get("metadata") or {}
+                out.append(antiaffinity.Resident(key, meta.get("namespace") or "default", meta.get("labels") or {},
+                                                 node_labels.get(entry.held_on, {})))
+        return tuple(out)
+
     def pods_on(self, node: str) -> list[Pod]:
         return [self.pods[k] for k in self.nodes[node].pods] if node in self.nodes else []
 

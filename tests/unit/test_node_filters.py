@@ -165,12 +165,15 @@ def test_ports_held_on_a_node(holders: list[dict[str, Any]], expected: str | Non
 
 
 def test_a_slim_pod_keeps_what_rules_newcomers_out() -> None:
-    """The feeder keeps non-GPU pods as `resources.slim_pod`: their host ports and required anti-affinity survive."""
-    raw = builders.pod("web", node="n", phase="Running", mutate=both(WANTS_8080, anti(term())))
-    node = build([NODE], [resources.slim_pod(raw)]).nodes["n"]
+    """The feeder keeps non-GPU pods as `resources.slim_pod`: their host ports, required anti-affinity and labels
+    (which a newcomer's own anti-affinity selects) survive."""
+    raw = builders.pod("web", node="n", phase="Running", labels={"app": "web"}, mutate=both(WANTS_8080, anti(term())))
+    cluster = build([NODE], [resources.slim_pod(raw)])
+    node = cluster.nodes["n"]
     assert node.host_ports == {ANY_8080}
     assert capacity.refuses(candidate(labels={"app": "web"}), node) == (
         "pod default/web has required anti-affinity against it (topologyKey kubernetes.io/hostname=n)")
+    assert [(r.key, r.labels) for r in cluster.residents] == [("default/web", {"app": "web"})]
 
 
 def test_a_plan_counts_ports_taken_earlier_in_it() -> None:

@@ -59,6 +59,8 @@ def ago(seconds: int) -> str:
 
 ANTI = {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
     {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "kubernetes.io/hostname"}]}}}
+AFFINITY = {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+    {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "kubernetes.io/hostname"}]}}}
 PREFERRED_ANTI = {"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
     {"weight": 10, "podAffinityTerm": {"labelSelector": {"matchLabels": {"app": "db"}},
                                        "topologyKey": "kubernetes.io/hostname"}}]}}}
@@ -74,12 +76,14 @@ SERVED = {("team-a/idle", WANT)}
 @pytest.mark.parametrize(
     ("pending_pod", "expected", "reason"),
     [
-        # Why: "Insufficient nvidia.com/gpu" hides the anti-affinity that keeps the pod off the node anyway.
-        pytest.param(want(spec=ANTI), set(), "team-b/want has constraints the capacity model does not evaluate "
-                     "(required podAntiAffinity (not modelled)): freeing GPUs may not let it run",
-                     id="why-hidden-anti-affinity-behind-gpu-shortage"),
-        pytest.param(want(spec=ANTI, message=None), set(), "required podAntiAffinity (not modelled)",
+        # Why: "Insufficient nvidia.com/gpu" hides the pod affinity that keeps the pod off the node anyway.
+        pytest.param(want(spec=AFFINITY), set(), "team-b/want has constraints the capacity model does not evaluate "
+                     "(required podAffinity (not modelled)): freeing GPUs may not let it run",
+                     id="why-hidden-pod-affinity-behind-gpu-shortage"),
+        pytest.param(want(spec=AFFINITY, message=None), set(), "required podAffinity (not modelled)",
                      id="unevaluated-constraints-veto-even-without-a-message"),
+        # Its own required anti-affinity is evaluated (tests/unit/test_reclaim_anti_affinity.py): met on n1 here.
+        pytest.param(want(spec=ANTI), SERVED, "1 idle pod(s) evicted on n1", id="own-anti-affinity-met-is-a-demand"),
         pytest.param(want(spec=SPREAD), set(), "topologySpreadConstraints DoNotSchedule (not modelled)",
                      id="hard-topology-spread-is-no-demand"),
         pytest.param(want(spec=PREFERRED_ANTI), SERVED, "1 idle pod(s) evicted on n1",
