@@ -147,3 +147,17 @@ def test_replicas_pending_together_are_not_planned_into_one_domain() -> None:
     assert evicted(result) == {("team-a/idle-b1", "team-b/serve-2"), ("team-a/idle-c", "team-b/serve-3")}
     assert reason(result) == "1 idle pod(s) evicted on b"
     assert reason(result, "team-b/serve-3") == "1 idle pod(s) evicted on c"
+
+
+def test_the_schedulers_anti_affinity_reason_is_no_veto() -> None:
+    """The usual message when the other replica's node still has free GPUs: kube-scheduler names the anti-affinity
+    there and the GPU shortage elsewhere. Reclaim repeats the anti-affinity on every node, so it is served."""
+    nodes = [node("a", gpus=2), node("b")]
+    waiting = replica()
+    waiting["status"]["conditions"][0]["message"] = (
+        "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't match pod anti-affinity rules. "
+        "preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.")
+    result = plan(nodes, [serving(), running("idle-b", node="b"), waiting], idle("team-a/idle-b")
+                  | busy("team-b/serve-1"))
+    assert evicted(result) == ON_B
+    assert reason(result) == "1 idle pod(s) evicted on b"
