@@ -192,12 +192,18 @@ def raw_pod(*, labels: dict[str, str] | None = None, owners: tuple[str, ...] = (
                       "rule 'serving-ns'", ()), id="global-default-is-no-choice"),
         pytest.param(raw_pod(priorityClassName=5), "serving", {}, RULES,
                      (None, True, "kept the pod's priorityClassName 5", ()), id="class-not-a-string-kept"),
+        pytest.param(raw_pod(priorityClassName=["x"]), "serving", {}, RULES,
+                     (None, True, "kept the pod's priorityClassName ['x']", ()), id="class-not-even-hashable-kept"),
         # Label claims: lowering (or repeating) always; raising within a claim of that tier or higher
         pytest.param(raw_pod(labels={TIER: "scavenger"}), "serving", {}, RULES,
                      (Tier.SCAVENGER, False, f"label {TIER}=scavenger (not above the operator's tier)", ()),
                      id="label-lowers"),
         pytest.param(raw_pod(labels={TIER: "critical"}), "serving", {}, RULES,
                      (Tier.CRITICAL, False, "rule 'serving-ns'", ()), id="boundary-label-repeats-the-tier"),
+        pytest.param(raw_pod(labels={TIER: "critical"}), "default", {}, RULES.model_copy(update={
+                         "critical": settings.TierClass(name="gpu-steward-critical", value=10_000)}),
+                     (Tier.CRITICAL, False, f"label {TIER}=critical (not above the operator's tier)", ()),
+                     id="boundary-a-claim-of-equal-rank-is-not-above"),
         pytest.param(raw_pod(labels={TIER: "normal"}), "r", {"team": "research"}, RULES,
                      (Tier.NORMAL, False, f"label {TIER}=normal (label claim 'research-normal')", ()),
                      id="claim-of-exactly-that-tier"),
@@ -220,6 +226,16 @@ def raw_pod(*, labels: dict[str, str] | None = None, owners: tuple[str, ...] = (
         pytest.param(raw_pod(preemptionPolicy="Never"), "serving", {}, RULES,
                      (None, True, "rule 'serving-ns'; tier critical not applied: the pod's preemptionPolicy Never is "
                       "kept (class gpu-steward-critical preempts)", ()), id="never-kept-against-a-preempting-tier"),
+        pytest.param(raw_pod(preemptionPolicy="Never", priorityClassName="gpu-steward-normal"), "serving", {},
+                     RULES.model_copy(update={"override_explicit_class": True}),
+                     (Tier.NORMAL, True, "rule 'serving-ns'; tier critical not applied: the pod's preemptionPolicy "
+                      "Never is kept (class gpu-steward-critical preempts)", ()),
+                     id="never-kept-says-the-tier-of-the-class-it-keeps"),
+        pytest.param(raw_pod(preemptionPolicy="Never", labels={TIER: "critical"}), "default", {}, RULES,
+                     (None, True, "default tier; tier normal not applied: the pod's preemptionPolicy Never is kept "
+                      "(class gpu-steward-normal preempts)", (
+                          f"label {TIER}=critical refused: namespace default may not claim it (tiers.label_claims); "
+                          "tier normal (default tier)",)), id="never-kept-keeps-the-refusal-warning"),
         pytest.param(raw_pod(preemptionPolicy="Never", owners=("Job",)), "default", {}, RULES,
                      (Tier.SCAVENGER, False, "rule 'jobs'", ()), id="never-with-a-never-tier-applies"),
         pytest.param(raw_pod(preemptionPolicy="PreemptLowerPriority"), "serving", {}, RULES,
