@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from common import label_selectors
 
@@ -95,9 +95,9 @@ def refusing(terms: Sequence[Term], *, namespace: str, labels: Mapping[str, str]
 # --- a pod's own required anti-affinity ------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class Resident:
-    """A pod holding a node (bound, nominated, or pinned and released), as others' terms select it."""
+class Resident(NamedTuple):
+    """A pod holding a node (bound, nominated, or pinned and released), as others' terms select it (a tuple: a
+    cluster has one per pod)."""
 
     key: str  # namespace/name
     namespace: str
@@ -131,12 +131,13 @@ def occupied(pod: Mapping[str, Any], *, residents: Sequence[Resident],
         key = term.get("topologyKey")
         if type(key) is not str:
             continue  # the API server rejects a term without one: no pod carries it
-        concerned, selector = _concerned(term, namespace, namespaces), term.get("labelSelector")
+        concerned, selects = _concerned(term, namespace, namespaces), label_selectors.compile_selector(
+            term.get("labelSelector"))
         holders: dict[str, str] = {}
         for resident in residents:
             value = resident.node_labels.get(key)
             if (value is not None and value not in holders and resident.namespace in concerned
-                    and label_selectors.matches(selector, resident.labels)):
+                    and selects(resident.labels)):
                 holders[value] = resident.key
         out.append(Occupied(key, holders))
     return tuple(out)

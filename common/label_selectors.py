@@ -24,7 +24,7 @@ checked: a label that breaks it cannot exist on an object, and a selector that d
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 # Go's strconv.ParseInt(s, 10, 64): an optional sign and ASCII digits only (no spaces, no underscores).
@@ -84,17 +84,44 @@ def has_labels(wanted: Mapping[str, str], labels: Mapping[str, str]) -> bool:
 
 def matches(selector: Any, labels: Mapping[str, str]) -> bool:
     """Whether a metav1 LabelSelector selects these labels (None: nothing; `{}`: everything; malformed: selects)."""
+    return compile_selector(selector)(labels)
+
+
+def compile_selector(selector: Any) -> Callable[[Mapping[str, str]], bool]:
+    """`matches` for one selector, read once: for callers that try it on many pods."""
     if selector is None:
-        return False
+        return _nothing
     if not isinstance(selector, Mapping):
-        return True
+        return _everything
     match_labels = selector.get("matchLabels") or {}
     expressions = selector.get("matchExpressions") or []
     if not isinstance(match_labels, Mapping) or type(expressions) is not list:
-        return True
+        return _everything
     if not all(type(v) is str for v in match_labels.values()):
-        return True
-    met = [requirement(r, labels) for r in expressions]
-    if None in met:  # the whole selector is refused, whatever the order of its requirements
-        return True
-    return has_labels(match_labels, labels) and all(met)
+        return _everything
+    if any(requirement(r, {}) is None for r in expressions):  # malformed whatever the labels: refused as a whole
+        return _everything
+    wanted = tuple(match_labels.items())
+    tests = tuple(map(_compiled, expressions))
+    return lambda labels: (all(labels.get(key) == value for key, value in wanted)
+                           and all(test(labels) for test in tests))
+
+
+def _compiled(requirement: Mapping[str, Any]) -> Callable[[Mapping[str, str]], bool]:
+    """A well-formed label selector requirement as a predicate (`requirement`'s answer)."""
+    key, operator, wanted = requirement["key"], requirement["operator"], frozenset(values(requirement) or ())
+    if operator == "In":
+        return lambda labels: labels.get(key) in wanted
+    if operator == "NotIn":
+        return lambda labels: labels.get(key) not in wanted
+    if operator == "Exists":
+        return lambda labels: key in labels
+    return lambda labels: key not in labels  # DoesNotExist: the only other well-formed operator
+
+
+def _nothing(labels: Mapping[str, str]) -> bool:
+    return False
+
+
+def _everything(labels: Mapping[str, str]) -> bool:
+    return True
