@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from common import settings_loader, snapshot
+from common import antiaffinity, settings_loader, snapshot
 from descheduler import policy, reclaim
 from tests import builders
 from tests.unit.test_reclaim_planner import CLASSES, NO_COOLDOWNS, NOW, Raw, busy, evicted, idle, pending, running
@@ -161,3 +161,37 @@ def test_the_schedulers_anti_affinity_reason_is_no_veto() -> None:
                   | busy("team-b/serve-1"))
     assert evicted(result) == ON_B
     assert reason(result) == "1 idle pod(s) evicted on b"
+
+
+RESIDENTS = [antiaffinity.Resident("team-b/r1", "team-b", SERVE, {HOST: "a", ZONE: "z1"}),
+             antiaffinity.Resident("team-b/r0", "team-b", SERVE, {HOST: "b", ZONE: "z1"}),
+             antiaffinity.Resident("team-b/r2", "team-b", {"app": "db"}, {HOST: "c"})]
+
+
+@pytest.mark.parametrize(
+    ("terms", "node_labels", "expected"),
+    [
+        # Odd terms first: no topologyKey (the API server rejects it), a null or malformed labelSelector.
+        pytest.param([{"labelSelector": {"matchLabels": SERVE}}], {HOST: "a"}, None, id="no-topology-key-no-rule"),
+        pytest.param([term(selector={"matchLabels": SERVE}) | {"labelSelector": None}], {HOST: "a"}, None,
+                     id="null-label-selector-selects-no-pod"),
+        pytest.param([term(selector={"matchExpressions": [{"key": "app", "operator": "In"}]})], {HOST: "c"},
+                     "its required anti-affinity selects pod team-b/r2 (topologyKey kubernetes.io/hostname=c)",
+                     id="malformed-label-selector-selects-every-pod"),
+        pytest.param([term()], {HOST: "a"},
+                     "its required anti-affinity selects pod team-b/r1 (topologyKey kubernetes.io/hostname=a)",
+                     id="selected-pod-on-the-node"),
+        pytest.param([term()], {HOST: "c"}, None, id="unselected-pod-on-the-node"),
+        pytest.param([term()], {}, None, id="boundary-node-without-the-label"),
+        pytest.param([term(ZONE)], {ZONE: "z1"},
+                     "its required anti-affinity selects pod team-b/r1 (topologyKey topology.kubernetes.io/zone=z1)",
+                     id="first-selected-pod-in-the-residents-order-named"),
+        pytest.param([term(selector={"matchLabels": {"app": "x"}}), term()], {HOST: "b"},
+                     "its required anti-affinity selects pod team-b/r0 (topologyKey kubernetes.io/hostname=b)",
+                     id="any-term-rules-out"),
+    ],
+)
+def test_occupied(terms: list[dict[str, Any]], node_labels: dict[str, str], expected: str | None) -> None:
+    pod = replica("serve-2", *terms)
+    occupied = antiaffinity.occupied(pod, residents=RESIDENTS, namespaces={})
+    assert antiaffinity.refused_by(occupied, node_labels) == expected
