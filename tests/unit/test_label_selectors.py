@@ -35,7 +35,8 @@ def sel(*expressions: Any, labels: Any = None) -> dict[str, Any]:
         # the order of its requirements — the safe answer for every caller (protect a pod, rule a node out).
         pytest.param(sel(expr("app", "In", [])), LABELS, True, id="was-split-in-without-values-is-malformed"),
         pytest.param(sel(expr("app", "In")), LABELS, True, id="was-split-in-no-values-key-is-malformed"),
-        pytest.param(sel(expr("app", "NotIn", [])), {}, True, id="notin-without-values-is-malformed"),
+        pytest.param(sel(expr("app", "NotIn", []), expr("x", "Exists")), LABELS, True,
+                     id="notin-without-values-is-malformed"),
         pytest.param(sel(expr("x", "Exists", ["a"])), LABELS, True, id="was-split-exists-with-values-is-malformed"),
         pytest.param(sel(expr("app", "DoesNotExist", ["a"])), LABELS, True,
                      id="was-split-does-not-exist-with-values-is-malformed"),
@@ -110,6 +111,8 @@ def test_label_selector(selector: Any, labels: dict[str, str], expected: bool) -
         pytest.param(expr("n", "Gt", ["4"]), False, None, id="gt-outside-a-node-selector-is-malformed"),
         pytest.param(expr("app", "In", ["web"]), True, True, id="node-in"),
         pytest.param("junk", True, None, id="not-an-object-is-malformed"),
+        pytest.param(expr("app", "NotIn", []), False, None, id="notin-without-values-is-malformed"),
+        pytest.param(expr("app", "In"), False, None, id="in-without-values-is-malformed"),
     ],
 )
 def test_requirement(requirement: Any, node: bool, expected: bool | None) -> None:
