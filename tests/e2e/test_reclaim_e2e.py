@@ -291,5 +291,6 @@ def test_a_replica_apart_from_its_sibling_gets_idle_gpus_on_another_node(
     assert pods["serve-2"]["spec"]["nodeName"] == y
     assert "idle-y" not in pods or pods["idle-y"]["metadata"].get("deletionTimestamp"), sorted(pods)
     assert "idle-x" in pods and not pods["idle-x"]["metadata"].get("deletionTimestamp"), sorted(pods)
-    failed = kube.events_about(cluster, namespace, "serve-2", reason="FailedScheduling")
-    assert failed and "Insufficient nvidia.com/gpu" in failed[0]["message"], failed
+    failed = kube.poll("FailedScheduling for serve-2",
+                       functools.partial(kube.events_about, cluster, namespace, "serve-2", reason="FailedScheduling"))
+    assert "Insufficient nvidia.com/gpu" in failed[0]["message"], failed
