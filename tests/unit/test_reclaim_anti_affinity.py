@@ -195,3 +195,26 @@ def test_occupied(terms: list[dict[str, Any]], node_labels: dict[str, str], expe
     pod = replica("serve-2", *terms)
     occupied = antiaffinity.occupied(pod, residents=RESIDENTS, namespaces={})
     assert antiaffinity.refused_by(occupied, node_labels) == expected
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected"),
+    [
+        pytest.param({"metadata": {"namespace": "team-b"}, "spec": {"affinity": ["junk"]}}, None,
+                     id="affinity-not-an-object-no-rule"),
+        pytest.param(replica("serve-2", {"labelSelector": {"matchLabels": SERVE}}, term()),
+                     "its required anti-affinity selects pod team-b/r1 (topologyKey kubernetes.io/hostname=a)",
+                     id="a-term-without-topology-key-skipped-the-next-counts"),
+        pytest.param(replica("serve-2", term(namespaces="team-b")),
+                     "its required anti-affinity selects pod team-b/r1 (topologyKey kubernetes.io/hostname=a)",
+                     id="namespaces-not-a-list-read-as-none-its-own-namespace"),
+        pytest.param(replica("serve-2", term(namespaces=["team-c"])), None, id="named-namespace-only"),
+        pytest.param(replica("serve-2", term()) | {"metadata": {"labels": SERVE}},
+                     "its required anti-affinity selects pod default/r9 (topologyKey kubernetes.io/hostname=a)",
+                     id="a-pod-without-a-namespace-is-in-default"),
+    ],
+)
+def test_occupied_odd_pods(pod: dict[str, Any], expected: str | None) -> None:
+    residents = [antiaffinity.Resident("default/r9", "default", SERVE, {HOST: "a"}), *RESIDENTS]
+    occupied = antiaffinity.occupied(pod, residents=residents, namespaces={})
+    assert antiaffinity.refused_by(occupied, {HOST: "a"}) == expected
