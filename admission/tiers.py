@@ -22,7 +22,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from common import label_values, settings, snapshot
+from common import label_selectors, label_values, settings, snapshot
 
 NEVER = "Never"
 
@@ -38,7 +38,7 @@ class TierDecision:
 def _namespace_matches(
     namespaces: Sequence[str], wanted_labels: Mapping[str, str], *, namespace: str, labels: Mapping[str, str]
 ) -> bool:
-    return (not namespaces or namespace in namespaces) and all(labels.get(k) == v for k, v in wanted_labels.items())
+    return (not namespaces or namespace in namespaces) and label_selectors.has_labels(wanted_labels, labels)
 
 
 def _rule_matches(
@@ -49,7 +49,7 @@ def _rule_matches(
     owner_kinds = {o.get("kind") for o in meta.get("ownerReferences") or [] if isinstance(o, Mapping)}
     return (
         _namespace_matches(rule.namespaces, rule.namespace_labels, namespace=namespace, labels=namespace_labels)
-        and all(labels.get(k) == v for k, v in rule.pod_labels.items())
+        and label_selectors.has_labels(rule.pod_labels, labels)
         and (not rule.owner_kinds or bool(owner_kinds & set(rule.owner_kinds)))
     )
 

@@ -40,14 +40,16 @@ SIMPLE_VOLUMES = frozenset({"configMap", "secret", "emptyDir", "downwardAPI", "p
                             "image", "csi", "gitRepo"})
 
 
-def ungoverned(pod_spec: Mapping[str, Any]) -> str | None:
-    """Why the model cannot answer for this pod (so a planner must not pin it), or None when it can."""
+def ungoverned(pod_spec: Mapping[str, Any], *, evaluated: Set[str] = frozenset()) -> str | None:
+    """Why the model cannot answer for this pod (so a planner must not pin it), or None when it can. `evaluated`:
+    fields of `UNMODELLED_AFFINITY` the caller evaluates itself (reclaim: the pod's own podAntiAffinity,
+    `antiaffinity.occupied`)."""
     for field in UNMODELLED_SPEC:
         if pod_spec.get(field):
             return f"spec.{field} (not modelled)"
     affinity = pod_spec.get("affinity") or {}
     for field in UNMODELLED_AFFINITY:
-        if isinstance(affinity, Mapping) and (affinity.get(field) or {}).get(
+        if field not in evaluated and isinstance(affinity, Mapping) and (affinity.get(field) or {}).get(
                 "requiredDuringSchedulingIgnoredDuringExecution"):
             return f"required {field} (not modelled)"
     if pod_spec.get("topologySpreadConstraints"):

@@ -1,27 +1,23 @@
-"""Could this pod run on this node at all? The scheduler's filters that matter for GPU choice:
-node readiness, taints and tolerations, nodeSelector, the pod's required node affinity, and free
-GPUs. Callers use it to avoid spending preferred terms (or plans) on nodes that can never take the pod.
+"""Could this pod run on this node at all? The scheduler's filters that matter for GPU choice and read only
+the pod and the node: node readiness, taints and tolerations, nodeSelector and the pod's required node affinity
+(not free GPUs or other resources: `common.capacity` counts those). Callers use it to avoid spending preferred
+terms (or plans) on nodes that can never take the pod.
 
 Required node affinity follows kube-scheduler's NodeAffinity filter (read in Kubernetes 1.36.3:
 `k8s.io/component-helpers/scheduling/corev1/nodeaffinity/nodeaffinity.go`,
-`k8s.io/apimachinery/pkg/labels/selector.go` `Requirement.Matches`, and the API server's
-`ValidateNodeSelector` in `pkg/apis/core/validation/validation.go`):
+and the API server's `ValidateNodeSelector` in `pkg/apis/core/validation/validation.go`):
 - nodeSelectorTerms are ORed; the matchExpressions and matchFields of one term are ANDed;
 - a term with neither matches no node, and a required affinity without terms matches no node;
-- In: the label exists with one of the values; NotIn: the label is absent or has none of them;
-  Exists / DoesNotExist: the label is present / absent; Gt / Lt: the label exists and, read as a
-  64-bit decimal integer, is greater / less than the single value (a label that is not such an
-  integer does not match);
+- matchExpressions: In, NotIn, Exists, DoesNotExist, Gt, Lt as `common.label_selectors.requirement` reads them;
 - matchFields: only `metadata.name`, with In or NotIn and exactly one value.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from common import snapshot
+from common import label_selectors, snapshot
 
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 NAME_FIELD = "metadata.name"  # the one node field matchFields may name
@@ -48,18 +44,6 @@ def tolerates(tolerations: Sequence[Mapping[str, Any]], taint: Mapping[str, Any]
 
 # --- required node affinity ----------------------------------------------------------------------
 
-# Go's strconv.ParseInt(s, 10, 64): an optional sign and ASCII digits only (no spaces, no underscores).
-_DECIMAL = re.compile(r"[+-]?[0-9]+")
-_INT64 = range(-(2**63), 2**63)
-
-
-def _int64(text: str) -> int | None:
-    if not _DECIMAL.fullmatch(text):
-        return None
-    value = int(text)
-    return value if value in _INT64 else None
-
-
 # A requirement's outcome: True (met), False (not met) or None: malformed in a way the API server
 # rejects (unknown operator, wrong number of values, a field other than metadata.name). Such a pod is
 # never created (the webhook runs before validation), so what we answer cannot matter to the scheduler;
@@ -69,62 +53,8 @@ def _int64(text: str) -> int | None:
 _Met = bool | None
 
 
-def _values(requirement: Mapping[str, Any]) -> list[str] | None:
-    values = requirement.get("values") or []
-    if type(values) is not list or not all(type(v) is str for v in values):
-        return None
-    return values
-
-
-def _label_requirement(requirement: Mapping[str, Any], labels: Mapping[str, str]) -> _Met:
-    key, operator, values = requirement.get("key"), requirement.get("operator"), _values(requirement)
-    if type(key) is not str or values is None:
-        return None
-    label = labels.get(key)
-    if operator == "In":
-        return label in values if values else None
-    if operator == "NotIn":
-        return label not in values if values else None
-    if operator == "Exists":
-        return label is not None if not values else None
-    if operator == "DoesNotExist":
-        return label is None if not values else None
-    if operator in ("Gt", "Lt"):
-        if len(values) != 1:
-            return None
-        bound = _int64(values[0])
-        have = None if label is None else _int64(label)
-        if bound is None or have is None:
-            return False
-        return have > bound if operator == "Gt" else have < bound
-    return None
-
-
-def selector_matches(selector: Any, labels: Mapping[str, str]) -> bool:
-    """Whether a metav1 LabelSelector (`matchLabels` ANDed with `matchExpressions`: In, NotIn, Exists,
-    DoesNotExist, read as for node labels above) selects these labels. None selects nothing, {} everything.
-    A selector the API server would reject counts as selecting: callers use it to rule nodes out, and ruling
-    out one node too many is the safe error."""
-    if selector is None:
-        return False
-    if not isinstance(selector, Mapping):
-        return True
-    match_labels = selector.get("matchLabels") or {}
-    expressions = selector.get("matchExpressions") or []
-    if not isinstance(match_labels, Mapping) or type(expressions) is not list:
-        return True
-    if any(labels.get(key) != value for key, value in match_labels.items()):
-        return False
-    for requirement in expressions:
-        if not isinstance(requirement, Mapping) or requirement.get("operator") in ("Gt", "Lt"):
-            return True
-        if _label_requirement(requirement, labels) is False:
-            return False
-    return True
-
-
 def _field_requirement(requirement: Mapping[str, Any], node_name: str) -> _Met:
-    operator, values = requirement.get("operator"), _values(requirement)
+    operator, values = requirement.get("operator"), label_selectors.values(requirement)
     if requirement.get("key") != NAME_FIELD or values is None or len(values) != 1:
         return None
     if operator == "In":
@@ -139,7 +69,7 @@ def _describe(requirement: Mapping[str, Any]) -> str:
     shown = f" [{', '.join(map(str, values))}]" if isinstance(values, list) and values else ""
     note = ""
     if requirement.get("operator") in ("Gt", "Lt") and isinstance(values, list) and values:
-        note = "" if _int64(str(values[0])) is not None else " (not an integer)"
+        note = "" if label_selectors.int64(str(values[0])) is not None else " (not an integer)"
     return f"{requirement.get('key')} {requirement.get('operator')}{shown}{note}"
 
 
@@ -159,7 +89,7 @@ def _term(term: Any, node: snapshot.Node) -> Literal[True] | str | None:
         if not isinstance(requirement, Mapping):
             return None
         met = (_field_requirement(requirement, node.name) if on_field
-               else _label_requirement(requirement, node.labels))
+               else label_selectors.requirement(requirement, node.labels, node=True))
         if met is None:
             return None
         if not met and unmet is None:

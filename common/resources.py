@@ -146,8 +146,9 @@ def describe(vector: Vector, names: Iterable[str]) -> str:
 
 def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     """What the capacity model reads of a pod that is no GPU pod or gang member: enough to count what it
-    holds on its node (requests, node, nomination, phase, deletion) and how it rules newcomers out there (its
-    host ports, its required pod anti-affinity), so stores of every bound pod stay small."""
+    holds on its node (requests, node, nomination, phase, deletion), how it rules newcomers out there (its
+    host ports, its required pod anti-affinity) and how newcomers' own anti-affinity selects it (its labels), so
+    stores of every bound pod stay small."""
     meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
 
     def resources_only(containers: Any) -> list[dict[str, Any]]:
@@ -165,7 +166,7 @@ def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     required = anti.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(anti, Mapping) else None
     return {
         "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp",
-                                          "creationTimestamp") if k in meta},
+                                          "creationTimestamp", "labels") if k in meta},
         "spec": {
             **{k: spec[k] for k in ("nodeName", "priority", "overhead", "resources") if k in spec},
             "containers": resources_only(spec.get("containers")),

@@ -22,7 +22,7 @@ import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from common import antiaffinity, gangs, gpu, hostports, placement, resources, settings, topology
+from common import antiaffinity, gangs, gpu, hostports, label_selectors, placement, resources, settings, topology
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 DEFAULT_PREEMPTION_POLICY = "PreemptLowerPriority"
@@ -228,6 +228,21 @@ class Snapshot:
     def anti_affinity(self) -> bool:
         """Whether any node carries required anti-affinity terms of the pods holding nodes."""
         return any(node.anti_affinity for node in self.nodes.values())
+
+    @functools.cached_property
+    def residents(self) -> tuple[antiaffinity.Resident, ...]:
+        """Every pod holding a node (GPU pod or not, on any node) with its labels and its node's, in key order:
+        what a pod's own required anti-affinity selects among (`antiaffinity.occupied`). Computed on first use."""
+        node_labels = {name: (raw.get("metadata") or {}).get("labels") or {}
+                       for name, (raw, _) in self.parsed_nodes.items()}
+        out = []
+        for key in sorted(self.parsed):
+            raw, entry = self.parsed[key]
+            if entry.held_on is not None:
+                meta = raw.get("metadata") or {}
+                out.append(antiaffinity.Resident(key, meta.get("namespace") or "default", meta.get("labels") or {},
+                                                 node_labels.get(entry.held_on, {})))
+        return tuple(out)
 
     def pods_on(self, node: str) -> list[Pod]:
         return [self.pods[k] for k in self.nodes[node].pods] if node in self.nodes else []
@@ -551,9 +566,7 @@ class DisruptionBudget:
 
     def selects(self, pod: Pod) -> bool:
         """A selector we cannot read selects the pod: a budget we misread must protect, never expose."""
-        if pod.namespace != self.namespace or self.selector is None:
-            return False
-        return selector_matches(self.selector, pod.labels)
+        return pod.namespace == self.namespace and label_selectors.matches(self.selector, pod.labels)
 
 
 def disruption_budget(raw: Mapping[str, Any]) -> DisruptionBudget:
@@ -567,36 +580,6 @@ def disruption_budget(raw: Mapping[str, Any]) -> DisruptionBudget:
         # No status yet (the disruption controller has not computed it): the API server refuses, so do we.
         disruptions_allowed=allowed if isinstance(allowed, int) else 0,
     )
-
-
-def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """metav1.LabelSelector: matchLabels and matchExpressions ANDed; an empty selector matches everything. A
-    malformed selector matches (see `DisruptionBudget.selects`)."""
-    match_labels = selector.get("matchLabels") or {}
-    expressions = selector.get("matchExpressions") or []
-    if not isinstance(match_labels, Mapping) or not isinstance(expressions, list):
-        return True
-    if any(labels.get(k) != v for k, v in match_labels.items()):
-        return False
-    for expression in expressions:
-        if not isinstance(expression, Mapping):
-            return True
-        key, operator, values = expression.get("key"), expression.get("operator"), expression.get("values") or []
-        if not isinstance(key, str):
-            return True
-        if operator == "In":
-            met = labels.get(key) in values
-        elif operator == "NotIn":
-            met = labels.get(key) not in values
-        elif operator == "Exists":
-            met = key in labels
-        elif operator == "DoesNotExist":
-            met = key not in labels
-        else:
-            return True
-        if not met:
-            return False
-    return True
 
 
 def parse_pod(raw: Mapping[str, Any]) -> Pod:

@@ -10,10 +10,11 @@ lacks (`Insufficient cpu`, `Insufficient nvidia.com/gpu`, `Too many pods`, ...).
 
 A pod is a reclaim demand only if the message
 - names a GPU shortage (`Insufficient nvidia.com/gpu` or `Insufficient nvidia.com/mig-<profile>`), and
-- names nothing else but the node filters our own fit check repeats on every candidate node (taints,
-  node affinity/selector, node name, unschedulable nodes): those exclude nodes, they are not shortages.
+- names nothing else but the node filters reclaim's search repeats on every candidate node (taints, node
+  affinity/selector, node name, unschedulable nodes: `common.fit`; required pod anti-affinity, the pod's own and
+  existing pods': `descheduler.reclaim.search`): those exclude nodes, they are not shortages.
 Any other reason (CPU, memory, pod count, ephemeral storage, other extended resources, ports, volumes,
-pod (anti-)affinity, topology spread, a PreFilter rejection...) means evicting idle GPU pods may not let
+pod affinity, topology spread, a PreFilter rejection...) means evicting idle GPU pods may not let
 it run: not a demand. A message not in this format (another scheduler's) says nothing either way.
 """
 
@@ -27,12 +28,17 @@ from common import gpu
 HEAD = re.compile(r"^0/(\d+) nodes are available:\s*(.*)$", re.DOTALL)
 ENTRY = re.compile(r"^(\d+) (.+)$", re.DOTALL)
 SPLIT = re.compile(r", (?=\d+ )")
-MODELLED = (  # node filters `common.fit` checks on each candidate node itself
+MODELLED = (  # node filters reclaim's search checks on each candidate node itself
     "node(s) had untolerated taint",
     "node(s) had taints that the pod didn't tolerate",
     "node(s) didn't match Pod's node affinity/selector",
     "node(s) didn't match the requested node name",
     "node(s) were unschedulable",
+    # InterPodAffinity (pkg/scheduler/framework/plugins/interpodaffinity/filtering.go, v1.37): the pod's own
+    # required anti-affinity (`antiaffinity.occupied`) and existing pods' (`capacity.refuses`). Not its pod
+    # affinity ("node(s) didn't match pod affinity rules"): a pod with one is no demand anyway.
+    "node(s) didn't match pod anti-affinity rules",
+    "node(s) didn't satisfy existing pods anti-affinity rules",
 )
 INSUFFICIENT = "Insufficient "
 

@@ -7,8 +7,11 @@ must not be served still comes back, with the reason it is `ignored` (recorded, 
 - release placed it and it is stuck (it carries our release annotation, or it is a gang member pinned to one
   node): release's recovery owns it, and evicting for its pin would only strand it again;
 - the one capacity model does not evaluate all of its constraints (`common.capacity.ungoverned`: required pod
-  (anti-)affinity, hard topology spread, resource claims...): freeing GPUs may not let it run, and kube-scheduler's
-  message names only the first filter that failed on each node, so a GPU shortage there hides them;
+  affinity, hard topology spread, resource claims...): freeing GPUs may not let it run, and kube-scheduler's
+  message names only the first filter that failed on each node, so a GPU shortage there hides them. A pending
+  pod's own required pod anti-affinity is evaluated (`search`, `common.antiaffinity.occupied`: it is served only
+  where no pod it selects holds the topology domain), so one replica per node still gets reclaim; a gang
+  member's is not (the members would have to see each other's planned places);
 - its kube-scheduler message names more than a GPU shortage (`descheduler.unschedulable`). The message may only
   veto: a demand is served only on a node where the capacity model says it then runs (`search`).
 A terminating pending pod is no demand at all.
@@ -17,7 +20,7 @@ A terminating pending pod is no demand at all.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 from common import capacity, gangs, gpu, settings, snapshot
@@ -26,8 +29,8 @@ from descheduler import unschedulable
 NEVER = "Never"
 GANG = "gang:"  # prefix of gang keys, so that a gang never collides with a pod of the same name
 _NAMES = settings.Names()
-
-
+# What reclaim evaluates for a single pending pod beyond the capacity model (`search`): its own required anti-affinity.
+EVALUATED = frozenset({"podAntiAffinity"})
 
 @dataclasses.dataclass(frozen=True)
 class Member:
@@ -68,10 +71,10 @@ def _released(pod: snapshot.Pod, *, names: settings.Names) -> str | None:
     return None
 
 
-def _unevaluated(pods: Sequence[snapshot.Pod]) -> str | None:
-    """Why the capacity model cannot say where these pods would run, or None."""
+def _unevaluated(pods: Sequence[snapshot.Pod], *, evaluated: Set[str] = frozenset()) -> str | None:
+    """Why the capacity model cannot say where these pods would run, or None (`evaluated`: see `EVALUATED`)."""
     for pod in pods:
-        why = capacity.ungoverned(pod.raw.get("spec") or {})
+        why = capacity.ungoverned(pod.raw.get("spec") or {}, evaluated=evaluated)
         if why:
             return f"{pod.key} has constraints the capacity model does not evaluate ({why}): freeing GPUs may not " \
                    "let it run"
@@ -82,7 +85,7 @@ def _ignored(pod: snapshot.Pod, condition: Mapping[str, Any], *, names: settings
     nominated = (pod.raw.get("status") or {}).get("nominatedNodeName")
     if nominated:
         return f"kube-scheduler already preempted for it on {nominated} (status.nominatedNodeName)"
-    why = _released(pod, names=names) or _unevaluated([pod])
+    why = _released(pod, names=names) or _unevaluated([pod], evaluated=EVALUATED)
     if why:
         return why
     if pod.scheduler_name != gangs.DEFAULT_SCHEDULER:

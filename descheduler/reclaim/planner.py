@@ -279,6 +279,7 @@ def _on_demand(
             node_state = trial.setdefault(best.node, search.NodeState())
             node_state.freed |= {c.pod.key for u in best.units for c in u.candidates}
             node_state.taken.append((member.requests, best.allocation))
+            node_state.placed.append(member.pod)
             trial_taken |= {u.key for u in best.units}
             chosen.append((member, best))
         if failure is not None:

@@ -11,6 +11,12 @@ priority first). Cost: GPUs freed, then pods evicted, then the highest priority 
 Exact, without a search of every node: nodes that cannot hold the member even with every eligible unit evicted
 are screened out (by count, then the capacity model), the rest are searched by a lower bound of their cost;
 untouched nodes are screened once per cycle for each kind of member (`Index.untouched`).
+
+The pods holding nodes rule a member out where kube-scheduler's filters that read them would (`Index.refuses`):
+a host port in use or an existing pod's required anti-affinity that selects it (`capacity.refuses`), and the
+member's own required anti-affinity selecting a pod in the node's topology domain (`antiaffinity.occupied`). Every
+pod there counts, victims included: evicting a victim is never assumed to clear them (a replica evicted for its
+own sibling would only come back pending). Pods placed earlier in the same plan count too (`NodeState.placed`).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Any
 
-from common import capacity, fit, gpu, placement, snapshot
+from common import antiaffinity, capacity, fit, gpu, placement, snapshot
 from descheduler.reclaim import allowance, gang_units, pending
 
 MAX_REASONS = 3  # why a demand cannot be served: the first few nodes' reasons
@@ -35,9 +41,10 @@ class NodeState:
 
     freed: set[str] = dataclasses.field(default_factory=set)  # pod keys
     taken: list[tuple[Mapping[str, int], placement.Allocation]] = dataclasses.field(default_factory=list)
+    placed: list[str] = dataclasses.field(default_factory=list)  # keys of the pods planned here (`taken`'s owners)
 
     def copy(self) -> NodeState:
-        return NodeState(set(self.freed), list(self.taken))
+        return NodeState(set(self.freed), list(self.taken), list(self.placed))
 
 
 def _room(node: snapshot.Node, cluster: snapshot.Snapshot, state: NodeState,
@@ -212,6 +219,7 @@ class Index:
         self._fits: dict[tuple[Any, ...], list[str]] = {}
         self._untouched: dict[tuple[Any, ...], list[Option]] = {}
         self._rooms: dict[str, capacity.Room] = {}
+        self._own: dict[str, tuple[antiaffinity.Occupied, ...]] = {}
 
     def fresh(self, name: str) -> capacity.Room:
         """The node's room as the snapshot has it (shared: read it, never take from it)."""
@@ -222,26 +230,39 @@ class Index:
 
     def shape(self, member: pending.Member) -> tuple[Any, ...] | None:
         """What `nodes_for` reads of the member, hashable (None: do not cache): `capacity.key` for a pod in the
-        snapshot (its host ports and, where nodes carry anti-affinity, its labels too), else its spec and
-        requests."""
+        snapshot (its host ports and, where nodes carry anti-affinity, its labels too; the pod itself where it has
+        required anti-affinity of its own), else its spec and requests."""
         pod = self.cluster.pods.get(member.pod)
         if pod is not None:
-            return capacity.key(pod, self.cluster)
+            key = capacity.key(pod, self.cluster)
+            return (key, pod.key) if key is not None and pod.anti_affinity else key
         fit_key = fit.key(member.spec)
         return None if fit_key is None else (fit_key, tuple(sorted(member.requests.items())))
 
+    def refuses(self, member: pending.Member, node: snapshot.Node) -> str | None:
+        """Why the pods holding nodes rule the member out of this node (None: they do not; see the module)."""
+        pod = self.cluster.pods.get(member.pod)
+        if pod is None:
+            return None
+        why = capacity.refuses(pod, node)
+        if why or not pod.anti_affinity:
+            return why
+        own = self._own.get(pod.key)
+        if own is None:
+            own = self._own[pod.key] = antiaffinity.occupied(pod.raw, residents=self.cluster.residents,
+                                                             namespaces=self.cluster.namespaces)
+        return antiaffinity.refused_by(own, node.labels)
+
     def nodes_for(self, member: pending.Member) -> list[str]:
         """Nodes the capacity model does not rule out for the member however empty (`capacity.never`: the
-        scheduler's filters it models, requests larger than the node) nor for the pods holding them
-        (`capacity.refuses`: a host port in use, a required anti-affinity that selects it — counted for every
-        pod there, victims included: evicting a victim is never assumed to clear them), cached per `shape`."""
+        scheduler's filters it models, requests larger than the node) nor for the pods holding them (`refuses`),
+        cached per `shape`."""
         key = self.shape(member)
         found = self._fits.get(key) if key is not None else None
         if found is None:
-            pod = self.cluster.pods.get(member.pod)
             found = sorted(n for n, node in self.cluster.nodes.items()
                            if not capacity.never(member.spec, member.requests, node)
-                           and (pod is None or not capacity.refuses(pod, node)))
+                           and not self.refuses(member, node))
             if key is not None:
                 self._fits[key] = found
         return found
@@ -314,6 +335,10 @@ def best_node(
         if (best is not None and option.bound > best.cost()) or (spent and option.bound[0]):
             break  # spent: this and every later option needs evictions
         node = cluster.nodes[option.node]
+        planned = _planned_refusal(cluster, member, node, trial)
+        if planned:
+            failures.append(f"{node.name}: {planned}")
+            continue
         state = trial.get(option.node) or NodeState()
         limited = {u.key: budget.refuse([u]) for u in option.units}
         eligible = [u for u in option.units if limited[u.key] is None]
@@ -338,12 +363,35 @@ def best_node(
     # Why not: what failed on the most promising nodes, else (none was) the first nodes' screening, else (no
     # node could ever hold it) the capacity model's reasons.
     said = (r for r in map(screen_node, names) if isinstance(r, str))
-    pod = cluster.pods.get(member.pod)
     never = (f"{n}: {why}" for n, why in ((n, capacity.never(member.spec, member.requests, node)
-                                           or (capacity.refuses(pod, node) if pod is not None else None))
+                                           or index.refuses(member, node))
                                           for n, node in sorted(cluster.nodes.items())) if why)
     for reasons in (failures, said, never):
         joined = "; ".join(itertools.islice(reasons, MAX_REASONS))
         if joined:
             return joined
     return "no node with reclaimable idle GPUs fits it"
+
+
+def _planned_refusal(cluster: snapshot.Snapshot, member: pending.Member, node: snapshot.Node,
+                     trial: Mapping[str, NodeState]) -> str | None:
+    """Why pods placed earlier in this plan rule the member out of the node, as if they held their nodes already:
+    the member's own required anti-affinity selects one in the node's topology domain, or one's selects the member."""
+    pod = cluster.pods.get(member.pod)
+    planned = [(cluster.pods[key], cluster.nodes[name]) for name, state in sorted(trial.items())
+               for key in state.placed if key in cluster.pods and name in cluster.nodes]
+    if pod is None or not planned:
+        return None
+    residents = [antiaffinity.Resident(p.key, p.namespace, p.labels, n.labels) for p, n in planned]
+    why = antiaffinity.refused_by(antiaffinity.occupied(pod.raw, residents=residents, namespaces=cluster.namespaces),
+                                  node.labels)
+    if why:
+        return f"{why}, placed earlier in this plan"
+    for other, there in planned:
+        for raw_term in other.anti_affinity:
+            term = antiaffinity.resolve(raw_term, owner=other.key, owner_namespace=other.namespace,
+                                        node_labels=there.labels, namespaces=cluster.namespaces)
+            if (term is not None and node.labels.get(term.topology_key) == term.topology_value
+                    and antiaffinity.refusing([term], namespace=pod.namespace, labels=pod.labels)):
+                return f"{term.describe()}, placed earlier in this plan"
+    return None

@@ -2,14 +2,16 @@
 Prometheus (backfilled with promtool, labelled like dcgm-exporter output for the pods' real names and
 nodes), evicts an idle pod through the real Eviction API for a pending pod of equal priority (which
 the scheduler itself may not preempt); it never tries an idle pod its PodDisruptionBudget keeps (the
-budget is in its plan), and never evicts for a pod whose anti-affinity kube-scheduler's "Insufficient
-nvidia.com/gpu" hides; the Events it posts are listed by `kubectl get events`.
+budget is in its plan), and never evicts for a pod whose own anti-affinity kube-scheduler's "Insufficient
+nvidia.com/gpu" hides (reclaim evaluates it: the pod it selects holds the node); the Events it posts are
+listed by `kubectl get events`.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -137,8 +139,8 @@ def test_idle_pod_is_evicted_for_a_pending_pod_and_neither_a_budget_nor_hidden_a
     said = {
         "want-guarded": f"PodDisruptionBudget {namespace}/guard allows 0 disruption(s); evicting {namespace}/"
                         "idle-guarded needs 1",
-        "want-apart": f"{namespace}/want-apart has constraints the capacity model does not evaluate (required "
-                      "podAntiAffinity (not modelled))",
+        # Its nodeSelector rules every other node out; which nodes the reason lists first depends on their names.
+        "want-apart": "no node can hold it: ",
     }
 
     def outcome() -> dict[str, dict[str, Any]] | None:
@@ -222,3 +224,73 @@ def test_kube_scheduler_messages_read_as_demands_or_not(
     said = unschedulable.why_not_a_demand(both)
     assert said is not None and said.startswith("kube-scheduler reports more than a GPU shortage ("), both
     assert "Insufficient cpu" in said, both
+
+
+@pytest.fixture
+def two_nodes(control_plane: localcluster.LocalCluster) -> Iterator[tuple[str, str]]:
+    """Two 8-GPU kwok nodes of the test's own (no other test's pods land there), deleted after."""
+    nodes = localcluster.gpu_nodes("2x8g2d", names=NAMES, name_prefix=f"apart-{secrets.token_hex(3)}")
+    control_plane.add_nodes(nodes)
+    names = tuple(str(n["metadata"]["name"]) for n in nodes)
+    try:
+        yield names[0], names[1]
+    finally:
+        for name in names:
+            control_plane.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_a_replica_apart_from_its_sibling_gets_idle_gpus_on_another_node(
+    gpu_cluster: conftest.GpuCluster,
+    two_nodes: tuple[str, str],
+    webhook: conftest.WebhookServer,
+    descheduler_factory: conftest.StartDescheduler,
+    prometheus_factory: prometheus.StartPrometheus,
+    reclaimable_class: str,
+    namespace: str,
+) -> None:
+    """One replica per node (issue 29, item 8): the pending replica's required anti-affinity keeps it off node x,
+    where its sibling runs and evicting 2 idle GPUs would be cheapest; reclaim evicts on y instead (4 idle GPUs),
+    and kube-scheduler binds the replica there: the model's reading of the rule is the scheduler's."""
+    cluster = gpu_cluster.cluster
+    x, y = two_nodes
+    kept = {NAMES.skip: "true"}  # busy in the store too, but opted out: never a victim
+    for pod in (
+        kube.pod("serve-1", namespace=namespace, gpus=4, labels={"app": "serve"}, annotations=kept,
+                 priority_class=RECLAIMABLE, node_selector={HOSTNAME: x}),
+        pinned_pod("idle-x", namespace=namespace, node=x),
+        kube.pod("filler-x", namespace=namespace, gpus=2, annotations=kept, priority_class=RECLAIMABLE,
+                 node_selector={HOSTNAME: x}),
+        pinned_pod("idle-y", namespace=namespace, node=y, gpus=4),
+        kube.pod("filler-y", namespace=namespace, gpus=4, annotations=kept, priority_class=RECLAIMABLE,
+                 node_selector={HOSTNAME: y}),
+    ):
+        cluster.kubectl("create", "-f", "-", input=json.dumps(pod))
+    for name in ("serve-1", "idle-x", "filler-x", "idle-y", "filler-y"):
+        kube.poll(f"{name} running", phase_is(cluster, namespace, name, "Running"))
+    dcgm = prometheus_factory(dcgm_history(cluster, namespace), now=time.time() + AHEAD_SECONDS)
+    descheduler = descheduler_factory({
+        "prometheus": {"url": dcgm.url, "occupancy_refresh_seconds": 1},
+        "descheduler": {"reclaim": {"cooldowns": {"node_seconds": 0, "workload_seconds": 0},
+                                    "conventions": {"evict_bare_pods": True}}},  # the test's pods are bare
+    })
+    replica = kube.pod("serve-2", namespace=namespace, gpus=2, labels={"app": "serve"}, priority_class=RECLAIMABLE,
+                       required_terms=[{"matchExpressions": [{"key": HOSTNAME, "operator": "In", "values": [x, y]}]}])
+    replica["spec"]["affinity"]["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "serve"}}, "topologyKey": HOSTNAME}]}
+    cluster.kubectl("create", "-f", "-", input=json.dumps(replica))
+
+    def bound() -> dict[str, dict[str, Any]] | None:
+        pods = kube.pods(cluster, namespace)
+        return pods if pods.get("serve-2", {}).get("spec", {}).get("nodeName") else None
+
+    try:
+        pods = kube.poll("serve-2 bound after a reclaim", bound, timeout_seconds=60)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\npods: {sorted(kube.pods(cluster, namespace))}\nlast said of each demand:\n"
+                             f"{last_said(descheduler.process.log_file.read_text(errors='replace'))}") from None
+    assert pods["serve-2"]["spec"]["nodeName"] == y
+    assert "idle-y" not in pods or pods["idle-y"]["metadata"].get("deletionTimestamp"), sorted(pods)
+    assert "idle-x" in pods and not pods["idle-x"]["metadata"].get("deletionTimestamp"), sorted(pods)
+    failed = kube.poll("FailedScheduling for serve-2",
+                       functools.partial(kube.events_about, cluster, namespace, "serve-2", reason="FailedScheduling"))
+    assert "Insufficient nvidia.com/gpu" in failed[0]["message"], failed

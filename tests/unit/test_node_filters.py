@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from common import capacity, fit, hostports, placement, resources, settings, snapshot
+from common import capacity, hostports, placement, resources, settings, snapshot
 from descheduler.release import layout
 from tests import builders
 
@@ -165,12 +165,15 @@ def test_ports_held_on_a_node(holders: list[dict[str, Any]], expected: str | Non
 
 
 def test_a_slim_pod_keeps_what_rules_newcomers_out() -> None:
-    """The feeder keeps non-GPU pods as `resources.slim_pod`: their host ports and required anti-affinity survive."""
-    raw = builders.pod("web", node="n", phase="Running", mutate=both(WANTS_8080, anti(term())))
-    node = build([NODE], [resources.slim_pod(raw)]).nodes["n"]
+    """The feeder keeps non-GPU pods as `resources.slim_pod`: their host ports, required anti-affinity and labels
+    (which a newcomer's own anti-affinity selects) survive."""
+    raw = builders.pod("web", node="n", phase="Running", labels={"app": "web"}, mutate=both(WANTS_8080, anti(term())))
+    cluster = build([NODE], [resources.slim_pod(raw)])
+    node = cluster.nodes["n"]
     assert node.host_ports == {ANY_8080}
     assert capacity.refuses(candidate(labels={"app": "web"}), node) == (
         "pod default/web has required anti-affinity against it (topologyKey kubernetes.io/hostname=n)")
+    assert [(r.key, r.labels) for r in cluster.residents] == [("default/web", {"app": "web"})]
 
 
 def test_a_plan_counts_ports_taken_earlier_in_it() -> None:
@@ -235,28 +238,6 @@ def test_existing_pods_anti_affinity(guards: list[dict[str, Any]], labels: dict[
     got = capacity.refuses(candidate(labels=labels, namespace=namespace), node)
     assert got == (None if expected is None else
                    f"pod default/guard has required anti-affinity against it ({expected})")
-
-
-@pytest.mark.parametrize(
-    ("selector", "labels", "expected"),
-    [
-        pytest.param(None, {"app": "web"}, False, id="null-selects-nothing"),
-        pytest.param({}, {}, True, id="empty-selects-everything"),
-        pytest.param({"matchLabels": {"app": "web"}}, {"app": "web", "x": "y"}, True, id="match-labels"),
-        pytest.param({"matchLabels": {"app": "web"}}, {"app": "db"}, False, id="match-labels-other-value"),
-        pytest.param({"matchLabels": {"app": "web"}, "matchExpressions": [{"key": "tier", "operator": "Exists"}]},
-                     {"app": "web"}, False, id="labels-and-expressions-are-anded"),
-        pytest.param({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}]},
-                     {"tier": "b"}, True, id="in"),
-        pytest.param({"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}, {"tier": ""}, False,
-                     id="does-not-exist-an-empty-value-exists"),
-        pytest.param({"matchExpressions": [{"key": "tier", "operator": "Gt", "values": ["1"]}]}, {}, True,
-                     id="operator-the-api-server-rejects-counts-as-selecting"),
-        pytest.param("junk", {}, True, id="not-a-selector-counts-as-selecting"),
-    ],
-)
-def test_label_selector(selector: Any, labels: dict[str, str], expected: bool) -> None:
-    assert fit.selector_matches(selector, labels) is expected
 
 
 def zone_node(name: str, zone: str | None, *, gpus: int = 8) -> dict[str, Any]:

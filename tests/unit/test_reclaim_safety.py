@@ -50,8 +50,18 @@ CPU_AND_MEMORY = ("0/1 nodes are available: 1 Insufficient cpu, 1 Insufficient m
                      id="short-of-another-extended-resource"),
         pytest.param(waiting("0/1 nodes are available: 1 Too many pods."), set(), "(1 Too many pods)",
                      id="node-pod-count-full"),
+        pytest.param(waiting("0/1 nodes are available: 1 node(s) didn't match pod affinity rules."), set(),
+                     "(1 node(s) didn't match pod affinity rules)", id="pod-affinity"),
+        # Anti-affinity, the pod's own or existing pods', is a node filter reclaim's search repeats: our model decides.
+        pytest.param(waiting("0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't match pod "
+                             "anti-affinity rules."), {("team-a/idle", DEMAND)}, "1 idle pod(s) evicted on n1",
+                     id="own-anti-affinity-elsewhere-our-model-decides"),
+        pytest.param(waiting("0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't satisfy "
+                             "existing pods anti-affinity rules."), {("team-a/idle", DEMAND)},
+                     "1 idle pod(s) evicted on n1", id="existing-anti-affinity-elsewhere-our-model-decides"),
         pytest.param(waiting("0/1 nodes are available: 1 node(s) didn't match pod anti-affinity rules."), set(),
-                     "(1 node(s) didn't match pod anti-affinity rules)", id="pod-anti-affinity"),
+                     "kube-scheduler reports no GPU shortage: freeing GPUs would not let it run",
+                     id="boundary-anti-affinity-alone-is-no-gpu-shortage"),
         pytest.param(waiting('0/1 nodes are available: persistentvolumeclaim "data" not found. preemption: '
                              "0/1 nodes are available: 1 Preemption is not helpful for scheduling."), set(),
                      '(persistentvolumeclaim "data" not found)', id="prefilter-rejection"),

@@ -12,6 +12,7 @@ import jsonpatch
 import pytest
 
 from admission import mutation
+from admission import tiers as tier_rules
 from common import settings, snapshot
 from tests import builders
 
@@ -114,3 +115,135 @@ def test_tier(
     assert reason in outcome.record.split("; ", 1)[1]
     assert outcome.warnings == warnings
     assert not outcome.skipped
+
+
+# --- every stated rule of admission/tiers.py, straight through `tiers.decide` --------------------------------------
+
+Tier = settings.Tier
+RULES = settings.Tiers(rules=[
+    settings.TierRule(name="jobs", tier=Tier.SCAVENGER, owner_kinds=["Job", "CronJob"]),
+    settings.TierRule(name="serving-ns", tier=Tier.CRITICAL, namespaces=["serving", "serving-b"]),
+    settings.TierRule(name="prod-web", tier=Tier.CRITICAL, namespace_labels={"env": "prod"}, pod_labels={"app": "web"}),
+    settings.TierRule(name="research", tier=Tier.SCAVENGER, namespace_labels={"team": "research"}),
+], label_claims=[
+    settings.LabelClaim(name="research-normal", tier=Tier.NORMAL, namespace_labels={"team": "research"}),
+    settings.LabelClaim(name="lab-critical", tier=Tier.CRITICAL, namespaces=["lab"], namespace_labels={"env": "prod"}),
+])
+CLASSES = {pc.name: pc for pc in cluster(DEFAULT_CLASS).priority_classes.values()}
+
+
+def raw_pod(*, labels: dict[str, str] | None = None, owners: tuple[str, ...] = (), **spec: Any) -> dict[str, Any]:
+    body = pod(labels=labels, **spec)
+    if owners:
+        body["metadata"]["ownerReferences"] = [{"kind": kind, "name": "o", "controller": not i}
+                                               for i, kind in enumerate(owners)]
+    return body
+
+
+@pytest.mark.parametrize(
+    ("the_pod", "namespace", "namespace_labels", "tiers", "expected"),
+    [
+        # Odd inputs first: a tier label that is no tier, owner references that are no objects, a class that names
+        # one of our tiers, a PodGroup member under override.
+        pytest.param(raw_pod(labels={TIER: "gold"}), "default", {}, RULES,
+                     (Tier.NORMAL, False, "default tier", (f"label {TIER}='gold' is not one of critical, normal, "
+                                                           "scavenger; using normal",)), id="label-not-a-tier"),
+        pytest.param(raw_pod(owners=("Job",)) | {"metadata": {"ownerReferences": ["junk", {"kind": "Job"}]}},
+                     "default", {}, RULES, (Tier.SCAVENGER, False, "rule 'jobs'", ()),
+                     id="owner-reference-not-an-object-is-skipped"),
+        pytest.param(raw_pod(priorityClassName="gpu-steward-critical"), "default", {}, RULES,
+                     (Tier.CRITICAL, True, "kept the pod's priorityClassName gpu-steward-critical", ()),
+                     id="own-tier-class-kept-with-its-tier"),
+        pytest.param(raw_pod(schedulingGroup={"podGroupName": "pg"}, priorityClassName="gpu-steward-normal"),
+                     "serving", {}, RULES.model_copy(update={"override_explicit_class": True}),
+                     (Tier.NORMAL, True, "not applied: a pod of PodGroup pg must keep the PodGroup's priority", ()),
+                     id="pod-group-member-keeps-its-class-under-override"),
+        pytest.param(raw_pod(schedulingGroup={}), "serving", {}, RULES,
+                     (Tier.CRITICAL, False, "rule 'serving-ns'", ()), id="boundary-scheduling-group-without-a-name"),
+        # Rules: first match wins; every criterion given must match.
+        pytest.param(raw_pod(owners=("Job",)), "serving", {}, RULES, (Tier.SCAVENGER, False, "rule 'jobs'", ()),
+                     id="first-matching-rule-wins"),
+        pytest.param(raw_pod(owners=("ReplicaSet", "CronJob")), "default", {}, RULES,
+                     (Tier.SCAVENGER, False, "rule 'jobs'", ()), id="owner-kinds-any-owner-reference"),
+        pytest.param(raw_pod(owners=("ReplicaSet",)), "default", {}, RULES, (Tier.NORMAL, False, "default tier", ()),
+                     id="owner-kinds-other-kind-no-match"),
+        pytest.param(raw_pod(), "serving-b", {}, RULES, (Tier.CRITICAL, False, "rule 'serving-ns'", ()),
+                     id="namespaces-any-listed"),
+        pytest.param(raw_pod(), "serving-c", {}, RULES, (Tier.NORMAL, False, "default tier", ()),
+                     id="namespaces-not-listed"),
+        pytest.param(raw_pod(labels={"app": "web"}), "shop", {"env": "prod"}, RULES,
+                     (Tier.CRITICAL, False, "rule 'prod-web'", ()), id="namespace-and-pod-labels"),
+        pytest.param(raw_pod(labels={"app": "db"}), "shop", {"env": "prod"}, RULES,
+                     (Tier.NORMAL, False, "default tier", ()), id="pod-labels-other-value"),
+        pytest.param(raw_pod(labels={"app": "web"}), "shop", {"env": "dev"}, RULES,
+                     (Tier.NORMAL, False, "default tier", ()), id="namespace-labels-other-value"),
+        pytest.param(raw_pod(labels={"app": "web"}), "shop", {}, RULES, (Tier.NORMAL, False, "default tier", ()),
+                     id="boundary-namespace-without-labels"),
+        pytest.param(raw_pod(), "default", {}, RULES.model_copy(update={"default": Tier.SCAVENGER}),
+                     (Tier.SCAVENGER, False, "default tier", ()), id="no-rule-default-tier"),
+        # Class chosen by the user
+        pytest.param(raw_pod(priorityClassName="team-low"), "serving", {}, RULES,
+                     (None, True, "kept the pod's priorityClassName team-low", ()), id="user-class-kept"),
+        pytest.param(raw_pod(priorityClassName="team-low"), "serving", {},
+                     RULES.model_copy(update={"override_explicit_class": True}),
+                     (Tier.CRITICAL, False, "rule 'serving-ns'", ()), id="user-class-overridden"),
+        pytest.param(raw_pod(priorityClassName="cluster-default"), "serving", {}, RULES,
+                     (Tier.CRITICAL, False, "class cluster-default is the cluster's globalDefault: no class chosen; "
+                      "rule 'serving-ns'", ()), id="global-default-is-no-choice"),
+        pytest.param(raw_pod(priorityClassName=5), "serving", {}, RULES,
+                     (None, True, "kept the pod's priorityClassName 5", ()), id="class-not-a-string-kept"),
+        pytest.param(raw_pod(priorityClassName=["x"]), "serving", {}, RULES,
+                     (None, True, "kept the pod's priorityClassName ['x']", ()), id="class-not-even-hashable-kept"),
+        # Label claims: lowering (or repeating) always; raising within a claim of that tier or higher
+        pytest.param(raw_pod(labels={TIER: "scavenger"}), "serving", {}, RULES,
+                     (Tier.SCAVENGER, False, f"label {TIER}=scavenger (not above the operator's tier)", ()),
+                     id="label-lowers"),
+        pytest.param(raw_pod(labels={TIER: "critical"}), "serving", {}, RULES,
+                     (Tier.CRITICAL, False, "rule 'serving-ns'", ()), id="boundary-label-repeats-the-tier"),
+        pytest.param(raw_pod(labels={TIER: "critical"}), "default", {}, RULES.model_copy(update={
+                         "critical": settings.TierClass(name="gpu-steward-critical", value=10_000)}),
+                     (Tier.CRITICAL, False, f"label {TIER}=critical (not above the operator's tier)", ()),
+                     id="boundary-a-claim-of-equal-rank-is-not-above"),
+        pytest.param(raw_pod(labels={TIER: "normal"}), "r", {"team": "research"}, RULES,
+                     (Tier.NORMAL, False, f"label {TIER}=normal (label claim 'research-normal')", ()),
+                     id="claim-of-exactly-that-tier"),
+        pytest.param(raw_pod(labels={TIER: "critical"}), "r", {"team": "research"}, RULES,
+                     (Tier.SCAVENGER, False, "rule 'research'", (
+                         f"label {TIER}=critical refused: namespace r may not claim it (tiers.label_claims); "
+                         "tier scavenger (rule 'research')",)), id="claim-of-a-lower-tier-refuses-higher"),
+        pytest.param(raw_pod(labels={TIER: "normal"}, owners=("Job",)), "lab", {"env": "prod"}, RULES,
+                     (Tier.NORMAL, False, f"label {TIER}=normal (label claim 'lab-critical')", ()),
+                     id="claim-of-a-higher-tier-allows-lower"),
+        pytest.param(raw_pod(labels={TIER: "critical"}), "lab", {"env": "dev"}, RULES,
+                     (Tier.NORMAL, False, "default tier", (
+                         f"label {TIER}=critical refused: namespace lab may not claim it (tiers.label_claims); "
+                         "tier normal (default tier)",)), id="claim-needs-its-namespace-labels-too"),
+        pytest.param(raw_pod(labels={TIER: "critical"}), "lab2", {"env": "prod"}, RULES,
+                     (Tier.NORMAL, False, "default tier", (
+                         f"label {TIER}=critical refused: namespace lab2 may not claim it (tiers.label_claims); "
+                         "tier normal (default tier)",)), id="claim-needs-its-namespace-too"),
+        # preemptionPolicy Never
+        pytest.param(raw_pod(preemptionPolicy="Never"), "serving", {}, RULES,
+                     (None, True, "rule 'serving-ns'; tier critical not applied: the pod's preemptionPolicy Never is "
+                      "kept (class gpu-steward-critical preempts)", ()), id="never-kept-against-a-preempting-tier"),
+        pytest.param(raw_pod(preemptionPolicy="Never", priorityClassName="gpu-steward-normal"), "serving", {},
+                     RULES.model_copy(update={"override_explicit_class": True}),
+                     (Tier.NORMAL, True, "rule 'serving-ns'; tier critical not applied: the pod's preemptionPolicy "
+                      "Never is kept (class gpu-steward-critical preempts)", ()),
+                     id="never-kept-says-the-tier-of-the-class-it-keeps"),
+        pytest.param(raw_pod(preemptionPolicy="Never", labels={TIER: "critical"}), "default", {}, RULES,
+                     (None, True, "default tier; tier normal not applied: the pod's preemptionPolicy Never is kept "
+                      "(class gpu-steward-normal preempts)", (
+                          f"label {TIER}=critical refused: namespace default may not claim it (tiers.label_claims); "
+                          "tier normal (default tier)",)), id="never-kept-keeps-the-refusal-warning"),
+        pytest.param(raw_pod(preemptionPolicy="Never", owners=("Job",)), "default", {}, RULES,
+                     (Tier.SCAVENGER, False, "rule 'jobs'", ()), id="never-with-a-never-tier-applies"),
+        pytest.param(raw_pod(preemptionPolicy="PreemptLowerPriority"), "serving", {}, RULES,
+                     (Tier.CRITICAL, False, "rule 'serving-ns'", ()), id="boundary-preempting-pod-takes-the-tier"),
+    ],
+)
+def test_tier_rules(the_pod: dict[str, Any], namespace: str, namespace_labels: dict[str, str],
+                    tiers: settings.Tiers, expected: tuple[Any, ...]) -> None:
+    decision = tier_rules.decide(pod=the_pod, namespace=namespace, namespace_labels=namespace_labels,
+                                   priority_classes=CLASSES, tiers=tiers, names=settings.Names())
+    assert (decision.tier, decision.keep_user_class, decision.reason, decision.warnings) == expected
