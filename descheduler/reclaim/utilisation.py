@@ -165,7 +165,10 @@ def assess(
         if not reporting:
             return failed(f"{name}: no sample within Prometheus' lookback (stale)")
         if len(reporting) < count:
-            return failed(f"{name}: only {len(reporting)} of {count} devices report")
+            # dcgm-exporter before 4.8.4 labels a DRA-allocated GPU without its pod: such a GPU is never seen.
+            dra = (f" (its DRA GPUs: {', '.join(d.describe() for d in pod.dra.devices)}; a DRA GPU without a "
+                   "pod-attributed series is not seen)") if pod.dra.devices else ""
+            return failed(f"{name}: only {len(reporting)} of {count} devices report{dra}")
         for _, device in sorted(reporting.items()):
             uncovered, interval = coverage(device, window_seconds=window_seconds, config=reclaim)
             if uncovered:
