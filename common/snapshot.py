@@ -595,16 +595,23 @@ def _assign_indices(
 LIST_KINDS = ("List", "NodeList", "PodList", "PriorityClassList", "NamespaceList")
 
 
-def from_list(document: Mapping[str, Any], *, names: settings.Names, taken_at: float | None) -> Snapshot:
+DRA_KINDS = ("DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "DeviceTaintRule")
+
+
+def from_list(document: Mapping[str, Any], *, names: settings.Names, taken_at: float | None,
+              gpu_classes: Sequence[str] = settings.Dra().gpu_device_classes) -> Snapshot:
     """Build from a Kubernetes `List` (kubectl get ... -o json) of nodes, pods, priorityclasses, namespaces
-    (and podgroups and poddisruptionbudgets, if listed)."""
+    (and podgroups, poddisruptionbudgets and DRA's deviceclasses, resourceslices, resourceclaims,
+    resourceclaimtemplates and devicetainterules, if listed: `gpu_classes` names the GPU DeviceClasses).
+    DRA counts as served when the list holds a DeviceClass or a ResourceSlice."""
     if document.get("kind") not in LIST_KINDS:
         raise ValueError(f"top-level kind is {document.get('kind')!r}; expected one of {', '.join(LIST_KINDS)}")
     items = document.get("items") or []
     if not isinstance(items, list):
         raise ValueError(f"items is a {type(items).__name__}; expected a list of objects")
     buckets: dict[str, list[Mapping[str, Any]]] = {
-        "Node": [], "Pod": [], "PriorityClass": [], "Namespace": [], "PodGroup": [], "PodDisruptionBudget": []}
+        "Node": [], "Pod": [], "PriorityClass": [], "Namespace": [], "PodGroup": [], "PodDisruptionBudget": [],
+        **{kind: [] for kind in DRA_KINDS}}
     list_kind = str(document.get("kind"))
     for index, item in enumerate(items):
         if not isinstance(item, dict):
@@ -621,6 +628,10 @@ def from_list(document: Mapping[str, Any], *, names: settings.Names, taken_at: f
         disruption_budgets=buckets["PodDisruptionBudget"],
         names=names,
         taken_at=taken_at,
+        inventory=dra.build(device_classes=buckets["DeviceClass"], slices=buckets["ResourceSlice"],
+                            claims=buckets["ResourceClaim"], templates=buckets["ResourceClaimTemplate"],
+                            taint_rules=buckets["DeviceTaintRule"], gpu_classes=gpu_classes,
+                            served=bool(buckets["DeviceClass"] or buckets["ResourceSlice"])),
     )
 
 

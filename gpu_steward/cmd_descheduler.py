@@ -112,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     static = None
     if args.cluster:
         try:
-            static = source.from_file(args.cluster, names=config.names, clock=time.time)
+            static = source.from_file(args.cluster, names=config.names, clock=time.time,
+                                       gpu_classes=config.dra.gpu_device_classes)
         except (OSError, ValueError) as exc:
             print(f"descheduler: {exc}", file=sys.stderr)
             return 2

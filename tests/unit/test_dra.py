@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from admission import gating
-from common import capacity, dra, settings, snapshot
+from admission import gating, mutation
+from common import capacity, dra, placement, settings, snapshot
 from descheduler import protections
 from tests import builders as b
 
@@ -232,3 +232,39 @@ def test_reclaim_protection(mutate: b.Mutator, gpus: int, claims: list[dict[str,
                     inv=inventory(slices=[b.resource_slice("n", 8)], templates=TEMPLATES, claims=claims))
     assert protections.dra_uncounted(built.pods["default/p"], built.nodes["n"], NAMES) == why
 
+
+
+# --- the issue's cluster: two DRA nodes of 8 GPUs, a DeviceClass serving nvidia.com/gpu ---------------------------
+
+
+def _dra_cluster(*pods: dict[str, Any]) -> snapshot.Snapshot:
+    items = [b.device_class(), *(b.dra_node(f"dra-{i}", domains=TWO_DOMAINS) for i in range(2)),
+             *(b.resource_slice(f"dra-{i}", 8) for i in range(2)), *b.tier_classes(), *pods,
+             b.claim_template("four", spec=b.claim_spec(4)),
+             b.claim_template("choice", spec=TEMPLATES[-1]["spec"]["spec"])]
+    return snapshot.from_list({"kind": "List", "items": items}, names=NAMES, taken_at=0.0)
+
+
+@pytest.mark.parametrize(("mutate", "gpus", "gated", "record"), [
+    pytest.param(b.with_claim_template("choice"), 0, False, "resource claims left to kube-scheduler: claim template "
+                 "default/choice request gpus: firstAvailable", id="unevaluable-claims-get-a-tier-no-gate-and-a-reason"),
+    pytest.param(None, 4, True, "placed at release", id="extended-resource-pod-is-gated-for-release"),
+    pytest.param(b.with_claim_template("four"), 0, True, "4 of them through resource claims",
+                 id="template-claim-pod-is-gated-for-release"),
+])
+def test_webhook_treats_dra_gpu_pods_as_gpu_pods(mutate: b.Mutator | None, gpus: int, gated: bool,
+                                                  record: str) -> None:
+    pod = b.pod("p", gpus=gpus, annotations={NAMES.placement: "strict"}, mutate=mutate)
+    outcome = mutation.decide(operation="CREATE", namespace="default", pod=pod, cluster=_dra_cluster(),
+                              config=settings.Settings(), now=0.0, controller_seen_at=0.0)
+    assert (outcome.gated, outcome.tier, record in outcome.record) == (gated, "normal", True), outcome.record
+
+
+@pytest.mark.parametrize("mutate", [pytest.param(None, id="extended-resource"),
+                                    pytest.param(b.with_claim_template("four"), id="template-claim")])
+def test_a_four_gpu_pod_fits_one_domain_of_a_dra_node(mutate: b.Mutator | None) -> None:
+    """What the issue saw `explain` refuse ("no node can take it"): the capacity model now places it."""
+    pod = b.pod("p", gpus=0 if mutate else 4, mutate=mutate)
+    built = _dra_cluster(pod)
+    placed = capacity.place_pod(built.pods["default/p"], capacity.Room.of(built.nodes["dra-0"]))
+    assert isinstance(placed, placement.Allocation) and (placed.indices, placed.spanned) == ((0, 1, 2, 3), 1)
