@@ -247,7 +247,8 @@ def _dra_cluster(*pods: dict[str, Any]) -> snapshot.Snapshot:
 
 @pytest.mark.parametrize(("mutate", "gpus", "gated", "record"), [
     pytest.param(b.with_claim_template("choice"), 0, False, "resource claims left to kube-scheduler: claim template "
-                 "default/choice request gpus: firstAvailable", id="unevaluable-claims-get-a-tier-no-gate-and-a-reason"),
+                 "default/choice request gpus: firstAvailable",
+                 id="unevaluable-claims-get-a-tier-no-gate-and-a-reason"),
     pytest.param(None, 4, True, "placed at release", id="extended-resource-pod-is-gated-for-release"),
     pytest.param(b.with_claim_template("four"), 0, True, "4 of them through resource claims",
                  id="template-claim-pod-is-gated-for-release"),
