@@ -49,47 +49,47 @@ def _rule(**selector: str) -> dict[str, Any]:
 # --- which devices are a node's GPUs, and which are free --------------------------------------------------------
 
 
-@pytest.mark.parametrize(("nodes", "inv", "node", "expected", "problem"), [
-    pytest.param([b.gpu_node("n", gpus=8, domains=TWO_DOMAINS)], inventory(slices=[b.resource_slice("n", 8)]), "n",
+@pytest.mark.parametrize(("nodes", "objects", "node", "expected", "problem"), [
+    pytest.param([b.gpu_node("n", gpus=8, domains=TWO_DOMAINS)], dict(slices=[b.resource_slice("n", 8)]), "n",
                  (8, ((0, 1, 2, 3), (4, 5, 6, 7))), "8 DRA GPU devices beside a device plugin's nvidia.com/gpu",
                  id="node-with-device-plugin-gpus-and-dra-devices-counts-the-device-plugin-only"),
-    pytest.param([b.dra_node("n")], inventory(slices=[b.resource_slice("n", 8, driver="gpu.example.com")]), "n",
+    pytest.param([b.dra_node("n")], dict(slices=[b.resource_slice("n", 8, driver="gpu.example.com")]), "n",
                  None, None, id="slice-of-another-driver-is-no-gpu"),
-    pytest.param([b.dra_node("n")], inventory(slices=[b.resource_slice(
+    pytest.param([b.dra_node("n")], dict(slices=[b.resource_slice(
                      "n", [b.gpu_device(i, kind="mig") for i in range(8)])]), "n",
                  None, None, id="devices-the-class-does-not-select-mig-are-no-gpus"),
-    pytest.param([b.dra_node("n", domains=TWO_DOMAINS)], inventory(slices=[
+    pytest.param([b.dra_node("n", domains=TWO_DOMAINS)], dict(slices=[
                      b.resource_slice("n", 8, generation=1), b.resource_slice("n", 4, generation=2)]), "n",
                  (4, ((0, 1, 2, 3), ())), None, id="only-the-newest-generation-of-a-pool-counts"),
-    pytest.param([b.dra_node("n")], inventory(slices=[b.resource_slice("n", 4, count=2)]), "n",
+    pytest.param([b.dra_node("n")], dict(slices=[b.resource_slice("n", 4, count=2)]), "n",
                  None, "pool gpu.nvidia.com/n generation 1: 1 of 2 slices seen",
                  id="incomplete-generation-is-not-counted"),
-    pytest.param([b.dra_node("n", domains=TWO_DOMAINS)], inventory(slices=[
+    pytest.param([b.dra_node("n", domains=TWO_DOMAINS)], dict(slices=[
                      b.resource_slice("n", [b.gpu_device(i) for i in range(4)], count=2, name="a"),
                      b.resource_slice("n", [b.gpu_device(i) for i in range(4, 8)], count=2, name="b")]), "n",
                  (8, ((0, 1, 2, 3), (4, 5, 6, 7))), None, id="pool-of-two-complete-slices"),
-    pytest.param([b.dra_node("n", domains=TWO_DOMAINS)], inventory(
+    pytest.param([b.dra_node("n", domains=TWO_DOMAINS)], dict(
                      slices=[b.resource_slice("n", 8)], claims=[b.resource_claim("c", devices=[("n", 5)])]), "n",
                  (7, ((0, 1, 2, 3), (4, 6, 7))), None, id="claim-allocated-but-reserved-for-nobody-takes-its-device"),
-    pytest.param([b.dra_node("n", domains=TWO_DOMAINS)], inventory(slices=[b.resource_slice(
+    pytest.param([b.dra_node("n", domains=TWO_DOMAINS)], dict(slices=[b.resource_slice(
                      "n", [b.gpu_device(i, mutate=_taint("NoSchedule") if i == 0 else None) for i in range(8)])]),
                  "n", (7, ((1, 2, 3), (4, 5, 6, 7))), None, id="device-tainted-noschedule-is-not-free"),
-    pytest.param([b.dra_node("n", domains=TWO_DOMAINS)], inventory(slices=[b.resource_slice(
+    pytest.param([b.dra_node("n", domains=TWO_DOMAINS)], dict(slices=[b.resource_slice(
                      "n", [b.gpu_device(i, mutate=_taint("None") if i == 0 else None) for i in range(8)])]),
                  "n", (8, ((0, 1, 2, 3), (4, 5, 6, 7))), None, id="device-taint-effect-none-is-informational"),
-    pytest.param([b.dra_node("n", domains=TWO_DOMAINS)], inventory(
+    pytest.param([b.dra_node("n", domains=TWO_DOMAINS)], dict(
                      slices=[b.resource_slice("n", 8)], rules=[_rule(driver="gpu.nvidia.com", device="gpu-7")]),
                  "n", (7, ((0, 1, 2, 3), (4, 5, 6))), None, id="device-tainted-by-a-devicetaintrule-is-not-free"),
-    pytest.param([b.dra_node("n")], inventory(classes=[b.device_class(expression="device.attributes['gpu.nvidia.com']"
+    pytest.param([b.dra_node("n")], dict(classes=[b.device_class(expression="device.attributes['gpu.nvidia.com']"
                                                                                 ".productName.startsWith('H')")],
                                               slices=[b.resource_slice("n", 8)]), "n",
                  None, "not understood", id="class-selector-the-model-cannot-read-counts-nothing"),
-    pytest.param([b.dra_node("n", domains=TWO_DOMAINS)], inventory(slices=[b.resource_slice("n", 8)]), "n",
+    pytest.param([b.dra_node("n", domains=TWO_DOMAINS)], dict(slices=[b.resource_slice("n", 8)]), "n",
                  (8, ((0, 1, 2, 3), (4, 5, 6, 7))), None, id="dra-node-offers-its-devices"),
 ])
-def test_node_gpus(nodes: list[dict[str, Any]], inv: dra.Inventory, node: str,
+def test_node_gpus(nodes: list[dict[str, Any]], objects: dict[str, Any], node: str,
                    expected: tuple[int, tuple[tuple[int, ...], ...]] | None, problem: str | None) -> None:
-    built = cluster(nodes=nodes, inv=inv)
+    built = cluster(nodes=nodes, inv=inventory(**objects))  # built here, not at collection (mutation runs)
     if expected is None:
         assert node not in built.nodes  # no GPUs: not a GPU node
     else:
