@@ -447,7 +447,8 @@ def build(
         for pod in resident:
             before = previous.pods.get(pod.key) if previous is not None else None
             if (before is not None and before.raw is pod.raw and before.gpu_indices == indices[pod.key]
-                    and before.indices_observed == (pod.key in seen)):
+                    and before.indices_observed == (pod.key in seen) and before.dra == pod.dra
+                    and before.request == pod.request):
                 kept[pod.key] = before
             else:
                 kept[pod.key] = dataclasses.replace(
