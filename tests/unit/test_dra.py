@@ -284,3 +284,51 @@ def test_a_rebuild_reads_a_claim_allocated_since_the_last_build() -> None:
     got = [(s.pods["default/p"].gpu_indices, s.pods["default/p"].indices_observed, len(s.pods["default/p"].dra.devices))
            for s in (first, second)]
     assert got == [((0, 1, 2, 3), False, 0), ((4, 5, 6, 7), True, 4)]
+
+
+# --- DeviceClass selectors the model reads ------------------------------------------------------------------------
+
+H100 = {"gpu.nvidia.com/type": "gpu", "gpu.nvidia.com/index": 3, "gpu.nvidia.com/virtual": False}
+
+
+@pytest.mark.parametrize(("selectors", "driver", "attributes", "selects", "problem"), [
+    pytest.param([{"cel": {"expression": "device.driver == 'a' || device.driver == 'b'"}}], "a", H100, False,
+                 "DeviceClass c: selector \"device.driver == 'a' || device.driver == 'b'\" not understood (only "
+                 "`device.driver ==` and `device.attributes[..].x ==` joined by &&); its devices are not counted",
+                 id="a-disjunction-is-not-understood"),
+    pytest.param([{"opaque": {}}], "gpu.nvidia.com", H100, False, "DeviceClass c: a selector that is no CEL expression",
+                 id="a-selector-without-cel"),
+    pytest.param(["device.driver == 'gpu.nvidia.com'"], "gpu.nvidia.com", H100, False,
+                 "DeviceClass c: a selector that is no CEL expression", id="a-selector-that-is-no-object"),
+    pytest.param([{"cel": {"expression": "device.attributes['gpu.nvidia.com'].index == 3"}}], "gpu.nvidia.com",
+                 {**H100, "gpu.nvidia.com/index": "3"}, False, None, id="an-int-never-equals-a-string"),
+    pytest.param([{"cel": {"expression": "device.attributes['gpu.nvidia.com'].virtual == false"}}], "gpu.nvidia.com",
+                 {**H100, "gpu.nvidia.com/virtual": 0}, False, None, id="false-never-equals-zero"),
+    pytest.param([{"cel": {"expression": "device.attributes['gpu.nvidia.com'].virtual == true"}}], "gpu.nvidia.com",
+                 H100, False, None, id="bool-literal-true-against-false"),
+    pytest.param([{"cel": {"expression": "device.attributes['gpu.nvidia.com'].virtual == false"}}], "gpu.nvidia.com",
+                 H100, True, None, id="bool-literal-false"),
+    pytest.param([{"cel": {"expression": "device.attributes['gpu.nvidia.com'].index == 3"}}], "gpu.nvidia.com",
+                 H100, True, None, id="int-literal"),
+    pytest.param([{"cel": {"expression": "device.attributes['gpu.nvidia.com'].index == -3"}}], "gpu.nvidia.com",
+                 H100, False, None, id="negative-int-literal"),
+    pytest.param([{"cel": {"expression": '(device.driver == "gpu.nvidia.com")'}}], "gpu.nvidia.com", H100, True, None,
+                 id="double-quotes-in-parentheses"),
+    pytest.param([{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}},
+                  {"cel": {"expression": "device.attributes[\"gpu.nvidia.com\"].type == 'gpu'"}}], "other", H100,
+                 False, None, id="every-selector-must-hold"),
+    pytest.param([], "anything", {}, True, None, id="no-selector-selects-every-device"),
+])
+def test_class_selectors(selectors: list[Any], driver: str, attributes: dict[str, Any], selects: bool,
+                         problem: str | None) -> None:
+    got = dra.gpu_class({"metadata": {"name": "c"}, "spec": {"selectors": selectors}})
+    assert (got.selects(driver, attributes), got.problem) == (selects, problem)
+
+
+@pytest.mark.parametrize(("spec", "extended"), [
+    pytest.param({}, "deviceclass.resource.kubernetes.io/c", id="implicit-name"),
+    pytest.param({"extendedResourceName": "example.com/gpu"}, "example.com/gpu", id="explicit-name"),
+])
+def test_class_extended_resource_name(spec: dict[str, Any], extended: str) -> None:
+    got = dra.gpu_class({"metadata": {"name": "c"}, "spec": spec})
+    assert (got.name, got.extended_resource) == ("c", extended)
