@@ -332,3 +332,62 @@ def test_class_selectors(selectors: list[Any], driver: str, attributes: dict[str
 def test_class_extended_resource_name(spec: dict[str, Any], extended: str) -> None:
     got = dra.gpu_class({"metadata": {"name": "c"}, "spec": spec})
     assert (got.name, got.extended_resource) == ("c", extended)
+
+
+# --- the inventory itself: devices, their attributes, why one is not free, what is reported -------------------------
+
+
+def _device(index: int, **attributes: dict[str, Any]) -> dict[str, Any]:
+    return b.gpu_device(index, mutate=lambda d: d["attributes"].update(attributes))
+
+
+@pytest.mark.parametrize(("objects", "devices", "problems"), [
+    pytest.param(dict(slices=[b.resource_slice("n", [
+        {"name": "odd"}, "not-a-device", b.gpu_device(0, kind="mig"), b.gpu_device(1),
+        _device(2, **{"example.com/rack": {"string": "r1"}, "driverVersion": {"version": "1.2.3"},
+                      "virtual": {"bool": False}, "broken": "no-type"})])]),
+                 {"n": [("gpu-1", 1, None), ("gpu-2", 2, None)]}, [],
+                 id="devices-the-class-skips-do-not-stop-the-slice"),
+    pytest.param(dict(slices=[b.resource_slice("n", [b.gpu_device(0, mutate=_taint("NoExecute"))])],
+                      rules=[_rule(pool="n", device="gpu-0")]),
+                 {"n": [("gpu-0", 0, "tainted gpu.nvidia.com/xid=79:NoExecute")]}, [], id="slice-taint-reason-first"),
+    pytest.param(dict(slices=[b.resource_slice("n", 2)], rules=[
+        _rule(pool="n", device="gpu-1"), {"metadata": {"name": "no-selector"}, "spec": {"taint": {
+            "key": "k", "effect": "NoSchedule"}}}, {"metadata": {"name": "informational"}, "spec": {
+            "deviceSelector": {}, "taint": {"key": "k", "effect": "None"}}}]),
+                 {"n": [("gpu-0", 0, None), ("gpu-1", 1, "tainted maintenance=:NoSchedule (DeviceTaintRule drain)")]},
+                 [], id="rules-without-selector-or-blocking-effect-taint-nothing"),
+    pytest.param(dict(slices=[b.resource_slice("a", 4, count=2), b.resource_slice("b", 2)]),
+                 {"b": [("gpu-0", 0, None), ("gpu-1", 1, None)]},
+                 ["pool gpu.nvidia.com/a generation 1: 1 of 2 slices seen; its devices are not counted until all are"],
+                 id="an-incomplete-pool-does-not-hide-the-next"),
+    pytest.param(dict(slices=[b.resource_slice("n", 1), {**b.resource_slice("n", 1, driver="gpu.nvidia.com"),
+                                                         "metadata": {"name": "same-pool-other-driver"}} | {
+        "spec": {**b.resource_slice("n", 1)["spec"], "driver": "other.example.com", "pool": {
+            "name": "n", "generation": 5, "resourceSliceCount": 1}}}]),
+                 {"n": [("gpu-0", 0, None)]}, [], id="pools-are-per-driver"),
+    pytest.param(dict(slices=[{**b.resource_slice("n", 1), "spec": {**b.resource_slice("n", 1)["spec"],
+                                                                      "nodeName": None, "allNodes": True}}]),
+                 {}, ["device gpu.nvidia.com/n/gpu-0: no spec.nodeName; not counted"], id="a-device-of-no-node"),
+    pytest.param(dict(classes=[b.device_class(expression="device.driver.startsWith('gpu')")],
+                      slices=[b.resource_slice("a", 4, count=2)]), {},
+                 ["DeviceClass gpu.nvidia.com: selector \"device.driver.startsWith('gpu')\" not understood (only "
+                  "`device.driver ==` and `device.attributes[..].x ==` joined by &&); its devices are not counted",
+                  "pool gpu.nvidia.com/a generation 1: 1 of 2 slices seen; its devices are not counted until all are"],
+                 id="every-problem-is-reported"),
+])
+def test_inventory(objects: dict[str, Any], devices: dict[str, list[tuple[str, int, str | None]]],
+                   problems: list[str]) -> None:
+    got = inventory(**objects)
+    assert ({n: [(d.id.device, d.index, d.blocked) for d in found] for n, found in got.devices.items()},
+            list(got.problems), got.served) == (devices, problems, True)
+
+
+def test_attributes_are_read_by_qualified_name() -> None:
+    got = inventory(slices=[b.resource_slice("n", [_device(
+        0, **{"example.com/rack": {"string": "r1"}, "driverVersion": {"version": "1.2.3"}, "virtual": {"bool": False},
+              "broken": "no-type"})])])
+    assert dict(got.devices["n"][0].attributes) == {
+        "gpu.nvidia.com/type": "gpu", "gpu.nvidia.com/index": 0, "gpu.nvidia.com/uuid": "GPU-00000000",
+        "gpu.nvidia.com/productName": "NVIDIA H100", "example.com/rack": "r1", "gpu.nvidia.com/driverVersion": "1.2.3",
+        "gpu.nvidia.com/virtual": False}
