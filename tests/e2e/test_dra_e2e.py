@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from common import dra, settings, snapshot
+from descheduler import leader
 from gpu_steward_lab import localcluster
 from tests import builders
 from tests.e2e import conftest
@@ -124,19 +125,30 @@ def test_the_model_reads_dra_gpus_and_each_pods_devices_from_its_claim(
 
 
 @pytest.fixture
-def controller(descheduler_factory: conftest.StartDescheduler, control_plane: localcluster.LocalCluster,
-               webhook: conftest.WebhookServer) -> conftest.Descheduler:
-    """The descheduler holding the Lease the webhook watches: the webhook gates governed pods for release."""
+def renew(control_plane: localcluster.LocalCluster, webhook: conftest.WebhookServer) -> Iterator[Callable[[], None]]:
+    """Renews the leader Lease the webhook watches (the descheduler under test leads on a Lease of its own name):
+    while the webhook sees renewals it gates governed pods for release. Deleted after."""
     election = webhook.settings.descheduler.leader_election
     control_plane.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": election.lease_namespace}}])
-    return descheduler_factory({"descheduler": {"leader_election": {
-        "lease_name": election.lease_name, "lease_namespace": election.lease_namespace}}})
+
+    def write() -> None:
+        control_plane.apply([{
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": election.lease_name, "namespace": election.lease_namespace},
+            "spec": {"holderIdentity": "e2e-dra", "renewTime": leader.micro_time(time.time()),
+                     "leaseDurationSeconds": int(election.lease_duration_seconds)},
+        }])
+
+    yield write
+    control_plane.kubectl("delete", "lease", election.lease_name, "-n", election.lease_namespace,
+                          "--ignore-not-found", check=False)
 
 
 def test_dra_gpu_pods_are_gated_released_onto_a_dra_node_and_run(
         control_plane: localcluster.LocalCluster, dra_nodes: tuple[str, list[str]], namespace: str,
-        controller: conftest.Descheduler) -> None:
+        renew: Callable[[], None], descheduler_factory: conftest.StartDescheduler) -> None:
     pool, nodes = dra_nodes
+    descheduler_factory({})
     control_plane.apply([builders.claim_template("four", namespace=namespace, spec=builders.claim_spec(4))])
 
     def decided(name: str, **kw: Any) -> str:
@@ -147,8 +159,8 @@ def test_dra_gpu_pods_are_gated_released_onto_a_dra_node_and_run(
     for name, kw in (("ext-4", {"gpus": 4}), ("tpl-4", {"template": "four"})):
         # The webhook reads the template (and sees the controller alive) through its feeder: wait until it gates.
         record = kube.poll(f"the webhook gates {name} for release", lambda kw=kw, name=name: (
-            r if f"gate {NAMES.gate} added: placed at release" in (r := decided(name, **kw)) else None),
-            timeout_seconds=60)
+            r if (renew(), f"gate {NAMES.gate} added: placed at release" in (r := decided(name, **kw)))[1] else None),
+            timeout_seconds=60, interval_seconds=1)
         assert "4 GPU" in record, record
         control_plane.apply([_pod(name, namespace=namespace, pool=pool, **kw)])
         pod = _running(control_plane, namespace, name)
