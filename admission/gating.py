@@ -22,7 +22,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-from common import capacity, gangs, gpu, settings
+from common import capacity, dra, gangs, gpu, settings
 
 
 class Release(enum.StrEnum):
@@ -71,8 +71,10 @@ def decide(
     config: settings.Settings,
     now: float,
     pod_groups: Mapping[str, gangs.PodGroup],
+    claims: dra.PodGpus = dra.NONE,
 ) -> GateDecision:
-    """Only called on CREATE: gates can be set at creation and never added later."""
+    """Only called on CREATE: gates can be set at creation and never added later. `claims`: what the DRA model
+    makes of the pod's resource claims (`dra.pod_gpus`; `request` counts their GPUs already)."""
     names = config.names
     gang = gangs.identify(pod, names=names, pod_groups=pod_groups)
     spec = pod.get("spec") or {}
@@ -90,7 +92,7 @@ def decide(
             return dataclasses.replace(held, warning=f"gang {gang.key} gated, but the descheduler that releases it "
                                                      f"is not seen running ({why})")
         return held
-    single = _for_release(pod, existing, request, placement, config=config, controller=(alive, why))
+    single = _for_release(pod, existing, request, placement, config=config, controller=(alive, why), claims=claims)
     if gang is None:
         return single
     return dataclasses.replace(single, reason=f"gang {gang.key} of 1: {single.reason}", gang=gang)
@@ -109,10 +111,12 @@ def _for_gang(gang: gangs.Gang) -> GateDecision:
 
 def _for_release(
     pod: Mapping[str, Any], existing: set[Any], request: gpu.GpuRequest, placement: settings.Placement, *,
-    config: settings.Settings, controller: tuple[bool, str],
+    config: settings.Settings, controller: tuple[bool, str], claims: dra.PodGpus = dra.NONE,
 ) -> GateDecision:
     """`controller`: whether it is seen alive, and why."""
     cfg = config.admission
+    if claims.left:  # checked first: its GPU count may read 0 because the model cannot count it
+        return GateDecision(False, f"{claims.left}: DRA claims left to kube-scheduler, not placed at release", None)
     if request.full == 0:
         return GateDecision(False, "no whole GPUs: not placed at release", None)
     if placement is not settings.Placement.STRICT:
@@ -125,7 +129,7 @@ def _for_release(
         return GateDecision(False, f"{request.full} GPUs, under admission.release_min_gpus={cfg.release_min_gpus}: "
                                    "not placed at release", None)
     spec = pod.get("spec") or {}
-    unmodelled = capacity.ungoverned(spec)
+    unmodelled = capacity.ungoverned(spec, claims=claims)
     if unmodelled:  # a pin could leave it where the scheduler then refuses it
         return GateDecision(False, f"{unmodelled}: placed by kube-scheduler, not at release", None)
     scheduler = spec.get("schedulerName") or gangs.DEFAULT_SCHEDULER

@@ -74,21 +74,23 @@ def decide(
     if skip:
         return _skip(skip)
     try:
-        request = gpu.pod_request(pod)
+        gpu.pod_request(pod)
     except gpu.QuantityError as exc:
         return _skip(f"unreadable GPU request: {exc}", f"gpu-steward: {exc}; pod unchanged")
     try:
-        requests = resources.pod_requests(pod)
+        # DRA GPUs (resource claims of a GPU DeviceClass) count as whole GPUs (`snapshot.gpu_requests`).
+        request, requests, claims = snapshot.gpu_requests(pod, cluster.dra)
     except resources.QuantityError as exc:  # the API server rejects it after admission anyway
         return _skip(f"unreadable resource request: {exc}", f"gpu-steward: {exc}; pod unchanged")
+    gpu_pod = request.any or claims.any
     warnings: list[str] = []
-    mode = (_placement_mode(pod.get("metadata") or {}, config, warnings) if request.any
+    mode = (_placement_mode(pod.get("metadata") or {}, config, warnings) if gpu_pod
             else config.admission.default_placement)
     lease = config.descheduler.leader_election
     controller = gating.Controller(seen_at=controller_seen_at, lease=f"{lease.lease_namespace}/{lease.lease_name}")
     gate = gating.decide(pod=pod, request=request, placement=mode, controller=controller, config=config, now=now,
-                         pod_groups=cluster.pod_groups)
-    if not request.any and not gate.add:
+                         pod_groups=cluster.pod_groups, claims=claims)
+    if not gpu_pod and not gate.add:
         # Without GPUs only a gang member we gate changes: any other mutation here would reach every pod.
         why = "requests no GPU" if gate.gang is None else f"requests no GPU; {gate.reason}"
         warned = (f"gpu-steward: {gate.warning}",) if gate.warning else ()
@@ -97,11 +99,17 @@ def decide(
     mutated = patches.working_copy(pod)
     changes: list[str] = []
     notes: list[str] = [f"{request.describe()}"]
+    if claims.count or claims.left:
+        notes.append(f"{claims.count} of them through resource claims" if not claims.left
+                     else f"resource claims left to kube-scheduler: {claims.left}")
 
     tier_name = None
-    if request.any:
+    if gpu_pod:
         tier_name = _apply_tier(mutated, ns=ns, cluster=cluster, config=config, notes=notes, warnings=warnings,
                                 changes=changes)
+    if claims.left:  # its GPUs cannot be told: no ranking, no gate for placement
+        notes.append("placement: none, kube-scheduler places a pod whose claims the model cannot evaluate")
+    elif request.any:
         _apply_placement(mutated, request=request, requests=requests, mode=mode, gate=gate, cluster=cluster,
                          config=config, now=now, notes=notes, warnings=warnings, changes=changes)
     else:

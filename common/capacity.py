@@ -27,11 +27,8 @@ import dataclasses
 from collections.abc import Mapping, Set
 from typing import Any
 
-from common import antiaffinity, fit, gpu, hostports, nvlink_score, placement, resources, settings, snapshot
+from common import antiaffinity, dra, fit, gpu, hostports, nvlink_score, placement, resources, settings, snapshot
 
-# Pod spec fields whose scheduler filters the model does not evaluate: a plan for such a pod could pin it
-# where the scheduler then refuses it.
-UNMODELLED_SPEC = ("resourceClaims",)
 UNMODELLED_AFFINITY = ("podAffinity", "podAntiAffinity")
 # Volume sources no kube-scheduler 1.37 filter reads (VolumeBinding, VolumeZone, NodeVolumeLimits and
 # VolumeRestrictions look only at claims, generic ephemeral volumes and in-tree cloud or block disks). Any
@@ -40,13 +37,17 @@ SIMPLE_VOLUMES = frozenset({"configMap", "secret", "emptyDir", "downwardAPI", "p
                             "image", "csi", "gitRepo"})
 
 
-def ungoverned(pod_spec: Mapping[str, Any], *, evaluated: Set[str] = frozenset()) -> str | None:
-    """Why the model cannot answer for this pod (so a planner must not pin it), or None when it can. `evaluated`:
+def ungoverned(pod_spec: Mapping[str, Any], *, claims: dra.PodGpus | None = None,
+               evaluated: Set[str] = frozenset()) -> str | None:
+    """Why the model cannot answer for this pod (so a planner must not pin it), or None when it can. `claims`: what
+    the DRA model makes of its resource claims (`dra.pod_gpus`); without it, claims are not modelled. `evaluated`:
     fields of `UNMODELLED_AFFINITY` the caller evaluates itself (reclaim: the pod's own podAntiAffinity,
     `antiaffinity.occupied`)."""
-    for field in UNMODELLED_SPEC:
-        if pod_spec.get(field):
-            return f"spec.{field} (not modelled)"
+    if pod_spec.get("resourceClaims"):
+        if claims is None:
+            return "spec.resourceClaims (not modelled)"
+        if claims.left:
+            return f"{claims.left} (DRA: left to kube-scheduler)"
     affinity = pod_spec.get("affinity") or {}
     for field in UNMODELLED_AFFINITY:
         if field not in evaluated and isinstance(affinity, Mapping) and (affinity.get(field) or {}).get(
@@ -106,7 +107,7 @@ def key(pod: snapshot.Pod, cluster: snapshot.Snapshot) -> tuple[object, ...] | N
 def never(pod_spec: Mapping[str, Any], requests: Mapping[str, int], node: snapshot.Node) -> str | None:
     """Why the pod can never run on the node as it stands, however empty (None: it could): the scheduler's
     filters, or a request larger than the node offers at all."""
-    why = fit.why_not(pod_spec, node)
+    why = fit.why_not(pod_spec, node) or _gpu_source(pod_spec, requests, node)
     if why:
         return why
     too_big = [name for name, amount in sorted(requests.items()) if amount > node.resources.get(name, 0)]
@@ -115,6 +116,21 @@ def never(pod_spec: Mapping[str, Any], requests: Mapping[str, int], node: snapsh
             f"{name} {requests[name]} > {node.resources.get(name, 0)}" for name in too_big)
     if node.resources.get(resources.PODS, 0) < 1:
         return "node runs no pods (allocatable pods 0)"
+    return None
+
+
+def _gpu_source(pod_spec: Mapping[str, Any], requests: Mapping[str, int], node: snapshot.Node) -> str | None:
+    """Whether what serves the pod's whole GPUs is what the node has: GPUs asked through resource claims (or an
+    extended resource only a DeviceClass serves) need DRA devices; `nvidia.com/gpu` on a DRA node needs a GPU
+    DeviceClass serving that name (kube-scheduler's DRAExtendedResource)."""
+    wanted = requests.get(gpu.FULL_GPU, 0)
+    if not wanted:
+        return None
+    extended = gpu.pod_request({"spec": pod_spec}).full
+    if extended < wanted and not node.dra_gpus:
+        return f"asks {wanted - extended} GPU of DRA device classes; the node's GPUs are a device plugin's"
+    if extended and node.dra_gpus and not node.extended_gpus:
+        return f"asks {gpu.FULL_GPU}; the node's GPUs are DRA devices and no GPU DeviceClass serves that name"
     return None
 
 

@@ -46,7 +46,7 @@ import aiohttp
 import prometheus_client
 from kubernetes_asyncio import client
 
-from common import dcgm, gangs, gpu, kube, prometheus, resources, settings, snapshot
+from common import dcgm, dra, gangs, gpu, kube, prometheus, resources, settings, snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +66,9 @@ KINDS = (
     Kind("podgroups", "/apis/scheduling.k8s.io/v1beta1/podgroups", optional=True),
     # What the Eviction API will refuse: reclaim plans within them (not granted, e.g. to the webhook: none).
     Kind("poddisruptionbudgets", "/apis/policy/v1/poddisruptionbudgets", optional=True),
+    # DRA GPUs (`common.dra`), where the cluster serves resource.k8s.io/v1 (Kubernetes 1.34+).
+    *(Kind(name, f"/apis/resource.k8s.io/v1/{name}", optional=True) for name in (
+        "deviceclasses", "resourceslices", "resourceclaims", "resourceclaimtemplates", "devicetaintrules")),
 )
 ABSENT_STATUSES = frozenset({403, 404})
 
@@ -79,7 +82,7 @@ def _stored(kind: str, obj: dict[str, Any], *, names: settings.Names) -> dict[st
     Everything else is dropped, so rebuilds stay proportional to what decisions read."""
     try:
         if kind == "pods":
-            if gpu.pod_request(obj).any or gangs.involved(obj, names=names):
+            if gpu.pod_request(obj).any or gangs.involved(obj, names=names) or _claims_devices(obj):
                 return obj
             spec, status = obj.get("spec") or {}, obj.get("status") or {}
             if spec.get("nodeName") or status.get("nominatedNodeName"):
@@ -88,11 +91,25 @@ def _stored(kind: str, obj: dict[str, Any], *, names: settings.Names) -> dict[st
         if kind == "nodes":
             if gpu.node_allocatable(obj).any:
                 return obj
-            meta = obj.get("metadata") or {}
-            return {"metadata": {k: meta[k] for k in ("name", "labels", "resourceVersion") if k in meta}}
+            # A node whose GPUs are DRA devices has no GPU in its allocatable: keep what `snapshot.build` reads of
+            # a GPU node (its ResourceSlices may name it at any time), without images and heartbeats.
+            meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+            return {
+                "metadata": {k: meta[k] for k in ("name", "labels", "annotations", "resourceVersion") if k in meta},
+                "spec": {k: spec[k] for k in ("unschedulable", "taints") if k in spec},
+                "status": {**{k: status[k] for k in ("allocatable", "capacity") if k in status},
+                           "conditions": [{"type": c.get("type"), "status": c.get("status")}
+                                          for c in status.get("conditions") or () if isinstance(c, Mapping)]},
+            }
     except gpu.QuantityError:
         return obj  # build() reports it as a problem
     return obj
+
+
+def _claims_devices(pod: Mapping[str, Any]) -> bool:
+    """The pod asks devices through resource claims (DRA): whether they are GPUs is the snapshot's to say."""
+    return bool((pod.get("spec") or {}).get("resourceClaims")
+                or (pod.get("status") or {}).get("extendedResourceClaimStatus"))
 
 
 def _view(kind: str, obj: dict[str, Any]) -> Any:
@@ -193,6 +210,7 @@ class Feeder:
         self._metrics.age.set_function(self._age)
         self._stores: dict[str, dict[str, dict[str, Any]]] = {k.name: {} for k in KINDS}  # build() reads all
         self._listed: set[str] = set()
+        self._not_served: set[str] = set()  # optional kinds whose API is not served or granted to us
         self._contact: dict[str, float] = {}  # kind -> last confirmed contact
         self._streaming: set[str] = set()  # kinds whose watch stream is open right now
         self._occupancy: snapshot.Occupancy | None = None
@@ -288,6 +306,7 @@ class Feeder:
                         self._config.kubernetes.backoff_max_seconds)
             self._stores[kind.name] = {}
             self._listed.add(kind.name)
+            self._not_served.add(kind.name)
             self._dirty = True
         self._contact[kind.name] = self._clock()  # in contact now, not only after the wait: it blinds no snapshot
         self._streaming.add(kind.name)
@@ -316,6 +335,7 @@ class Feeder:
             raise kube.ApiError(0, f"{kind.name}: list without a resourceVersion")
         self._stores[kind.name] = items
         self._listed.add(kind.name)
+        self._not_served.discard(kind.name)
         self._contact[kind.name] = self._clock()
         self._dirty = True
         self._metrics.relists.labels(kind.name).inc()
@@ -439,14 +459,13 @@ class Feeder:
         stores = {name: list(store.values()) for name, store in self._stores.items()}
         occupancy, taken_at = self._occupancy, self._taken_at()
         started = time.perf_counter()
+        # Claims are what a pod's DRA GPUs are read from: without them (not served, not granted) none is counted.
+        served = not ({"resourceslices", "resourceclaims", "deviceclasses"} & self._not_served)
         built = await asyncio.to_thread(
-            snapshot.build,
-            nodes=stores["nodes"],
-            pods=stores["pods"],
-            priority_classes=stores["priorityclasses"],
-            namespaces=stores["namespaces"],
-            pod_groups=stores["podgroups"],
-            disruption_budgets=stores["poddisruptionbudgets"],
+            _build,
+            stores=stores,
+            gpu_classes=self._config.dra.gpu_device_classes,
+            served=served,
             occupancy=occupancy,
             names=self._config.names,
             taken_at=taken_at,
@@ -470,6 +489,19 @@ class Feeder:
     def _age(self) -> float:
         age = self._snapshot.age(self._clock())
         return -1.0 if age is None else age
+
+
+def _build(*, stores: Mapping[str, list[dict[str, Any]]], gpu_classes: tuple[str, ...], served: bool,
+           occupancy: snapshot.Occupancy | None, names: settings.Names, taken_at: float | None,
+           previous: snapshot.Snapshot) -> snapshot.Snapshot:
+    """The DRA inventory, then the snapshot (in a worker thread)."""
+    inventory = dra.build(device_classes=stores["deviceclasses"], slices=stores["resourceslices"],
+                          claims=stores["resourceclaims"], templates=stores["resourceclaimtemplates"],
+                          taint_rules=stores["devicetaintrules"], gpu_classes=gpu_classes, served=served)
+    return snapshot.build(nodes=stores["nodes"], pods=stores["pods"], priority_classes=stores["priorityclasses"],
+                          namespaces=stores["namespaces"], pod_groups=stores["podgroups"],
+                          disruption_budgets=stores["poddisruptionbudgets"], occupancy=occupancy, names=names,
+                          taken_at=taken_at, previous=previous, inventory=inventory)
 
 
 def _checked(name: str, event: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:

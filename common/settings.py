@@ -797,6 +797,17 @@ class Descheduler(Model):
     )
 
 
+class Dra(Model):
+    """GPUs that are Dynamic Resource Allocation devices (`resource.k8s.io/v1`, read where the cluster serves it)."""
+
+    gpu_device_classes: tuple[str, ...] = pydantic.Field(
+        default=("gpu.nvidia.com",),
+        description="DeviceClasses whose devices are whole GPUs (NVIDIA's DRA driver: gpu.nvidia.com). A node "
+                    "without a device plugin's nvidia.com/gpu has as many GPUs as ResourceSlice devices these "
+                    "classes select; a pod's claims on them count as GPUs. Empty: DRA devices are never GPUs.",
+    )
+
+
 class Settings(Model):
     """Everything; `settings_loader.load()` builds one from the file, the environment and flags."""
 
@@ -808,6 +819,7 @@ class Settings(Model):
     kubernetes: Kubernetes = Kubernetes()
     prometheus: Prometheus = Prometheus()
     descheduler: Descheduler = Descheduler()
+    dra: Dra = Dra()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = pydantic.Field(
         default="INFO", description="DEBUG | INFO | WARNING | ERROR."
     )

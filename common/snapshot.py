@@ -22,7 +22,7 @@ import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from common import antiaffinity, gangs, gpu, hostports, label_selectors, placement, resources, settings, topology
+from common import antiaffinity, dra, gangs, gpu, hostports, label_selectors, placement, resources, settings, topology
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 DEFAULT_PREEMPTION_POLICY = "PreemptLowerPriority"
@@ -98,7 +98,8 @@ class Pod:
     requests: Mapping[str, int] = dataclasses.field(default_factory=dict)  # `resources.pod_requests`
     held_on: str | None = None  # the node whose resources it holds (bound, nominated, or pinned and released)
     gpu_indices: tuple[int, ...] = ()
-    indices_observed: bool = False  # True: from DCGM; False: estimated (or not bound)
+    indices_observed: bool = False  # True: from DCGM or its claims' allocation; False: estimated (or not bound)
+    dra: dra.PodGpus = dra.NONE  # its GPUs through resource claims (counted in `request`, `running` and `requests` too)
     # What its running containers hold (`gpu.running_request`; None: `request`): what measuring it sees. `request`
     # is what the scheduler accounts and an eviction frees, a one-off init container's larger request included.
     running: gpu.GpuRequest | None = None
@@ -157,6 +158,11 @@ class Node:
     # Required anti-affinity terms of pods holding this node or another in the same topology domain: a pod they
     # select cannot come here (InterPodAffinity, existing pods' half; `common.antiaffinity`).
     anti_affinity: tuple[antiaffinity.Term, ...] = ()
+    # Where its whole GPUs come from: None, a device plugin (allocatable `nvidia.com/gpu`), or DRA devices of a
+    # configured GPU class (`common.dra`); then `extended_gpus` says whether a DeviceClass serves pods asking
+    # `nvidia.com/gpu` here.
+    dra_gpus: bool = False
+    extended_gpus: bool = True
 
     @property
     def gpu_count(self) -> int:
@@ -209,6 +215,7 @@ class Snapshot:
     )
     # PodDisruptionBudgets (policy/v1) by "namespace/name": what the Eviction API will refuse (`DisruptionBudget`).
     disruption_budgets: Mapping[str, DisruptionBudget] = dataclasses.field(default_factory=dict)
+    dra: dra.Inventory = dra.EMPTY  # the cluster's DRA GPUs (`common.dra`)
     # Each node as parsed from its raw object (None: no GPUs), by name: like `parsed`, so that the next build
     # re-parses only nodes that changed (parsing every node's quantities each rebuild cost more than the rest).
     parsed_nodes: Mapping[str, tuple[Mapping[str, Any], _NodeParse | None]] = dataclasses.field(
@@ -265,16 +272,45 @@ class _Held:
     anti_affinity: tuple[Mapping[str, Any], ...] = ()
 
 
-def _parse(raw: Mapping[str, Any], *, names: settings.Names) -> Pod | _Held:
-    if gpu.pod_request(raw).any or gangs.involved(raw, names=names):
-        return _pod(raw)
-    return _Held(_held_on(raw), resources.pod_requests(raw), (raw.get("metadata") or {}).get("namespace") or "default",
+def _parse(raw: Mapping[str, Any], *, names: settings.Names, inventory: dra.Inventory = dra.EMPTY) -> Pod | _Held:
+    counted = gpu_requests(raw, inventory)
+    request, requests, claims = counted
+    if request.any or claims.any or gangs.involved(raw, names=names):
+        return _pod(raw, counted=counted)
+    return _Held(_held_on(raw), requests, (raw.get("metadata") or {}).get("namespace") or "default",
                  hostports.of_pod(raw), antiaffinity.required_terms(raw))
 
 
-def _pod(raw: Mapping[str, Any]) -> Pod:
+Counted = tuple[gpu.GpuRequest, dict[str, int], dra.PodGpus]
+
+
+def gpu_requests(raw: Mapping[str, Any], inventory: dra.Inventory) -> Counted:
+    """The pod's GPU request and request vector with its DRA GPUs counted as whole GPUs (`gpu.FULL_GPU`): the exact
+    counts its claims ask of GPU classes, and extended resources a GPU class serves under another name. Raises
+    QuantityError for a malformed quantity."""
+    request, requests = gpu.pod_request(raw), resources.pod_requests(raw)
+    claimed = dra.pod_gpus(raw, inventory) if inventory.served else dra.NONE
+    renamed = dra.extended_gpus(requests, inventory)
+    extra = claimed.count + sum(renamed.values())
+    if not extra:
+        return request, requests, claimed
+    requests = {k: v for k, v in requests.items() if k not in renamed}
+    requests[gpu.FULL_GPU] = requests.get(gpu.FULL_GPU, 0) + extra
+    return dataclasses.replace(request, full=request.full + extra), requests, claimed
+
+
+def _running(raw: Mapping[str, Any], *, claimed: int) -> gpu.GpuRequest:
+    """`gpu.running_request` plus the whole GPUs its claims (and renamed extended resources) hold: a container holds
+    a claim's devices for as long as it runs."""
+    running = gpu.running_request(raw)
+    return dataclasses.replace(running, full=running.full + claimed) if claimed else running
+
+
+def _pod(raw: Mapping[str, Any], *, counted: Counted | None = None) -> Pod:
+    """`counted`: its `gpu_requests` (default: without DRA GPUs)."""
     meta = raw.get("metadata") or {}
     spec = raw.get("spec") or {}
+    request, requests, claimed = counted or gpu_requests(raw, dra.EMPTY)
     owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")] or meta.get("ownerReferences") or []
     return Pod(
         namespace=meta.get("namespace") or "default",
@@ -282,8 +318,8 @@ def _pod(raw: Mapping[str, Any]) -> Pod:
         uid=meta.get("uid") or "",
         node_name=spec.get("nodeName") or None,
         phase=(raw.get("status") or {}).get("phase") or "Pending",
-        request=gpu.pod_request(raw),
-        running=gpu.running_request(raw),
+        request=request,
+        running=_running(raw, claimed=request.full - gpu.pod_request(raw).full),
         priority=int(spec.get("priority") or 0),
         priority_class_name=spec.get("priorityClassName") or None,
         preemption_policy=spec.get("preemptionPolicy") or DEFAULT_PREEMPTION_POLICY,
@@ -296,8 +332,9 @@ def _pod(raw: Mapping[str, Any]) -> Pod:
         deleting=bool(meta.get("deletionTimestamp")),
         scheduler_name=spec.get("schedulerName") or "default-scheduler",
         raw=raw,
-        requests=resources.pod_requests(raw),
+        requests=requests,
         held_on=_held_on(raw),
+        dra=claimed,
     )
 
 
@@ -310,17 +347,27 @@ class _NodeParse:
     resources: Mapping[str, int]
     schedulable: bool
     taints: tuple[Mapping[str, Any], ...]
+    dra_gpus: bool = False  # its GPUs are DRA devices (no device plugin's)
+    devices: int = 0  # DRA GPU devices it was parsed with
 
 
-def _parse_node(raw: Mapping[str, Any], *, names: settings.Names) -> _NodeParse | None:
+def _parse_node(raw: Mapping[str, Any], *, names: settings.Names, devices: int = 0) -> _NodeParse | None:
+    """`devices`: the node's DRA GPU devices (`common.dra`), counted only where no device plugin offers GPUs."""
     allocatable = gpu.node_allocatable(raw)
+    from_dra = devices > 0 and allocatable.full == 0
+    if from_dra:
+        allocatable = dataclasses.replace(allocatable, full=devices)
     if not allocatable.any:
         return None
+    offered = resources.node_allocatable(raw)
+    if from_dra:
+        offered[gpu.FULL_GPU] = devices
     spec = raw.get("spec") or {}
-    return _NodeParse(allocatable=allocatable, topology=topology.from_node(raw, names=names),
-                      resources=resources.node_allocatable(raw),
+    return _NodeParse(allocatable=allocatable,
+                      topology=topology.from_node(raw, names=names, gpus=devices if from_dra else None),
+                      resources=offered,
                       schedulable=_node_ready(raw) and not spec.get("unschedulable"),
-                      taints=tuple(spec.get("taints") or ()))
+                      taints=tuple(spec.get("taints") or ()), dra_gpus=from_dra, devices=devices)
 
 
 def _node_ready(raw: Mapping[str, Any]) -> bool:
@@ -353,10 +400,16 @@ def build(
     previous: Snapshot | None = None,
     pod_groups: Iterable[Mapping[str, Any]] = (),
     disruption_budgets: Iterable[Mapping[str, Any]] = (),
+    inventory: dra.Inventory = dra.EMPTY,
 ) -> Snapshot:
-    """`previous`: the last snapshot built from the same stores; unchanged objects are reused."""
+    """`previous`: the last snapshot built from the same stores; unchanged objects are reused. `inventory`: the
+    cluster's DRA GPUs (`dra.build`): a node without a device plugin's GPUs offers its GPU devices, and which of
+    them are taken, and by whom, is read from the claims' allocations."""
     nodes, namespaces = list(nodes), list(namespaces)  # each read twice below
-    problems: list[str] = []
+    problems: list[str] = list(inventory.problems)
+    # A pod's parse depends on the inventory only through its claims or a renamed extended resource.
+    dra_same = previous is not None and previous.dra == inventory
+    renaming = any(name != gpu.FULL_GPU for name in inventory.extended)
     kept: dict[str, Pod] = {}
     parsed: dict[str, tuple[Mapping[str, Any], Pod | _Held]] = {}
     earlier = previous.parsed if previous is not None else {}
@@ -365,11 +418,11 @@ def build(
         meta = raw.get("metadata") or {}
         key = f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
         hit = earlier.get(key)
-        if hit is not None and hit[0] is raw:
+        if hit is not None and hit[0] is raw and (dra_same or not (renaming or _claims(raw))):
             entry = hit[1]
         else:
             try:
-                entry = _parse(raw, names=names)
+                entry = _parse(raw, names=names, inventory=inventory)
             except (gpu.QuantityError, ValueError, TypeError) as exc:
                 problems.append(f"pod {key} skipped: {exc}")
                 continue
@@ -391,24 +444,42 @@ def build(
     built_nodes: dict[str, Node] = {}
     parsed_nodes: dict[str, tuple[Mapping[str, Any], _NodeParse | None]] = {}
     earlier_nodes = previous.parsed_nodes if previous is not None else {}
+    claimed_on, blocked_on = _claimed(inventory, {p.uid: p.key for p in kept.values() if p.uid})
     for raw in nodes:
         meta = raw.get("metadata") or {}
         name = meta.get("name") or ""
         was = earlier_nodes.get(name)
-        own = was[1] if was is not None and was[0] is raw else _parse_node(raw, names=names)
+        devices = len(inventory.devices.get(name, ()))
+        reuse = was is not None and was[0] is raw and (was[1].devices if was[1] is not None else 0) == devices
+        own = was[1] if reuse and was is not None else _parse_node(raw, names=names, devices=devices)
         parsed_nodes[name] = (raw, own)
         if own is None:
             continue
+        if devices and not own.dra_gpus:
+            problems.append(f"node {name}: {devices} DRA GPU devices beside a device plugin's {gpu.FULL_GPU}; "
+                            "only the device plugin's are counted")
         topo = own.topology
         problems += [f"node {name}: {p}" for p in topo.problems]
         # Bound pods first (oldest first), then the ones not bound yet: estimated indices go to the former.
         resident = sorted(by_node.get(name, []), key=lambda p: (p.reserved, p.created, p.key))
+        # On a DRA node the claims' allocations say exactly which devices each pod holds; devices taken by a
+        # claim of no pod we hold, or tainted, are taken all the same (`blocked`).
         observed = (occupancy or {}).get(name, {})
-        indices, used, seen = _assign_indices(topo.domains, resident, observed)
+        blocked: frozenset[int] = frozenset()
+        if own.dra_gpus:  # a claim still held by a pod that no longer holds the node (finished) is taken too
+            here = {p.key for p in resident}
+            claimed = claimed_on.get(name, {})
+            observed = {i: key for i, key in claimed.items() if key in here}
+            blocked = blocked_on.get(name, frozenset()) | {i for i, key in claimed.items() if key not in here}
+        # Indices the topology names but no device has (labels that disagree with the slices) are never free.
+        absent = frozenset(i for d in topo.domains for i in d) - _indices(inventory.devices.get(name, ())) \
+            if own.dra_gpus else frozenset()
+        indices, used, seen = _assign_indices(topo.domains, resident, observed, blocked | absent)
         for pod in resident:
             before = previous.pods.get(pod.key) if previous is not None else None
             if (before is not None and before.raw is pod.raw and before.gpu_indices == indices[pod.key]
-                    and before.indices_observed == (pod.key in seen)):
+                    and before.indices_observed == (pod.key in seen) and before.dra == pod.dra
+                    and before.request == pod.request):
                 kept[pod.key] = before
             else:
                 kept[pod.key] = dataclasses.replace(
@@ -428,15 +499,18 @@ def build(
             schedulable=own.schedulable,
             taints=own.taints,
             used=frozenset(used),
-            requested_full=sum(p.request.full for p in resident),
+            requested_full=sum(p.request.full for p in resident) + len(blocked),
             mig_used=mig_used,
             pods=tuple(p.key for p in resident if not p.reserved),
             resources=own.resources,
-            requested={**resources.add(*holders), resources.PODS: len(holders)},
+            requested={**resources.add(*holders, {gpu.FULL_GPU: len(blocked)} if blocked else {}),
+                       resources.PODS: len(holders)},
             reserved=tuple(p.key for p in resident if p.reserved),
             host_ports=frozenset(ports_on.get(name, ())),
             anti_affinity=tuple(t for (key, value), found in terms_on.items()
                                 if (meta.get("labels") or {}).get(key) == value for t in found),
+            dra_gpus=own.dra_gpus,
+            extended_gpus=not own.dra_gpus or gpu.FULL_GPU in inventory.extended,
         )
 
     built = Snapshot(
@@ -454,6 +528,7 @@ def build(
         parsed=parsed,
         disruption_budgets={b.key: b for b in map(disruption_budget, disruption_budgets)},
         parsed_nodes=parsed_nodes,
+        dra=inventory,
     )
     # Derived views are computed here, where the shell builds (off the request path), not on first use.
     _ = built.nodes_by_gpu_state
@@ -491,11 +566,45 @@ def _held_ports_and_terms(
     return ports_on, terms_on
 
 
+def _claimed(inventory: dra.Inventory, key_of: Mapping[str, str],
+             ) -> tuple[dict[str, dict[int, str]], dict[str, frozenset[int]]]:
+    """Per DRA node: GPU index -> key of the pod its claim is reserved for (`key_of`: pod uid -> key), and the
+    indices taken otherwise: by a claim reserved for no pod we know (allocated, not reserved; a finished pod's), or
+    tainted against new claims. A device's index is its `index` attribute, else its place in the node's list."""
+    taken = inventory.taken()
+    claimed: dict[str, dict[int, str]] = {}
+    blocked: dict[str, frozenset[int]] = {}
+    for node, devices in inventory.devices.items():
+        mine: dict[int, str] = {}
+        others: set[int] = set()
+        for position, device in enumerate(devices):
+            index = device.index if device.index is not None else position
+            claim = taken.get(device.id)
+            holder = next((key_of[u] for u in claim.reserved_for if u in key_of), None) if claim else None
+            if holder is not None:
+                mine[index] = holder
+            elif claim is not None or device.blocked:
+                others.add(index)
+        claimed[node], blocked[node] = mine, frozenset(others)
+    return claimed, blocked
+
+
+def _indices(devices: Sequence[dra.Device]) -> frozenset[int]:
+    return frozenset(d.index if d.index is not None else position for position, d in enumerate(devices))
+
+
+def _claims(raw: Mapping[str, Any]) -> bool:
+    return bool((raw.get("spec") or {}).get("resourceClaims")
+                or (raw.get("status") or {}).get("extendedResourceClaimStatus"))
+
+
 def _assign_indices(
-    domains: Sequence[Sequence[int]], resident: Sequence[Pod], observed: Mapping[int, str]
+    domains: Sequence[Sequence[int]], resident: Sequence[Pod], observed: Mapping[int, str],
+    blocked: frozenset[int] = frozenset(),
 ) -> tuple[dict[str, tuple[int, ...]], set[int], set[str]]:
-    """Observed indices first; the rest of the pods get the placement policy's choice, oldest first.
-    Returns indices per pod, all used indices, and the pods whose indices DCGM reported."""
+    """Observed indices first; the rest of the pods get the placement policy's choice, oldest first; `blocked`
+    indices are taken by nobody we know. Returns indices per pod, all used indices (blocked ones included), and the
+    pods whose indices were observed (DCGM, or their claims' allocation)."""
     valid = {i for d in domains for i in d}
     keys = {p.key for p in resident}
     indices: dict[str, list[int]] = {p.key: [] for p in resident}
@@ -503,7 +612,7 @@ def _assign_indices(
         if key in keys and index in valid:
             indices[key].append(index)
     seen = {key for key, held in indices.items() if held}
-    used = {i for held in indices.values() for i in held}
+    used = {i for held in indices.values() for i in held} | (blocked & valid)
     for pod in resident:
         missing = pod.request.full - len(indices[pod.key])
         if missing <= 0:
@@ -518,16 +627,23 @@ def _assign_indices(
 LIST_KINDS = ("List", "NodeList", "PodList", "PriorityClassList", "NamespaceList")
 
 
-def from_list(document: Mapping[str, Any], *, names: settings.Names, taken_at: float | None) -> Snapshot:
+DRA_KINDS = ("DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "DeviceTaintRule")
+
+
+def from_list(document: Mapping[str, Any], *, names: settings.Names, taken_at: float | None,
+              gpu_classes: Sequence[str] = settings.Dra().gpu_device_classes) -> Snapshot:
     """Build from a Kubernetes `List` (kubectl get ... -o json) of nodes, pods, priorityclasses, namespaces
-    (and podgroups and poddisruptionbudgets, if listed)."""
+    (and podgroups, poddisruptionbudgets and DRA's deviceclasses, resourceslices, resourceclaims,
+    resourceclaimtemplates and devicetainterules, if listed: `gpu_classes` names the GPU DeviceClasses).
+    DRA counts as served when the list holds a DeviceClass or a ResourceSlice."""
     if document.get("kind") not in LIST_KINDS:
         raise ValueError(f"top-level kind is {document.get('kind')!r}; expected one of {', '.join(LIST_KINDS)}")
     items = document.get("items") or []
     if not isinstance(items, list):
         raise ValueError(f"items is a {type(items).__name__}; expected a list of objects")
     buckets: dict[str, list[Mapping[str, Any]]] = {
-        "Node": [], "Pod": [], "PriorityClass": [], "Namespace": [], "PodGroup": [], "PodDisruptionBudget": []}
+        "Node": [], "Pod": [], "PriorityClass": [], "Namespace": [], "PodGroup": [], "PodDisruptionBudget": [],
+        **{kind: [] for kind in DRA_KINDS}}
     list_kind = str(document.get("kind"))
     for index, item in enumerate(items):
         if not isinstance(item, dict):
@@ -544,6 +660,10 @@ def from_list(document: Mapping[str, Any], *, names: settings.Names, taken_at: f
         disruption_budgets=buckets["PodDisruptionBudget"],
         names=names,
         taken_at=taken_at,
+        inventory=dra.build(device_classes=buckets["DeviceClass"], slices=buckets["ResourceSlice"],
+                            claims=buckets["ResourceClaim"], templates=buckets["ResourceClaimTemplate"],
+                            taint_rules=buckets["DeviceTaintRule"], gpu_classes=gpu_classes,
+                            served=bool(buckets["DeviceClass"] or buckets["ResourceSlice"])),
     )
 
 

@@ -6,7 +6,7 @@ import copy
 import json
 import pathlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import yaml
@@ -68,8 +68,10 @@ def read_text(name: str, *, expected: str) -> str:
         raise InputError(f"{where}: cannot read it: {exc}") from exc
 
 
-def from_file(path: pathlib.Path, *, names: settings.Names, clock: Callable[[], float]) -> StaticSource:
-    """Load `kubectl get nodes,pods,priorityclasses,namespaces -A -o json` output, always current."""
+def from_file(path: pathlib.Path, *, names: settings.Names, clock: Callable[[], float],
+              gpu_classes: Sequence[str] = settings.Dra().gpu_device_classes) -> StaticSource:
+    """Load `kubectl get nodes,pods,priorityclasses,namespaces -A -o json` output, always current (`gpu_classes`:
+    `dra.gpu_device_classes`, for DRA objects in it)."""
     text = read_text(str(path), expected=f"the output of {SAVE_STATE}")
     try:
         document = jsontext.loads(text)
@@ -81,7 +83,7 @@ def from_file(path: pathlib.Path, *, names: settings.Names, clock: Callable[[], 
         found = "a JSON array" if isinstance(document, list) else f"a JSON {type(document).__name__}"
         raise InputError(f"{path}: line {line}: {found}; expected an object of kind List ({SAVE_STATE})")
     try:
-        fixed = snapshot.from_list(document, names=names, taken_at=clock())
+        fixed = snapshot.from_list(document, names=names, taken_at=clock(), gpu_classes=gpu_classes)
     except ValueError as exc:
         raise InputError(f"{path}: {exc} ({SAVE_STATE})") from exc
     return StaticSource(fixed, clock=clock)

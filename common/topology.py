@@ -75,11 +75,12 @@ def positive_int(value: str | None) -> int | None:
     return label_values.count(value, key="").value
 
 
-def from_node(node: Mapping[str, Any], *, names: settings.Names) -> NodeTopology:
+def from_node(node: Mapping[str, Any], *, names: settings.Names, gpus: int | None = None) -> NodeTopology:
+    """`gpus`: how many whole GPUs the node has when its allocatable does not say (DRA devices, `common.dra`)."""
     meta = node.get("metadata") or {}
     labels: Mapping[str, str] = meta.get("labels") or {}
     annotations: Mapping[str, str] = meta.get("annotations") or {}
-    allocatable = gpu.node_allocatable(node).full
+    allocatable = gpu.node_allocatable(node).full if gpus is None else gpus
     extras = {
         "clique": labels.get(CLIQUE_LABEL) or labels.get(TOPOGRAPH_DOMAIN_LABEL),
         "mig_strategy": labels.get(MIG_STRATEGY_LABEL),

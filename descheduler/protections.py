@@ -63,8 +63,19 @@ def mig_reconfiguring(pod: snapshot.Pod, node: snapshot.Node | None, names: sett
     return None
 
 
+def dra_uncounted(pod: snapshot.Pod, node: snapshot.Node | None, names: settings.Names) -> str | None:
+    """A pod whose DRA GPUs the model cannot count (its claims are left to kube-scheduler: `common.dra`), or that
+    holds more GPU devices than it is counted for, could be judged idle on part of its GPUs: never evicted."""
+    if pod.dra.left:
+        return f"its DRA GPUs cannot be counted ({pod.dra.left})"
+    if len(pod.dra.devices) > pod.request.full:
+        return (f"holds {len(pod.dra.devices)} DRA GPU devices ({', '.join(d.describe() for d in pod.dra.devices)}) "
+                f"but is counted for {pod.request.full} GPU")
+    return None
+
+
 PROTECTIONS: Sequence[Protection] = (
-    not_running, terminating, daemonset, mirror, system_critical, opted_out, mig_reconfiguring,
+    not_running, terminating, daemonset, mirror, system_critical, opted_out, mig_reconfiguring, dra_uncounted,
 )
 
 

@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     static = controllers = None
     if args.cluster:
         try:
-            static = source.from_file(args.cluster, names=config.names, clock=time.time)
+            static = source.from_file(args.cluster, names=config.names, clock=time.time,
+                                       gpu_classes=config.dra.gpu_device_classes)
             # Its ReplicaSets and Jobs, if saved too (`kubectl get ...,replicasets,jobs`): learned windows' workloads.
             controllers = idle_history.fixed_controllers(idle_history.controllers_in(
                 json.loads(args.cluster.read_text()).get("items") or ()))

@@ -43,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     config = cmdline.load_settings(args)
     try:
         pod = read_pod(args.pod)
-        cluster = source.from_file(args.cluster, names=config.names, clock=time.time).snapshot
+        cluster = source.from_file(args.cluster, names=config.names, clock=time.time,
+                                       gpu_classes=config.dra.gpu_device_classes).snapshot
     except ValueError as exc:
         print(f"explain: {exc}", file=sys.stderr)
         return 2
@@ -53,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
                               config=config, now=now, controller_seen_at=now if args.controller == "alive" else None)
     # The webhook scores only as far as its preferred terms need; explain shows every node.
     try:
-        gpus, requests = gpu.pod_request(pod).full, resources.pod_requests(pod)
+        request, requests, _ = snapshot.gpu_requests(pod, cluster.dra)  # DRA claims' GPUs counted
+        gpus = request.full
     except (gpu.QuantityError, resources.QuantityError):
         gpus, requests = 0, {}
     # Ranked against the pod as admitted, as the webhook ranks it.
@@ -73,7 +75,7 @@ def _release(admitted: dict[str, Any], cluster: snapshot.Snapshot, *, config: se
     placed together, see `gpu-steward gangs`)."""
     meta = admitted.setdefault("metadata", {})
     meta.setdefault("name", meta.get("generateName", "pod") + "(new)")
-    pod = snapshot.build(nodes=[], pods=[admitted], names=config.names, taken_at=None).pods.get(
+    pod = snapshot.build(nodes=[], pods=[admitted], names=config.names, taken_at=None, inventory=cluster.dra).pods.get(
         f"{meta.get('namespace') or 'default'}/{meta['name']}")
     return layout.explain(pod, cluster, scoring=config.scoring) if pod is not None else []
 

@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     now = time.time()
     try:
         if args.cluster is not None:
-            cluster = source.from_file(args.cluster, names=config.names, clock=lambda: now).snapshot
+            cluster = source.from_file(args.cluster, names=config.names, clock=lambda: now,
+                                       gpu_classes=config.dra.gpu_device_classes).snapshot
         else:
             cluster = asyncio.run(_live(config))
     except (OSError, ValueError, kube.ApiError, TimeoutError) as exc:

@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     if args.cluster is not None:
         try:
             # A fixed state counts as taken at start: it ages, and max_snapshot_age_seconds applies.
-            static = source.from_file(args.cluster, names=config.names, clock=time.time)
+            static = source.from_file(args.cluster, names=config.names, clock=time.time,
+                                       gpu_classes=config.dra.gpu_device_classes)
         except (OSError, ValueError) as exc:
             print(f"webhook: {exc}", file=sys.stderr)
             return 2

@@ -131,3 +131,116 @@ def disruption_budget(name: str, *, namespace: str, match: dict[str, str] | None
     if mutate:
         mutate(body)
     return body
+
+
+# --- DRA (resource.k8s.io/v1) -------------------------------------------------------------------------------
+
+NVIDIA_DRIVER = "gpu.nvidia.com"
+NVIDIA_SELECTOR = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
+
+
+def device_class(name: str = NVIDIA_DRIVER, *, expression: str = NVIDIA_SELECTOR,
+                 extended: str | None = "nvidia.com/gpu") -> dict[str, Any]:
+    """A DeviceClass like NVIDIA's DRA driver's `gpu.nvidia.com` (`extended`: its extendedResourceName)."""
+    spec: dict[str, Any] = {"selectors": [{"cel": {"expression": expression}}]}
+    if extended:
+        spec["extendedResourceName"] = extended
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec}
+
+
+def gpu_device(index: int, *, kind: str = "gpu", clique: str | None = None,
+               mutate: Mutator | None = None) -> dict[str, Any]:
+    """A device as NVIDIA's DRA driver publishes a GPU: name gpu-<index>, attributes type, index, uuid, productName."""
+    attributes: dict[str, Any] = {"type": {"string": kind}, "index": {"int": index},
+                                  "uuid": {"string": f"GPU-{index:08d}"}, "productName": {"string": "NVIDIA H100"}}
+    if clique is not None:
+        attributes["nvlinkDomain"] = {"string": clique}
+    device: dict[str, Any] = {"name": f"gpu-{index}", "attributes": attributes}
+    if mutate:
+        mutate(device)
+    return device
+
+
+def resource_slice(node: str, devices: Sequence[dict[str, Any]] | int, *, driver: str = NVIDIA_DRIVER,
+                   pool: str | None = None, generation: int = 1, count: int = 1, name: str | None = None,
+                   ) -> dict[str, Any]:
+    """A node-local ResourceSlice; `devices`: the devices, or how many GPUs (gpu-0..n-1)."""
+    items = [gpu_device(i) for i in range(devices)] if isinstance(devices, int) else list(devices)
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": name or f"{node}-{driver}-{generation}"},
+        "spec": {"driver": driver, "nodeName": node,
+                 "pool": {"name": pool or node, "generation": generation, "resourceSliceCount": count},
+                 "devices": items},
+    }
+
+
+def claim_spec(count: int = 1, *, device_class_name: str = NVIDIA_DRIVER, mode: str | None = None,
+               admin: bool = False) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": device_class_name}
+    if mode:
+        exactly["allocationMode"] = mode
+    if mode != "All":
+        exactly["count"] = count
+    if admin:
+        exactly["adminAccess"] = True
+    return {"devices": {"requests": [{"name": "gpus", "exactly": exactly}]}}
+
+
+def claim_template(name: str, *, namespace: str = "default", spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": namespace}, "spec": {"spec": spec or claim_spec()}}
+
+
+def resource_claim(name: str, *, namespace: str = "default", spec: dict[str, Any] | None = None,
+                   devices: Sequence[tuple[str, int]] = (), reserved_for: Sequence[str] = (),
+                   extended: bool = False, driver: str = NVIDIA_DRIVER) -> dict[str, Any]:
+    """A ResourceClaim; `devices`: (pool, GPU index) allocated to it; `reserved_for`: names of pods (uid-<name>)."""
+    body: dict[str, Any] = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                            "metadata": {"name": name, "namespace": namespace}, "spec": spec or claim_spec()}
+    if extended:
+        body["metadata"]["annotations"] = {"resource.kubernetes.io/extended-resource-claim": "true"}
+    status: dict[str, Any] = {}
+    if devices:
+        status["allocation"] = {"devices": {"results": [
+            {"request": "gpus", "driver": driver, "pool": pool, "device": f"gpu-{index}"} for pool, index in devices]}}
+    if reserved_for:
+        status["reservedFor"] = [{"resource": "pods", "name": p, "uid": f"uid-{p}"} for p in reserved_for]
+    if status:
+        body["status"] = status
+    return body
+
+
+def with_claim_template(template: str, *, entry: str = "gpus", generated: str | None = None) -> Mutator:
+    """A pod mutator: its main container uses a claim made from `template` (`generated`: the claim's name)."""
+    def mutate(body: dict[str, Any]) -> None:
+        body["spec"]["resourceClaims"] = [{"name": entry, "resourceClaimTemplateName": template}]
+        body["spec"]["containers"][0].setdefault("resources", {})["claims"] = [{"name": entry}]
+        if generated:
+            body["status"]["resourceClaimStatuses"] = [{"name": entry, "resourceClaimName": generated}]
+    return mutate
+
+
+def with_claim(claim: str, *, entry: str = "gpus") -> Mutator:
+    def mutate(body: dict[str, Any]) -> None:
+        body["spec"]["resourceClaims"] = [{"name": entry, "resourceClaimName": claim}]
+        body["spec"]["containers"][0].setdefault("resources", {})["claims"] = [{"name": entry}]
+    return mutate
+
+
+def with_extended_claim(claim: str) -> Mutator:
+    """A pod mutator: kube-scheduler made `claim` for its extended-resource request."""
+    def mutate(body: dict[str, Any]) -> None:
+        body["status"]["extendedResourceClaimStatus"] = {"resourceClaimName": claim, "requestMappings": []}
+    return mutate
+
+
+def dra_node(name: str, *, gpus: int = 8, domains: Sequence[Sequence[int]] | None = None,
+             mutate: Mutator | None = None) -> dict[str, Any]:
+    """A node whose GPUs are DRA devices: no nvidia.com/gpu in its allocatable (its slice is `resource_slice`)."""
+    def strip(node: dict[str, Any]) -> None:
+        node["status"]["allocatable"].pop("nvidia.com/gpu")
+        node["metadata"]["labels"].pop("nvidia.com/gpu.count")
+        if mutate:
+            mutate(node)
+    return gpu_node(name, gpus=gpus, domains=domains, mutate=strip)

@@ -173,7 +173,10 @@ def assess(
         if not reporting:
             return failed(f"{name}: no sample within Prometheus' lookback (stale)")
         if len(reporting) < count:
-            return failed(f"{name}: only {len(reporting)} of {count} devices report")
+            # dcgm-exporter before 4.8.4 labels a DRA-allocated GPU without its pod: such a GPU is never seen.
+            dra = (f" (its DRA GPUs: {', '.join(d.describe() for d in pod.dra.devices)}; a DRA GPU without a "
+                   "pod-attributed series is not seen)") if pod.dra.devices else ""
+            return failed(f"{name}: only {len(reporting)} of {count} devices report{dra}")
         if len(reading.devices) > count and not prometheus.scope_matchers:
             return failed(f"{name}: the pod's series show {len(reading.devices)} distinct GPUs, it holds {count} "
                           "(another cluster's series in the same store? set prometheus.scope_matchers)")

@@ -341,7 +341,7 @@ def _before_queue(gang: _Gang, *, names: settings.Names, cfg: settings.Gangs, no
 
 
 def _ungoverned(pod: snapshot.Pod) -> str | None:
-    return capacity.ungoverned(pod.raw.get("spec") or {})
+    return capacity.ungoverned(pod.raw.get("spec") or {}, claims=pod.dra)
 
 
 def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,

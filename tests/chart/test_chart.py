@@ -143,6 +143,7 @@ def _config(objects: Objects) -> dict[str, Any]:
     return data
 
 
+DRA_KINDS = ("deviceclasses", "resourceslices", "resourceclaims", "resourceclaimtemplates", "devicetaintrules")
 READ = ("list", "watch")
 
 
@@ -246,8 +247,9 @@ def check_defaults(objects: Objects) -> None:
         (("",), ("nodes", "pods", "namespaces"), READ),
         (("",), ("pods",), ("patch",)),  # the gate lifter (admission/gate_lifter.py)
         (("scheduling.k8s.io",), ("priorityclasses", "podgroups"), READ),
+        (("resource.k8s.io",), DRA_KINDS, ("get", *READ)),  # DRA GPUs (common/dra.py)
         (("admissionregistration.k8s.io",), ("mutatingwebhookconfigurations",), ("get", "update"))]
-    assert _one(objects, "ClusterRole", f"{PREFIX}-webhook")["rules"][3]["resourceNames"] == [PREFIX]
+    assert _one(objects, "ClusterRole", f"{PREFIX}-webhook")["rules"][4]["resourceNames"] == [PREFIX]
     # The leader Lease, watched to gate for release only while the controller lives; the TLS Secret.
     role = _one(objects, "Role", f"{PREFIX}-webhook")["rules"]
     assert role == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list", "watch"]},
@@ -258,7 +260,9 @@ def check_defaults(objects: Objects) -> None:
     # events get + patch: a repeated Event is aggregated (common/events.py), as client-go's recorder does.
     assert _rules(objects, "ClusterRole", f"{PREFIX}-descheduler") == [
         (("",), ("nodes", "namespaces"), READ), (("",), ("pods",), (*READ, "patch", "create", "delete")),
-        (("scheduling.k8s.io",), ("priorityclasses", "podgroups"), READ), (("",), ("pods/eviction",), ("create",)),
+        (("scheduling.k8s.io",), ("priorityclasses", "podgroups"), READ),
+        (("resource.k8s.io",), DRA_KINDS, ("get", *READ)),
+        (("",), ("pods/eviction",), ("create",)),
         (("",), ("pods",), ("get",)), (("policy",), ("poddisruptionbudgets",), READ),
         (("apps",), ("replicasets",), ("list",)), (("batch",), ("jobs",), ("list",)), (("batch",), ("jobs",), ("get",)),
         (("",), ("events",), ("create", "get", "patch"))]

@@ -193,6 +193,15 @@ def test_installed_webhook_mutates_gpu_pods_and_honours_the_opt_out_label(releas
         pytest.param(kube.pod("kueue-counted", namespace=TEAM, labels={"kueue.x-k8s.io/pod-group-name": "g"},
                               annotations={"kueue.x-k8s.io/pod-group-total-count": "2"}), 1,
                      id="kueue-member-with-count-called-once"),
+        # DRA: whether a claim's devices are GPUs is the webhook's to say (common/dra.py).
+        pytest.param(kube.pod("claims", namespace=TEAM) | {"spec": {
+            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "four-gpus"}],
+            "containers": [{"name": "main", "image": "cuda", "resources": {"claims": [{"name": "gpus"}]}}]}}, 1,
+            id="pod-with-resource-claims"),
+        pytest.param(kube.pod("implicit", namespace=TEAM) | {"spec": {"containers": [{
+            "name": "main", "image": "cuda",
+            "resources": {"limits": {"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "1"}}}]}}, 1,
+            id="implicit-deviceclass-extended-resource"),
     ],
 )
 def test_the_api_server_only_calls_the_webhook_for_gpu_and_gang_pods(
@@ -292,6 +301,22 @@ def test_installed_webhook_may_watch_the_descheduler_lease_and_nothing_more(
     account = f"system:serviceaccount:{NAMESPACE}:{PREFIX}-webhook"
     done = release.cluster.kubectl("auth", "can-i", verb, "leases.coordination.k8s.io", "-n", namespace,
                                    "--as", account, check=False)
+    assert done.stdout.strip() == allowed, done.stderr
+
+
+@pytest.mark.parametrize("component", ["webhook", "descheduler"])
+@pytest.mark.parametrize(("verb", "allowed"), [
+    pytest.param("list", "yes", id="list"), pytest.param("watch", "yes", id="watch"),
+    pytest.param("create", "no", id="never-creates")])
+@pytest.mark.parametrize("kind", ["deviceclasses", "resourceslices", "resourceclaims", "resourceclaimtemplates",
+                                  "devicetaintrules"])
+def test_components_may_read_dra_objects_and_nothing_more(
+    release: Release, component: str, verb: str, allowed: str, kind: str,
+) -> None:
+    """DRA GPUs (common/dra.py): the feeder lists and watches these kinds, cluster-wide, and never writes one."""
+    account = f"system:serviceaccount:{NAMESPACE}:{PREFIX}-{component}"
+    done = release.cluster.kubectl("auth", "can-i", verb, f"{kind}.resource.k8s.io", "-A", "--as", account,
+                                   check=False)
     assert done.stdout.strip() == allowed, done.stderr
 
 

@@ -607,3 +607,33 @@ async def test_pod_groups_are_optional_and_picked_up_once_served(
         "team-a/gang": 2, "team-a/basic": None}
     fake_api.delete("podgroups", _pod_group("gang", {}))
     await running.until(lambda: list(running.feeder.snapshot.pod_groups) == ["team-a/basic"], "watched deletion")
+
+
+@pytest.mark.parametrize("status", [pytest.param(404, id="api-not-served"), pytest.param(403, id="not-granted")])
+async def test_dra_gpus_are_read_where_resource_k8s_io_is_served(
+    fake_api: FakeApi, running: Running, status: int
+) -> None:
+    """A node whose GPUs are DRA devices (no nvidia.com/gpu in its allocatable) is a GPU node once the DeviceClass,
+    its ResourceSlice and the claims are read; while resource.k8s.io/v1 is not served (or not granted), it has no
+    GPUs, a pod asking devices through claims is no GPU pod, and the snapshot still syncs."""
+    seed(fake_api)
+    fake_api.put("nodes", builders.dra_node("dra-0", domains=[range(4), range(4, 8)]))
+    fake_api.put("pods", builders.pod("claimer", namespace="team-a", node="dra-0", phase="Running",
+                                      mutate=builders.with_claim_template("four", generated="claimer-gpus")))
+    fake_api.put("deviceclasses", builders.device_class())
+    fake_api.put("resourceslices", builders.resource_slice("dra-0", 8))
+    fake_api.put("resourceclaimtemplates", builders.claim_template("four", namespace="team-a",
+                                                                   spec=builders.claim_spec(4)))
+    fake_api.put("resourceclaims", builders.resource_claim(
+        "claimer-gpus", namespace="team-a", spec=builders.claim_spec(4), devices=[("dra-0", i) for i in (4, 5, 6, 7)],
+        reserved_for=["claimer"]))
+    for kind in ("deviceclasses", "resourceslices", "resourceclaims", "resourceclaimtemplates", "devicetaintrules"):
+        fake_api.fail[PATHS[kind]] = [status] * 3
+    await running.until(lambda: running.feeder.synced, "synced without DRA")
+    # Not known to ask GPUs: no GPU pod (nothing gates, tiers or evicts it).
+    assert ("dra-0" in running.feeder.snapshot.nodes, "team-a/claimer" in running.feeder.snapshot.pods) == (
+        False, False)
+    await running.until(lambda: "dra-0" in running.feeder.snapshot.nodes, "DRA read once served")
+    node, pod = running.feeder.snapshot.nodes["dra-0"], running.feeder.snapshot.pods["team-a/claimer"]
+    assert (node.gpu_count, node.free_by_domain(), pod.gpu_indices, pod.dra.left) == (
+        8, ((0, 1, 2, 3), ()), (4, 5, 6, 7), None)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from common import gpu, settings, settings_loader, snapshot
+from common import dra, gpu, settings, settings_loader, snapshot
 from descheduler.reclaim import utilisation, utilisation_parts, utilisation_promql
 from tests import builders
 
@@ -380,6 +380,14 @@ def mig_series(instance: str = "1", *, value: float = 0.02 * 100, **kwargs: Any)
         # devices, not series
         pytest.param([steady()], pod(full=2), WINDOW, NOW, CONFIG, False, "only 1 of 2 devices report",
                      id="missing-gpu"),
+        pytest.param([steady()], dataclasses.replace(pod(full=2), dra=dra.PodGpus(count=1, devices=(
+                         dra.DeviceId("gpu.nvidia.com", "n1", "gpu-1"),))), WINDOW, NOW, CONFIG, False,
+                     "only 1 of 2 devices report (its DRA GPUs: gpu.nvidia.com/n1/gpu-1; a DRA GPU without a "
+                     "pod-attributed series is not seen)", id="dra-gpu-without-a-pod-series-is-not-idle"),
+        pytest.param([steady(), Series(dcgm("1", dra_claim_name="p-gpus", dra_device_name="gpu-1"), scraped())],
+                     dataclasses.replace(pod(full=2), dra=dra.PodGpus(count=1, devices=(
+                         dra.DeviceId("gpu.nvidia.com", "n1", "gpu-1"),))), WINDOW, NOW, CONFIG, True, "1.0% < 10%",
+                     id="dra-gpu-with-a-pod-series-is-measured"),
         pytest.param([steady(), Series(dcgm("1"), scraped())], pod(full=2), WINDOW, NOW, CONFIG, True, "1.0% < 10%",
                      id="both-gpus-report"),
         pytest.param([steady(), Series(dcgm("1"), scraped(missing=(NOW - 215, NOW - 200)))], pod(full=2), WINDOW,

@@ -147,21 +147,23 @@ automountServiceAccountToken: true
 {{- end }}
 {{- end -}}
 
-{{/* Only pods that request GPUs or declare a gang reach the webhook (gpu.pod_request and gangs.identify read
+{{/* Only pods that request GPUs, ask devices through resource claims (DRA: whether they are GPUs is the webhook's
+to say, snapshot.gpu_requests), or declare a gang reach the webhook (gpu.pod_request and gangs.identify read
 the same fields); everything else is admitted without a call. */}}
 {{- define "gpu-steward.matchConditions" -}}
 {{- $names := .Values.settings.names.prefix -}}
 - name: gpu-or-gang
   expression: >-
     object.spec.containers.exists(c, has(c.resources) &&
-    ((has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r.startsWith('nvidia.com/mig-'))) ||
-    (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r.startsWith('nvidia.com/mig-'))))) ||
+    ((has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/'))) ||
+    (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/'))))) ||
     (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) &&
-    ((has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r.startsWith('nvidia.com/mig-'))) ||
-    (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r.startsWith('nvidia.com/mig-')))))) ||
+    ((has(c.resources.limits) && c.resources.limits.exists(r, r == 'nvidia.com/gpu' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/'))) ||
+    (has(c.resources.requests) && c.resources.requests.exists(r, r == 'nvidia.com/gpu' || r.startsWith('nvidia.com/mig-') || r.startsWith('deviceclass.resource.kubernetes.io/')))))) ||
     (has(object.metadata.labels) && ['{{ $names }}gang-name', 'kueue.x-k8s.io/pod-group-name', 'scheduling.x-k8s.io/pod-group'].exists(k, k in object.metadata.labels)) ||
     (has(object.metadata.annotations) && ['{{ $names }}gang-name', 'scheduling.k8s.io/group-name'].exists(k, k in object.metadata.annotations)) ||
-    has(object.spec.schedulingGroup)
+    has(object.spec.schedulingGroup) ||
+    (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)
 {{- end -}}
 
 {{/* Pods the webhook would gate for their gang, and only those (admission/gating.py): a gang named by our

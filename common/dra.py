@@ -1,0 +1,393 @@
+"""GPUs that are DRA devices (`resource.k8s.io/v1`): which nodes have them, which are taken, what a pod asks.
+
+Read in Kubernetes 1.37.2 (`k8s.io/api/resource/v1/types.go`) and NVIDIA's DRA driver for GPUs:
+- a ResourceSlice publishes devices of one `spec.driver` in one `spec.pool` (`name`, `generation`,
+  `resourceSliceCount`); node-local slices name their node (`spec.nodeName`). A pool may span several slices;
+  consumers use only the highest generation, and only once they see all `resourceSliceCount` slices of it;
+- a device is `<driver>/<pool>/<device name>`; its `attributes` map qualified names (an unqualified name is in
+  the driver's domain) to one of `int`, `bool`, `string`, `version`; its `taints` (and DeviceTaintRules, matched by
+  `deviceSelector` driver/pool/device) with effect `NoSchedule` or `NoExecute` keep it from new claims that do not
+  tolerate them (`None` and unknown effects are informational);
+- a DeviceClass selects devices by CEL (`spec.selectors[].cel.expression`); NVIDIA's `gpu.nvidia.com` is
+  `device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'`. Its
+  `extendedResourceName` (else the implicit `deviceclass.resource.kubernetes.io/<class>`) lets pods ask the class
+  as an extended resource on nodes whose allocatable lacks that name: kube-scheduler then writes a claim for the
+  pod (`status.extendedResourceClaimStatus.resourceClaimName`);
+- a ResourceClaim's `spec.devices.requests[]` is `exactly` (`deviceClassName`, `allocationMode` ExactCount
+  with `count`, default 1, or All; `adminAccess`) or `firstAvailable` (sub-requests, the first that can be
+  allocated wins); once allocated, `status.allocation.devices.results[]` name each device (`driver`, `pool`,
+  `device`) and `status.reservedFor[]` the pods using the claim (`resource: pods`, `name`, `uid`). A
+  ResourceClaimTemplate's `spec.spec` is the spec of each claim made from it, one per pod
+  (`status.resourceClaimStatuses[].resourceClaimName`).
+
+Which classes are GPUs is configured (`settings.Dra.gpu_device_classes`). The model understands the CEL of those
+classes only as a conjunction (`&&`) of `device.driver == '<d>'` and `device.attributes['<domain>'].<name> ==
+<literal>`; a class whose selector says anything else is reported and its devices are not counted (a guess could
+count devices the scheduler never gives).
+
+Pure: plain dicts in, frozen dataclasses out; no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from common import gpu
+
+IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
+BLOCKING_TAINTS = frozenset({"NoSchedule", "NoExecute"})
+EXACT_COUNT = "ExactCount"
+ALL = "All"
+
+_TERM = re.compile(
+    r"""^\s*device\.(?:driver|attributes\[\s*(['"])([^'"]+)\1\s*\]\.([A-Za-z_][A-Za-z0-9_]*))\s*==\s*"""
+    r"""(?:(['"])([^'"]*)\4|(-?[0-9]+)|(true|false))\s*$"""
+)
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class DeviceId:
+    driver: str
+    pool: str
+    device: str
+
+    def describe(self) -> str:
+        return f"{self.driver}/{self.pool}/{self.device}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    id: DeviceId
+    node: str
+    index: int | None  # the driver's `index` attribute (NVIDIA: the GPU's index on its node), if published
+    attributes: Mapping[str, Any]  # qualified name -> value (int, bool or str)
+    blocked: str | None = None  # why no new claim can get it (a NoSchedule/NoExecute taint), None: it can
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuClass:
+    name: str
+    extended_resource: str  # `spec.extendedResourceName`, else the implicit name
+    matches: tuple[tuple[str, object], ...] | None  # (qualified attribute or "driver", value); None: unreadable
+    problem: str | None = None
+
+    def selects(self, driver: str, attributes: Mapping[str, Any]) -> bool:
+        if self.matches is None:
+            return False
+        for key, value in self.matches:
+            got = driver if key == "driver" else attributes.get(key)
+            if got != value or isinstance(got, bool) != isinstance(value, bool):
+                return False
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    namespace: str
+    name: str
+    devices: tuple[DeviceId, ...]  # allocated GPU devices (admin access results excluded: they hold nothing)
+    reserved_for: tuple[str, ...]  # uids of the pods it is reserved for
+    extended: bool  # made by kube-scheduler for a pod's extended-resource request
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PodGpus:
+    """A pod's GPUs through its resource claims: `count` asked of GPU classes (exact counts; extended-resource
+    requests are counted from the pod's resources, `extended_gpus`); `devices` the GPU devices allocated to its
+    claims, the scheduler-made extended-resource claim included; `left` why the model cannot evaluate what it asks
+    (then kube-scheduler places it alone, and reclaim never evicts it), None when it can."""
+
+    count: int = 0
+    devices: tuple[DeviceId, ...] = ()
+    left: str | None = None
+    claims: tuple[str, ...] = ()  # namespace/name of its claims holding GPU devices
+    asks_gpus: bool = False  # some claim asks a GPU class (counted or not): a GPU pod for tiers and gangs
+
+    @property
+    def any(self) -> bool:
+        return self.count > 0 or self.asks_gpus or bool(self.devices)
+
+
+NONE = PodGpus()
+
+
+@dataclasses.dataclass(frozen=True)
+class Inventory:
+    """The cluster's DRA GPUs: per node its GPU devices (index order), which are taken and by which claim."""
+
+    classes: Mapping[str, GpuClass] = dataclasses.field(default_factory=dict)  # configured GPU classes present
+    devices: Mapping[str, tuple[Device, ...]] = dataclasses.field(default_factory=dict)  # node -> GPU devices
+    claims: Mapping[str, Claim] = dataclasses.field(default_factory=dict)  # ns/name -> claims holding GPUs
+    specs: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)  # ns/name -> claim spec
+    templates: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)  # ns/name -> claim spec
+    problems: tuple[str, ...] = ()
+    served: bool = False  # the cluster serves resource.k8s.io/v1 (else nothing here is known)
+
+    @property
+    def extended(self) -> Mapping[str, str]:
+        """Extended resource name -> the GPU class serving it."""
+        return {c.extended_resource: c.name for c in self.classes.values() if c.matches is not None}
+
+    def taken(self) -> Mapping[DeviceId, Claim]:
+        return {d: c for c in self.claims.values() for d in c.devices}
+
+
+EMPTY = Inventory()
+
+
+def gpu_class(raw: Mapping[str, Any]) -> GpuClass:
+    meta, spec = raw.get("metadata") or {}, raw.get("spec") or {}
+    name = str(meta.get("name") or "")
+    extended = str(spec.get("extendedResourceName") or IMPLICIT_PREFIX + name)
+    matches: list[tuple[str, object]] = []
+    for selector in spec.get("selectors") or ():
+        expression = ((selector or {}).get("cel") or {}).get("expression") if isinstance(selector, Mapping) else None
+        if not isinstance(expression, str):
+            return GpuClass(name, extended, None, f"DeviceClass {name}: a selector that is no CEL expression")
+        for term in expression.split("&&"):
+            parsed = _term(term)
+            if parsed is None:
+                return GpuClass(name, extended, None, f"DeviceClass {name}: selector {expression!r} not understood "
+                                                      "(only `device.driver ==` and `device.attributes[..].x ==` "
+                                                      "joined by &&); its devices are not counted")
+            matches.append(parsed)
+    return GpuClass(name, extended, tuple(matches))
+
+
+def _term(text: str) -> tuple[str, object] | None:
+    match = _TERM.match(text.strip().strip("()") if text.count("(") == text.count(")") else text)
+    if not match:
+        return None
+    _, domain, attribute, _, string, number, flag = match.groups()
+    value: object = string if string is not None else int(number) if number is not None else flag == "true"
+    return ("driver" if domain is None else f"{domain}/{attribute}"), value
+
+
+def _attributes(driver: str, raw: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if not isinstance(raw, Mapping):
+        return out
+    for name, value in raw.items():
+        if not isinstance(value, Mapping):
+            continue
+        key = str(name) if "/" in str(name) else f"{driver}/{name}"
+        for kind in ("int", "bool", "string", "version"):
+            if kind in value:
+                out[key] = value[kind]
+                break
+    return out
+
+
+def _blocking(taints: Any) -> str | None:
+    for taint in taints or ():
+        if isinstance(taint, Mapping) and taint.get("effect") in BLOCKING_TAINTS:
+            return f"tainted {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')}"
+    return None
+
+
+def _rule_taints(rules: Iterable[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], str]]:
+    """(deviceSelector, why) of each DeviceTaintRule whose taint blocks new claims; no selector matches nothing."""
+    out = []
+    for rule in rules:
+        spec = rule.get("spec") or {}
+        selector = spec.get("deviceSelector")
+        why = _blocking([spec.get("taint")])
+        if isinstance(selector, Mapping) and why:
+            name = (rule.get("metadata") or {}).get("name")
+            out.append((selector, f"{why} (DeviceTaintRule {name})"))
+    return out
+
+
+def _newest_complete(slices: Iterable[Mapping[str, Any]], problems: list[str]) -> list[Mapping[str, Any]]:
+    """The slices of each pool's highest generation, where all `resourceSliceCount` of them are seen."""
+    pools: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for raw in slices:
+        spec = raw.get("spec") or {}
+        pool = spec.get("pool") or {}
+        pools.setdefault((str(spec.get("driver") or ""), str(pool.get("name") or "")), []).append(raw)
+    kept: list[Mapping[str, Any]] = []
+    for (driver, pool), members in sorted(pools.items()):
+        newest = max(int(((m.get("spec") or {}).get("pool") or {}).get("generation") or 0) for m in members)
+        current = [m for m in members if int(((m.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+                   == newest]
+        expected = max(int(((m.get("spec") or {}).get("pool") or {}).get("resourceSliceCount") or 1)
+                       for m in current)
+        if len(current) < expected:
+            problems.append(f"pool {driver}/{pool} generation {newest}: {len(current)} of {expected} slices seen; "
+                            "its devices are not counted until all are")
+            continue
+        kept += current
+    return kept
+
+
+def build(
+    *,
+    device_classes: Iterable[Mapping[str, Any]],
+    slices: Iterable[Mapping[str, Any]],
+    claims: Iterable[Mapping[str, Any]],
+    templates: Iterable[Mapping[str, Any]] = (),
+    taint_rules: Iterable[Mapping[str, Any]] = (),
+    gpu_classes: Sequence[str],
+    served: bool = True,
+) -> Inventory:
+    """The inventory from raw API objects. `gpu_classes`: the DeviceClass names whose devices are GPUs."""
+    problems: list[str] = []
+    wanted = set(gpu_classes)
+    classes = {c.name: c for c in map(gpu_class, device_classes) if c.name in wanted}
+    problems += [c.problem for c in classes.values() if c.problem]
+    rules = _rule_taints(taint_rules)
+    by_node: dict[str, list[Device]] = {}
+    for raw in _newest_complete(slices, problems):
+        spec = raw.get("spec") or {}
+        node, driver = spec.get("nodeName"), str(spec.get("driver") or "")
+        pool = str((spec.get("pool") or {}).get("name") or "")
+        for item in spec.get("devices") or ():
+            if not isinstance(item, Mapping):
+                continue
+            attributes = _attributes(driver, item.get("attributes"))
+            if not any(c.selects(driver, attributes) for c in classes.values()):
+                continue
+            if not node:  # network-attached or per-device node selection: not a node's own GPU
+                problems.append(f"device {driver}/{pool}/{item.get('name')}: no spec.nodeName; not counted")
+                continue
+            device_id = DeviceId(driver, pool, str(item.get("name") or ""))
+            blocked = _blocking(item.get("taints")) or next(
+                (why for selector, why in rules if _selects(selector, device_id)), None)
+            index = attributes.get(f"{driver}/index")
+            by_node.setdefault(str(node), []).append(Device(
+                device_id, str(node), index if isinstance(index, int) and not isinstance(index, bool) else None,
+                attributes, blocked))
+    devices = {node: tuple(sorted(found, key=lambda d: (d.index is None, d.index or 0, d.id)))
+               for node, found in by_node.items()}
+    gpu_ids = {d.id for found in devices.values() for d in found}
+    held: dict[str, Claim] = {}
+    specs: dict[str, Mapping[str, Any]] = {}
+    for raw in claims:
+        claim = _claim(raw, gpu_ids)
+        specs[claim.key] = (raw.get("spec") or {}).get("devices") or {}
+        if claim.devices:
+            held[claim.key] = claim
+    return Inventory(
+        classes=classes,
+        devices=devices,
+        claims=held,
+        specs=specs,
+        templates={_key(t): ((t.get("spec") or {}).get("spec") or {}).get("devices") or {} for t in templates},
+        problems=tuple(problems),
+        served=served,
+    )
+
+
+def _selects(selector: Mapping[str, Any], device: DeviceId) -> bool:
+    return all(selector.get(field) in (None, getattr(device, field)) for field in ("driver", "pool", "device"))
+
+
+def _key(raw: Mapping[str, Any]) -> str:
+    meta = raw.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+
+
+def _claim(raw: Mapping[str, Any], gpu_ids: set[DeviceId]) -> Claim:
+    meta, status = raw.get("metadata") or {}, raw.get("status") or {}
+    results = (((status.get("allocation") or {}).get("devices") or {}).get("results")) or ()
+    devices = tuple(sorted(
+        device for r in results if isinstance(r, Mapping) and not r.get("adminAccess")
+        if (device := DeviceId(str(r.get("driver") or ""), str(r.get("pool") or ""), str(r.get("device") or "")))
+        in gpu_ids))
+    reserved = tuple(str(c.get("uid") or "") for c in status.get("reservedFor") or ()
+                     if isinstance(c, Mapping) and c.get("resource") == "pods")
+    annotations = meta.get("annotations") or {}
+    return Claim(str(meta.get("namespace") or "default"), str(meta.get("name") or ""), devices, reserved,
+                 annotations.get("resource.kubernetes.io/extended-resource-claim") == "true")
+
+
+def _requests_count(devices: Mapping[str, Any], classes: Mapping[str, GpuClass], where: str,
+                    ) -> tuple[int, str | None]:
+    """GPUs a claim spec asks (exact counts of GPU classes), or why it cannot be told (a GPU class is concerned)."""
+    count = 0
+    for request in devices.get("requests") or ():
+        if not isinstance(request, Mapping):
+            return 0, f"{where}: a request that is no object"
+        name = request.get("name")
+        if request.get("firstAvailable"):
+            if any(isinstance(s, Mapping) and s.get("deviceClassName") in classes
+                   for s in request["firstAvailable"]):
+                return 0, f"{where} request {name}: firstAvailable (the scheduler picks the alternative)"
+            continue
+        exactly = request.get("exactly") or {}
+        if exactly.get("deviceClassName") not in classes:
+            continue
+        if exactly.get("adminAccess"):
+            return 0, f"{where} request {name}: adminAccess"
+        mode = exactly.get("allocationMode") or EXACT_COUNT
+        if mode != EXACT_COUNT:
+            return 0, f"{where} request {name}: allocationMode {mode}"
+        count += int(exactly.get("count") or 1)
+    return count, None
+
+
+def pod_gpus(pod: Mapping[str, Any], inventory: Inventory) -> PodGpus:
+    """What the pod asks of DRA GPUs and holds (see `PodGpus`). Pure; reads the pod's claims in the inventory."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    meta = pod.get("metadata") or {}
+    namespace = str(meta.get("namespace") or "default")
+    entries = [e for e in spec.get("resourceClaims") or () if isinstance(e, Mapping)]
+    if not entries and not status.get("extendedResourceClaimStatus"):
+        return NONE
+    if entries and not inventory.served:
+        return PodGpus(left="spec.resourceClaims, and resource.k8s.io/v1 not read (not served, or not granted)")
+    generated = {s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or ()
+                 if isinstance(s, Mapping)}
+    count, left, names, asks = 0, None, [], False
+    for entry in entries:
+        own = entry.get("name")
+        if entry.get("resourceClaimName"):
+            key = f"{namespace}/{entry['resourceClaimName']}"
+            devices = inventory.specs.get(key)
+            if devices is None:
+                left = left or f"claim {key} not found"
+                continue
+            asked, why = _requests_count(devices, inventory.classes, f"claim {key}")
+            if asked or why:
+                # A claim made by hand may be shared by several pods: its devices free only when all are gone.
+                left = left or why or f"claim {key} is a ResourceClaim of its own (it may be shared)"
+                asks = True
+            names.append(key)
+            continue
+        template = entry.get("resourceClaimTemplateName")
+        made = generated.get(own)
+        key = f"{namespace}/{template}"
+        devices = inventory.templates.get(key) if template else None
+        if devices is None and made:
+            devices = inventory.specs.get(f"{namespace}/{made}")
+        if devices is None:
+            left = left or f"claim template {key} not found"
+            continue
+        asked, why = _requests_count(devices, inventory.classes, f"claim template {key}")
+        left = left or why
+        count += asked
+        asks = asks or bool(asked or why)
+        if made:
+            names.append(f"{namespace}/{made}")
+    extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    if extended:
+        names.append(f"{namespace}/{extended}")
+    held = tuple(sorted(d for n in names for d in (inventory.claims[n].devices if n in inventory.claims else ())))
+    return PodGpus(count=count, devices=held, left=left,
+                   claims=tuple(n for n in names if n in inventory.claims), asks_gpus=asks or bool(held))
+
+
+
+
+def extended_gpus(requests: Mapping[str, int], inventory: Inventory) -> dict[str, int]:
+    """Of a pod's request vector (`resources.pod_requests`), the extended resources a GPU class serves under a
+    name other than the device plugin's `nvidia.com/gpu` (e.g. the implicit `deviceclass.resource.kubernetes.io/
+    gpu.nvidia.com`): these are GPUs too."""
+    return {name: requests[name] for name in inventory.extended if name != gpu.FULL_GPU and requests.get(name)}

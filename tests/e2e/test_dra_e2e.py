@@ -1,0 +1,169 @@
+"""GPUs that are DRA devices, on the real control plane (Kubernetes 1.37.2, kwok nodes, no driver, no kubelet).
+
+A DeviceClass `gpu.nvidia.com` (NVIDIA's selector) serving `nvidia.com/gpu`, and two kwok nodes with no
+`nvidia.com/gpu` in their allocatable, each with a ResourceSlice of 8 GPU devices (`index` 0-7; NVLink domains 0-3
+and 4-7 from the labeler's labels). The facts the model relies on are read from the API server: kube-scheduler
+allocates an extended-resource pod's devices in a claim it makes, a template-claim pod's in the claim made from the
+template, both with `reservedFor` the pod; the model built from the live cluster (as `kubectl get -o json` shows it)
+counts each node's 8 GPUs and reads each pod's devices from its claim. Then our webhook gates such pods for release
+and our descheduler releases them onto a DRA node, where they run (before, they waited out
+`descheduler.gangs.max_wait_seconds` and were released unplaced: no node of the model had GPUs).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from common import dra, settings, snapshot
+from descheduler import leader
+from gpu_steward_lab import localcluster
+from tests import builders
+from tests.e2e import conftest
+from tests.support import kube
+
+pytestmark = pytest.mark.e2e
+
+NAMES = settings.Names()
+TAINT = {"key": "e2e.gpu-steward.io/dra", "value": "true", "effect": "NoSchedule"}
+DRA_KINDS = "deviceclasses,resourceslices,resourceclaims,resourceclaimtemplates"
+
+
+@pytest.fixture
+def dra_nodes(control_plane: localcluster.LocalCluster) -> Iterator[tuple[str, list[str]]]:
+    """(pool label value, node names): two 8-GPU DRA nodes, tainted so only this test's pods go there."""
+    pool = f"dra-{secrets.token_hex(3)}"
+    nodes = []
+    for i in range(2):
+        node = localcluster.gpu_node(f"{pool}-{i}", gpus=8, domains=2, product="NVIDIA-H100-80GB-HBM3", names=NAMES,
+                                     cpu="64", memory="512Gi")
+        for field in ("capacity", "allocatable"):
+            node["status"][field].pop("nvidia.com/gpu")
+        node["metadata"]["labels"].pop("nvidia.com/gpu.count")
+        node["metadata"]["labels"]["e2e.gpu-steward.io/pool"] = pool
+        node["spec"]["taints"] = [TAINT]
+        nodes.append(node)
+    names = control_plane.add_nodes(nodes)
+    control_plane.apply([builders.device_class(), *(builders.resource_slice(n, 8) for n in names)])
+    try:
+        yield pool, names
+    finally:
+        for name in names:
+            control_plane.kubectl("delete", "resourceslice", f"{name}-gpu.nvidia.com-1", "--ignore-not-found",
+                                  check=False)
+            control_plane.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
+        control_plane.kubectl("delete", "deviceclass", "gpu.nvidia.com", "--ignore-not-found", check=False)
+
+
+def _pod(name: str, *, namespace: str, pool: str, gpus: int = 0, template: str | None = None,
+         gates: tuple[str, ...] = ()) -> dict[str, Any]:
+    body = kube.pod(name, namespace=namespace, gpus=gpus, node_selector={"e2e.gpu-steward.io/pool": pool},
+                    gates=gates)
+    body["spec"]["tolerations"] = [{**TAINT, "operator": "Equal"}]
+    if template:
+        body["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": template}]
+        body["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpus"}]
+    return body
+
+
+def _state(cluster: localcluster.LocalCluster) -> snapshot.Snapshot:
+    """The model as the descheduler builds it, from the live cluster's objects (DRA ones included)."""
+    state = kube.cluster_state(cluster)
+    state["items"] += cluster.kubectl_json("get", DRA_KINDS, "-A")["items"]
+    return snapshot.from_list(state, names=NAMES, taken_at=time.time())
+
+
+def _allocation(cluster: localcluster.LocalCluster, namespace: str, claim: str) -> tuple[list[int], list[str]]:
+    """The GPU indices (device gpu-<i>) allocated to the claim, and the names of the pods it is reserved for."""
+    got = cluster.kubectl_json("get", "resourceclaim", claim, "-n", namespace)
+    results = ((got.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
+    return (sorted(int(r["device"].removeprefix("gpu-")) for r in results),
+            [r["name"] for r in (got.get("status") or {}).get("reservedFor") or []])
+
+
+def _claim_of(pod: dict[str, Any]) -> str:
+    status = pod.get("status") or {}
+    extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    made = [s["resourceClaimName"] for s in status.get("resourceClaimStatuses") or () if s.get("resourceClaimName")]
+    return str(extended or (made[0] if made else ""))
+
+
+def _running(cluster: localcluster.LocalCluster, namespace: str, name: str) -> dict[str, Any]:
+    return kube.poll(f"{name} running with its claim allocated", lambda: (
+        pod if (pod := kube.pods(cluster, namespace).get(name)) and (pod.get("status") or {}).get("phase") == "Running"
+        and _claim_of(pod) else None), timeout_seconds=60)
+
+
+def test_the_model_reads_dra_gpus_and_each_pods_devices_from_its_claim(
+        control_plane: localcluster.LocalCluster, dra_nodes: tuple[str, list[str]], plain_namespace: str) -> None:
+    pool, nodes = dra_nodes
+    control_plane.apply([builders.claim_template("two", namespace=plain_namespace, spec=builders.claim_spec(2))])
+    control_plane.apply([_pod("ext-4", namespace=plain_namespace, pool=pool, gpus=4)])
+    ext = _running(control_plane, plain_namespace, "ext-4")
+    control_plane.apply([_pod("tpl-2", namespace=plain_namespace, pool=pool, template="two")])
+    tpl = _running(control_plane, plain_namespace, "tpl-2")
+
+    ext_devices, ext_users = _allocation(control_plane, plain_namespace, _claim_of(ext))
+    tpl_devices, tpl_users = _allocation(control_plane, plain_namespace, _claim_of(tpl))
+    assert (len(ext_devices), ext_users, len(tpl_devices), tpl_users) == (4, ["ext-4"], 2, ["tpl-2"])
+
+    state = _state(control_plane)
+    assert {n: state.nodes[n].gpu_count for n in nodes} == {n: 8 for n in nodes}, state.problems
+    got = {name: (state.pods[f"{plain_namespace}/{name}"].gpu_indices,
+                  state.pods[f"{plain_namespace}/{name}"].indices_observed,
+                  state.pods[f"{plain_namespace}/{name}"].request.full) for name in ("ext-4", "tpl-2")}
+    assert got == {"ext-4": (tuple(ext_devices), True, 4), "tpl-2": (tuple(tpl_devices), True, 2)}
+    used = sum(8 - state.nodes[n].free_gpus for n in nodes)
+    assert used == 6
+    assert not [p for p in state.problems if "dra" in p.lower() or "pool" in p], state.problems
+    assert isinstance(state.dra, dra.Inventory) and state.dra.served
+
+
+@pytest.fixture
+def renew(control_plane: localcluster.LocalCluster, webhook: conftest.WebhookServer) -> Iterator[Callable[[], None]]:
+    """Renews the leader Lease the webhook watches (the descheduler under test leads on a Lease of its own name):
+    while the webhook sees renewals it gates governed pods for release. Deleted after."""
+    election = webhook.settings.descheduler.leader_election
+    control_plane.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": election.lease_namespace}}])
+
+    def write() -> None:
+        control_plane.apply([{
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": election.lease_name, "namespace": election.lease_namespace},
+            "spec": {"holderIdentity": "e2e-dra", "renewTime": leader.micro_time(time.time()),
+                     "leaseDurationSeconds": int(election.lease_duration_seconds)},
+        }])
+
+    yield write
+    control_plane.kubectl("delete", "lease", election.lease_name, "-n", election.lease_namespace,
+                          "--ignore-not-found", check=False)
+
+
+def test_dra_gpu_pods_are_gated_released_onto_a_dra_node_and_run(
+        control_plane: localcluster.LocalCluster, dra_nodes: tuple[str, list[str]], namespace: str,
+        renew: Callable[[], None], descheduler_factory: conftest.StartDescheduler) -> None:
+    pool, nodes = dra_nodes
+    descheduler_factory({})
+    control_plane.apply([builders.claim_template("four", namespace=namespace, spec=builders.claim_spec(4))])
+
+    def decided(name: str, **kw: Any) -> str:
+        probe = control_plane.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-",
+                                      input=json.dumps(_pod(name, namespace=namespace, pool=pool, **kw)))
+        return str((json.loads(probe.stdout)["metadata"].get("annotations") or {}).get(NAMES.decision, ""))
+
+    for name, kw in (("ext-4", {"gpus": 4}), ("tpl-4", {"template": "four"})):
+        # The webhook reads the template (and sees the controller alive) through its feeder: wait until it gates.
+        record = kube.poll(f"the webhook gates {name} for release", lambda kw=kw, name=name: (
+            r if (renew(), f"gate {NAMES.gate} added: placed at release" in (r := decided(name, **kw)))[1] else None),
+            timeout_seconds=60, interval_seconds=1)
+        assert "4 GPU" in record, record
+        control_plane.apply([_pod(name, namespace=namespace, pool=pool, **kw)])
+        pod = _running(control_plane, namespace, name)
+        assert pod["spec"]["nodeName"] in nodes and not kube.gates(pod)
+        devices, users = _allocation(control_plane, namespace, _claim_of(pod))
+        assert (len(devices), users) == (4, [name])
