@@ -21,7 +21,7 @@ from descheduler import cooldowns, evictor, leader, reclaim
 from descheduler.reclaim import idle_history, utilisation_promql
 from descheduler.reclaim import loop as reclaim_loop
 from tests import builders
-from tests.support.prometheus import DcgmStandIn, Series, StartPrometheus
+from tests.support.prometheus import DcgmStandIn, Series, StartPrometheus, StoreAt
 from tests.support.slowproxy import SlowProxy
 
 NOW = 1_800_000_000.0
@@ -688,23 +688,6 @@ async def test_a_victim_protected_since_the_snapshot_is_said_and_the_next_candid
 
 
 # --- The re-check right before an eviction, against a real Prometheus, behind a slow API (issue 29) -------------
-
-
-class StoreAt:
-    """The real Prometheus client, every query evaluated at the test's store clock (`now[0]`) instead of the
-    server's wall clock: the data is written around that time, and the test moves the store's time on."""
-
-    def __init__(self, client_: prometheus.Client, now: list[float]) -> None:
-        self._client = client_
-        self.now = now
-        self.asked: list[tuple[float, str]] = []
-
-    async def instant(self, promql: str, *, time: float | None = None) -> prometheus.Answer:
-        self.asked.append((self.now[0], promql))
-        return await self._client.instant(promql, time=self.now[0] if time is None else time)
-
-    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[prometheus.Series]:
-        return await self._client.query_range(promql, start=start, end=end, step=step)
 
 
 AHEAD = 600  # the history is written up to this many seconds after the measurement

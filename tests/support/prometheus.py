@@ -107,3 +107,21 @@ class DcgmStandIn:
                 values.append([at, repr(value)])
             rows.append((metric, values))
         return rows
+
+
+class StoreAt:
+    """A real Prometheus client whose queries without a time are evaluated at the test's store clock (`now[0]`)
+    instead of the server's wall clock: the data is written around that time, and the test moves the store's time
+    on (as while a slow API answers). `asked`: (store time, query) of each instant query."""
+
+    def __init__(self, client: prometheus.Client, now: list[float]) -> None:
+        self._client = client
+        self.now = now
+        self.asked: list[tuple[float, str]] = []
+
+    async def instant(self, promql: str, *, time: float | None = None) -> prometheus.Answer:
+        self.asked.append((self.now[0], promql))
+        return await self._client.instant(promql, time=self.now[0] if time is None else time)
+
+    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[prometheus.Series]:
+        return await self._client.query_range(promql, start=start, end=end, step=step)
