@@ -123,7 +123,7 @@ class ReclaimLoop:
         self._prometheus = prometheus
         self._evictor = evictor.Evictor(evictions, config=config.descheduler.reclaim, names=config.names,
                                         recheck=self._recheck if prometheus is not None else None)
-        self._acting_on: Mapping[str, snapshot.Pod] = {}  # the pods of the cycle whose plan is being evicted
+        self._acting_on: snapshot.Snapshot | None = None  # the snapshot of the cycle whose plan is being evicted
         self._api = api
         self._clock = clock
         registry = registry if registry is not None else prometheus_client.CollectorRegistry()
@@ -215,7 +215,7 @@ class ReclaimLoop:
                                 spent=[(e.unit, e.namespace, e.node) for e in done])
 
         replans: list[reclaim.Plan] = []
-        self._acting_on = cluster.pods
+        self._acting_on = cluster
         try:
             await self._act(plan, outcomes, now=now, replan=replan, replans=replans)
         finally:
@@ -291,10 +291,12 @@ class ReclaimLoop:
     async def _recheck(self, eviction: reclaim.Eviction) -> str | None:
         """Why `eviction`'s pod must not go now, from one small query for its newest samples judged at the store's
         time (descheduler.reclaim.recheck), or None: still idle. A failed or partial answer fails closed."""
-        pod = self._acting_on.get(eviction.pod)
-        if pod is None or self._prometheus is None:
+        cluster = self._acting_on
+        pod = cluster.pods.get(eviction.pod) if cluster is not None else None
+        if cluster is None or pod is None or self._prometheus is None:
             return "re-check: not in this cycle's snapshot" if pod is None else "re-check: prometheus.url is not set"
-        query = utilisation_promql.newest(pod.name, config=self._config.prometheus, kinds=recheck.kinds(pod))
+        kinds = utilisation.kinds_needed([pod], cluster.nodes)  # as the measurement asked
+        query = utilisation_promql.newest(pod.name, config=self._config.prometheus, kinds=kinds)
         self._metrics.queries.inc()
         try:
             answer = await self._prometheus.instant(query)

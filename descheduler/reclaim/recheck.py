@@ -9,8 +9,8 @@ time. Judged at the store's time, never our clock:
 - busy: any device's newest sample at or above the pod's idle threshold -> not idle (no freshness needed: not
   idle is the safe answer);
 - missing: no sample of the pod from its own node, or fewer devices than the pod holds (a whole-GPU request is
-  read on MIG-instance series where it has no whole-GPU ones: the MIG `single` strategy), or an answer without the
-  store's time -> not idle;
+  read on MIG-instance series where it has no whole-GPU ones: the MIG `single` strategy; the kinds asked are the
+  measurement's, `utilisation.kinds_needed`), or an answer without the store's time -> not idle;
 - stale: a device's newest sample older than `reclaim.max_sample_age_seconds` at the store's time -> not idle;
 - NaN -> not idle.
 A device is its UUID and MIG instance (its GPU index on the pod's node where no copy has a UUID); copies of one
@@ -41,12 +41,6 @@ class Verdict:
 class _Device:
     value: float = -math.inf
     last: float = -math.inf
-
-
-def kinds(pod: snapshot.Pod) -> tuple[str, ...]:
-    """The kinds of device to ask about: MIG instances for MIG requests, both for whole GPUs (MIG `single`)."""
-    wanted = (("gpu", "mig") if pod.request.full else ()) + (("mig",) if pod.request.mig else ())
-    return tuple(dict.fromkeys(wanted))
 
 
 def _store_time(rows: Iterable[Mapping[str, Any]]) -> float | None:

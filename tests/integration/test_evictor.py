@@ -253,10 +253,12 @@ async def test_a_gang_is_one_decision_for_the_limits(fake: tuple[FakeApi, client
     assert outcomes[-1].detail == "per-cycle limit of 1 eviction decisions reached"
 
 
-def _cluster(config: settings.Settings, *, learning: str | None = None) -> source.StaticSource:
-    """`learning`: the batch class's learned-idle-window annotation (None: absent)."""
+def _cluster(config: settings.Settings, *, learning: str | None = None, gpus: int = 1,
+             window: int = 3600) -> source.StaticSource:
+    """An idle pod of `gpus` GPUs filling its node, a pending pod of as many, its class idle after `window` s.
+    `learning`: the batch class's learned-idle-window annotation (None: absent)."""
     p = "reclaim-idle-resource.scheduling.x-k8s.io/"
-    batch = {f"{p}resource-idle-seconds": "3600"}
+    batch = {f"{p}resource-idle-seconds": str(window)}
     if learning is not None:
         batch[config.names.learned_idle_window] = learning
 
@@ -269,10 +271,10 @@ def _cluster(config: settings.Settings, *, learning: str | None = None) -> sourc
         body["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
 
     cluster = snapshot.build(
-        nodes=[builders.gpu_node("n1", gpus=1)],
-        pods=[builders.pod("idle", namespace="team-a", gpus=1, node="n1", phase="Running", mutate=running,
+        nodes=[builders.gpu_node("n1", gpus=gpus)],
+        pods=[builders.pod("idle", namespace="team-a", gpus=gpus, node="n1", phase="Running", mutate=running,
                            created="2020-01-01T00:00:00Z"),
-              builders.pod("want", namespace="team-b", gpus=1, mutate=unschedulable)],
+              builders.pod("want", namespace="team-b", gpus=gpus, mutate=unschedulable)],
         priority_classes=[
             builders.priority_class("batch", 1000, annotations=batch),
             builders.priority_class("broken", 1, annotations={f"{p}resource-idle-seconds": "soon"}),
@@ -702,31 +704,8 @@ def turning_busy(*, busy: bool) -> list[Series]:
                 for after in range(-7200, AHEAD + 1, 15)]
 
     return [Series("DCGM_FI_DEV_GPU_UTIL", {"gpu": str(i), "UUID": f"GPU-n1-{i}", "Hostname": "n1",
-                                            "namespace": "team-a", "pod": "a", "container": "main"}, samples(i))
+                                            "namespace": "team-a", "pod": "idle", "container": "main"}, samples(i))
             for i in range(2)]
-
-
-def _one_victim(config: settings.Settings) -> source.StaticSource:
-    """A 2-GPU pod `a` of a class idle after 10 min on a full 2-GPU node, and a pending 2-GPU pod `want`."""
-    p = "reclaim-idle-resource.scheduling.x-k8s.io/"
-
-    def running(body: dict[str, Any]) -> None:
-        body["spec"].update(priorityClassName="batch", priority=1000)
-        body["metadata"]["ownerReferences"] = [{"kind": "Job", "name": "a", "controller": True}]
-
-    def unschedulable(body: dict[str, Any]) -> None:
-        body["spec"]["priority"] = 10000
-        body["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
-
-    cluster = snapshot.build(
-        nodes=[builders.gpu_node("n1", gpus=2)],
-        pods=[builders.pod("a", namespace="team-a", gpus=2, node="n1", phase="Running", mutate=running,
-                           created="2020-01-01T00:00:00Z"),
-              builders.pod("want", namespace="team-b", gpus=2, mutate=unschedulable)],
-        priority_classes=[builders.priority_class("batch", 1000, annotations={f"{p}resource-idle-seconds": "600"})],
-        names=config.names, taken_at=NOW,
-    )
-    return source.StaticSource(cluster)
 
 
 @pytest.mark.prometheus
@@ -735,7 +714,7 @@ def _one_victim(config: settings.Settings) -> source.StaticSource:
     [
         # Why (issue 29): with an API answering in 8 s, a pod was evicted 18 s after it turned busy.
         pytest.param(True, evictor.Result.NOT_IDLE, [], id="why-turned-busy-while-the-api-was-slow-not-evicted"),
-        pytest.param(False, evictor.Result.EVICTED, ["a"], id="still-idle-evicted"),
+        pytest.param(False, evictor.Result.EVICTED, ["idle"], id="still-idle-evicted"),
     ],
 )
 async def test_a_victim_turning_busy_behind_a_slow_api_is_not_evicted(
@@ -756,11 +735,11 @@ async def test_a_victim_turning_busy_behind_a_slow_api_is_not_evicted(
     async with SlowProxy(upstream=str(api_client.configuration.host), delay_seconds=0.05, on_request=slow) as proxy:
         async with client.ApiClient(client.Configuration(host=proxy.url)) as slow_api:
             loop = reclaim_loop.ReclaimLoop(
-                config=config, cluster=_one_victim(config), prometheus=dcgm,
+                config=config, cluster=_cluster(config, gpus=2, window=600), prometheus=dcgm,
                 evictions=evictor.ApiEvictionClient(slow_api, timeout_seconds=5), api=api_client,
                 clock=lambda: store[0], registry=registry)
             cycle = await loop.cycle()
-    assert [(o.eviction.pod, o.result) for o in cycle.outcomes] == [("team-a/a", result)]
+    assert [(o.eviction.pod, o.result) for o in cycle.outcomes] == [("team-a/idle", result)]
     assert [e["metadata"]["name"] for e in api.evictions] == evicted
     rechecks = [(at, q) for at, q in dcgm.asked if utilisation_promql.RECHECK in q]
     assert len(rechecks) == 1 and rechecks[0][0] >= measured_at + BUSY_AFTER  # the store moved on meanwhile

@@ -112,19 +112,6 @@ def test_judge(pod: snapshot.Pod, rows: list[dict[str, Any]], idle: bool, reason
     assert recheck.judge(pod, rows, threshold_percent=5.0, config=CONFIG) == recheck.Verdict(idle, reason)
 
 
-@pytest.mark.parametrize(
-    ("pod", "kinds"),
-    [
-        pytest.param(victim(gpus=1), ("gpu", "mig"), id="whole-gpus-both-kinds-for-mig-single"),
-        pytest.param(victim(gpus=0, mig={"1g.10gb": 1}), ("mig",), id="mig-only"),
-        pytest.param(victim(gpus=1, mig={"1g.10gb": 1}), ("gpu", "mig"), id="both"),
-        pytest.param(victim(gpus=0), (), id="no-gpu-nothing-to-ask"),
-    ],
-)
-def test_kinds(pod: snapshot.Pod, kinds: tuple[str, ...]) -> None:
-    assert recheck.kinds(pod) == kinds
-
-
 def test_newest_query_is_one_small_query_scoped_to_the_pod() -> None:
     query = utilisation_promql.newest("p", config=CONFIG.prometheus, kinds=("gpu",))
     assert query == (
