@@ -68,7 +68,7 @@ def _devices(
         if (dcgm.pick(metric, labels.namespace), dcgm.pick(metric, labels.pod)) != (pod.namespace, pod.name):
             continue
         host = dcgm.pick(metric, labels.hostname)
-        if host != (pod.node_name or ""):
+        if not host or host != pod.node_name:  # a series that names no host is no one's
             elsewhere.add(host or "(no host label)")
             continue
         own.append((kind, stat, metric, row))
