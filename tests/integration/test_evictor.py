@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import prometheus_client
@@ -544,8 +544,9 @@ def idle_pods(pods: dict[str, str]) -> DcgmStandIn:
     return DcgmStandIn({("team-a", name, node): 1.0 for name, node in pods.items()}, now=NOW)
 
 
-def _two_candidates(config: settings.Settings, *, gpus: int = 1, nodes: int = 2) -> source.StaticSource:
-    """Idle 1-GPU pods a and b (on n1 and n2, or both on n1 when `nodes` is 1) and a pending pod `want`."""
+def _two_candidates(config: settings.Settings, *, gpus: int = 1, nodes: int = 2,
+                    idle: Sequence[str] = ("a", "b")) -> source.StaticSource:
+    """Idle 1-GPU pods a and b (on n1 and n2, or all of `idle` on n1 when `nodes` is 1) and a pending pod `want`."""
     p = "reclaim-idle-resource.scheduling.x-k8s.io/"
 
     def running(body: dict[str, Any]) -> None:
@@ -556,11 +557,11 @@ def _two_candidates(config: settings.Settings, *, gpus: int = 1, nodes: int = 2)
         body["spec"]["priority"] = 10000
         body["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
 
-    where = {"a": "n1", "b": "n2" if nodes == 2 else "n1"}
+    where = {n: "n2" if nodes == 2 and n == "b" else "n1" for n in idle}
     cluster = snapshot.build(
-        nodes=[builders.gpu_node(f"n{i + 1}", gpus=2 // nodes) for i in range(nodes)],
+        nodes=[builders.gpu_node(f"n{i + 1}", gpus=len(idle) // nodes) for i in range(nodes)],
         pods=[*(builders.pod(n, namespace="team-a", gpus=1, node=where[n], phase="Running", mutate=running,
-                             created="2020-01-01T00:00:00Z") for n in ("a", "b")),
+                             created="2020-01-01T00:00:00Z") for n in idle),
               builders.pod("want", namespace="team-b", gpus=gpus, mutate=unschedulable)],
         priority_classes=[builders.priority_class("batch", 1000, annotations={f"{p}resource-idle-seconds": "3600"})],
         names=config.names, taken_at=NOW,
@@ -668,6 +669,27 @@ async def test_a_budget_created_since_the_plan_refuses_the_dry_run_and_none_is_e
         ("b", "EvictionBlocked", "Not evicted: in the server-side dry run, a PodDisruptionBudget blocks the eviction: "
                                  "HTTP 429: Cannot evict pod as it would violate the pod's disruption budget."),
     ]
+
+
+async def test_a_victim_skipped_with_its_refused_transaction_may_go_in_the_next_plans(
+    fake: tuple[FakeApi, client.ApiClient],
+) -> None:
+    """Three idle 1-GPU pods on one node, a pending 2-GPU pod: the plan takes a and b; b's dry run is refused, so
+    a is skipped, not called. The plan made again without b takes a and c: both go together. (Had a counted as
+    tried, c alone would have gone: a demand served in half.)"""
+    api, api_client = fake
+    api.eviction_status["b"] = 429
+    config = settings_loader.load()
+    loop = reclaim_loop.ReclaimLoop(
+        config=config, cluster=_two_candidates(config, gpus=2, nodes=1, idle=("a", "b", "c")),
+        prometheus=idle_pods({"a": "n1", "b": "n1", "c": "n1"}),
+        evictions=evictor.ApiEvictionClient(api_client, timeout_seconds=5), api=api_client, clock=lambda: NOW)
+    cycle = await loop.cycle()
+    assert [(o.eviction.pod, o.result) for o in cycle.outcomes] == [
+        ("team-a/a", evictor.Result.SKIPPED), ("team-a/b", evictor.Result.BLOCKED),
+        ("team-a/a", evictor.Result.EVICTED), ("team-a/c", evictor.Result.EVICTED)]
+    assert [e["metadata"]["name"] for e in api.evictions] == ["a", "c"]
+    assert [o.partial for o in cycle.outcomes] == [(), (), (), ()]
 
 
 async def test_a_victim_protected_since_the_snapshot_is_said_and_the_next_candidate_is_tried(
