@@ -215,7 +215,8 @@ async def test_a_victim_turning_busy_while_the_api_is_slow_is_not_evicted(
     store = [measured_at]
     config = settings_loader.load(overrides={
         "prometheus": {"url": server.url},
-        "descheduler": {"reclaim": {"mode": "always", "conventions": {"evict_bare_pods": True}}},
+        "descheduler": {"reclaim": {"mode": "always", "conventions": {"evict_bare_pods": True}},
+                        "leader_election": {"lease_namespace": plain_namespace}},  # its cooldowns, no other test's
     })
     dcgm = prom.StoreAt(prometheus.Client(config.prometheus), store)
     loop = reclaim_loop.ReclaimLoop(
