@@ -59,8 +59,11 @@ def _suffixes(*, idle: bool, count: int, start: int, step: int, rng: random.Rand
 
 
 def write_openmetrics(path: pathlib.Path, devices: Sequence[Device], *, now: int, hours: float,
-                      scrape_seconds: int, ahead_seconds: int, seed: int = 7) -> tuple[int, int]:
-    """Write the history; returns (samples, bytes)."""
+                      scrape_seconds: int, ahead_seconds: int, seed: int = 7, cluster: str | None = None,
+                      twice_every: int = 0) -> tuple[int, int]:
+    """Write the history; returns (samples, bytes). `cluster`: every series carries the external label
+    `cluster="<cluster>"` (a shared store); `twice_every` N > 0: one GPU in N also reaches the store through a
+    second scrape path (`job="federated"`, relabelled without the `gpu` label), with the same samples."""
     rng = random.Random(seed)
     start = now - int(hours * 3600)
     count = (int(hours * 3600) + ahead_seconds) // scrape_seconds + 1
@@ -69,15 +72,20 @@ def write_openmetrics(path: pathlib.Path, devices: Sequence[Device], *, now: int
     written = 0
     with path.open("w") as out:
         out.write(f"# TYPE {METRIC} gauge\n")
+        scope = f'cluster="{cluster}",' if cluster else ""
         for n, device in enumerate(devices):
-            labels = (f'Hostname="{device.node}",UUID="GPU-{device.node}-{device.index}",container="main",'
-                      f'gpu="{device.index}",modelName="NVIDIA H100 80GB HBM3",namespace="{device.namespace}",'
-                      f'pod="{device.pod}"')
-            prefix = f"{METRIC}{{{labels}}}"
-            suffixes = patterns[device.idle][n % PATTERNS]
-            out.write("\n".join(prefix + s for s in suffixes))
-            out.write("\n")
-            written += len(suffixes)
+            paths = [f'gpu="{device.index}",']
+            if twice_every and n % twice_every == 0:
+                paths.append('job="federated",')
+            for path_labels in paths:
+                labels = (f'Hostname="{device.node}",UUID="GPU-{device.node}-{device.index}",{scope}container="main",'
+                          f'{path_labels}modelName="NVIDIA H100 80GB HBM3",namespace="{device.namespace}",'
+                          f'pod="{device.pod}"')
+                prefix = f"{METRIC}{{{labels}}}"
+                suffixes = patterns[device.idle][n % PATTERNS]
+                out.write("\n".join(prefix + s for s in suffixes))
+                out.write("\n")
+                written += len(suffixes)
         out.write("# EOF\n")
     return written, path.stat().st_size
 
@@ -88,8 +96,10 @@ def _size(directory: pathlib.Path) -> int:
 
 @contextlib.contextmanager
 def backfilled(workdir: pathlib.Path, devices: Sequence[Device], *, hours: float, scrape_seconds: int,
-               ahead_seconds: int, say: Callable[[str], None] = print) -> Iterator[History]:
-    """Write, backfill and start; everything under `workdir` is removed at the end."""
+               ahead_seconds: int, say: Callable[[str], None] = print, cluster: str | None = None,
+               twice_every: int = 0) -> Iterator[History]:
+    """Write, backfill and start; everything under `workdir` is removed at the end. `cluster`, `twice_every`:
+    see `write_openmetrics`."""
     seconds: dict[str, float] = {}
     now = int(time.time())
     workdir.mkdir(parents=True, exist_ok=True)
@@ -97,9 +107,10 @@ def backfilled(workdir: pathlib.Path, devices: Sequence[Device], *, hours: float
     try:
         started = time.perf_counter()
         samples, size = write_openmetrics(source, devices, now=now, hours=hours, scrape_seconds=scrape_seconds,
-                                          ahead_seconds=ahead_seconds)
+                                          ahead_seconds=ahead_seconds, cluster=cluster, twice_every=twice_every)
         seconds["write"] = time.perf_counter() - started
-        say(f"  {len(devices)} series, {samples:,} samples, {size / 1e6:.0f} MB of OpenMetrics in "
+        copies = (len(devices) + twice_every - 1) // twice_every if twice_every else 0
+        say(f"  {len(devices) + copies} series, {samples:,} samples, {size / 1e6:.0f} MB of OpenMetrics in "
             f"{seconds['write']:.0f}s; promtool backfill ...")
         started = time.perf_counter()
         subprocess.run([localprometheus.PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],

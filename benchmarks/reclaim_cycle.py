@@ -1,10 +1,14 @@
 """Idle-reclaim cycle: against a real Prometheus (the measurement), or a stand-in (the planner alone).
 
-    python benchmarks/reclaim_cycle.py --prometheus [--quick]          # real Prometheus, 1,000-10,000 GPUs
+    python benchmarks/reclaim_cycle.py --prometheus [--quick] [--gpus 1000 ...] [--no-cluster-matcher]
+                                       [--twice-every 10]             # real Prometheus, 1,000-10,000 GPUs
     python benchmarks/reclaim_cycle.py [--nodes 1000] [--pods 10000] [--pending 50] [--cycles 5]
                                        [--quick] [--scale] [--gc-freeze] [--out FILE]   # planner stand-in
 
-`--prometheus`: for 1,000, 5,000 and 10,000 GPUs (`--quick`: 200), each in its own process,
+`--prometheus`: for 1,000, 5,000 and 10,000 GPUs (`--quick`: 200; `--gpus`: the sizes given), each in its own
+process, as a shared store by default (every series labelled `cluster="a"`, the descheduler's
+`prometheus.scope_matchers` set to it, `--no-cluster-matcher`: neither; one GPU in ten, `--twice-every`, also
+scraped by a second path without the `gpu` label),
 benchmarks/reclaim_prometheus.py backfills 4 h of 15 s DCGM history into a real Prometheus with promtool
 and runs dry-run cycles of one `ReclaimLoop` against it with the chart's tiers (3 h and 10 min windows), its
 store time advancing 60 s a cycle: the cold cycles (empty part cache) apart, then the warm ones: every query's
@@ -428,16 +432,19 @@ PROMETHEUS_SIZES = (1000, 5000, 10000)
 QUICK_PROMETHEUS_SIZES = (200,)
 
 
-def real_prometheus(sizes: Sequence[int], *, pending: int, cycles: int) -> dict[str, Any]:
+def real_prometheus(sizes: Sequence[int], *, pending: int, cycles: int, cluster_matcher: bool = True,
+                    twice_every: int = reclaim_prometheus.TWICE_EVERY) -> dict[str, Any]:
     """Each size in its own process (benchmarks/reclaim_prometheus.py: backfill, real Prometheus, cycles),
     then least-squares lines of the slowest query and of the cycle's wall time against GPUs."""
     rows = []
+    shape = ["--twice-every", str(twice_every)] + ([] if cluster_matcher else ["--no-cluster-matcher"])
     with tempfile.TemporaryDirectory() as tmp:
         for gpus in sizes:
             out = pathlib.Path(tmp) / f"{gpus}.json"
             print(f"real Prometheus, {gpus} GPUs:", flush=True)
             subprocess.run([sys.executable, str(SCRIPT.parent / "reclaim_prometheus.py"), "--gpus", str(gpus),
-                            "--pending", str(pending), "--cycles", str(cycles), "--out", str(out)], check=True)
+                            "--pending", str(pending), "--cycles", str(cycles), "--out", str(out), *shape],
+                           check=True)
             rows.append(json.loads(out.read_text()))
     fits = {}
     if len(rows) > 1:
@@ -454,8 +461,11 @@ def real_prometheus(sizes: Sequence[int], *, pending: int, cycles: int) -> dict[
 
 def prometheus_table(result: dict[str, Any]) -> str:
     goals = reclaim_prometheus.GOALS
+    first = result["sizes"][0] if result["sizes"] else {}
     lines = ["reclaim cycle against a real Prometheus (4 h of 15 s DCGM history, the chart's tiers, dry-run; store "
-             "time advancing 60 s a cycle):",
+             "time advancing 60 s a cycle; scope matchers "
+             f"{first.get('scope_matchers') or 'none'}, one GPU in {first.get('twice_every') or 'no'} scraped "
+             "twice):",
              "  warm cycles (the part cache filled):",
              f"  {'GPUs':>6} {'slowest query':>13} {'plain max 3h':>12} {'cycle p50':>9} {'max':>6} {'measure':>8} "
              f"{'CPU: ours':>9} {'Prometheus':>10} {'(max)':>6} {'plain 3h':>8} "
@@ -501,11 +511,18 @@ def main() -> None:
     parser.add_argument("--prometheus", action="store_true",
                         help="against a real Prometheus at 1,000 / 5,000 / 10,000 GPUs (--quick: 200) instead of "
                         "the planner stand-in")
+    parser.add_argument("--gpus", type=int, nargs="+", help="with --prometheus: the sizes (GPUs) to run")
+    parser.add_argument("--no-cluster-matcher", action="store_true",
+                        help="with --prometheus: no cluster label on the series, no prometheus.scope_matchers")
+    parser.add_argument("--twice-every", type=int, default=reclaim_prometheus.TWICE_EVERY, metavar="N",
+                        help="with --prometheus: one GPU in N also scraped by a second path without the gpu label "
+                        "(0: none)")
     parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)  # the --scale children
     args = parser.parse_args()
     if args.prometheus:
-        sizes = QUICK_PROMETHEUS_SIZES if args.quick else PROMETHEUS_SIZES
-        real = real_prometheus(sizes, pending=10 if args.quick else 20, cycles=3 if args.quick else 10)
+        sizes = args.gpus or (QUICK_PROMETHEUS_SIZES if args.quick else PROMETHEUS_SIZES)
+        real = real_prometheus(sizes, pending=10 if args.quick else 20, cycles=3 if args.quick else 10,
+                               cluster_matcher=not args.no_cluster_matcher, twice_every=args.twice_every)
         print(prometheus_table(real))
         out = DEFAULT_PROMETHEUS_OUT if args.out == DEFAULT_OUT else args.out
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,11 @@
 """One size of the reclaim-cycle benchmark against a real Prometheus (run by benchmarks/reclaim_cycle.py).
 
     python benchmarks/reclaim_prometheus.py --gpus 10000 [--cycles 10] [--pending 20] [--fail-first-cycle]
-        [--quick] --out FILE
+        [--no-cluster-matcher] [--twice-every 10] [--quick] --out FILE
+
+A shared store by default: every series carries `cluster="a"` and the descheduler's
+`prometheus.scope_matchers` is `['cluster="a"']` (`--no-cluster-matcher`: neither), and one GPU in ten
+(`--twice-every`, 0: none) reaches it through a second scrape path without the `gpu` label.
 
 A cluster of 8-GPU nodes, each holding pods of 1, 1, 2 and 4 GPUs (every GPU taken), in the chart's tiers
 (normal: 3 h window, scavenger: 10 min, critical: never reclaimed; charts/gpu-steward/values.yaml), a third
@@ -239,16 +243,23 @@ async def _plain(url: str, pid: int, windows: list[int], *, repeats: int = 3) ->
         client.close()
 
 
-def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False, learned: bool = False
-        ) -> dict[str, Any]:
+CLUSTER = "a"
+TWICE_EVERY = 10
+
+
+def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False, learned: bool = False,
+        cluster_label: str | None = CLUSTER, twice_every: int = TWICE_EVERY) -> dict[str, Any]:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="reclaim-prometheus-") as tmp:
         now = time.time()
         raw, devices = cluster(gpus, pending=pending, now=now)
         with dcgm_history.backfilled(pathlib.Path(tmp) / "prometheus", devices, hours=HOURS,
-                                     scrape_seconds=SCRAPE_SECONDS, ahead_seconds=AHEAD_SECONDS) as history:
+                                     scrape_seconds=SCRAPE_SECONDS, ahead_seconds=AHEAD_SECONDS,
+                                     cluster=cluster_label, twice_every=twice_every) as history:
             learning = {"learned_window": {"lookback_seconds": HOURS * 3600}} if learned else {}
-            config = settings_loader.load(overrides={"prometheus": {"url": history.server.url},
+            scope = [f'cluster="{cluster_label}"'] if cluster_label else []
+            config = settings_loader.load(overrides={"prometheus": {"url": history.server.url,
+                                                                    "scope_matchers": scope},
                                               "descheduler": {"reclaim": {
                                                   "dry_run": True, "max_clock_skew_seconds": SKEW_ALLOWED,
                                                   **learning}}})
@@ -338,6 +349,7 @@ def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False,
             queries.setdefault(name, []).append(seconds)
     return {
         "gpus": len(devices), "gpu_pods": sum(1 for p in built.pods.values() if p.node_name), "pending": pending,
+        "scope_matchers": [f'cluster="{cluster_label}"'] if cluster_label else [], "twice_every": twice_every,
         "cycles": cycles, "cycle_seconds_of_store_time": CYCLE_SECONDS,
         "history": {"hours": HOURS, "scrape_seconds": SCRAPE_SECONDS, **backfill},
         # warm cycles (the cache filled): wall, and CPU seconds, what the cycle costs whatever else the machine runs
@@ -410,13 +422,18 @@ def main() -> None:
                         help="fail every range query of the first cycle (a timeout): the cold start after it")
     parser.add_argument("--learned", action="store_true",
                         help="the normal tier learns its idle windows (4 h look-back, one 30-min read a cycle)")
+    parser.add_argument("--no-cluster-matcher", action="store_true",
+                        help="no cluster label on the series and no prometheus.scope_matchers (default: cluster=\"a\")")
+    parser.add_argument("--twice-every", type=int, default=TWICE_EVERY, metavar="N",
+                        help="one GPU in N also scraped by a second path without the gpu label (0: none)")
     parser.add_argument("--quick", action="store_true", help="CI-sized: 200 GPUs, 3 warm cycles")
     parser.add_argument("--out", type=pathlib.Path, required=True)
     args = parser.parse_args()
     if args.quick:
         args.gpus, args.cycles = 200, 3
     found = run(args.gpus, pending=args.pending, cycles=args.cycles, fail_first_cycle=args.fail_first_cycle,
-                learned=args.learned)
+                learned=args.learned, cluster_label=None if args.no_cluster_matcher else CLUSTER,
+                twice_every=args.twice_every)
     args.out.write_text(json.dumps(found, indent=2) + "\n")
 
 

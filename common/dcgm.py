@@ -8,6 +8,12 @@ the exporter's own pod): in each configured list a later non-empty label wins, a
 quick-start shows `pod=""`). MIG instances
 carry `GPU_I_PROFILE`/`GPU_I_ID` and report activity in `DCGM_FI_PROF_GR_ENGINE_ACTIVE`.
 
+Every selector gpu-steward sends is written by `selector()`: it puts `prometheus.scope_matchers` (e.g.
+`cluster="prod-a"` in a store holding several clusters) first in the braces, and `common.prometheus.Client` refuses a
+query with a selector that does not start with them (`unscoped`), so no query (utilisation, occupancy, history, a
+re-check) can read another cluster's series. `store_checks` judges what the store says of the configured metrics
+(common.prometheus reads it at start and for `gpu-steward check --prometheus`).
+
 One query covers the whole cluster: for every series of either metric, the time of its latest sample
 (`timestamp()` of a plain selector is the sample's own time), kept only if newer than
 `occupancy_max_age_seconds`, so a deleted pod's series drops out. When two pods claim one GPU index
@@ -19,6 +25,8 @@ itself is counted from pod requests.
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -30,12 +38,26 @@ def _by_labels(labels: settings.PrometheusLabels) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def selector(metric: str, *matchers: str, config: settings.Prometheus) -> str:
+    """`metric{<scope matchers>, <matchers>}`: the only way a selector is written (`metric` may be empty when a
+    matcher names `__name__`)."""
+    return f"{metric}{{{','.join([*config.scope_matchers, *matchers])}}}"
+
+
+def unscoped(promql: str, *, config: settings.Prometheus) -> bool:
+    """Whether `promql` has a selector that does not start with the scope matchers (always False without them)."""
+    if not config.scope_matchers:
+        return False
+    return "{" in promql.replace("{" + ",".join(config.scope_matchers), "")
+
+
 def occupancy_query(config: settings.Prometheus) -> str:
     """One PromQL expression: per (host, GPU, pod, MIG instance), the unix time of the latest sample."""
     metrics = "|".join(dict.fromkeys([config.gpu_util_metric, config.mig_activity_metric]))
     return (
         f"max by ({', '.join(_by_labels(config.labels))}) "
-        f'(timestamp({{__name__=~"{metrics}"}})) > time() - {config.occupancy_max_age_seconds:g}'
+        f"(timestamp({selector('', '__name__=~' + json.dumps(metrics), config=config)})) "
+        f"> time() - {config.occupancy_max_age_seconds:g}"
     )
 
 
@@ -118,3 +140,71 @@ def parse_occupancy(
     for (node, index), claim in sorted(best.items()):
         occupancy.setdefault(node, {})[index] = claim.pod
     return occupancy, problems
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricFacts:
+    """What the store says of one configured metric under the scope matchers (common.prometheus reads it)."""
+
+    series: int  # series with a sample within the store's lookback
+    labels: frozenset[str]  # label names those series carry
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreFacts:
+    metrics: Mapping[str, MetricFacts]  # configured metric name -> facts
+    retention: str | None  # the store's retention as it says it (e.g. "15d"), None: it does not say
+    retention_source: str  # where that came from, or why there is none
+
+
+_UNITS = {"y": 365 * 86400, "w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1, "ms": 0.001}
+_DURATION = re.compile(r"(\d+)(ms|y|w|d|h|m|s)")
+
+
+def duration_seconds(text: str) -> float | None:
+    """A Prometheus duration ("15d", "1h30m") in seconds; the time part of "15d or 10GiB"; None: no time bound."""
+    for part in text.split(" or "):
+        part = part.strip()
+        found = _DURATION.findall(part)
+        if found and "".join(f"{n}{u}" for n, u in found) == part:
+            return sum(int(n) * _UNITS[u] for n, u in found) or None
+    return None
+
+
+def store_checks(facts: StoreFacts, *, config: settings.Prometheus,
+                 longest_window: float | None) -> list[tuple[bool, str]]:
+    """Whether the store can serve reclaim, one line each (ok, why): the utilisation metric has series under
+    `prometheus.scope_matchers`; each configured metric that has series carries a per-GPU identity (`UUID` or
+    `gpu`: a recording rule aggregated over GPUs has neither, and no pod of it could ever be judged); the store
+    keeps at least `longest_window` seconds (the longest idle window of the cluster's PriorityClasses)."""
+    labels = config.labels
+    scope = f" matching prometheus.scope_matchers {config.scope_matchers}" if config.scope_matchers else ""
+    out: list[tuple[bool, str]] = []
+    for setting, metric in (("gpu_util_metric", config.gpu_util_metric),
+                            ("mig_activity_metric", config.mig_activity_metric)):
+        found = facts.metrics.get(metric, MetricFacts(0, frozenset()))
+        if not found.series:
+            if setting == "gpu_util_metric":
+                out.append((False, f"no series of {metric} (prometheus.{setting}){scope} in the store: no pod "
+                                   "could be judged idle" + ("; is the matcher's label (e.g. the external label "
+                                                             "cluster) on the series?" if scope else "")))
+            continue
+        identity = sorted({labels.uuid, labels.gpu} & found.labels)
+        if not identity:
+            out.append((False, f"{metric} (prometheus.{setting}): its {found.series} series{scope} carry neither "
+                               f"{labels.uuid} nor {labels.gpu}: no per-GPU identity (a recording rule aggregated "
+                               "over GPUs?); configure the exporter's own metric"))
+            continue
+        out.append((True, f"{metric}: {found.series} series{scope}, GPUs identified by {' and '.join(identity)}"))
+    retention = duration_seconds(facts.retention) if facts.retention else None
+    if facts.retention is None:
+        out.append((True, f"retention not checked: {facts.retention_source}"))
+    elif retention is None:
+        out.append((True, f"retention not checked: {facts.retention} ({facts.retention_source}) has no time bound"))
+    elif longest_window is not None and retention < longest_window:
+        out.append((False, f"the store keeps {facts.retention} ({facts.retention_source}), less than the longest "
+                           f"idle window {longest_window:g}s: pods of that window could never be judged idle"))
+    else:
+        against = f" >= the longest idle window {longest_window:g}s" if longest_window is not None else ""
+        out.append((True, f"the store keeps {facts.retention} ({facts.retention_source}){against}"))
+    return out

@@ -10,6 +10,7 @@ is the only place that reads the YAML file (`--config` / `GPU_STEWARD_CONFIG`) a
 from __future__ import annotations
 
 import enum
+import re
 from typing import Annotated, Any, Literal
 
 import pydantic
@@ -388,8 +389,13 @@ class PrometheusLabels(Model):
     )
     mig_instance: str = pydantic.Field(default="GPU_I_ID", description="DCGM label with the MIG GPU instance id.")
     uuid: str = pydantic.Field(
-        default="UUID", description="DCGM label with the GPU's UUID: with the index, what makes series one device."
+        default="UUID", description="DCGM label with the GPU's UUID: what identifies a GPU first (the host and "
+        "index only for series without it)."
     )
+
+
+# One PromQL label matcher: label, operator, a double-quoted value (backslash escapes).
+MATCHER = re.compile(r'^\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*$')
 
 
 class Prometheus(Model):
@@ -423,6 +429,21 @@ class Prometheus(Model):
         description="DCGM metric of MIG instance activity (ratio 0-1).",
     )
     labels: PrometheusLabels = PrometheusLabels()
+    scope_matchers: list[str] = pydantic.Field(
+        default_factory=list,
+        description="PromQL label matchers added to every selector gpu-steward sends (utilisation, occupancy, "
+        "history, re-checks), e.g. ['cluster=\"prod-a\"'] where one store (Thanos, Mimir, a federated "
+        "Prometheus) holds several clusters told apart by an external label. Each is label, operator (=, !=, "
+        "=~, !~) and a double-quoted value. Checked at start: no series of gpu_util_metric under them is an "
+        "error naming this key. Empty: every series of the store is this cluster's; a pod whose series then "
+        "show more distinct GPUs than it holds is not idle.",
+    )
+    hostname_match: Literal["exact", "short-name"] = pydantic.Field(
+        default="exact",
+        description="How a series' host label is compared with the pod's node name. exact: whole names "
+        "(gpu-01.a.example is not gpu-01.b.example); short-name: up to the first dot (gpu-01 is "
+        "gpu-01.a.example), for exporters that report the short host name of FQDN-named nodes.",
+    )
     gpu_util_unit: Literal["auto", "percent", "ratio"] = pydantic.Field(
         default="auto",
         description="Unit of gpu_util_metric. auto: ratio (0-1, read x100) for DCGM_FI_PROF_* metrics, else "
@@ -439,6 +460,15 @@ class Prometheus(Model):
         description="Reclaim asks each idle window as a few small queries (one per statistic, all at one store "
         "time): at most this many in flight at once.",
     )
+
+    @pydantic.field_validator("scope_matchers")
+    @classmethod
+    def _check_matchers(cls, matchers: list[str]) -> list[str]:
+        for matcher in matchers:
+            if not MATCHER.match(matcher):
+                raise ValueError(f"{matcher!r} is not a PromQL label matcher such as cluster=\"prod-a\" "
+                                 "(label, one of = != =~ !~, a double-quoted value)")
+        return [matcher.strip() for matcher in matchers]
 
 
 class Cooldowns(Model):

@@ -15,6 +15,11 @@ backoff (`descheduler.loop_restart_*`).
 
 `--metrics-port` serves `/metrics`, `/healthz` and `/readyz` (plain HTTP) from the same asyncio loop
 as the work (`descheduler.health`), from before the initial sync until the process stops.
+
+With `prometheus.url` set and reclaim on, the metrics store is checked once the snapshot is there (series of
+`prometheus.gpu_util_metric` under `prometheus.scope_matchers`, a per-GPU identity, a retention of at least the
+longest idle window of the PriorityClasses; `gpu-steward check --prometheus` runs the same): a failed check exits
+2 with the reasons; a store that does not answer is logged and the run goes on (its cycles fail closed).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import prometheus_client
 
 from common import buildinfo, httpserver, settings, snapshot, source
-from descheduler import evictor, health, reclaim, supervisor
+from descheduler import evictor, health, policy, reclaim, supervisor
 from descheduler.reclaim import loop as reclaim_loop
 from descheduler.release import planning
 from gpu_steward import cmdline
@@ -130,7 +135,10 @@ def run(args: argparse.Namespace) -> int:
         cycle = asyncio.run(_main(config=config, static=static, once=args.once, registry=registry, listener=listener))
     except settings.SettingsError:
         raise  # bad configuration found on the way (no usable kubeconfig): one line, exit 2 (cli.main)
-    except Exception:
+    except Exception as exc:
+        bad = _settings_error(exc)  # a failed start-up check of the metrics store, through the task group
+        if bad is not None:
+            raise bad from None
         log.exception("descheduler stopped on an error")
         return 1
     finally:
@@ -244,6 +252,40 @@ def gang_demands(config: settings.Settings) -> reclaim_loop.GangDemands:
     return waiting
 
 
+async def check_store(*, config: settings.Settings, dcgm: Any, cluster: snapshot.Snapshot) -> None:
+    """The metrics store's start-up checks (common.dcgm.store_checks; the longest window: the cluster's
+    PriorityClasses'): a failed one stops the process with its message (SettingsError: exit 2), where otherwise
+    every pod would stay not idle forever; a store that cannot be reached is logged (the loop fails closed)."""
+    if dcgm is None or not config.descheduler.reclaim.enabled:
+        return
+    from common import dcgm as dcgm_series
+    from common import prometheus
+
+    policies = policy.parse_all(cluster.priority_classes,
+                                default_threshold_percent=config.descheduler.reclaim.default_idle_threshold_percent)
+    longest = max((p.idle_seconds for p in policies.values() if p.reclaimable and p.idle_seconds), default=None)
+    try:
+        facts = await dcgm.store_facts()
+    except prometheus.PrometheusError as exc:
+        log.warning("metrics store not checked at start (pods stay not idle while it cannot be read): %s", exc)
+        return
+    checks = dcgm_series.store_checks(facts, config=config.prometheus, longest_window=longest)
+    for ok, why in checks:
+        log.info("metrics store: %s%s", "" if ok else "FAIL ", why)
+    failed = [why for ok, why in checks if not ok]
+    if failed:
+        raise settings.SettingsError(f"metrics store at {config.prometheus.url}: {'; '.join(failed)}")
+
+
+def _settings_error(exc: BaseException) -> settings.SettingsError | None:
+    """The SettingsError inside `exc` (raised through task groups), if any."""
+    if isinstance(exc, settings.SettingsError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        return next((found for inner in exc.exceptions if (found := _settings_error(inner)) is not None), None)
+    return None
+
+
 async def _work(
     *, config: settings.Settings, cluster: source.StaticSource | feeder.Feeder, once: bool, dcgm: Any, api: Any,
     registry: prometheus_client.CollectorRegistry,
@@ -256,6 +298,7 @@ async def _work(
         else evictor.ApiEvictionClient(api, timeout_seconds=config.kubernetes.request_timeout_seconds)
     )
     if isinstance(cluster, source.StaticSource):
+        await check_store(config=config, dcgm=dcgm, cluster=cluster.snapshot)
         loop = reclaim_loop.ReclaimLoop(config=config, cluster=cluster, prometheus=dcgm, evictions=client, api=None,
                                         registry=registry, gang_demands=gang_demands(config), once=once)
         if once:
@@ -276,6 +319,7 @@ async def _work(
                     await published.wait()
                     published.clear()
             live.unsubscribe(published)
+            await check_store(config=config, dcgm=dcgm, cluster=live.snapshot)
             loop = reclaim_loop.ReclaimLoop(config=config, cluster=live, prometheus=dcgm, evictions=client, api=api,
                                             registry=registry, gang_demands=gang_demands(config), once=once)
 

@@ -130,8 +130,10 @@ def start_prometheus(
     scrape_interval: str = "1s",
     now: float | None = None,
     port: int | None = None,
+    flags: Sequence[str] = (),
 ) -> PrometheusServer:
-    """Backfill `series` relative to `now` (default: the current time), start, wait until ready.
+    """Backfill `series` relative to `now` (default: the current time), start (with extra command-line `flags`,
+    e.g. `--storage.tsdb.retention.time=2h`), wait until ready.
 
     The caller must `stop()` it (the `prometheus_factory` fixture does).
     """
@@ -159,6 +161,7 @@ def start_prometheus(
                 f"--storage.tsdb.path={data}",
                 f"--web.listen-address=127.0.0.1:{port}",
                 "--web.enable-lifecycle",
+                *flags,
             ],
             stdout=sink,
             stderr=subprocess.STDOUT,

@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import prometheus_client
 
-from common import prometheus, settings, snapshot
+from common import dcgm, prometheus, settings, snapshot
 from descheduler import cooldowns, policy, reclaim
 from descheduler.reclaim import idle_learning, utilisation
 
@@ -45,8 +45,10 @@ def query(*, config: settings.Prometheus, step_seconds: float) -> str:
     utilisation query's `label_replace` chain would run at every step of every series: 10x the cost.)"""
     mig = config.labels.mig_profile
     by = ", ".join(sorted({*config.labels.namespace, *config.labels.pod}))
-    return (f'max by ({by}) (max_over_time({config.gpu_util_metric}{{{mig}=""}}[{step_seconds:g}s]) or '
-            f'max_over_time({config.mig_activity_metric}{{{mig}!=""}}[{step_seconds:g}s]) * 100)')
+    gpu = dcgm.selector(config.gpu_util_metric, f'{mig}=""', config=config)
+    slices = dcgm.selector(config.mig_activity_metric, f'{mig}!=""', config=config)
+    return (f"max by ({by}) (max_over_time({gpu}[{step_seconds:g}s]) or "
+            f"max_over_time({slices}[{step_seconds:g}s]) * 100)")
 
 
 def pod_of(metric: Mapping[str, str], *, labels: settings.PrometheusLabels) -> tuple[str, str] | None:

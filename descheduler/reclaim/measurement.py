@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import prometheus_client
 
-from common import prometheus, settings, snapshot
+from common import dcgm, prometheus, settings, snapshot
 from descheduler.reclaim import utilisation, utilisation_parts, utilisation_promql
 
 logger = logging.getLogger(__name__)
@@ -160,6 +160,7 @@ class _Found:
     left_closed: Parts  # read when judging: the probe runs after this is made
     # short windows: (their stretch, the last sample before it) per kind, or why they failed
     shorts: Mapping[int, tuple[Mapping[str, utilisation_parts.Part], Mapping[str, utilisation_parts.Part]] | str]
+    short_name: bool  # hosts compared up to the first dot (prometheus.hostname_match)
 
     def readings(self, pods: Mapping[tuple[str, str], str], *, window: int) -> utilisation.Readings | str:
         """The pods' readings over `window`, or why none (a short window's queries failed)."""
@@ -169,7 +170,7 @@ class _Found:
         if isinstance(short, str):
             return short
         return utilisation_parts.readings(self.caches, self.lives, pods=pods, judging=judging, unread=self.unread,
-                                          short=short)
+                                          short=short, short_name=self.short_name)
 
 
 async def _read(asker: _Asker, kinds: Collection[str], *, window: int, now: float, config: settings.Settings,
@@ -213,7 +214,8 @@ async def _read(asker: _Asker, kinds: Collection[str], *, window: int, now: floa
     errors: list[str] = []
     unread: dict[str, set[int]] = {kind: set() for kind in caches}
     found = functools.partial(_Found, caches, unread=unread, grid=grid, now=now, average=statistic == "average",
-                              bound=reclaim.max_gap_intervals, left_closed=kept)
+                              bound=reclaim.max_gap_intervals, left_closed=kept,
+                              short_name=config.prometheus.hostname_match == "short-name")
     if isinstance(live_answers, BaseException):
         if not isinstance(live_answers, _Refused):
             raise live_answers
@@ -267,8 +269,9 @@ async def _left_closed(asker: _Asker, answers: Mapping[str, Sequence[Mapping[str
                 at = float(row["value"][1])
             except (KeyError, IndexError, TypeError, ValueError):
                 continue
-            matchers = ",".join(f"{label}={json.dumps(value)}" for label, value in sorted(row["metric"].items()))
-            answer = await asker.one(f"count_over_time({metric[kind]}{{{matchers}}}[1ms])", at + 0.001)
+            matchers = [f"{label}={json.dumps(value)}" for label, value in sorted(row["metric"].items())]
+            series = dcgm.selector(metric[kind], *matchers, config=config)
+            answer = await asker.one(f"count_over_time({series}[1ms])", at + 0.001)
             return any(float(found["value"][1]) >= 1 for found in answer.series)
     return None
 

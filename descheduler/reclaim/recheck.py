@@ -8,9 +8,10 @@ time. Judged at the store's time, never our clock:
 
 - busy: any device's newest sample at or above the pod's idle threshold -> not idle (no freshness needed: not
   idle is the safe answer);
-- missing: no sample of the pod from its own node, or fewer devices than the pod holds (a whole-GPU request is
-  read on MIG-instance series where it has no whole-GPU ones: the MIG `single` strategy; the kinds asked are the
-  measurement's, `utilisation.kinds_needed`), or an answer without the store's time -> not idle;
+- missing: no sample of the pod from its own node (hosts compared as the measurement compares them,
+  `utilisation_parts.same_host`: no host label is the pod's), or fewer devices than the pod holds (a whole-GPU
+  request is read on MIG-instance series where it has no whole-GPU ones: the MIG `single` strategy; the kinds
+  asked are the measurement's, `utilisation.kinds_needed`), or an answer without the store's time -> not idle;
 - stale: a device's newest sample older than `reclaim.max_sample_age_seconds` at the store's time -> not idle;
 - NaN -> not idle.
 A device is its UUID and MIG instance (its GPU index on the pod's node where no copy has a UUID); copies of one
@@ -28,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from common import dcgm, settings, snapshot
+from descheduler.reclaim import utilisation_parts as parts
 from descheduler.reclaim import utilisation_promql as promql
 
 
@@ -54,7 +56,7 @@ def _store_time(rows: Iterable[Mapping[str, Any]]) -> float | None:
 
 
 def _devices(
-    pod: snapshot.Pod, rows: Iterable[Mapping[str, Any]], labels: settings.PrometheusLabels
+    pod: snapshot.Pod, rows: Iterable[Mapping[str, Any]], labels: settings.PrometheusLabels, *, short_name: bool
 ) -> tuple[dict[str, dict[tuple[str, ...], _Device]], set[str]]:
     """kind -> device -> its newest sample, of the pod's series from its own node; and the other hosts seen."""
     found: dict[str, dict[tuple[str, ...], _Device]] = {}
@@ -68,8 +70,8 @@ def _devices(
         if (dcgm.pick(metric, labels.namespace), dcgm.pick(metric, labels.pod)) != (pod.namespace, pod.name):
             continue
         host = dcgm.pick(metric, labels.hostname)
-        if not host or host != pod.node_name:  # a series that names no host is no one's
-            elsewhere.add(host or "(no host label)")
+        if not parts.same_host(host, pod.node_name or "", short_name=short_name):  # as the measurement reads it
+            elsewhere.add(host)
             continue
         own.append((kind, stat, metric, row))
     # A device is its UUID (and MIG instance) where a copy of it has one, else its index on the host.
@@ -98,7 +100,8 @@ def judge(pod: snapshot.Pod, rows: Iterable[Mapping[str, Any]], *, threshold_per
     now = _store_time(listed)
     if now is None:
         return Verdict(False, "re-check: the store's answer carries no time")
-    found, elsewhere = _devices(pod, listed, config.prometheus.labels)
+    found, elsewhere = _devices(pod, listed, config.prometheus.labels,
+                                short_name=config.prometheus.hostname_match == "short-name")
     wanted = {"gpu": pod.request.full, "mig": sum(pod.request.mig.values())}
     oldest_allowed = config.descheduler.reclaim.max_sample_age_seconds
     said: list[str] = []

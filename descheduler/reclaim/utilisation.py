@@ -3,13 +3,15 @@
 What is read and kept: descheduler.reclaim.utilisation_parts (the parts of the store's time, per device) and
 descheduler.reclaim.utilisation_promql (their queries).
 
-`assess()` fails closed: no series, fewer devices than the pod holds, NaN (a part whose every sample is NaN
+`assess()` fails closed: no series, fewer devices than the pod holds (or, without `prometheus.scope_matchers`,
+more distinct GPUs than it holds: another cluster's series in a shared store), NaN (a part whose every sample is NaN
 for the peak; any NaN for the average), a reading above 100 % (a ratio metric read as percent: the unit
 setting is wrong), a window not covered by time (a stretch without a sample longer than
 `reclaim.max_gap_intervals` observed scrape intervals, the first one counted from the window's start on the
 part grid), a part of the window not read from the store yet, or whose read failed, a newest sample older
 than `max_gap_intervals` intervals (or `max_sample_age_seconds`) at the store's time, samples from another
-node => not idle, with the reason. A busy reading needs none of that: not idle is the safe answer.
+node => not idle, with the reason. A busy reading needs none of that: not idle is the safe answer. An idle
+verdict names the devices identified by host and GPU index only (their series carry no UUID).
 
 MIG: a pod that requests MIG profiles (`mixed` strategy) is measured on MIG-instance series; a pod that
 requests `nvidia.com/gpu` on whole-GPU series, or, where there are none for it, on MIG-instance series
@@ -143,6 +145,7 @@ def assess(
     if not found.kinds:
         return failed(f"DCGM series come from {', '.join(found.hosts)}, not the pod's node {pod.node_name or ''}")
     utilisations: list[float] = []
+    by_index: list[str] = []
     for wanted, count in _devices(pod).items():
         kind, reading = _kind_reading(found, wanted, pod)
         name = metric[kind]
@@ -166,6 +169,9 @@ def assess(
             return failed(f"{name}: no sample within Prometheus' lookback (stale)")
         if len(reporting) < count:
             return failed(f"{name}: only {len(reporting)} of {count} devices report")
+        if len(reading.devices) > count and not prometheus.scope_matchers:
+            return failed(f"{name}: the pod's series show {len(reading.devices)} distinct GPUs, it holds {count} "
+                          "(another cluster's series in the same store? set prometheus.scope_matchers)")
         for _, device in sorted(reporting.items()):
             uncovered, interval = coverage(device, window_seconds=window_seconds, config=reclaim)
             if uncovered:
@@ -174,8 +180,11 @@ def assess(
             if stale:
                 return failed(f"{name}: {stale}")
         utilisations.append(util)
+        by_index.extend(reading.by_index)
     value = max(utilisations)
     verdict = "<" if value < threshold_percent else ">="
     reason = (f"{reclaim.idle_statistic} GPU utilisation {value:.1f}% {verdict} {threshold_percent:g}% "
               f"over {window_seconds}s")
+    if by_index:
+        reason += f"; identified by host and index, no {prometheus.labels.uuid} label: {', '.join(by_index)}"
     return Assessment(value < threshold_percent, value, reason)

@@ -25,12 +25,15 @@ end. One set of parts serves every window: a window's verdict is derived from th
   observed interval from n (shorter: stricter), the gaps from n - 1 (wider: stricter), which fails closed on
   series whose samples sit on the grid. A peak may take such a sample twice (stricter).
 
-Devices: the pod, namespace and host (from `prometheus.labels`, a later non-empty spelling wins) and the GPU
-index on the host, else the UUID, plus the MIG instance. Copies of a device (two scrape jobs, one dropping
-`UUID`; the same device under two host spellings of the pod's node) fold per part: the most samples, the
-newest time, the higher peak (a NaN peak stays: not idle), the fewest samples for the average. A device that
-moves to another pod is another device (its series are another pod's). Storage is compact: one index per
-device, and per part four `array('d')` columns.
+Devices: the pod, namespace and host (from `prometheus.labels`, a later non-empty spelling wins), with the GPU
+index, the UUID and the MIG instance. A pod's series from its node (the host compared as a whole name, or up to
+the first dot with `prometheus.hostname_match: short-name`; no host label: the pod's) are one GPU (`gpus`) when
+they carry the same UUID; a copy without UUID is the GPU of the one UUID seen with its host and index, else a GPU
+of its own identified by host and index (the reading says so); a copy with neither is a device of its own.
+Copies of a GPU (two scrape jobs, one dropping `UUID` or `gpu`; the same GPU under two host spellings) fold per
+part: the most samples, the newest time, the higher peak (a NaN peak stays: not idle), the fewest samples for
+the average. A device that moves to another pod is another device (its series are another pod's). Storage is
+compact: one index per series' identity, and per part four `array('d')` columns.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from typing import Any
 
 from common import dcgm, settings
 
-DeviceKey = tuple[str, str, str, str]  # namespace, pod, host, device (GPU index or UUID, "/", MIG instance)
+DeviceKey = tuple[str, str, str, str, str, str]  # namespace, pod, host, GPU index, UUID, MIG instance
 BOUNDARY = 1e-3  # seconds: Prometheus keeps milliseconds; a last sample this close to a part's start is on it
 NAN = math.nan
 PARTS_PER_QUERY = 4  # a range query reads at most this many parts: each query stays small whatever the rebuild
@@ -125,8 +128,8 @@ def device_key(metric: Mapping[str, str], labels: settings.PrometheusLabels) -> 
     namespace, pod = dcgm.pick(metric, labels.namespace), dcgm.pick(metric, labels.pod)
     if not namespace or not pod:
         return None
-    device = f"{metric.get(labels.gpu) or metric.get(labels.uuid, '')}/{metric.get(labels.mig_instance, '')}"
-    return namespace, pod, dcgm.pick(metric, labels.hostname), device
+    return (namespace, pod, dcgm.pick(metric, labels.hostname), metric.get(labels.gpu, ""),
+            metric.get(labels.uuid, ""), metric.get(labels.mig_instance, ""))
 
 
 def _value(point: Any) -> tuple[float, float] | None:
@@ -384,6 +387,7 @@ class KindReading:
 
     devices: Mapping[str, DeviceReading]
     unknown: str | None = None
+    by_index: tuple[str, ...] = ()  # devices identified by host and GPU index: their series carry no UUID
 
     @property
     def util(self) -> float | None:
@@ -403,8 +407,49 @@ class PodReading:
 Readings = Mapping[tuple[str, str], PodReading]  # (namespace, pod) -> ...
 
 
-def same_host(host: str, node: str) -> bool:
-    return not host or host == node or host.split(".")[0] == node.split(".")[0]
+def same_host(host: str, node: str, *, short_name: bool = False) -> bool:
+    """Whether a series' host label names the pod's node: the whole name (`prometheus.hostname_match` exact), or
+    up to the first dot (short-name). A series without a host label is the pod's."""
+    return not host or host == node or (short_name and host.split(".")[0] == node.split(".")[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class Gpu:
+    """One physical device of a pod: its name in readings and reasons, and its copies (series indices)."""
+
+    name: str
+    copies: tuple[int, ...]
+    by_index: bool  # identified by host and GPU index (no UUID), or by nothing at all
+
+
+def gpus(copies: Mapping[int, tuple[str, str, str, str]]) -> list[Gpu]:
+    """A pod's devices from its series' identities (index -> (host, GPU index, UUID, MIG instance)), see the
+    module's docstring: one device per UUID (with its MIG instance); a UUID-less copy joins the one UUID seen with
+    its host and index, else is a device of host and index; a copy with neither is a device of its own."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    uuids: dict[tuple[str, str, str], set[str]] = {}  # (host, index, MIG instance) -> UUIDs seen there
+    for host, index, uuid, mig in copies.values():
+        if uuid and index:
+            uuids.setdefault((host, index, mig), set()).add(uuid)
+    for i, (host, index, uuid, mig) in sorted(copies.items()):
+        seen = uuids.get((host, index, mig), set()) if index else set()
+        if not uuid and len(seen) == 1:
+            uuid = next(iter(seen))
+        key: tuple[str, ...] = (("uuid", uuid, mig) if uuid else ("index", host, index, mig) if index
+                                else ("none", str(i)))
+        groups.setdefault(key, []).append(i)
+    out = []
+    for key, found in sorted(groups.items()):
+        by, *identity = key
+        instance = f" MIG instance {identity[-1]}" if by != "none" and identity[-1] else ""
+        if by == "uuid":
+            name = f"{identity[0]}{instance}"
+        elif by == "index":
+            name = f"GPU {identity[1]}{instance} on {identity[0] or 'no host'}"
+        else:
+            name = f"series {identity[0]} (no UUID, no GPU index)"
+        out.append(Gpu(name, tuple(found), by != "uuid"))
+    return out
 
 
 def _folded(parts: Sequence[Part | None], copies: Sequence[int]) -> list[Numbers]:
@@ -481,10 +526,12 @@ def _summary(cache: Cache, judging: Judging, needed: range) -> tuple[int, list[A
 
 def readings(caches: Mapping[str, Cache], lives: Mapping[str, Part], *, pods: Mapping[tuple[str, str], str],
              judging: Judging, unread: Mapping[str, Collection[int]],
-             short: tuple[Mapping[str, Part], Mapping[str, Part]] | None = None) -> dict[tuple[str, str], PodReading]:
+             short: tuple[Mapping[str, Part], Mapping[str, Part]] | None = None,
+             short_name: bool = False) -> dict[tuple[str, str], PodReading]:
     """Each pod's reading over window (now - window, now] ((namespace, pod) -> its node). `short`: a window
     shorter than the live stretch, read as a stretch of its own (per kind: the stretch, and the last sample
-    before it), exactly from now - window; no kept part is needed."""
+    before it), exactly from now - window; no kept part is needed. `short_name`: hosts compared up to the first
+    dot (`same_host`)."""
     grid, average = judging.grid, judging.average
     needed = grid.needed(judging.window, judging.now) if short is None else range(0)
     live_start = grid.live_start(judging.now) if short is None else judging.now - judging.window
@@ -501,18 +548,19 @@ def readings(caches: Mapping[str, Cache], lives: Mapping[str, Part], *, pods: Ma
         hosts: set[str] = set()
         kinds: dict[str, KindReading] = {}
         for kind, cache in caches.items():
-            copies: dict[str, list[int]] = {}
+            identities: dict[int, tuple[str, str, str, str]] = {}
             for i in cache.pods.get(key, ()):
-                _, _, host, device = cache.keys[i]
+                _, _, host, index, uuid, mig = cache.keys[i]
                 hosts.add(host)
-                if same_host(host, node):
-                    copies.setdefault(device, []).append(i)
-            if not copies:
+                if same_host(host, node, short_name=short_name):
+                    identities[i] = (host, index, uuid, mig)
+            if not identities:
                 continue
             live = lives.get(kind) if short is None else short[0].get(kind)
             done, accs = summaries[kind]
             devices = {}
-            for device, found in sorted(copies.items()):
+            found_gpus = gpus(identities)
+            for device, found in ((gpu.name, list(gpu.copies)) for gpu in found_gpus):
                 if unknown[kind] is not None:  # not judged: only whether it is busy anyway (no coverage needed)
                     acc = Acc(NAN, False)
                     for part in [*(cache.parts.get(j) for j in needed), live]:
@@ -537,7 +585,7 @@ def readings(caches: Mapping[str, Cache], lives: Mapping[str, Part], *, pods: Ma
                         short[1].get(kind), live]
                     devices[device] = device_reading(_folded(parts, found), starts, average=average,
                                                      left_closed=judging.left_closed, bound=judging.bound)
-            kinds[kind] = KindReading(devices, unknown[kind])
+            kinds[kind] = KindReading(devices, unknown[kind], tuple(gpu.name for gpu in found_gpus if gpu.by_index))
         if hosts:
             out[key] = PodReading(tuple(sorted(hosts)), kinds)
     return out

@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Sequence
 
-from common import settings
+from common import dcgm, settings
 
 KINDS = ("gpu", "mig")
 TIME_QUERY = "vector(time())"  # the store's "now": every query of a cycle is evaluated at it
@@ -49,10 +49,10 @@ def ratio_metric(metric: str, unit: str) -> bool:
 
 
 def series(kind: str, *, config: settings.Prometheus, matchers: Sequence[str] = ()) -> str:
-    """The selector of every device of `kind` (`gpu`: whole GPUs, `mig`: MIG instances), `matchers` added."""
+    """The selector of every device of `kind` (`gpu`: whole GPUs, `mig`: MIG instances), `matchers` added after the
+    scope matchers (`common.dcgm.selector`)."""
     metric, op = (config.gpu_util_metric, "=") if kind == "gpu" else (config.mig_activity_metric, "!=")
-    profile = f'{config.labels.mig_profile}{op}""'
-    return f"{metric}{{{','.join([profile, *matchers])}}}"
+    return dcgm.selector(metric, f'{config.labels.mig_profile}{op}""', *matchers, config=config)
 
 
 def ratio(kind: str, *, config: settings.Prometheus) -> bool:

@@ -32,3 +32,10 @@ def metrics(age: str | None) -> str:
 def test_lease_check(age: str | None, ok: bool, why: str) -> None:
     passed, reason = cmd_check.lease_check(metrics(age), stale_after=STALE)
     assert passed is ok and why in reason, reason
+
+
+def test_check_needs_something_to_check(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpu_steward import cli
+
+    assert cli.main(["check"]) == 2
+    assert "give --webhook URL, --prometheus URL or both" in capsys.readouterr().err

@@ -186,3 +186,161 @@ def test_configured_label_names_are_used() -> None:
 )
 def test_occupancy_query(overrides: dict[str, Any], expected: str) -> None:
     assert dcgm.occupancy_query(settings.Prometheus(**overrides)) == expected
+
+
+SCOPE = ['cluster="prod-a"', 'env=~"p.*"']
+
+
+@pytest.mark.parametrize(
+    ("promql", "scope", "unscoped"),
+    [
+        pytest.param('max(DCGM_FI_DEV_GPU_UTIL{gpu="0"})', SCOPE, True, id="a-selector-without-the-scope"),
+        pytest.param('max(DCGM_FI_DEV_GPU_UTIL{cluster="prod-a",env=~"p.*",gpu="0"}) or '
+                     'max(DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="0"})', SCOPE, True, id="one-of-two-selectors-unscoped"),
+        pytest.param('max(DCGM_FI_DEV_GPU_UTIL{cluster="prod-a",gpu="0"})', SCOPE, True, id="half-the-scope"),
+        pytest.param('max(DCGM_FI_DEV_GPU_UTIL{cluster="prod-a",env=~"p.*",gpu="0"})', SCOPE, False, id="scoped"),
+        pytest.param("vector(time())", SCOPE, False, id="no-selector"),
+        pytest.param('max(DCGM_FI_DEV_GPU_UTIL{cluster=~"prod-{a,b}",gpu="0"})', ['cluster=~"prod-{a,b}"'], False,
+                     id="a-brace-inside-the-scope"),
+        pytest.param('max(DCGM_FI_DEV_GPU_UTIL{gpu="{0}"})', ['cluster=~"prod-{a,b}"'], True,
+                     id="a-brace-inside-another-matcher-is-no-scope"),
+        pytest.param('max(DCGM_FI_DEV_GPU_UTIL{gpu="0"})', [], False, id="no-scope-configured"),
+    ],
+)
+def test_unscoped(promql: str, scope: list[str], unscoped: bool) -> None:
+    assert dcgm.unscoped(promql, config=settings.Prometheus(scope_matchers=scope)) is unscoped
+
+
+def test_every_query_built_carries_the_scope() -> None:
+    """Occupancy, every utilisation statistic and kind, the history: each selector starts with the scope."""
+    from descheduler.reclaim import idle_history, utilisation_promql
+
+    config = settings.Prometheus(scope_matchers=SCOPE)
+    built = [dcgm.occupancy_query(config), idle_history.query(config=config, step_seconds=300),
+             *utilisation_promql.queries("300s", config=config, statistic="peak").values(),
+             *utilisation_promql.queries("300s", config=config, statistic="average").values()]
+    assert all('{cluster="prod-a",env=~"p.*"' in q and not dcgm.unscoped(q, config=config) for q in built), built
+    assert dcgm.occupancy_query(config).count('{cluster="prod-a",env=~"p.*",__name__=~"') == 1
+
+
+def test_a_client_refuses_an_unscoped_query_unsent() -> None:
+    """The last guard: whatever wrote it (a re-check added later), an unscoped query never reaches the store."""
+    import asyncio
+
+    from common import prometheus
+
+    client = prometheus.Client(settings.Prometheus(url="http://127.0.0.1:9", scope_matchers=SCOPE))
+    try:
+        with pytest.raises(prometheus.PrometheusError, match=r"not scoped by prometheus\.scope_matchers"):
+            asyncio.run(client.instant('DCGM_FI_DEV_GPU_UTIL{pod="p"}'))
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        pytest.param("15d", 15 * 86400.0, id="days"),
+        pytest.param("1h30m", 5400.0, id="compound"),
+        pytest.param("15d or 512MiB", 15 * 86400.0, id="time-or-size"),
+        pytest.param("512MiB", None, id="size-only"),
+        pytest.param("2w", 14 * 86400.0, id="weeks"),
+        pytest.param("0s", None, id="zero-is-no-bound"),
+        pytest.param("15 days", None, id="not-a-duration"),
+        pytest.param("15dx", None, id="a-duration-with-a-tail-is-none"),
+    ],
+)
+def test_duration_seconds(text: str, seconds: float | None) -> None:
+    assert dcgm.duration_seconds(text) == seconds
+
+
+IDENTIFIED = dcgm.MetricFacts(40, frozenset({"__name__", "gpu", "UUID", "Hostname", "pod", "namespace"}))
+RULE = dcgm.MetricFacts(5, frozenset({"__name__", "pod", "namespace", "Hostname"}))
+
+
+def facts(util: dcgm.MetricFacts | None = IDENTIFIED, mig: dcgm.MetricFacts | None = None,
+          retention: str | None = "15d") -> dcgm.StoreFacts:
+    found = {name: value for name, value in (("DCGM_FI_DEV_GPU_UTIL", util), ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", mig))
+             if value is not None}
+    return dcgm.StoreFacts(found, retention, "/api/v1/status/runtimeinfo storageRetention" if retention else
+                           "the store reports no retention")
+
+
+@pytest.mark.parametrize(
+    ("found", "scope", "window", "failed"),
+    [
+        pytest.param(facts(util=None), SCOPE, 10800.0, ["no series of DCGM_FI_DEV_GPU_UTIL "
+                     "(prometheus.gpu_util_metric) matching prometheus.scope_matchers ['cluster=\"prod-a\"', "
+                     "'env=~\"p.*\"'] in the store"], id="no-series-under-the-scope-names-the-setting"),
+        pytest.param(facts(util=None), [], 10800.0, ["no series of DCGM_FI_DEV_GPU_UTIL (prometheus.gpu_util_metric) "
+                     "in the store"], id="no-series-at-all"),
+        pytest.param(facts(util=RULE), [], 10800.0, ["DCGM_FI_DEV_GPU_UTIL (prometheus.gpu_util_metric): its 5 series "
+                     "carry neither UUID nor gpu: no per-GPU identity (a recording rule aggregated over GPUs?)"],
+                     id="recording-rule"),
+        pytest.param(facts(mig=RULE), [], 10800.0, ["DCGM_FI_PROF_GR_ENGINE_ACTIVE (prometheus.mig_activity_metric): "
+                     "its 5 series carry neither"], id="mig-metric-recording-rule"),
+        pytest.param(facts(util=None, mig=RULE), [], 10800.0, ["no series of DCGM_FI_DEV_GPU_UTIL",
+                     "DCGM_FI_PROF_GR_ENGINE_ACTIVE (prometheus.mig_activity_metric): its 5 series carry neither"],
+                     id="no-utilisation-series-and-a-mig-recording-rule-both-said"),
+        pytest.param(facts(util=RULE, mig=RULE), [], 10800.0, ["DCGM_FI_DEV_GPU_UTIL (prometheus.gpu_util_metric)",
+                     "DCGM_FI_PROF_GR_ENGINE_ACTIVE (prometheus.mig_activity_metric)"],
+                     id="two-recording-rules-both-said"),
+        pytest.param(facts(util=dcgm.MetricFacts(3, frozenset({"UUID", "pod"}))), [], 10800.0, [],
+                     id="uuid-alone-is-an-identity"),
+        pytest.param(facts(util=dcgm.MetricFacts(3, frozenset({"gpu", "pod"}))), [], 10800.0, [],
+                     id="index-alone-is-an-identity"),
+        pytest.param(facts(), SCOPE, 10800.0, [], id="all-good"),
+        pytest.param(facts(retention="2h"), [], 10800.0, ["the store keeps 2h (/api/v1/status/runtimeinfo "
+                     "storageRetention), less than the longest idle window 10800s"], id="short-retention"),
+        pytest.param(facts(retention="3h"), [], 10800.0, [], id="retention-equal-to-the-window-boundary"),
+        pytest.param(facts(retention="2h"), [], None, [], id="no-window-to-compare"),
+        pytest.param(facts(retention=None), [], 10800.0, [], id="retention-unknown-is-said-not-failed"),
+        pytest.param(facts(retention="512MiB"), [], 10800.0, [], id="size-only-retention-is-said-not-failed"),
+    ],
+)
+def test_store_checks(found: dcgm.StoreFacts, scope: list[str], window: float | None, failed: list[str]) -> None:
+    checks = dcgm.store_checks(found, config=settings.Prometheus(scope_matchers=scope), longest_window=window)
+    failures = [why for ok, why in checks if not ok]
+    assert len(failures) == len(failed) and all(want in got for want, got in zip(failed, failures, strict=True)), \
+        failures
+    if not failed:
+        assert any("retention not checked" in why or "keeps" in why for _, why in checks)
+
+
+@pytest.mark.parametrize(
+    ("found", "scope", "lines"),
+    [
+        pytest.param(facts(util=None), SCOPE, [
+            (False, "no series of DCGM_FI_DEV_GPU_UTIL (prometheus.gpu_util_metric) matching prometheus.scope_matchers "
+                    "['cluster=\"prod-a\"', 'env=~\"p.*\"'] in the store: no pod could be judged idle; is the "
+                    "matcher's label (e.g. the external label cluster) on the series?")], id="no-series-scoped"),
+        pytest.param(facts(util=None), [], [
+            (False, "no series of DCGM_FI_DEV_GPU_UTIL (prometheus.gpu_util_metric) in the store: no pod could be "
+                    "judged idle")], id="no-series-unscoped"),
+        pytest.param(facts(), [], [(True, "DCGM_FI_DEV_GPU_UTIL: 40 series, GPUs identified by UUID and gpu")],
+                     id="identified-by-both"),
+    ],
+)
+def test_metric_lines(found: dcgm.StoreFacts, scope: list[str], lines: list[tuple[bool, str]]) -> None:
+    checks = dcgm.store_checks(found, config=settings.Prometheus(scope_matchers=scope), longest_window=None)
+    assert checks[:-1] == lines
+
+
+@pytest.mark.parametrize(
+    ("retention", "line"),
+    [
+        pytest.param(None, "retention not checked: the store reports no retention", id="unknown"),
+        pytest.param("512MiB", "retention not checked: 512MiB (/api/v1/status/runtimeinfo storageRetention) has no "
+                     "time bound", id="size-only"),
+        pytest.param("15d", "the store keeps 15d (/api/v1/status/runtimeinfo storageRetention) >= the longest idle "
+                     "window 10800s", id="enough"),
+    ],
+)
+def test_retention_lines(retention: str | None, line: str) -> None:
+    checks = dcgm.store_checks(facts(retention=retention), config=settings.Prometheus(), longest_window=10800.0)
+    assert checks[-1] == (True, line)
+
+
+def test_retention_without_a_window_is_only_said() -> None:
+    checks = dcgm.store_checks(facts(retention="2h"), config=settings.Prometheus(), longest_window=None)
+    assert checks[-1] == (True, "the store keeps 2h (/api/v1/status/runtimeinfo storageRetention)")

@@ -80,12 +80,13 @@ def gpu(index: str, value: float, *, age: float = 10.0, kind: str = "gpu", host:
         pytest.param(victim(), [now(), *gpu("0", 1.0, host="n8"), *gpu("1", 1.0, host="n9")], False,
                      "re-check: only 0 of its 2 device(s) report a newest sample on n1 (samples from n8, n9, not its "
                      "node) (missing)", id="samples-from-two-other-nodes-both-said"),
-        pytest.param(victim(), [now(), *gpu("0", 1.0, host=""), *gpu("1", 1.0)], False,
-                     "re-check: only 1 of its 2 device(s) report a newest sample on n1 (samples from (no host label), "
-                     "not its node) (missing)", id="a-series-without-host-label-is-not-its-own"),
-        pytest.param(victim(node=None), [now(), *gpu("0", 1.0, host=""), *gpu("1", 1.0, host="")], False,
-                     "re-check: only 0 of its 2 device(s) report a newest sample on (no node) (samples from (no host "
-                     "label), not its node) (missing)", id="a-pod-on-no-node-has-no-own-series"),
+        # A series without a host label is the pod's, as the measurement reads it (utilisation_parts.same_host).
+        pytest.param(victim(), [now(), *gpu("0", 1.0, host=""), *gpu("1", 1.0)], True,
+                     "re-check: still idle (2 device(s) at most 1.0%, newest samples at most 10s old) < 5%",
+                     id="a-series-without-host-label-is-the-pods"),
+        pytest.param(victim(), [now(), *gpu("0", 1.0, host="n1.example"), *gpu("1", 1.0)], False,
+                     "re-check: only 1 of its 2 device(s) report a newest sample on n1 (samples from n1.example, not "
+                     "its node) (missing)", id="a-host-compared-as-a-whole-name-by-default"),
         pytest.param(victim(), [now(), *gpu("0", 1.0, UUID=""), *gpu("1", 1.0, UUID="")], True,
                      "re-check: still idle (2 device(s) at most 1.0%, newest samples at most 10s old) < 5%",
                      id="gpus-without-uuid-are-told-apart-by-index"),
@@ -166,3 +167,10 @@ def test_newest_query_is_one_small_query_scoped_to_the_pod() -> None:
         '"", "") or '
         'label_replace(timestamp(DCGM_FI_DEV_GPU_UTIL{GPU_I_PROFILE="",exported_pod="p"}), "gpu_steward_recheck", '
         '"gpu_last", "", "")')
+
+
+def test_judge_compares_short_host_names_when_told() -> None:
+    config = settings_loader.load(overrides={"prometheus": {"hostname_match": "short-name"}})
+    rows = [now(), *gpu("0", 1.0, host="n1.example"), *gpu("1", 1.0)]
+    assert recheck.judge(victim(), rows, threshold_percent=5.0, config=config) == recheck.Verdict(
+        True, "re-check: still idle (2 device(s) at most 1.0%, newest samples at most 10s old) < 5%")

@@ -164,7 +164,8 @@ class Run:
         judging = utilisation_parts.Judging(window, now, grid, reclaim.idle_statistic == "average",
                                             reclaim.max_gap_intervals, self.left_closed)
         self.readings = utilisation_parts.readings(self.caches, lives, pods=pods, judging=judging, unread=unread,
-                                                   short=short if grid.short(window, now) else None)
+                                                   short=short if grid.short(window, now) else None,
+                                                   short_name=config.prometheus.hostname_match == "short-name")
 
 
 def judge(series: Sequence[Series], *, target: snapshot.Pod | None = None, window: int = WINDOW,
@@ -188,9 +189,9 @@ TWIN = pytest.mark.parametrize("twin", [pytest.param(False, id="one-copy"), pyte
 
 
 def twins(series: Sequence[Series], twin: bool) -> list[Series]:
-    """With `twin`, each series of host n1 also under a second spelling of the host (n1.cluster.local): the
+    """With `twin`, each series of host n1 also under the other host label (`hostname`, newer exporters): the
     same device, folded part by part (not from the kept summary); the verdict must not change."""
-    extra = [dataclasses.replace(one, labels={**one.labels, "Hostname": "n1.cluster.local"})
+    extra = [dataclasses.replace(one, labels={**one.labels, "Hostname": "", "hostname": "n1"})
              for one in series if twin and one.labels.get("Hostname") == "n1"]
     return [*series, *extra]
 
@@ -285,6 +286,16 @@ def test_runs_are_consecutive_parts_newest_first() -> None:
 STRICT_AGE = settings_loader.load(overrides={"descheduler": {"reclaim": {"max_sample_age_seconds": 20}}})
 AVERAGE = settings_loader.load(overrides={"descheduler": {"reclaim": {"idle_statistic": "average"}}})
 MIG_POD = pod(full=0, mig={"1g.10gb": 1})
+SHORT_NAME = settings_loader.load(overrides={"prometheus": {"hostname_match": "short-name"}})
+SCOPED = settings_loader.load(overrides={"prometheus": {"scope_matchers": ['cluster="a"']}})
+
+
+def no_uuid(labels: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in labels.items() if k != "UUID"}
+
+
+def no_index(labels: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in labels.items() if k != "gpu"}
 
 
 def mig_series(instance: str = "1", *, value: float = 0.02 * 100, **kwargs: Any) -> Series:
@@ -389,20 +400,63 @@ def mig_series(instance: str = "1", *, value: float = 0.02 * 100, **kwargs: Any)
         # where
         pytest.param([Series(dcgm(host="n2"), scraped())], None, WINDOW, NOW, CONFIG, False,
                      "DCGM series come from n2, not the pod's node n1", id="other-node"),
-        pytest.param([steady(), Series(dcgm(host="n1.cluster.local"), scraped(start=NOW - 200))], None, WINDOW, NOW,
-                     CONFIG, True, "1.0% < 10%", id="second-host-spelling-silent-in-a-part-folds-to-the-fuller"),
-        pytest.param([Series(dcgm(host="n1.cluster.local"), scraped())], None, WINDOW, NOW, CONFIG, True,
-                     "1.0% < 10%", id="fqdn-host"),
+        pytest.param([steady(), Series({**dcgm(host="n1.cluster.local"), "UUID": "GPU-n1-0"},
+                                       scraped(start=NOW - 200))], None, WINDOW, NOW,
+                     SHORT_NAME, True, "1.0% < 10%", id="second-host-spelling-silent-in-a-part-folds-to-the-fuller"),
+        pytest.param([Series(dcgm(host="n1.cluster.local"), scraped())], None, WINDOW, NOW, SHORT_NAME, True,
+                     "1.0% < 10%", id="fqdn-host-short-name"),
+        pytest.param([Series(dcgm(host="n1.cluster.local"), scraped())], None, WINDOW, NOW, CONFIG, False,
+                     "DCGM series come from n1.cluster.local, not the pod's node n1", id="fqdn-host-exact"),
+        # hosts are whole names: gpu-01.a.example is not gpu-01.b.example (two clusters, one store)
+        pytest.param([Series(dcgm(host="gpu-01.b.example"), scraped())], pod(node="gpu-01.a.example"), WINDOW, NOW,
+                     CONFIG, False, "come from gpu-01.b.example, not the pod's node gpu-01.a.example",
+                     id="same-short-name-other-domain-is-another-host"),
+        pytest.param([Series(dcgm(host="gpu-01.a.example"), scraped()),
+                      Series({**dcgm(host="gpu-01.b.example"), "UUID": "GPU-b"}, scraped(end=NOW - 900))],
+                     pod(node="gpu-01.a.example"), WINDOW, NOW, CONFIG, True, "1.0% < 10%",
+                     id="other-domains-series-are-not-the-pods"),
+        pytest.param([Series(dcgm(host="gpu-01.b.example"), scraped())], pod(node="gpu-01.a.example"), WINDOW, NOW,
+                     SHORT_NAME, True, "1.0% < 10%", id="short-name-folds-domains-when-the-operator-says-so"),
         pytest.param([Series(dcgm(host=""), scraped())], None, WINDOW, NOW, CONFIG, True, "1.0% < 10%",
                      id="no-host-label"),
-        pytest.param([Series({**dcgm(host=""), "hostname": "n1"}, scraped(busy={NOW - 20: 50.0})),
+        pytest.param([Series({**dcgm(host=""), "hostname": "n1", "UUID": "GPU-n1-0"}, scraped(busy={NOW - 20: 50.0})),
                       Series(dcgm(), scraped())], pod(full=1), WINDOW, NOW, CONFIG, False, "50.0% >= 10%",
                      id="host-spellings-of-one-node-are-one-device-the-busier-wins"),
-        pytest.param([Series({**dcgm(host=""), "hostname": "n1"}, scraped()), Series(dcgm(), scraped())],
-                     pod(full=2), WINDOW, NOW, CONFIG, False, "only 1 of 2 devices report",
+        pytest.param([Series({**dcgm(host=""), "hostname": "n1", "UUID": "GPU-n1-0"}, scraped()),
+                      Series(dcgm(), scraped())], pod(full=2), WINDOW, NOW, CONFIG, False, "only 1 of 2 devices report",
                      id="host-spellings-of-one-gpu-are-not-two-gpus"),
         pytest.param([Series({**dcgm(), "exported_pod": "p", "pod": "dcgm-exporter-x"}, scraped())], None, WINDOW,
                      NOW, CONFIG, True, "1.0% < 10%", id="exported-pod-label-wins"),
+        # identity: the UUID first; one GPU is one device whatever the scrape paths
+        pytest.param([Series({**dcgm(), "job": "a"}, scraped()), Series({**no_index(dcgm()), "job": "b"}, scraped())],
+                     pod(full=2), WINDOW, NOW, CONFIG, False, "only 1 of 2 devices report",
+                     id="issue-a-copy-with-uuid-and-no-index-is-the-indexed-gpu-not-a-second-one"),
+        pytest.param([Series({**dcgm(), "job": "a"}, scraped()),
+                      Series({**no_index(dcgm()), "job": "b"}, scraped(busy={NOW - 95: 70.0}))],
+                     None, WINDOW, NOW, CONFIG, False, "70.0% >= 10%", id="the-busier-uuid-only-copy-wins"),
+        pytest.param([Series(no_index(dcgm()), scraped())], None, WINDOW, NOW, CONFIG, True, "1.0% < 10% over 600s",
+                     id="uuid-alone-identifies-a-gpu"),
+        pytest.param([Series({**dcgm(), "job": "a"}, scraped()), Series({**no_uuid(dcgm()), "job": "b"}, scraped()),
+                      Series({**no_index(dcgm()), "job": "c"}, scraped())],
+                     pod(full=1), WINDOW, NOW, CONFIG, True, "1.0% < 10% over 600s",
+                     id="three-scrape-paths-of-one-gpu-are-one-device"),
+        pytest.param([Series(no_uuid(dcgm()), scraped())], None, WINDOW, NOW, CONFIG, True,
+                     "; identified by host and index, no UUID label: GPU 0 on n1", id="index-fallback-is-said"),
+        pytest.param([steady()], None, WINDOW, NOW, CONFIG, True, "1.0% < 10% over 600s",
+                     id="uuid-identified-says-no-fallback"),
+        # the same host and index under two UUIDs: two GPUs (another cluster's node of the same name)
+        pytest.param([steady(), Series({**dcgm(), "UUID": "GPU-other"}, scraped())], None, WINDOW, NOW, CONFIG,
+                     False, "the pod's series show 2 distinct GPUs, it holds 1 (another cluster's series in the same "
+                     "store? set prometheus.scope_matchers)", id="unscoped-more-gpus-than-held-fails-closed"),
+        pytest.param([steady(), Series({**dcgm(), "UUID": "GPU-other"}, scraped())], None, WINDOW, NOW, SCOPED,
+                     True, "1.0% < 10%", id="scoped-store-more-gpus-than-held-is-judged"),
+        pytest.param([steady(), Series(dcgm("1"), scraped())], pod(full=2), WINDOW, NOW, CONFIG, True, "1.0% < 10%",
+                     id="as-many-gpus-as-held-boundary"),
+        pytest.param([steady(), Series({**dcgm(), "UUID": "GPU-other"}, scraped(value=95.0))], None, WINDOW, NOW,
+                     CONFIG, False, "95.0% >= 10%", id="the-other-uuids-busy-reading-is-busy"),
+        pytest.param([steady(), Series({**dcgm(), "UUID": "GPU-other"}, scraped()),
+                      Series({**no_uuid(dcgm()), "job": "b"}, scraped())], pod(full=2), WINDOW, NOW, CONFIG, False,
+                     "show 3 distinct GPUs, it holds 2", id="a-uuid-less-copy-between-two-uuids-is-not-guessed"),
         # MIG
         pytest.param([steady()], MIG_POD, WINDOW, NOW, CONFIG, False, "no DCGM_FI_PROF_GR_ENGINE_ACTIVE series",
                      id="mig-pod-needs-mig-metric"),
@@ -569,7 +623,7 @@ def test_prune_drops_old_parts_and_compacts_the_device_index() -> None:
     cache.prune(2)
     assert sorted(cache.parts) == [2] and len(cache.keys) == 600
     assert set(cache.pods) == {("team-a", "p2")}
-    assert cache.parts[2].get(cache.index[("team-a", "p2", "n1", "5/")])[0] == 20.0
+    assert cache.parts[2].get(cache.index[("team-a", "p2", "n1", "5", "GPU-n1-5", "")])[0] == 20.0
 
 
 def test_memory_of_10000_gpus_over_3h_is_a_few_mb() -> None:
@@ -796,10 +850,45 @@ def test_a_part_added_to_a_devices_stretches(previous: float, parts: list[tuple[
 
 
 @pytest.mark.parametrize(
-    ("host", "node", "same"),
-    [pytest.param("n1", "n1", True, id="same"), pytest.param("n1", "n1.cluster.local", True, id="short-and-fqdn"),
-     pytest.param("n1.cluster.local", "n1", True, id="fqdn-and-short"), pytest.param("", "n1", True, id="no-host"),
-     pytest.param("n2", "n1.cluster.local", False, id="another-node")],
+    ("host", "node", "short_name", "same"),
+    [pytest.param("gpu-01.a.example", "gpu-01.b.example", False, False, id="issue-other-domain-is-another-host"),
+     pytest.param("gpu-01.a.example", "gpu-01.b.example", True, True, id="short-name-folds-domains"),
+     pytest.param("n1", "n1", False, True, id="same"),
+     pytest.param("n1", "n1.cluster.local", False, False, id="short-and-fqdn-exact"),
+     pytest.param("n1", "n1.cluster.local", True, True, id="short-and-fqdn-short-name"),
+     pytest.param("n1.cluster.local", "n1", True, True, id="fqdn-and-short-short-name"),
+     pytest.param("", "n1", False, True, id="no-host"),
+     pytest.param("n2", "n1.cluster.local", True, False, id="another-node"),
+     pytest.param("n10", "n1", True, False, id="a-prefix-is-not-the-name")],
 )
-def test_same_host(host: str, node: str, same: bool) -> None:
-    assert utilisation_parts.same_host(host, node) is same
+def test_same_host(host: str, node: str, short_name: bool, same: bool) -> None:
+    assert utilisation_parts.same_host(host, node, short_name=short_name) is same
+
+
+@pytest.mark.parametrize(
+    ("copies", "expected"),
+    [
+        pytest.param({0: ("n1", "0", "GPU-a", ""), 1: ("n1", "", "GPU-a", "")}, [("GPU-a", (0, 1), False)],
+                     id="issue-uuid-only-copy-joins-the-indexed-one"),
+        pytest.param({0: ("n1", "0", "GPU-a", ""), 1: ("n1", "0", "", "")}, [("GPU-a", (0, 1), False)],
+                     id="index-only-copy-joins-the-one-uuid-there"),
+        pytest.param({0: ("n1", "0", "GPU-a", ""), 1: ("n1", "0", "GPU-b", ""), 2: ("n1", "0", "", "")},
+                     [("GPU 0 on n1", (2,), True), ("GPU-a", (0,), False), ("GPU-b", (1,), False)],
+                     id="index-only-copy-between-two-uuids-stays-apart"),
+        pytest.param({0: ("n1", "0", "GPU-a", ""), 1: ("n1", "1", "", "")},
+                     [("GPU 1 on n1", (1,), True), ("GPU-a", (0,), False)], id="another-index-is-another-gpu"),
+        pytest.param({0: ("n1", "0", "GPU-a", ""), 1: ("n1.x", "0", "", "")},
+                     [("GPU 0 on n1.x", (1,), True), ("GPU-a", (0,), False)], id="another-host-spelling-needs-uuid"),
+        pytest.param({0: ("n1", "0", "", ""), 1: ("", "0", "", "")},
+                     [("GPU 0 on no host", (1,), True), ("GPU 0 on n1", (0,), True)], id="index-needs-the-same-host"),
+        pytest.param({0: ("n1", "7", "GPU-a", "1"), 1: ("n1", "7", "GPU-a", "2")},
+                     [("GPU-a MIG instance 1", (0,), False), ("GPU-a MIG instance 2", (1,), False)],
+                     id="mig-instances-of-one-gpu-are-two-devices"),
+        pytest.param({0: ("n1", "", "", ""), 1: ("n1", "", "", "")},
+                     [("series 0 (no UUID, no GPU index)", (0,), True),
+                      ("series 1 (no UUID, no GPU index)", (1,), True)],
+                     id="no-identity-each-series-its-own-device"),
+    ],
+)
+def test_gpus(copies: dict[int, tuple[str, str, str, str]], expected: list[tuple[str, tuple[int, ...], bool]]) -> None:
+    assert [(g.name, g.copies, g.by_index) for g in utilisation_parts.gpus(copies)] == expected
