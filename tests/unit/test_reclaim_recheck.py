@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from common import settings_loader, snapshot
+from common import dcgm, settings_loader, snapshot
 from descheduler.reclaim import recheck, utilisation_promql
 from tests import builders
 
@@ -174,3 +174,11 @@ def test_judge_compares_short_host_names_when_told() -> None:
     rows = [now(), *gpu("0", 1.0, host="n1.example"), *gpu("1", 1.0)]
     assert recheck.judge(victim(), rows, threshold_percent=5.0, config=config) == recheck.Verdict(
         True, "re-check: still idle (2 device(s) at most 1.0%, newest samples at most 10s old) < 5%")
+
+
+def test_newest_query_carries_the_scope_matchers() -> None:
+    """A shared store: the re-check reads only this cluster's series, and the client's scope check passes it."""
+    config = settings_loader.load(overrides={"prometheus": {"scope_matchers": ['cluster="a"']}}).prometheus
+    query = utilisation_promql.newest("p", config=config, kinds=("gpu",))
+    assert query.count('DCGM_FI_DEV_GPU_UTIL{cluster="a",GPU_I_PROFILE="",') == 4
+    assert not dcgm.unscoped(query, config=config)
