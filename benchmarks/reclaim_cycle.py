@@ -60,7 +60,7 @@ from benchmarks import reclaim_prometheus  # noqa: E402
 from common import prometheus, settings, settings_loader, snapshot, source  # noqa: E402
 from descheduler import evictor, policy, reclaim  # noqa: E402
 from descheduler.reclaim import loop as reclaim_loop  # noqa: E402
-from descheduler.reclaim import measurement  # noqa: E402
+from descheduler.reclaim import measurement, utilisation_promql  # noqa: E402
 from gpu_steward import cmd_descheduler  # noqa: E402
 
 SCRIPT = pathlib.Path(__file__).resolve()
@@ -194,12 +194,19 @@ class FakePrometheus:
         if promql == "vector(time())":
             rows = [{"metric": {}, "value": [NOW, repr(NOW)]}]
             return json.dumps({"status": "success", "data": {"resultType": "vector", "result": rows}})
-        mig = "GR_ENGINE_ACTIVE" in promql
+        named = set(re.findall(r'[{,]pod="([^"]+)"', promql)) if utilisation_promql.RECHECK in promql else None
+        mig = "GR_ENGINE_ACTIVE" in promql and named is None
         span = re.search(r"\[(\d+)(ms|s)\]", promql)
         seconds = (int(span.group(1)) / (1000 if span.group(2) == "ms" else 1)) if span else 0.0
         rows = []
+        if named is not None:  # the re-check right before an eviction: the store's time, each device's newest sample
+            rows.append({"metric": {utilisation_promql.RECHECK: "now"}, "value": [steps[0], repr(steps[0])]})
         for i, pod in enumerate(self._pods):
             meta, limits = pod["metadata"], pod["spec"]["containers"][0]["resources"]["limits"]
+            if named is not None:
+                if meta["name"] in named:
+                    rows += self._newest(pod, i, steps[0])
+                continue
             if ("nvidia.com/gpu" in limits) == mig:
                 continue
             labels = {"namespace": meta["namespace"], "pod": meta["name"], "Hostname": pod["spec"]["nodeName"]}
@@ -219,6 +226,20 @@ class FakePrometheus:
                             else {"metric": metric, "value": values[0]})
         kind = "matrix" if ranged else "vector"
         return json.dumps({"status": "success", "data": {"resultType": kind, "result": rows}})
+
+    @staticmethod
+    def _newest(pod: dict[str, Any], i: int, at: float) -> list[dict[str, Any]]:
+        """One pod's rows of the answer to `utilisation_promql.newest`: as idle (or busy) as its window."""
+        meta, limits = pod["metadata"], pod["spec"]["containers"][0]["resources"]["limits"]
+        kind = "gpu" if "nvidia.com/gpu" in limits else "mig"
+        labels = {"namespace": meta["namespace"], "pod": meta["name"], "Hostname": pod["spec"]["nodeName"]}
+        rows: list[dict[str, Any]] = []
+        for device in range(sum(int(v) for v in limits.values())):
+            metric: dict[str, Any] = {**labels, "gpu": str(device), "UUID": f"GPU-{meta['name']}-{device}"}
+            value = 1.0 + i % 4 if i % 3 == 0 else 20.0 + i % 70
+            rows += [{"metric": {**metric, utilisation_promql.RECHECK: f"{kind}_value"}, "value": [at, repr(value)]},
+                     {"metric": {**metric, utilisation_promql.RECHECK: f"{kind}_last"}, "value": [at, repr(at - 5.0)]}]
+        return rows
 
 
 # --- measuring ------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ settle on the way; a cycle with a failed query is still cold). Reported apart fo
 wall time, CPU seconds of each side, queries, parts read, each query's wall time (by kind: live stretch or
 parts, and statistic); peak RSS of this process
 (the descheduler's part: snapshot, cache, answers, plan) and of Prometheus, demands served by kind (warm),
-evictions planned, and the plain `max_over_time` of each window for reference. Every cycle, cold or warm, is
+evictions planned, the re-checks right before the evictions (count, summed wall time, its share of the rest of
+the cycle), and the plain `max_over_time` of each window for reference. Every cycle, cold or warm, is
 also printed and reported with its candidates, failed queries, the store's time past the history's "now" (the
 history ends `AHEAD_SECONDS` after it) and why the other pods were spared: a count per reason, its numbers
 masked and its text cut (`REASON_CHARS`), so that a cycle finding no idle pod says why. `--fail-first-cycle`
@@ -75,6 +76,7 @@ CYCLE_SECONDS = 60.0  # store time between cycles (the default reclaim interval)
 # The loop's own clock stays at the snapshot's time (pending pods and gated gangs keep their age, so both kinds of
 # demand stay demands); only the store's time advances: its skew from ours is allowed up to the run's length.
 SKEW_ALLOWED = 3600.0
+RECHECK = "recheck"  # the re-check of each victim right before its eviction (descheduler.reclaim.recheck)
 REASON_CHARS = 90  # a spared pod's reason, its numbers masked, cut to this many characters in the histogram
 
 
@@ -170,7 +172,8 @@ class Timed:
         try:
             return await self.client.instant(promql, time=time)
         finally:
-            self.seconds.append((f"live {_stat(promql)}", _perf() - started))
+            self.seconds.append((f"live {_stat(promql)}" if utilisation_promql.RECHECK not in promql else RECHECK,
+                                 _perf() - started))
 
     async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[prometheus.Series]:
         if self.fail_ranges:
@@ -390,6 +393,16 @@ def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False,
         "demands_served": {"pods": sum(1 for d in served if not d.demand.startswith(reclaim.GANG)),
                            "gangs": sum(1 for d in served if d.demand.startswith(reclaim.GANG))},
         "evictions_planned": len(last.plan.evictions),
+        # The re-checks right before the evictions (one query per GPU victim, in the act phase): their wall time
+        # summed per warm cycle, against the rest of that cycle's wall time (what they add to it, at most: the
+        # victims of one demand are re-checked concurrently).
+        "recheck": {
+            "per_cycle": sorted({sum(n == RECHECK for n, _ in r["query_seconds"]) for r in warm}),
+            "seconds_per_cycle": _spread([sum(s for n, s in r["query_seconds"] if n == RECHECK) for r in warm]),
+            "share_of_the_rest_of_the_cycle": _spread([
+                sum(s for n, s in r["query_seconds"] if n == RECHECK)
+                / (r["wall"] - sum(s for n, s in r["query_seconds"] if n == RECHECK)) for r in warm]),
+        },
         "peak_rss_mb": {"descheduler": round(_peak_rss_mb(), 1), "prometheus": round(prometheus_rss, 1)},
         "load_average": {"before": [round(x, 2) for x in load_before],
                          "after": [round(x, 2) for x in os.getloadavg()]},

@@ -8,9 +8,11 @@ utilisation parts kept from earlier cycles) + plan + act + record.
 - Cooldowns are read from (and, after real evictions, merged into) their Lease (`cooldowns`); with no
   API server (offline `--cluster`) or in dry-run they live in memory only.
 - Every outcome goes through `record_outcome()`: one log line, one metric, the Events.
-- Evictions as a transaction: the plan checked every victim's limits and PodDisruptionBudgets before the first
-  call, and the evictor stops a demand at its first victim not evicted. A victim refused anyway (the budget
-  changed, the pod opted out or changed since the snapshot) is left out and the cycle plans again, up to
+- Evictions as a transaction: the plan checked every victim's limits and PodDisruptionBudgets on the snapshot;
+  the evictor dry-runs every victim of a demand on the API server and re-checks each GPU victim's newest samples
+  in the store (`_recheck`, one small query each, `..._rechecks_total`) before the first real eviction, and
+  evicts none of them on any refusal. A victim refused (the budget changed, the pod opted out, changed or turned
+  busy since) is left out and the cycle plans again, up to
   `ROUNDS` plans, so that the next candidate is tried now, not next cycle; a victim a budget refused cools down
   (`cooldowns`, scope `victim`). A demand whose later victim was refused after earlier ones were evicted is
   served in part: said (a Warning Event on the demand, a log line) and counted (`..._partial_demands_total`);
@@ -30,9 +32,9 @@ from collections.abc import Callable, Mapping, Sequence
 import prometheus_client
 from kubernetes_asyncio import client
 
-from common import events, settings, snapshot, source
+from common import events, prometheus, settings, snapshot, source
 from descheduler import cooldown_store, cooldowns, evictor, limits, policy, reclaim
-from descheduler.reclaim import idle_history, idle_learning, measurement, utilisation
+from descheduler.reclaim import idle_history, idle_learning, measurement, recheck, utilisation, utilisation_promql
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ SKIPPED = "EvictionSkipped"
 ROUNDS = 3  # plans per cycle at most: the first, and again after refusals (each round tries new victims only)
 # Not evicted, and not for a reason the next plan would share: plan again without them.
 REFUSED = frozenset({evictor.Result.BLOCKED, evictor.Result.PROTECTED, evictor.Result.CHANGED,
-                     evictor.Result.FAILED, evictor.Result.BACKOFF})
+                     evictor.Result.FAILED, evictor.Result.BACKOFF, evictor.Result.NOT_IDLE})
 
 
 Querier = measurement.Querier
@@ -74,6 +76,10 @@ class Metrics:
             "gpu_steward_reclaim_partial_demands",
             "Demands whose victims were evicted only in part: a later victim was refused after earlier ones went.",
             registry=registry)
+        self.rechecks = prometheus_client.Counter(
+            "gpu_steward_reclaim_rechecks",
+            "Utilisation re-checks of a victim right before its eviction, by verdict (idle, not-idle: busy, missing "
+            "or stale; failed: the query failed, not evicted either).", ["verdict"], registry=registry)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +125,9 @@ class ReclaimLoop:
         self._gang_demands = gang_demands
         self._cluster = cluster
         self._prometheus = prometheus
-        self._evictor = evictor.Evictor(evictions, config=config.descheduler.reclaim, names=config.names)
+        self._evictor = evictor.Evictor(evictions, config=config.descheduler.reclaim, names=config.names,
+                                        recheck=self._recheck if prometheus is not None else None)
+        self._acting_on: snapshot.Snapshot | None = None  # the snapshot of the cycle whose plan is being evicted
         self._api = api
         self._clock = clock
         self._whole = (progress or logger.info) if once else None  # `--once`: read everything first
@@ -215,6 +223,7 @@ class ReclaimLoop:
                                 spent=[(e.unit, e.namespace, e.node) for e in done])
 
         replans: list[reclaim.Plan] = []
+        self._acting_on = cluster
         try:
             await self._act(plan, outcomes, now=now, replan=replan, replans=replans)
         finally:
@@ -271,7 +280,8 @@ class ReclaimLoop:
             planned_without |= refused.keys()
             done = [o.eviction for o in outcomes if o.result in evictor.SUCCESS or o.result is evictor.Result.GONE]
             again = replan(refused, done)
-            tried = {o.eviction.pod for o in outcomes}
+            # A victim skipped with its refused transaction was never called: it may go in the new plan's.
+            tried = {o.eviction.pod for o in outcomes if o.result is not evictor.Result.SKIPPED}
             fresh = [e for e in again.evictions if e.pod not in tried]
             if not fresh:
                 break
@@ -285,6 +295,30 @@ class ReclaimLoop:
         for outcome in outcomes:
             if outcome.partial:
                 await self._partial(outcome, served)
+
+    async def _recheck(self, eviction: reclaim.Eviction) -> str | None:
+        """Why `eviction`'s pod must not go now, from one small query for its newest samples judged at the store's
+        time (descheduler.reclaim.recheck), or None: still idle. A failed or partial answer fails closed."""
+        cluster = self._acting_on
+        pod = cluster.pods.get(eviction.pod) if cluster is not None else None
+        if cluster is None or pod is None or self._prometheus is None:
+            return "re-check: not in this cycle's snapshot" if pod is None else "re-check: prometheus.url is not set"
+        kinds = utilisation.kinds_needed([pod], cluster.nodes)  # as the measurement asked
+        query = utilisation_promql.newest(pod.name, config=self._config.prometheus, kinds=kinds)
+        self._metrics.queries.inc()
+        try:
+            answer = await self._prometheus.instant(query)
+        except prometheus.PrometheusError as exc:
+            self._metrics.prometheus_errors.inc()
+            self._metrics.rechecks.labels(verdict="failed").inc()
+            return f"re-check: the query failed: {exc}"
+        if answer.warnings:
+            self._metrics.rechecks.labels(verdict="failed").inc()
+            return f"re-check: Prometheus answered with warnings (partial data): {'; '.join(answer.warnings)[:300]}"
+        verdict = recheck.judge(pod, answer.series, threshold_percent=eviction.threshold or 0.0, config=self._config)
+        self._metrics.rechecks.labels(verdict="idle" if verdict.idle else "not-idle").inc()
+        logger.debug("reclaim %s: %s", eviction.pod, verdict.reason)
+        return None if verdict.idle else verdict.reason
 
     async def record_outcome(self, outcome: evictor.Outcome) -> None:
         """The one place an eviction outcome is told: log line + metric + Event."""
@@ -302,6 +336,9 @@ class ReclaimLoop:
             # The live pod is no longer what was judged: not evicted, said on it.
             evictor.Result.PROTECTED: ("Normal", SKIPPED, f"Not evicted: {outcome.detail}"),
             evictor.Result.CHANGED: ("Normal", SKIPPED, f"Not evicted: {outcome.detail}"),
+            evictor.Result.NOT_IDLE: ("Normal", SKIPPED, f"Not evicted: {outcome.detail}"),
+            # Another victim of its demand (or member of its gang) refused: none of them goes, said on each.
+            evictor.Result.SKIPPED: ("Normal", SKIPPED, f"Not evicted: {outcome.detail}"),
         }
         event = table.get(outcome.result)
         if event is not None:

@@ -32,18 +32,55 @@ device. Only standard PromQL: the same queries run on Prometheus, Thanos, Mimir 
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import json
+from collections.abc import Collection, Sequence
 
 from common import dcgm, settings
 
 KINDS = ("gpu", "mig")
 TIME_QUERY = "vector(time())"  # the store's "now": every query of a cycle is evaluated at it
+RECHECK = "gpu_steward_recheck"  # the label `newest` tags its answer's rows with
 STATS = {"peak": ("n", "peak", "last"), "average": ("n", "n_min", "sum", "last")}  # per idle_statistic
 
 
 def ratio_metric(metric: str, unit: str) -> bool:
     """Whether `metric` reads 0-1 (scaled x100 to percent): DCGM's profiling metrics are ratios."""
     return unit == "ratio" or (unit == "auto" and metric.startswith("DCGM_FI_PROF_"))
+
+
+def series(kind: str, *, config: settings.Prometheus, matchers: Sequence[str] = ()) -> str:
+    """The selector of every device of `kind` (`gpu`: whole GPUs, `mig`: MIG instances), `matchers` added after the
+    scope matchers (`common.dcgm.selector`)."""
+    metric, op = (config.gpu_util_metric, "=") if kind == "gpu" else (config.mig_activity_metric, "!=")
+    return dcgm.selector(metric, f'{config.labels.mig_profile}{op}""', *matchers, config=config)
+
+
+def ratio(kind: str, *, config: settings.Prometheus) -> bool:
+    """Whether `kind`'s metric reads 0-1 (scaled x100 to percent)."""
+    if kind == "gpu":
+        return ratio_metric(config.gpu_util_metric, config.gpu_util_unit)
+    return ratio_metric(config.mig_activity_metric, config.mig_activity_unit)
+
+
+def newest(pod: str, *, config: settings.Prometheus, kinds: Collection[str] = KINDS) -> str:
+    """One small instant query for one pod's newest samples (the re-check right before its eviction,
+    descheduler.reclaim.recheck): per device of `kinds` under each pod label spelling, its newest sample in percent
+    (label `RECHECK="<kind>_value"`) and that sample's time (`"<kind>_last"`), and the store's time (`"now"`, no
+    other label). The newest sample within the store's lookback; the namespace and host are checked on the
+    answer (any of their spellings). `label_replace` tags the three, which costs nothing on one pod's few series
+    (unlike the cluster-wide reads above)."""
+    def tagged(expr: str, tag: str) -> str:
+        return f'label_replace({expr}, "{RECHECK}", "{tag}", "", "")'
+
+    parts = [tagged(TIME_QUERY, "now")]
+    for kind in KINDS:
+        if kind not in kinds:
+            continue
+        scale = " * 100" if ratio(kind, config=config) else ""
+        for label in dict.fromkeys(config.labels.pod):
+            selector = series(kind, config=config, matchers=[f"{label}={json.dumps(pod)}"])
+            parts += [tagged(f"{selector}{scale}", f"{kind}_value"), tagged(f"timestamp({selector})", f"{kind}_last")]
+    return " or ".join(parts)
 
 
 def device_labels(labels: settings.PrometheusLabels) -> str:
@@ -65,19 +102,13 @@ def queries(span: str, *, config: settings.Prometheus, statistic: str,
             kinds: Collection[str] = KINDS) -> dict[str, str]:
     """`"<kind>_<stat>"` -> PromQL over the range `span` (`part_range` or `live_range`) ending at the evaluation
     time. `kinds`: the kinds of device asked about (each costs its reads even where no series match)."""
-    mig = config.labels.mig_profile
-    selectors = {
-        "gpu": (dcgm.selector(config.gpu_util_metric, f'{mig}=""', config=config),
-                ratio_metric(config.gpu_util_metric, config.gpu_util_unit)),
-        "mig": (dcgm.selector(config.mig_activity_metric, f'{mig}!=""', config=config),
-                ratio_metric(config.mig_activity_metric, config.mig_activity_unit)),
-    }
     by = device_labels(config.labels)
     out: dict[str, str] = {}
-    for kind, (selector, ratio) in selectors.items():
+    for kind in KINDS:
         if kind not in kinds:
             continue
-        scale = " * 100" if ratio else ""
+        selector = series(kind, config=config)
+        scale = " * 100" if ratio(kind, config=config) else ""
         shapes = {
             "n": f"max by ({by}) (count_over_time({selector}[{span}]))",
             "n_min": f"min by ({by}) (count_over_time({selector}[{span}]))",

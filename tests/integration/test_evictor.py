@@ -1,11 +1,14 @@
 """Evictions, Events, cooldowns and the leader Lease against a fake API server (aiohttp) that answers
-with the real status codes: 201 evicted, 429 PDB, 404 gone, 409 conflict / UID precondition, 500; pods are read
-live before their eviction (GET), as the API server has them."""
+with the real status codes: 201 evicted, 429 PDB, 404 gone, 409 conflict / UID precondition, 500, to real
+evictions and to their server-side dry runs (`?dryRun=All`) alike; pods are read live before their eviction (GET),
+as the API server has them. That the real API server answers a dry run as it would the eviction is proven in
+tests/e2e/test_reclaim_transaction_e2e.py."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import prometheus_client
@@ -13,12 +16,13 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from common import events, settings, settings_loader, snapshot, source
+from common import events, prometheus, settings, settings_loader, snapshot, source
 from descheduler import cooldowns, evictor, leader, reclaim
-from descheduler.reclaim import idle_history
+from descheduler.reclaim import idle_history, utilisation_promql
 from descheduler.reclaim import loop as reclaim_loop
 from tests import builders
-from tests.support.prometheus import DcgmStandIn
+from tests.support.prometheus import DcgmStandIn, Series, StartPrometheus, StoreAt
+from tests.support.slowproxy import SlowProxy
 
 NOW = 1_800_000_000.0
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
@@ -28,7 +32,9 @@ LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 class FakeApi:
     policy_versions: list[str] = dataclasses.field(default_factory=lambda: ["v1", "v1beta1"])
     eviction_status: dict[str, int] = dataclasses.field(default_factory=dict)  # pod name -> status
-    evictions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    evictions: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # real ones
+    dry_runs: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # ?dryRun=All: judged, nothing evicted
+    real_status: dict[str, int] = dataclasses.field(default_factory=dict)  # pod name -> status of the real call only
     events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     leases: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     version: int = 0
@@ -65,8 +71,11 @@ class FakeApi:
 
     async def evict(self, request: web.Request) -> web.Response:
         body = await request.json()
-        self.evictions.append({"path": request.path, **body})
-        code = self.eviction_status.get(request.match_info["name"], 201)
+        dry = request.query.get("dryRun") == "All"
+        (self.dry_runs if dry else self.evictions).append({"path": request.path, **body})
+        name = request.match_info["name"]
+        code = self.eviction_status.get(name, 201) if dry else self.real_status.get(
+            name, self.eviction_status.get(name, 201))
         if code == 429:
             return self.status(429, "TooManyRequests",
                                "Cannot evict pod as it would violate the pod's disruption budget.")
@@ -171,17 +180,21 @@ def api_evictor(api_client: client.ApiClient, config: settings.Settings = CONFIG
 async def test_status_codes(
     fake: tuple[FakeApi, client.ApiClient], status: int, result: evictor.Result, detail: str
 ) -> None:
+    """Each answer, to the server-side dry run that comes first: only a dry run that passes is followed by the
+    real eviction (the same body, preconditions included)."""
     api, api_client = fake
     api.eviction_status["p"] = status
     the_evictor = api_evictor(api_client)
     [outcome] = await the_evictor.evict_plan([eviction("p")], now=NOW)
     assert outcome.result is result
     assert detail in outcome.detail
-    assert api.evictions == [{
+    body = {
         "path": "/api/v1/namespaces/team-a/pods/p/eviction", "apiVersion": "policy/v1", "kind": "Eviction",
         "metadata": {"name": "p", "namespace": "team-a"},
         "deleteOptions": {"preconditions": {"uid": "uid-p", "resourceVersion": "7"}},
-    }]
+    }
+    assert api.dry_runs == [body]
+    assert api.evictions == ([body] if status == 201 else [])
     assert api.reads == ["p"]
 
 
@@ -195,7 +208,7 @@ async def test_failure_backs_off_before_calling_again(fake: tuple[FakeApi, clien
     api.eviction_status["p"] = 201
     [later] = await the_evictor.evict_plan([eviction("p")], now=NOW + 61)
     assert later.result is evictor.Result.EVICTED
-    assert len(api.evictions) == 2
+    assert (len(api.dry_runs), len(api.evictions)) == (2, 1)
 
 
 async def test_v1beta1_when_discovery_lacks_v1(fake: tuple[FakeApi, client.ApiClient]) -> None:
@@ -220,11 +233,12 @@ async def test_limits_checked_before_any_call_and_gangs_stop_together(
     assert [(o.eviction.pod, o.result, o.detail) for o in outcomes][1:] == [
         ("team-a/b", evictor.Result.LIMITED, "per-node limit of 1 eviction decisions reached on n1"),
         ("team-a/g-0", evictor.Result.BLOCKED,
-         "a PodDisruptionBudget blocks the eviction: HTTP 429: Cannot evict pod as it would violate the pod's "
-         "disruption budget."),
-        ("team-a/g-1", evictor.Result.SKIPPED, "gang member team-a/g-0 was not evicted"),
+         "in the server-side dry run, a PodDisruptionBudget blocks the eviction: HTTP 429: Cannot evict pod as it "
+         "would violate the pod's disruption budget."),
+        ("team-a/g-1", evictor.Result.SKIPPED, "gang member team-a/g-0 was not evicted: none of its victims evicted"),
     ]
-    assert [e["metadata"]["name"] for e in api.evictions] == ["a", "g-0"]
+    assert [e["metadata"]["name"] for e in api.dry_runs] == ["a", "g-0"]
+    assert [e["metadata"]["name"] for e in api.evictions] == ["a"]
 
 
 async def test_a_gang_is_one_decision_for_the_limits(fake: tuple[FakeApi, client.ApiClient]) -> None:
@@ -239,10 +253,12 @@ async def test_a_gang_is_one_decision_for_the_limits(fake: tuple[FakeApi, client
     assert outcomes[-1].detail == "per-cycle limit of 1 eviction decisions reached"
 
 
-def _cluster(config: settings.Settings, *, learning: str | None = None) -> source.StaticSource:
-    """`learning`: the batch class's learned-idle-window annotation (None: absent)."""
+def _cluster(config: settings.Settings, *, learning: str | None = None, gpus: int = 1,
+             window: int = 3600) -> source.StaticSource:
+    """An idle pod of `gpus` GPUs filling its node, a pending pod of as many, its class idle after `window` s.
+    `learning`: the batch class's learned-idle-window annotation (None: absent)."""
     p = "reclaim-idle-resource.scheduling.x-k8s.io/"
-    batch = {f"{p}resource-idle-seconds": "3600"}
+    batch = {f"{p}resource-idle-seconds": str(window)}
     if learning is not None:
         batch[config.names.learned_idle_window] = learning
 
@@ -255,10 +271,10 @@ def _cluster(config: settings.Settings, *, learning: str | None = None) -> sourc
         body["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
 
     cluster = snapshot.build(
-        nodes=[builders.gpu_node("n1", gpus=1)],
-        pods=[builders.pod("idle", namespace="team-a", gpus=1, node="n1", phase="Running", mutate=running,
+        nodes=[builders.gpu_node("n1", gpus=gpus)],
+        pods=[builders.pod("idle", namespace="team-a", gpus=gpus, node="n1", phase="Running", mutate=running,
                            created="2020-01-01T00:00:00Z"),
-              builders.pod("want", namespace="team-b", gpus=1, mutate=unschedulable)],
+              builders.pod("want", namespace="team-b", gpus=gpus, mutate=unschedulable)],
         priority_classes=[
             builders.priority_class("batch", 1000, annotations=batch),
             builders.priority_class("broken", 1, annotations={f"{p}resource-idle-seconds": "soon"}),
@@ -449,35 +465,78 @@ async def test_protections_are_checked_again_on_the_live_pod(
 
 
 @pytest.mark.parametrize(
-    ("statuses", "results", "calls", "partial"),
+    ("statuses", "real", "results", "calls", "partial", "detail"),
     [
-        # Why: the second victim was evicted although the first was refused: a useless eviction.
-        pytest.param({"a": 429}, [evictor.Result.BLOCKED, evictor.Result.SKIPPED], ["a"], (),
-                     id="why-first-victim-refused-the-second-is-not-evicted"),
-        pytest.param({}, [evictor.Result.EVICTED, evictor.Result.EVICTED], ["a", "b"], (),
+        # Why (issue 29): a budget created since the plan refused the second victim after the first was evicted.
+        pytest.param({"b": 429}, {}, [evictor.Result.SKIPPED, evictor.Result.BLOCKED], [], (),
+                     "victim team-a/b of the same demand team-b/want was not evicted (its own checks passed): none "
+                     "of its victims evicted", id="why-second-victim-refused-in-the-dry-run-none-evicted"),
+        pytest.param({"a": 429}, {}, [evictor.Result.BLOCKED, evictor.Result.SKIPPED], [], (),
+                     "victim team-a/a of the same demand team-b/want was not evicted: none of its victims evicted",
+                     id="first-victim-refused-the-second-is-not-evicted"),
+        pytest.param({"b": 500}, {}, [evictor.Result.SKIPPED, evictor.Result.FAILED], [], (),
+                     "in the server-side dry run, HTTP 500", id="a-5xx-in-the-dry-run-evicts-none"),
+        pytest.param({"b": 409}, {}, [evictor.Result.SKIPPED, evictor.Result.CHANGED], [], (),
+                     "in the server-side dry run, the pod changed", id="a-409-in-the-dry-run-evicts-none"),
+        pytest.param({"a": 404}, {}, [evictor.Result.GONE, evictor.Result.SKIPPED], [], (),
+                     "victim team-a/a of the same demand team-b/want was not evicted: none of its victims evicted",
+                     id="a-victim-gone-since-the-plan-evicts-none-the-next-cycle-plans-afresh"),
+        pytest.param({}, {}, [evictor.Result.EVICTED, evictor.Result.EVICTED], ["a", "b"], (), "reclaimed for",
                      id="every-victim-evicted"),
-        pytest.param({"b": 429}, [evictor.Result.EVICTED, evictor.Result.BLOCKED], ["a", "b"], ("team-a/a",),
-                     id="boundary-a-later-refusal-is-said"),
-        pytest.param({"a": 404}, [evictor.Result.GONE, evictor.Result.EVICTED], ["a", "b"], (),
-                     id="a-victim-already-gone-frees-its-gpus"),
+        # A refusal that comes anyway after a passed dry run (a race): said as served in part.
+        pytest.param({}, {"b": 429}, [evictor.Result.EVICTED, evictor.Result.BLOCKED], ["a", "b"], ("team-a/a",),
+                     "1 victim(s) of team-b/want already evicted (team-a/a): it is served in part",
+                     id="boundary-a-refusal-after-the-dry-run-is-said"),
     ],
 )
 async def test_a_demands_victims_go_all_or_none(
-    fake: tuple[FakeApi, client.ApiClient], statuses: dict[str, int], results: list[evictor.Result],
-    calls: list[str], partial: tuple[str, ...]
+    fake: tuple[FakeApi, client.ApiClient], statuses: dict[str, int], real: dict[str, int],
+    results: list[evictor.Result], calls: list[str], partial: tuple[str, ...], detail: str,
 ) -> None:
     api, api_client = fake
     api.eviction_status.update(statuses)
+    api.real_status.update(real)
     the_evictor = api_evictor(api_client)
     outcomes = await the_evictor.evict_plan([eviction("a"), eviction("b", node="n2")], now=NOW)
     assert [o.result for o in outcomes] == results
     assert [e["metadata"]["name"] for e in api.evictions] == calls
+    assert detail in " | ".join(o.detail for o in outcomes)
     assert outcomes[-1].partial == partial
-    if evictor.Result.SKIPPED in results:
-        assert outcomes[-1].detail == "victim team-a/a of the same demand team-b/want was not evicted"
-    if partial:
-        assert outcomes[-1].detail.endswith("1 victim(s) of team-b/want already evicted (team-a/a): it is served "
-                                            "in part")
+    assert len(api.dry_runs) == (1 if "a" in statuses else 2)  # a refused first victim: the second is never asked
+
+
+def gang(*, launcher_status: int = 201) -> list[reclaim.Eviction]:
+    """A gang of two GPU workers and a GPU-less launcher, in plan order (GPU members first)."""
+    workers = [eviction(f"worker-{i}", unit="gang:team-a/job") for i in range(2)]
+    return [*workers, dataclasses.replace(eviction("launcher", unit="gang:team-a/job"), utilization=None,
+                                          threshold=None, window_seconds=None)]
+
+
+@pytest.mark.parametrize(
+    ("statuses", "real", "calls", "results"),
+    [
+        # Why (issue 29): the launcher, evicted last, was refused and left the workers gone: the gang split.
+        pytest.param({"launcher": 429}, {}, [], {"launcher": "blocked", "worker-0": "skipped", "worker-1": "skipped"},
+                     id="why-launcher-refused-in-the-dry-run-workers-untouched"),
+        pytest.param({}, {"launcher": 429}, ["launcher"],
+                     {"launcher": "blocked", "worker-0": "skipped", "worker-1": "skipped"},
+                     id="launcher-refused-after-its-dry-run-still-first-so-workers-untouched"),
+        pytest.param({}, {}, ["launcher", "worker-0", "worker-1"],
+                     {"launcher": "evicted", "worker-0": "evicted", "worker-1": "evicted"},
+                     id="companions-go-first-then-workers-in-plan-order"),
+    ],
+)
+async def test_a_gangs_companion_goes_first_and_its_refusal_leaves_the_workers(
+    fake: tuple[FakeApi, client.ApiClient], statuses: dict[str, int], real: dict[str, int], calls: list[str],
+    results: dict[str, str],
+) -> None:
+    api, api_client = fake
+    api.eviction_status.update(statuses)
+    api.real_status.update(real)
+    outcomes = await api_evictor(api_client).evict_plan(gang(), now=NOW)
+    assert [e["metadata"]["name"] for e in api.evictions] == calls
+    assert {o.eviction.pod.split("/")[1]: o.result.value for o in outcomes} == results
+    assert sorted(e["metadata"]["name"] for e in api.dry_runs) == ["launcher", "worker-0", "worker-1"]
 
 
 def idle_pods(pods: dict[str, str]) -> DcgmStandIn:
@@ -485,8 +544,9 @@ def idle_pods(pods: dict[str, str]) -> DcgmStandIn:
     return DcgmStandIn({("team-a", name, node): 1.0 for name, node in pods.items()}, now=NOW)
 
 
-def _two_candidates(config: settings.Settings, *, gpus: int = 1, nodes: int = 2) -> source.StaticSource:
-    """Idle 1-GPU pods a and b (on n1 and n2, or both on n1 when `nodes` is 1) and a pending pod `want`."""
+def _two_candidates(config: settings.Settings, *, gpus: int = 1, nodes: int = 2,
+                    idle: Sequence[str] = ("a", "b")) -> source.StaticSource:
+    """Idle 1-GPU pods a and b (on n1 and n2, or all of `idle` on n1 when `nodes` is 1) and a pending pod `want`."""
     p = "reclaim-idle-resource.scheduling.x-k8s.io/"
 
     def running(body: dict[str, Any]) -> None:
@@ -497,11 +557,11 @@ def _two_candidates(config: settings.Settings, *, gpus: int = 1, nodes: int = 2)
         body["spec"]["priority"] = 10000
         body["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
 
-    where = {"a": "n1", "b": "n2" if nodes == 2 else "n1"}
+    where = {n: "n2" if nodes == 2 and n == "b" else "n1" for n in idle}
     cluster = snapshot.build(
-        nodes=[builders.gpu_node(f"n{i + 1}", gpus=2 // nodes) for i in range(nodes)],
+        nodes=[builders.gpu_node(f"n{i + 1}", gpus=len(idle) // nodes) for i in range(nodes)],
         pods=[*(builders.pod(n, namespace="team-a", gpus=1, node=where[n], phase="Running", mutate=running,
-                             created="2020-01-01T00:00:00Z") for n in ("a", "b")),
+                             created="2020-01-01T00:00:00Z") for n in idle),
               builders.pod("want", namespace="team-b", gpus=gpus, mutate=unschedulable)],
         priority_classes=[builders.priority_class("batch", 1000, annotations={f"{p}resource-idle-seconds": "3600"})],
         names=config.names, taken_at=NOW,
@@ -533,11 +593,12 @@ async def test_a_refused_victim_cools_down_and_the_next_candidate_is_tried_in_th
     cycle = await loop.cycle()
     assert [(o.eviction.pod, o.result) for o in cycle.outcomes] == [
         ("team-a/a", evictor.Result.BLOCKED), ("team-a/b", evictor.Result.EVICTED)]
-    assert [e["metadata"]["name"] for e in api.evictions] == ["a", "b"]
+    assert [e["metadata"]["name"] for e in api.dry_runs] == ["a", "b"]
+    assert [e["metadata"]["name"] for e in api.evictions] == ["b"]
     assert [e.pod for p in cycle.replans for e in p.evictions] == ["team-a/b"]
     assert len(plans) == 2, "planned again once: no new refusal, no third plan"
     assert {s.pod: s.reason for s in cycle.replans[0].spared}["team-a/a"].startswith(
-        "eviction refused earlier this cycle: a PodDisruptionBudget blocks the eviction")
+        "eviction refused earlier this cycle: in the server-side dry run, a PodDisruptionBudget blocks the eviction")
     stored = cooldowns.decode(api.leases["gpu-steward-reclaim-cooldowns"]["metadata"]["annotations"]
                               [config.names.cooldown])[0]
     assert stored.until["victim:team-a/a"] == NOW + 180
@@ -554,9 +615,10 @@ async def test_a_refused_victim_cools_down_and_the_next_candidate_is_tried_in_th
 async def test_a_demand_served_in_part_is_said_counted_and_not_repeated(
     fake: tuple[FakeApi, client.ApiClient],
 ) -> None:
-    """Both victims on one node for a 2-GPU pod; the second is refused after the first went."""
+    """Both victims on one node for a 2-GPU pod; the second is refused after the first went (both passed their dry
+    runs: a budget created between the two real calls)."""
     api, api_client = fake
-    api.eviction_status["b"] = 429
+    api.real_status["b"] = 429
     registry = prometheus_client.CollectorRegistry()
     config = settings_loader.load()
     loop = reclaim_loop.ReclaimLoop(
@@ -579,6 +641,57 @@ async def test_a_demand_served_in_part_is_said_counted_and_not_repeated(
         "team-a/b": "refused-eviction cooldown for 180s more"}
 
 
+async def test_a_budget_created_since_the_plan_refuses_the_dry_run_and_none_is_evicted(
+    fake: tuple[FakeApi, client.ApiClient],
+) -> None:
+    """Why (issue 29): a 429 on the second victim (a budget created since the plan) left the first evicted for a
+    pod that still cannot run. Both victims on one node for a 2-GPU pod; the second one's dry run is refused."""
+    api, api_client = fake
+    api.eviction_status["b"] = 429
+    registry = prometheus_client.CollectorRegistry()
+    config = settings_loader.load()
+    loop = reclaim_loop.ReclaimLoop(
+        config=config, cluster=_two_candidates(config, gpus=2, nodes=1), prometheus=idle_pods({"a": "n1", "b": "n1"}),
+        evictions=evictor.ApiEvictionClient(api_client, timeout_seconds=5), api=api_client, clock=lambda: NOW,
+        registry=registry)
+    cycle = await loop.cycle()
+    assert [(o.eviction.pod, o.result, o.partial) for o in cycle.outcomes] == [
+        ("team-a/a", evictor.Result.SKIPPED, ()), ("team-a/b", evictor.Result.BLOCKED, ())]
+    assert api.evictions == []
+    assert registry.get_sample_value("gpu_steward_reclaim_partial_demands_total") == 0
+    assert registry.get_sample_value("gpu_steward_reclaim_evictions_total",
+                                     {"result": "skipped", "reason": "on-demand"}) == 1
+    told = sorted((e["involvedObject"]["name"], e["reason"], e["message"]) for e in api.events
+                  if e["involvedObject"]["kind"] == "Pod")
+    assert told == [
+        ("a", reclaim_loop.SKIPPED, "Not evicted: victim team-a/b of the same demand team-b/want was not evicted "
+                                    "(its own checks passed): none of its victims evicted"),
+        ("b", "EvictionBlocked", "Not evicted: in the server-side dry run, a PodDisruptionBudget blocks the eviction: "
+                                 "HTTP 429: Cannot evict pod as it would violate the pod's disruption budget."),
+    ]
+
+
+async def test_a_victim_skipped_with_its_refused_transaction_may_go_in_the_next_plans(
+    fake: tuple[FakeApi, client.ApiClient],
+) -> None:
+    """Three idle 1-GPU pods on one node, a pending 2-GPU pod: the plan takes a and b; b's dry run is refused, so
+    a is skipped, not called. The plan made again without b takes a and c: both go together. (Had a counted as
+    tried, c alone would have gone: a demand served in half.)"""
+    api, api_client = fake
+    api.eviction_status["b"] = 429
+    config = settings_loader.load()
+    loop = reclaim_loop.ReclaimLoop(
+        config=config, cluster=_two_candidates(config, gpus=2, nodes=1, idle=("a", "b", "c")),
+        prometheus=idle_pods({"a": "n1", "b": "n1", "c": "n1"}),
+        evictions=evictor.ApiEvictionClient(api_client, timeout_seconds=5), api=api_client, clock=lambda: NOW)
+    cycle = await loop.cycle()
+    assert [(o.eviction.pod, o.result) for o in cycle.outcomes] == [
+        ("team-a/a", evictor.Result.SKIPPED), ("team-a/b", evictor.Result.BLOCKED),
+        ("team-a/a", evictor.Result.EVICTED), ("team-a/c", evictor.Result.EVICTED)]
+    assert [e["metadata"]["name"] for e in api.evictions] == ["a", "c"]
+    assert [o.partial for o in cycle.outcomes] == [(), (), (), ()]
+
+
 async def test_a_victim_protected_since_the_snapshot_is_said_and_the_next_candidate_is_tried(
     fake: tuple[FakeApi, client.ApiClient],
 ) -> None:
@@ -596,3 +709,67 @@ async def test_a_victim_protected_since_the_snapshot_is_said_and_the_next_candid
                if e["reason"] == reclaim_loop.SKIPPED]
     assert skipped == [("a", "Normal", 'Not evicted: protected on the live pod: '
                                        'cluster-autoscaler.kubernetes.io/safe-to-evict: "false"')]
+
+
+# --- The re-check right before an eviction, against a real Prometheus, behind a slow API (issue 29) -------------
+
+
+AHEAD = 600  # the history is written up to this many seconds after the measurement
+BUSY_AFTER = 15.0  # seconds after the measurement, the victim's second GPU turns busy (the next sample)
+
+
+def turning_busy(*, busy: bool) -> list[Series]:
+    """A 2-GPU pod idle (1 %) for two hours up to the measurement; its second GPU at 95 % from BUSY_AFTER s later
+    (when `busy`), sampled every 15 s up to 10 min after it."""
+    def samples(index: int) -> list[tuple[float, float]]:  # (seconds before AHEAD s after the measurement, value)
+        return [(float(AHEAD - after), 95.0 if busy and index == 1 and after >= BUSY_AFTER else 1.0)
+                for after in range(-7200, AHEAD + 1, 15)]
+
+    return [Series("DCGM_FI_DEV_GPU_UTIL", {"gpu": str(i), "UUID": f"GPU-n1-{i}", "Hostname": "n1",
+                                            "namespace": "team-a", "pod": "idle", "container": "main"}, samples(i))
+            for i in range(2)]
+
+
+@pytest.mark.prometheus
+@pytest.mark.parametrize(
+    ("busy", "result", "evicted"),
+    [
+        # Why (issue 29): with an API answering in 8 s, a pod was evicted 18 s after it turned busy.
+        pytest.param(True, evictor.Result.NOT_IDLE, [], id="why-turned-busy-while-the-api-was-slow-not-evicted"),
+        pytest.param(False, evictor.Result.EVICTED, ["idle"], id="still-idle-evicted"),
+    ],
+)
+async def test_a_victim_turning_busy_behind_a_slow_api_is_not_evicted(
+    fake: tuple[FakeApi, client.ApiClient], prometheus_factory: StartPrometheus, busy: bool,
+    result: evictor.Result, evicted: list[str],
+) -> None:
+    api, api_client = fake
+    measured_at = float(int(time.time()) // 300 * 300)  # on the part grid, in the past
+    server = prometheus_factory(turning_busy(busy=busy), now=measured_at + AHEAD)
+    store = [measured_at]
+    config = settings_loader.load(overrides={"prometheus": {"url": server.url}})
+    registry = prometheus_client.CollectorRegistry()
+    dcgm = StoreAt(prometheus.Client(config.prometheus), store)
+
+    def slow(method: str, path: str) -> None:  # each API call takes 8 s of the store's time
+        store[0] += 8.0
+
+    async with SlowProxy(upstream=str(api_client.configuration.host), delay_seconds=0.05, on_request=slow) as proxy:
+        async with client.ApiClient(client.Configuration(host=proxy.url)) as slow_api:
+            loop = reclaim_loop.ReclaimLoop(
+                config=config, cluster=_cluster(config, gpus=2, window=600), prometheus=dcgm,
+                evictions=evictor.ApiEvictionClient(slow_api, timeout_seconds=5), api=api_client,
+                clock=lambda: store[0], registry=registry)
+            cycle = await loop.cycle()
+    assert [(o.eviction.pod, o.result) for o in cycle.outcomes] == [("team-a/idle", result)]
+    assert [e["metadata"]["name"] for e in api.evictions] == evicted
+    rechecks = [(at, q) for at, q in dcgm.asked if utilisation_promql.RECHECK in q]
+    assert len(rechecks) == 1 and rechecks[0][0] >= measured_at + BUSY_AFTER  # the store moved on meanwhile
+    verdict = "not-idle" if busy else "idle"
+    assert registry.get_sample_value("gpu_steward_reclaim_rechecks_total", {"verdict": verdict}) == 1
+    skipped = [e["message"] for e in api.events if e["reason"] == reclaim_loop.SKIPPED]
+    if busy:
+        assert skipped == ["Not evicted: not idle right before its eviction: re-check: busy again, device GPU-n1-1 "
+                           "reads 95.0% >= 5% at its newest sample"]
+    else:
+        assert skipped == []

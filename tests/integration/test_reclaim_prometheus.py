@@ -225,7 +225,11 @@ async def test_cycle_reads_the_newest_minutes_and_the_parts_and_plans(server: Pr
     # The store's time; per kind (MIG pods ask for MIG instances too) the live stretch's three statistics and,
     # the part cache being cold, its parts as range queries (at most 12 parts each); once, whether the store's
     # ranges include their left end. No query reads more than a part or the live stretch, whatever the window.
-    assert cycle.queries == len(querier.promql) == 1 + 6 + 1 + len(querier.ranges)
+    # Then, right before the evictions, one re-check of each victim's newest samples.
+    rechecks = [q for q in querier.promql if utilisation_promql.RECHECK in q]
+    measured = [q for q in querier.promql if utilisation_promql.RECHECK not in q]
+    assert cycle.queries == len(measured) == 1 + 6 + 1 + len(querier.ranges)
+    assert len(rechecks) == len(cycle.plan.evictions) == 4
     assert querier.promql[0] == utilisation_promql.TIME_QUERY
     assert len([q for q in querier.promql if "[1ms]" in q]) == 1
     live = [q.split("[")[1].split("ms]")[0] for q in querier.promql if "ms]" in q and "[1ms]" not in q]

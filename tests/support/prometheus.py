@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from common import prometheus
+from descheduler.reclaim import utilisation_promql
 from gpu_steward_lab import localprometheus
 
 Series = localprometheus.Series
@@ -59,12 +60,15 @@ class DcgmStandIn:
         self.now = now
         self.every = every
         self.asked: list[str] = []
+        self.newest: dict[str, float] = {}  # pod name -> its newest sample, where not its util (turned busy since)
 
     async def instant(self, promql: str, *, time: float | None = None) -> prometheus.Answer:
         self.asked.append(promql)
         at = self.now if time is None else time
         if promql == "vector(time())":
             return prometheus.Answer([{"metric": {}, "value": [at, repr(at)]}])
+        if utilisation_promql.RECHECK in promql:
+            return prometheus.Answer(self._newest(promql, at))
         rows = self._rows(promql, [at])
         return prometheus.Answer([{"metric": metric, "value": values[0]} for metric, values in rows])
 
@@ -72,6 +76,19 @@ class DcgmStandIn:
         self.asked.append(promql)
         steps = [start + k * step for k in range(round((end - start) / step) + 1)]
         return [{"metric": metric, "values": values} for metric, values in self._rows(promql, steps)]
+
+    def _newest(self, promql: str, at: float) -> list[prometheus.Series]:
+        """The answer to `utilisation_promql.newest`: the store's time, and each named pod's newest sample (5 s old)."""
+        tag = utilisation_promql.RECHECK
+        rows: list[prometheus.Series] = [{"metric": {tag: "now"}, "value": [at, repr(at)]}]
+        named = set(re.findall(r'[{,]pod="([^"]+)"', promql))
+        for (namespace, pod, node), util in self.pods.items():
+            if pod not in named:
+                continue
+            metric = {"namespace": namespace, "pod": pod, "Hostname": node, "gpu": "0", "UUID": f"GPU-{node}-0"}
+            rows += [{"metric": {**metric, tag: "gpu_value"}, "value": [at, repr(self.newest.get(pod, util))]},
+                     {"metric": {**metric, tag: "gpu_last"}, "value": [at, repr(at - 5.0)]}]
+        return rows
 
     def _rows(self, promql: str, steps: list[float]) -> list[tuple[dict[str, str], list[list[Any]]]]:
         span = re.search(r"\[(\d+)(ms|s)\]", promql)
@@ -90,3 +107,21 @@ class DcgmStandIn:
                 values.append([at, repr(value)])
             rows.append((metric, values))
         return rows
+
+
+class StoreAt:
+    """A real Prometheus client whose queries without a time are evaluated at the test's store clock (`now[0]`)
+    instead of the server's wall clock: the data is written around that time, and the test moves the store's time
+    on (as while a slow API answers). `asked`: (store time, query) of each instant query."""
+
+    def __init__(self, client: prometheus.Client, now: list[float]) -> None:
+        self._client = client
+        self.now = now
+        self.asked: list[tuple[float, str]] = []
+
+    async def instant(self, promql: str, *, time: float | None = None) -> prometheus.Answer:
+        self.asked.append((self.now[0], promql))
+        return await self._client.instant(promql, time=self.now[0] if time is None else time)
+
+    async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[prometheus.Series]:
+        return await self._client.query_range(promql, start=start, end=end, step=step)
