@@ -251,16 +251,23 @@ def test_take_counts_against_later_pods() -> None:
     assert room.free["pods"] == 108
 
 
+def _gpus(count: int) -> dict[str, Any]:
+    """A spec whose one container asks `count` device-plugin GPUs (what the `requests` vector says)."""
+    return {"containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": str(count)}}}]}
+
+
 @pytest.mark.parametrize(
     ("spec", "requests", "expected"),
     [
-        pytest.param({}, {"nvidia.com/gpu": 16}, "requests more than the node has: nvidia.com/gpu 16 > 8",
+        pytest.param(_gpus(16), {"nvidia.com/gpu": 16}, "requests more than the node has: nvidia.com/gpu 16 > 8",
                      id="more-gpus-than-the-node"),
+        pytest.param({}, {"nvidia.com/gpu": 2}, "asks 2 GPU of DRA device classes; the node's GPUs are a device plugin's",
+                     id="gpus-asked-through-claims-on-a-device-plugin-node"),
         pytest.param({}, {"cpu": 128_000}, "requests more than the node has: cpu 128000 > 64000", id="more-cpu"),
         pytest.param({}, {"example.com/fpga": 1}, "requests more than the node has: example.com/fpga 1 > 0",
                      id="a-resource-the-node-lacks"),
         pytest.param({"nodeSelector": {"pool": "x"}}, {}, "nodeSelector pool=x does not match", id="filters-first"),
-        pytest.param({}, {"nvidia.com/gpu": 8, "cpu": 64_000}, None, id="exactly-everything-fits"),
+        pytest.param(_gpus(8), {"nvidia.com/gpu": 8, "cpu": 64_000}, None, id="exactly-everything-fits"),
     ],
 )
 def test_never(spec: dict[str, Any], requests: dict[str, int], expected: str | None) -> None:
