@@ -4,8 +4,9 @@ A pending GPU pod the scheduler found no room for (PodScheduled=False, Unschedul
 a complete gated gang that waits only for GPUs is fed by the gang controller (`gang_demand`). A demand that
 must not be served still comes back, with the reason it is `ignored` (recorded, never served):
 - kube-scheduler already preempted for it (`status.nominatedNodeName`);
-- release placed it and it is stuck (it carries our release annotation, or it is a gang member pinned to one
-  node): release's recovery owns it, and evicting for its pin would only strand it again;
+- release placed it and it is not bound (it carries our release annotation, or it is a gang member an older release
+  pinned to one node): release's observation reports it (`descheduler.release.outcomes`), and evicting for an old
+  pin would only strand it again;
 - the one capacity model does not evaluate all of its constraints (`common.capacity.ungoverned`: required pod
   (anti-)affinity, hard topology spread, resource claims...): freeing GPUs may not let it run, and kube-scheduler's
   message names only the first filter that failed on each node, so a GPU shortage there hides them;
@@ -61,10 +62,10 @@ def _unschedulable(pod: snapshot.Pod) -> Mapping[str, Any] | None:
 def _released(pod: snapshot.Pod, *, names: settings.Names) -> str | None:
     """Why release owns this pending pod (placed by it and stuck), or None."""
     if names.release in pod.annotations:
-        return f"placed at release ({names.release}) and not bound: release's recovery owns it"
+        return f"placed at release ({names.release}) and not bound: release reports it"
     pinned = snapshot.pinned_node(pod.raw)
     if pinned and gangs.identify(pod.raw, names=names) is not None:
-        return f"gang member pinned to {pinned} at release and not bound: release's recovery owns it"
+        return f"gang member pinned to {pinned} at release and not bound: release reports it"
     return None
 
 

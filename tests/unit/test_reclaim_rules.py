@@ -91,12 +91,12 @@ SERVED = {("team-a/idle", WANT)}
         pytest.param(want(spec={"nodeSelector": {"pool": "other"}}), set(),
                      "no node can hold it: team-b/want: n1: nodeSelector pool=other does not match",
                      id="message-never-enables-a-node-the-model-rules-out"),
-        # Release placed it and it is stuck: its recovery owns it, not reclaim.
+        # Release placed it and it is not bound: release reports it, reclaim leaves it.
         pytest.param(want(spec=PIN, annotations={"gpu-steward.io/release": "n1: score 250"}), set(),
-                     "placed at release (gpu-steward.io/release) and not bound: release's recovery owns it",
+                     "placed at release (gpu-steward.io/release) and not bound: release reports it",
                      id="released-and-stuck-is-no-demand"),
         pytest.param(want(spec=PIN, labels=gang("g")), set(),
-                     "gang member pinned to n1 at release and not bound: release's recovery owns it",
+                     "gang member pinned to n1 at release and not bound: release reports it",
                      id="gang-member-pinned-and-stuck-is-no-demand"),
         pytest.param(want(spec=PIN), SERVED, "1 idle pod(s) evicted on n1",
                      id="boundary-a-users-own-pin-is-a-demand-there"),
