@@ -475,12 +475,13 @@ class Run:
         self.created.append(unit)
 
     def depart(self) -> None:
-        """A bare pod (or a whole gang) that runs is about to finish. A backlog arrives first: `BACKLOG` pods of
-        a higher class (`URGENT_CLASS`, which never preempts) that fit nowhere, then a never-gated racer of that
-        class for the finishing pod's GPUs; kube-scheduler finds no room for them. `RACER_LEAD_SECONDS` later the
-        pod finishes (deleted): kube-scheduler takes the backlog and the racer first (their class is higher), while
-        our descheduler may nominate a gated pod to the room that appeared: the race, the racer binding a moment after
-        the snapshot the nomination was planned on (the released pod then binds elsewhere, or waits). The backlog is deleted again once the room is taken."""
+        """A bare pod (or a whole gang) that runs is about to finish. A backlog arrives first: `BACKLOG` pods of a
+        higher class (`URGENT_CLASS`, which never preempts) that fit nowhere, then a never-gated racer of that class for
+        the finishing pod's GPUs; kube-scheduler finds no room for them. `RACER_LEAD_SECONDS` later the pod finishes
+        (deleted): kube-scheduler takes the backlog and the racer first (their class is higher), while our descheduler
+        may nominate a gated pod to the room that appeared: the race, the racer binding a moment after the snapshot the
+        nomination was planned on (the released pod then binds elsewhere, or waits). The backlog is deleted again once
+        the room is taken."""
         running: dict[str, int] = {}  # unit -> GPUs of its largest pod
         finishing = {unit for _, unit, _ in self.finishing}
         for pod in self.pods.values():
