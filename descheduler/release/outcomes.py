@@ -104,10 +104,9 @@ class _Released:
 
 
 def _domains(pod: snapshot.Pod, node: snapshot.Node | None) -> int:
-    if node is None:
-        return 0
+    """NVLink domains of its node the pod's GPUs are in (0 when the node is gone)."""
     held = set(pod.gpu_indices)
-    return sum(1 for domain in node.topology.domains if held & set(domain))
+    return sum(1 for domain in (node.topology.domains if node is not None else ()) if held & set(domain))
 
 
 def _alone(item: _Released, cluster: snapshot.Snapshot, *, bound: float, now: float) -> Outcome | None:

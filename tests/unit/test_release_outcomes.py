@@ -62,6 +62,11 @@ def released(name: str, *, planned: str | None = "a", node: str | None = None, a
                         created=RECENT if at is not None else "2026-11-21T10:00:00Z", mutate=mutate)
 
 
+def no_creation(pod: dict[str, Any]) -> dict[str, Any]:
+    del pod["metadata"]["creationTimestamp"]
+    return pod
+
+
 def other(name: str, *, node: str | None) -> dict[str, Any]:
     """A pod no release of ours placed (no record)."""
     return builders.pod(name, namespace="team", gpus=4, node=node, phase="Running" if node else "Pending",
@@ -86,7 +91,7 @@ def check(found: Mapping[str, outcomes.Outcome], expected: Mapping[str, Want]) -
     assert sorted(found) == sorted(expected)
     for name, want in expected.items():
         got = found[name]
-        assert (got.cause, got.gang) == (want.cause, want.gang), got
+        assert (got.cause, got.gang, got.uid) == (want.cause, want.gang, f"uid-{name}"), got
         assert want.says in got.message, got.message
         assert got.event == outcomes.EVENTS[want.cause]
 
@@ -96,7 +101,8 @@ def check(found: Mapping[str, outcomes.Outcome], expected: Mapping[str, Want]) -
     [
         # --- adversarial rows first ---
         pytest.param([released("p", planned="a", node="b", nominated=None)],
-                     {"p": Want(C.PLACED_ELSEWHERE, "nominated to a at release, bound to b")},
+                     {"p": Want(C.PLACED_ELSEWHERE, "nominated to a at release, bound to b (the node no longer "
+                                                    "fitted it when kube-scheduler tried it)")},
                      id="node-filled-or-higher-priority-racer-took-it/bound-elsewhere"),
         pytest.param([released("p", planned="gone", node="b")],
                      {"p": Want(C.PLACED_ELSEWHERE, "nominated to gone at release, bound to b")},
@@ -154,6 +160,8 @@ def check(found: Mapping[str, outcomes.Outcome], expected: Mapping[str, Want]) -
                      id="released-without-a-nomination-still-late"),
         pytest.param([released("p", node=None, at=None)], {"p": Want(C.NOT_BOUND, "released without a nomination")},
                      id="record-without-a-time-counts-from-creation"),
+        pytest.param([no_creation(released("p", node=None, at=None))], {},
+                     id="no-time-and-no-creation-time/never-late"),
     ],
 )
 def test_outcomes(pods: list[dict[str, Any]], expected: Mapping[str, Want]) -> None:
