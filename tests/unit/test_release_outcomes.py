@@ -78,6 +78,7 @@ class Want:
     cause: outcomes.Cause
     says: str  # a fragment of the message
     gang: str | None = None
+    whole: bool = False  # `says` is the whole message
 
 
 def assess(pods: Sequence[dict[str, Any]], occupancy: snapshot.Occupancy | None = None) -> dict[str, outcomes.Outcome]:
@@ -92,7 +93,7 @@ def check(found: Mapping[str, outcomes.Outcome], expected: Mapping[str, Want]) -
     for name, want in expected.items():
         got = found[name]
         assert (got.cause, got.gang, got.uid) == (want.cause, want.gang, f"uid-{name}"), got
-        assert want.says in got.message, got.message
+        assert got.message == want.says if want.whole else want.says in got.message, got.message
         assert got.event == outcomes.EVENTS[want.cause]
 
 
@@ -153,11 +154,18 @@ def check(found: Mapping[str, outcomes.Outcome], expected: Mapping[str, Want]) -
         pytest.param([released("p", planned="a", node="a")], {}, id="bound-where-nominated/no-match"),
         pytest.param([released("p", node=None, at=RECENT)], {}, id="not-bound-within-the-bound/no-match"),
         pytest.param([released("p", node=None, at=AT_BOUND)], {}, id="not-bound-exactly-at-the-bound/boundary"),
-        pytest.param([released("p", node=None, at=PAST)], {"p": Want(C.NOT_BOUND, "not bound 121s")},
+        pytest.param([released("p", node=None, at=PAST)],
+                     {"p": Want(C.NOT_BOUND, "nominated to a, not bound 121s after its release (bound: 120s)",
+                                whole=True)},
                      id="not-bound-past-the-bound/match"),
         pytest.param([released("p", planned=None, node=None, at=PAST)],
-                     {"p": Want(C.NOT_BOUND, "released without a nomination, not bound")},
+                     {"p": Want(C.NOT_BOUND, "released without a nomination, not bound 121s after its release "
+                                             "(bound: 120s)", whole=True)},
                      id="released-without-a-nomination-still-late"),
+        pytest.param([released("p", planned="a", node=None, at=PAST, pin="a")],
+                     {"p": Want(C.NOT_BOUND, "nominated to a, not bound 121s after its release (bound: 120s)",
+                                whole=True)},
+                     id="users-own-metadata-name-term-is-not-an-older-release-pin"),
         pytest.param([released("p", node=None, at=None)], {"p": Want(C.NOT_BOUND, "released without a nomination")},
                      id="record-without-a-time-counts-from-creation"),
         pytest.param([no_creation(released("p", node=None, at=None))], {},
