@@ -18,7 +18,7 @@ from admission import metrics as admission_metrics
 from common import feeder
 from descheduler import evictor
 from descheduler.reclaim import loop as reclaim_loop
-from descheduler.release import controller
+from descheduler.release import controller, outcomes
 from tests.chart import helm
 
 METRIC = re.compile(r"\b(gpu_steward_[a-z0-9_]*[a-z0-9])\b(?:\{([^}]*)\})?")
@@ -29,6 +29,7 @@ KNOWN_VALUES = {
     ("gpu_steward_admission_requests_total", "result"): {r.value for r in admission_metrics.Result},
     ("gpu_steward_reclaim_evictions_total", "result"): {r.value for r in evictor.Result},
     ("gpu_steward_feeder_errors_total", "source"): {"occupancy", *(kind.name for kind in feeder.KINDS)},
+    ("gpu_steward_release_outcomes_total", "cause"): {c.value for c in outcomes.Cause},
 }
 
 
