@@ -8,7 +8,7 @@ Two kinds of pods get `<prefix>gang` at creation (gates can be set then and neve
   capacity model evaluates (`capacity.ungoverned`: not the pod's own required inter-pod affinity, hard topology
   spread, resource claims or volumes the scheduler filters on), scheduled by the default scheduler, not a
   DaemonSet's and held by no other controller's gate. The release controller
-  places each as a gang of one on fresh state, pins it and removes the gate. They are gated only while
+  places each as a gang of one on fresh state, nominates it to its node and removes the gate. They are gated only while
   that controller is seen alive (its leader Lease renewed recently, timed on our clock); otherwise
   nothing would ever lift the gate, so they get preferred terms instead.
 
@@ -42,7 +42,7 @@ class GateDecision:
 
     @property
     def for_release(self) -> bool:
-        """Gated to be placed at release: the release controller pins it, preferred terms would be wasted bytes."""
+        """Gated to be placed at release: the release controller nominates it, preferred terms would be wasted bytes."""
         return self.release is Release.GATED
 
 
@@ -130,7 +130,7 @@ def _for_release(
                                    "not placed at release", None)
     spec = pod.get("spec") or {}
     unmodelled = capacity.ungoverned(spec, claims=claims)
-    if unmodelled:  # a pin could leave it where the scheduler then refuses it
+    if unmodelled:  # the model cannot say where it fits: no exact placement to make
         return GateDecision(False, f"{unmodelled}: placed by kube-scheduler, not at release", None)
     scheduler = spec.get("schedulerName") or gangs.DEFAULT_SCHEDULER
     if scheduler != gangs.DEFAULT_SCHEDULER:

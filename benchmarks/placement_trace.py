@@ -15,7 +15,7 @@ and the same pod sequence:
                     descheduler`, gang release only: reclaim off), each reading the cluster through its
                     watch feeder and GPU-index occupancy from a real Prometheus (see "GPU indices"
                     below). The webhook gates the pods whose placement we govern; the release
-                    controller pins each to its node and un-gates it;
+                    controller nominates each to its node and un-gates it;
   * gpu-steward+binpack — the same in front of the bin-packing scheduler.
 
 Nodes: `openb_node_list_gpu_node.csv` (1,213 nodes), or a stratified sample: every (GPU model,
@@ -53,18 +53,18 @@ plugin keeps a pod's GPUs; after departures the two differ (free GPUs per domain
 Measured per arm: for every multi-GPU pod, the NVLink domains its GPUs span and the fewest it could
 have spanned on any node that could hold it (GPUs, cpu, memory) at the moment it was bound; the share
 of domain-fittable pods (fewest == 1) placed in one domain, counting the pods bound during the replay (like the
-waits); the pods still pending at its end that bind while the replay's pods are all being deleted are reported
-apart (`placement_at_teardown`; on the quick slice most multi-GPU pods); each binding in `bindings` (node, free GPUs
-per domain before it, domains spanned, fewest possible, our release record and pin); GPU fragmentation sampled every
-`SAMPLE_SECONDS` (free GPUs in partly used domains / partly used nodes); pods never scheduled and
-create-to-bound waits, for all pods and split into the pods our webhook gates (`admission.release_min_gpus`
-whole GPUs or more, 2 by default: placed at release in our arms) and the rest (1-GPU pods, preferred terms
-only), in every arm, so the release path's own wait is seen apart; pins refused: pods our release pinned that
-kube-scheduler reported Unschedulable (the pin lost its node to another pod), and how many of them were never
-bound; burst throughput; in our arms, the CPU seconds our webhook and descheduler processes used during the replay
-and the burst (from /proc). Prints a table, writes JSON (--out) and a PNG bar chart (--picture), and each arm's wall
-time by step (control plane and nodes, until the feeder and our processes are ready, replay, burst, stop; `phases`
-in the JSON) beside the load average.
+waits); the pods still pending at its end that bind while the replay's pods are all being deleted are reported apart
+(`placement_at_teardown`; on the quick slice most multi-GPU pods); each binding in `bindings` (node, free GPUs per
+domain before it, domains spanned, fewest possible, our release record and whether it bound on the node the release
+nominated it to); GPU fragmentation sampled every `SAMPLE_SECONDS` (free GPUs in partly used domains / partly used
+nodes); pods never scheduled and create-to-bound waits, for all pods and split into the pods our webhook gates
+(`admission.release_min_gpus` whole GPUs or more, 2 by default: placed at release in our arms) and the rest (1-GPU
+pods, preferred terms only), in every arm, so the release path's own wait is seen apart; nominations missed: of the
+pods our release nominated that bound, those bound on another node (the nominated node was taken first); burst
+throughput; in our arms, the CPU seconds our webhook and descheduler processes used during the replay and the burst
+(from /proc). Prints a table, writes JSON (--out) and a PNG bar chart (--picture), and each arm's wall time by step
+(control plane and nodes, until the feeder and our processes are ready, replay, burst, stop; `phases` in the JSON)
+beside the load average.
 
 --quick (CI): the default scheduler against gpu-steward (unless --arms), each on its own control plane as above,
 20 nodes (102 GPUs) and 150 pods from #1750 of multigpu50 (109 1-GPU, 28 2-GPU and 13 4-GPU pods: 41 pods that
@@ -101,6 +101,7 @@ from kubernetes_asyncio import client  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
 from common import feeder, gpu, kube, placement, settings, snapshot  # noqa: E402
+from descheduler.release import outcomes  # noqa: E402
 from gpu_steward_lab import demo, devicesim, localcluster, localprometheus, localsteward  # noqa: E402
 
 TRACES = ROOT / "benchmarks" / "data" / "alibaba-openb"  # the public traces (benchmarks/data/README.md)
@@ -383,7 +384,7 @@ class Binding:
     fewest: int | None  # fewest domains any node that could hold it offered then (None: none could)
     steered: bool = False  # carries gpu-steward's decision record (its webhook admitted it)
     released: str | None = None  # our release record (`gpu-steward.io/release`): gated, then placed by us
-    pinned: bool = False  # bound with our pin (a required term naming its node)
+    on_plan: bool | None = None  # bound on the node our release nominated it to (None: not nominated by us)
     free_before: tuple[int, ...] = ()  # free GPUs per NVLink domain of its node just before it
 
     @property
@@ -403,7 +404,6 @@ class Tracker:
     assignments: devicesim.Assignments = dataclasses.field(default_factory=devicesim.Assignments)
     bindings: dict[str, Binding] = dataclasses.field(default_factory=dict)
     samples: list[tuple[float, Fragmentation]] = dataclasses.field(default_factory=list)
-    refused: set[str] = dataclasses.field(default_factory=set)  # pinned pods seen Unschedulable (a race lost)
     # At each sample, each node's free GPUs per NVLink domain and free cpu (milli): where the free GPUs were.
     layouts: list[tuple[float, dict[str, tuple[tuple[int, ...], int]]]] = dataclasses.field(default_factory=list)
 
@@ -411,7 +411,6 @@ class Tracker:
         """Record pods bound since the last call, in creation order, each judged against the cluster as
         the earlier ones left it (pods that ended are gone first)."""
         resident = {p.key for p in cluster.pods.values() if p.holds_gpus and p.request.full}
-        self.refused |= {p.key for p in cluster.pods.values() if p.node_name is None and refused_pin(p.raw)}
         new = sorted((p for p in cluster.pods.values() if p.key in resident and p.key not in self.bindings),
                      key=lambda p: (p.created, p.key))
         fresh = {p.key for p in new}
@@ -433,7 +432,8 @@ class Tracker:
             binding = Binding(pod.key, pod.request.full, node, now, domains_spanned(room.domains, indices),
                               self._fewest(pod.request.full, cpu, memory, used, load),
                               steered=DECISION in pod.annotations, released=pod.annotations.get(RELEASE),
-                              pinned=snapshot.pinned_node(pod.raw) == node,
+                              on_plan=planned == node if (planned := nominated_to(pod.annotations.get(RELEASE)))
+                              else None,
                               free_before=tuple(sum(1 for i in d if i not in used.get(node, set()))
                                                 for d in room.domains))
             self.bindings[pod.key] = binding
@@ -472,13 +472,9 @@ class Tracker:
         return sum(len(pods) for pods in self.assignments.by_node.values())
 
 
-def refused_pin(raw: Mapping[str, Any]) -> bool:
-    """Pinned to one node by our release, not bound, and reported Unschedulable by kube-scheduler: the pin lost
-    the race for its node (what pin recovery then takes back)."""
-    conditions = (raw.get("status") or {}).get("conditions") or ()
-    return snapshot.pinned_node(raw) is not None and any(
-        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
-        for c in conditions)
+def nominated_to(record: str | None) -> str | None:
+    """The node our release nominated a pod to, from its release record (`planned=`), if it did."""
+    return outcomes.read(record).node if record is not None else None
 
 
 # --- summarising (pure) -----------------------------------------------------------------------------
@@ -826,8 +822,8 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
     traced = sorted((b for k, b in tracker.bindings.items() if k.startswith(f"{NAMESPACE}/")),
                     key=lambda b: b.bound_at)
     replayed, teardown = split_at_end(traced, ended_at=replay["ended_at_seconds"])
-    refused = sorted(k for k in tracker.refused if k.startswith(f"{NAMESPACE}/"))
-    replay["pins_refused"] = {"pods": len(refused), "never_bound": sum(k not in tracker.bindings for k in refused)}
+    nominated = [b for b in replayed if b.on_plan is not None]
+    replay["nominations_missed"] = {"pods": sum(1 for b in nominated if not b.on_plan), "nominated": len(nominated)}
     return {**replay, "placement": placement_summary(replayed), "placement_at_teardown": placement_summary(teardown),
             "bindings": [dataclasses.asdict(b) for b in traced],
             "fragmentation": fragmentation_summary(tracker.samples), "fragmentation_layouts": tracker.layouts,
@@ -912,8 +908,8 @@ def table(arms: Mapping[str, Mapping[str, Any]], *, gated_min_gpus: int = 2) -> 
     smaller = "1-GPU pods" if gated_min_gpus == 2 else f"pods under {gated_min_gpus} GPUs"
     for kind, label in (("gated", f"  gated pods ({gated_min_gpus}+ GPUs)"), ("not_gated", f"  {smaller}")):
         row(label, lambda r, k=kind: _waits(r["pending"].get("waits", {}).get(k)))
-    row("pins refused (never bound)", lambda r: f"{r.get('pins_refused', {}).get('pods', 0)} "
-        f"({r.get('pins_refused', {}).get('never_bound', 0)})")
+    row("nominations missed (of nominated)", lambda r: f"{r.get('nominations_missed', {}).get('pods', 0)} "
+        f"({r.get('nominations_missed', {}).get('nominated', 0)})")
     row("burst pods bound / s", lambda r: _fmt(r["burst"]["pods_per_second"], ".1f"))
     row("CPU s, webhook / descheduler", lambda r: f"{_fmt(r.get('cpu_seconds', {}).get('webhook'), '.1f')} / "
         f"{_fmt(r.get('cpu_seconds', {}).get('descheduler'), '.1f')}")

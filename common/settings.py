@@ -740,13 +740,13 @@ class Gangs(Model):
     )
     max_concurrent_patches: int = pydantic.Field(
         default=16, ge=1, le=256,
-        description="Release patches (one per pod: pin + remove our gate) in flight at once.",
+        description="Release calls (per pod: its nomination, then the removal of our gate) in flight at once.",
     )
     max_wait_seconds: Seconds = pydantic.Field(
         default=300,
         description="A single pod gated for placement at release that cannot be placed within this long (from "
-        "its creation) is released unpinned with a ReleasedUnplaced warning: kube-scheduler's preemption and "
-        "cluster autoscalers ignore gated pods, so no pod may wait on us longer (seconds).",
+        "its creation) is released without a nomination with a ReleasedUnplaced warning: kube-scheduler's "
+        "preemption and cluster autoscalers ignore gated pods, so no pod may wait on us longer (seconds).",
     )
     gang_max_wait_seconds: Seconds = pydantic.Field(
         default=1800,
@@ -759,22 +759,12 @@ class Gangs(Model):
         "at most this long (from when it was ready), so a gang that fits nowhere soon does not stall the "
         "queue; a gang that can never fit as the cluster stands reserves nothing (seconds).",
     )
-    pin_deadline_seconds: Seconds = pydantic.Field(
-        default=60,
-        description="A pod released pinned to a node that is not bound this long after its release while "
-        "kube-scheduler reports it Unschedulable is recovered (at once when its node is gone or cordoned): "
-        "re-created by its controller where that costs nothing, else re-created by us or reported "
-        "(docs/placement.md, Recovery) (seconds).",
-    )
-    nominated_retry_seconds: Seconds = pydantic.Field(
-        default=360,
-        description="A pinned pod kube-scheduler has nominated to its pinned node is waited on past "
-        "pin_deadline_seconds: while a pod there is terminating, until that pod's deletion time plus this long; "
-        "once none is and the capacity model finds room for it there, until this long after its release. "
-        "kube-scheduler 1.37 can leave such a pod untried until its unschedulable-pod flush "
-        "(podMaxInUnschedulablePodsDuration, 5 min, checked every 30 s): the default is that, its 10 s "
-        "longest backoff and 20 s to spare (docs/operations.md, A preemptor kube-scheduler does not retry) "
-        "(seconds).",
+    bind_bound_seconds: Seconds = pydantic.Field(
+        default=120,
+        description="A released pod not bound this long after its release is reported (Warning NotBoundInTime, a "
+        "gang: GangNotBoundInTime on every member; metric gpu_steward_release_outcomes_total; `gpu-steward gangs`), "
+        "never deleted: kube-scheduler's own backoff (10 s at most) and the default 30 s grace of preemption "
+        "victims fit well within it (seconds).",
     )
     incomplete_event_grace_seconds: Seconds = pydantic.Field(
         default=10,

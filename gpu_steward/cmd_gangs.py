@@ -3,9 +3,9 @@ a gang of one), its members, its state, and what it waits for.
 
 Offline from a saved state (`kubectl get nodes,pods,priorityclasses,namespaces -A -o json`), or live
 (one full list through the feeder, no watch kept). Read-only: it shows the gang controller's plan
-for this moment, every pinned pod that is stuck (pin recovery: why, and what the controller does about it;
-Jobs are not read here, so their pods show as reported), and every pin past its deadline that recovery waits on
-(kube-scheduler nominated it to its node: which wait, until when); it changes nothing.
+for this moment and every released pod whose release did not go as planned (`outcomes`: bound elsewhere than
+nominated, not bound within `descheduler.gangs.bind_bound_seconds`, a gang spread or part-bound); it changes
+nothing.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from common import feeder, kube, settings, snapshot, source
-from descheduler.release import planning, recovery
+from descheduler.release import outcomes, planning
 from gpu_steward import cmdline
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "gangs",
-        help="list gangs, their members and state, what a waiting gang waits for, and stuck or waited-on pins",
+        help="list gangs, their members and state, what a waiting gang waits for, and releases that went otherwise",
         description="Show the gang controller's view: each gang, its members, its state and why.",
         parents=[cmdline.cluster_parent()],
     )
@@ -49,15 +49,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"gangs: {exc}", file=sys.stderr)
         return 2
     result = planning.plan(cluster, config=config, now=now)
-    stuck = recovery.assess(cluster, config=config, now=now)
-    waits = recovery.waiting(cluster, config=config, now=now)
+    found = outcomes.assess(cluster, config=config, now=now)
     if args.namespace:  # planned on the whole cluster (capacity is shared), shown for one namespace
         mine = f"{args.namespace}/"
         result = dataclasses.replace(result, decisions=tuple(d for d in result.decisions if d.gang.startswith(mine)))
-        stuck = tuple(r for r in stuck if r.unit.startswith(mine))
-        waits = tuple(w for w in waits if w.key.startswith(mine))
-    print(json.dumps(as_json(result, stuck, waits), indent=2) if args.output == "json"
-          else as_text(result, stuck, waits))
+        found = tuple(o for o in found if o.key.startswith(mine))
+    print(json.dumps(as_json(result, found), indent=2) if args.output == "json" else as_text(result, found))
     return 0
 
 
@@ -79,8 +76,7 @@ async def _live(config: settings.Settings) -> snapshot.Snapshot:
         await api.close()
 
 
-def as_json(result: planning.ReleasePlan, stuck: Sequence[recovery.Recovery] = (),
-            waits: Sequence[recovery.Waiting] = ()) -> dict[str, Any]:
+def as_json(result: planning.ReleasePlan, found: Sequence[outcomes.Outcome] = ()) -> dict[str, Any]:
     return {
         "gangs": [
             {
@@ -101,22 +97,13 @@ def as_json(result: planning.ReleasePlan, stuck: Sequence[recovery.Recovery] = (
             for d in result.decisions
         ],
         "demand": [{"gang": d.gang, "nodes": list(d.nodes), "missing_gpus": d.missing_gpus} for d in result.shortages],
-        "stuck_pins": [
-            {"unit": r.unit, "cause": r.cause.value, "recovery": r.how.value, "why": r.message,
-             "pods": [{"pod": p.key, "node": p.node, "bound": p.bound, "cause": p.cause.value if p.cause else None,
-                       "recovery": p.how.value} for p in r.pods]}
-            for r in stuck
-        ],
-        "waited_pins": [{"pod": w.key, "node": w.node, "wait": w.wait.value, "until": w.until, "why": w.why}
-                        for w in waits],
+        "outcomes": [{"pod": o.key, "gang": o.gang, "cause": o.cause.value, "event": o.event[1], "why": o.message}
+                     for o in found],
     }
 
 
-def as_text(result: planning.ReleasePlan, stuck: Sequence[recovery.Recovery] = (),
-            waits: Sequence[recovery.Waiting] = ()) -> str:
-    lines = [f"stuck pin {r.unit}  {r.cause.value}  {'recovering: ' if r.acting else ''}{r.how.value}"
-             f"\n  why: {r.message}" for r in stuck]
-    lines += [f"waited pin {w.key}  {w.wait.value}  on {w.node}\n  why: {w.why}" for w in waits]
+def as_text(result: planning.ReleasePlan, found: Sequence[outcomes.Outcome] = ()) -> str:
+    lines = [f"released {o.key}  {o.cause.value}\n  why: {o.message}" for o in found]
     if not result.decisions:
         return "\n".join([*lines, "no gangs"])
     for d in result.decisions:

@@ -3,9 +3,12 @@
 A pending GPU pod the scheduler found no room for (PodScheduled=False, Unschedulable) is a demand on its own;
 a complete gated gang that waits only for GPUs is fed by the gang controller (`gang_demand`). A demand that
 must not be served still comes back, with the reason it is `ignored` (recorded, never served):
-- kube-scheduler already preempted for it (`status.nominatedNodeName`);
-- release placed it and it is stuck (it carries our release annotation, or it is a gang member pinned to one
-  node): release's recovery owns it, and evicting for its pin would only strand it again;
+- it is nominated (`status.nominatedNodeName`): kube-scheduler already preempted for it, or release nominated it and
+  kube-scheduler tries that node first (it clears the field after a failed attempt; the pod is a demand then);
+- it is a gang member an older release pinned to one node: release's observation reports it
+  (`descheduler.release.outcomes`), and evicting for an old pin would only strand it again. A pod release
+  un-gated without a pin (placed elsewhere than planned, or released unplaced) is a demand like any other: nothing
+  holds it to one node;
 - the one capacity model does not evaluate all of its constraints (`common.capacity.ungoverned`: required pod
   affinity, hard topology spread, resource claims...): freeing GPUs may not let it run, and kube-scheduler's
   message names only the first filter that failed on each node, so a GPU shortage there hides them. A pending
@@ -62,12 +65,10 @@ def _unschedulable(pod: snapshot.Pod) -> Mapping[str, Any] | None:
 
 
 def _released(pod: snapshot.Pod, *, names: settings.Names) -> str | None:
-    """Why release owns this pending pod (placed by it and stuck), or None."""
-    if names.release in pod.annotations:
-        return f"placed at release ({names.release}) and not bound: release's recovery owns it"
+    """Why release owns this pending pod (a gang member an older release pinned), or None."""
     pinned = snapshot.pinned_node(pod.raw)
     if pinned and gangs.identify(pod.raw, names=names) is not None:
-        return f"gang member pinned to {pinned} at release and not bound: release's recovery owns it"
+        return f"gang member pinned to {pinned} at release and not bound: release reports it"
     return None
 
 
@@ -84,7 +85,7 @@ def _unevaluated(pods: Sequence[snapshot.Pod], *, evaluated: Set[str] = frozense
 def _ignored(pod: snapshot.Pod, condition: Mapping[str, Any], *, names: settings.Names) -> str | None:
     nominated = (pod.raw.get("status") or {}).get("nominatedNodeName")
     if nominated:
-        return f"kube-scheduler already preempted for it on {nominated} (status.nominatedNodeName)"
+        return f"nominated to {nominated} (status.nominatedNodeName): kube-scheduler tries that node first"
     why = _released(pod, names=names) or _unevaluated([pod], evaluated=EVALUATED)
     if why:
         return why

@@ -1,4 +1,4 @@
-"""The gang-release loop: plan on the shared snapshot, then pin and un-gate, with Events and metrics.
+"""The gang-release loop: plan on the shared snapshot, then nominate and un-gate, with Events and metrics.
 
 Runs inside the descheduler process under its leader election:
 
@@ -10,20 +10,25 @@ Nothing it needs lives only in memory: every pass re-derives the gangs from the 
 restart (or a new leader) picks up where the last one stopped. What memory it keeps is courtesy:
 which Events were already posted (a restart may repeat one), and the pods it has released that the
 snapshot does not show released yet (`assumed`, like kube-scheduler's assume cache and Kueue's
-expectations): they hold the node they were pinned to and are not planned again, so their GPUs are
+expectations): they hold the node they were nominated to and are not planned again, so their GPUs are
 never promised twice and a burst of single pods is released pass after pass without waiting for the
 watch to catch up.
 
-A single pod is released by one patch: its pin, its placement record and the removal of our gate. A gang's
-members are all pinned first, then all un-gated, so a failure while pinning releases none; a failure while
-un-gating leaves a started gang whose rest the next pass releases (see `planning`, "already started"),
-keeping the pins already set. Calls run concurrently, at most `descheduler.gangs.max_concurrent_patches`
-in flight.
+A pod is released by two calls (`patches`): its nomination (`pods/status`, while it is still gated), then one
+patch writing its release record and removing our gate. A gang's members are all nominated first, then all
+un-gated together, so a failure while nominating releases none (the next pass keeps the nominations already set
+and places the rest); a failure while un-gating leaves a started gang whose rest the next pass releases (see
+`planning`, "already started"). Calls run concurrently, at most `descheduler.gangs.max_concurrent_patches` in
+flight.
 
-Right before a release's first patch (a single pod: once its patch has a slot; a gang: before any member is
-pinned) the release is re-checked on the freshest snapshot the feeder holds (`planning.overtaken`): when a node
+Right before a release's first call (a single pod: once its nomination has a slot; a gang: before any member is
+nominated) the release is re-checked on the freshest snapshot the feeder holds (`planning.overtaken`): when a node
 planned for it was taken since the plan, it is held back (`gpu_steward_release_overtaken_total`), a gang as a
 unit, and the next pass, which the newer snapshot has already woken, plans it afresh.
+
+After the releases, every pass checks what earlier releases came to (`outcomes`, level-triggered) and tells each
+outcome once (`_record`: a log line, `gpu_steward_release_outcomes_total{cause}` and an Event on the pod). It never
+acts on one: nothing in gpu-steward deletes, evicts or re-creates a pod to repair a placement.
 """
 
 from __future__ import annotations
@@ -38,8 +43,8 @@ import aiohttp
 import prometheus_client
 from kubernetes_asyncio import client
 
-from common import events, kube, label_values, settings, snapshot, source, timestamps
-from descheduler.release import patches, planning, recoverer
+from common import events, kube, settings, snapshot, source, timestamps
+from descheduler.release import outcomes, patches, planning
 
 logger = logging.getLogger(__name__)
 
@@ -77,11 +82,15 @@ class Metrics:
             "gpu_steward_release_overtaken", "Releases held back right before their first patch because a node "
             "planned for them was taken since the plan (planned afresh on the next pass).", registry=registry,
         )
-        self.recovery = recoverer.Metrics(registry)
+        self.outcomes = prometheus_client.Counter(
+            "gpu_steward_release_outcomes", "Released pods whose release did not go as planned, told once each, by "
+            "cause: placed-elsewhere, split-domains, not-bound, gang-not-bound, gang-spread (descheduler/release/"
+            "outcomes.py).", ["cause"], registry=registry,
+        )
 
 
 def _release_kind(decision: planning.Decision) -> str:
-    if decision.event_reason == planning.PREEMPTING:  # a single pod released unpinned, or a gang pinned
+    if decision.event_reason == planning.PREEMPTING:  # a single pod, or a gang with members that need a preemption
         return "preempting"
     if decision.action is planning.Action.RELEASE_ALONE:
         return {planning.ORPHANED: "orphaned", planning.UNPLACED: "unplaced"}.get(
@@ -121,9 +130,9 @@ class Controller:
         self._api = api
         self._metrics = metrics
         self._posted: dict[str, tuple[str, str]] = {}  # pod key -> what its last Event said (see _tell)
-        self._assumed: dict[str, tuple[str, float]] = {}  # pod key -> (pinned node or "", when released)
+        self._assumed: dict[str, tuple[str, float]] = {}  # pod key -> (nominated node or "", when released)
+        self._told: set[tuple[str, outcomes.Cause]] = set()  # (pod uid, cause) outcomes already told (see _record)
         self._calls = asyncio.Semaphore(config.descheduler.gangs.max_concurrent_patches)
-        self._recoverer = recoverer.Recoverer(config=config, api=api, metrics=metrics.recovery)
 
     async def reconcile(self, *, now: float) -> planning.ReleasePlan | None:
         """One pass; None when the snapshot cannot be trusted (stale)."""
@@ -145,8 +154,30 @@ class Controller:
         self._count(result)
         live = {m.key for d in result.decisions for m in d.members}
         self._posted = {k: v for k, v in self._posted.items() if k in live}
-        await self._recoverer.run(cluster, now=now)
+        await self._observe(cluster, now=now)
         return result
+
+    async def _observe(self, cluster: snapshot.Snapshot, *, now: float) -> None:
+        """Tell every outcome of earlier releases not told yet (`outcomes`); forget those no longer found, so one
+        that comes back is told again."""
+        found = outcomes.assess(cluster, config=self._config, now=now)
+        await asyncio.gather(*(self._record(o) for o in found if (o.uid, o.cause) not in self._told))
+        self._told &= {(o.uid, o.cause) for o in found}
+
+    async def _record(self, outcome: outcomes.Outcome) -> None:
+        """The one place a release outcome is told: log line + metric + Event."""
+        kind, reason = outcome.event
+        logger.log(logging.WARNING if kind == "Warning" else logging.INFO, "release outcome %s %s: %s",
+                   outcome.cause.value, outcome.key, outcome.message)
+        self._metrics.outcomes.labels(outcome.cause.value).inc()
+        async with self._calls:
+            posted = await events.post(
+                self._api, regarding=events.ObjectRef.pod(outcome.key, uid=outcome.uid),
+                type="Warning" if kind == "Warning" else "Normal", reason=reason, message=outcome.message,
+                request_timeout=self._config.kubernetes.request_timeout_seconds,
+            )
+        if posted:
+            self._told.add((outcome.uid, outcome.cause))
 
     def _forget_seen(self, cluster: snapshot.Snapshot, *, now: float) -> None:
         """Drop released pods once the snapshot shows them released (or gone); keep none past one resync
@@ -185,8 +216,8 @@ class Controller:
     def _overtaken(self, decision: planning.Decision, cluster: snapshot.Snapshot, result: planning.ReleasePlan,
                    ) -> str | None:
         """Why the release must not go out as planned, judged on the freshest snapshot (`planning.overtaken`)."""
-        # Pods this pass pins count in the plan already, whether or not their patch has returned yet.
-        ours = {key: node for d in result.decisions for key, node in d.pins.items()}
+        # Pods this pass nominates count in the plan already, whether or not their call has returned yet.
+        ours = {key: node for d in result.decisions for key, node in d.nominations.items()}
         why = planning.overtaken(decision, planned=cluster, fresh=self._source.snapshot, left=result.left,
                                  assumed={**{key: node for key, (node, _) in self._assumed.items()}, **ours})
         if why:
@@ -197,39 +228,40 @@ class Controller:
 
     async def _release(self, decision: planning.Decision, cluster: snapshot.Snapshot, result: planning.ReleasePlan,
                        *, now: float) -> None:
-        gate, pins = self._config.names.gate, decision.pins
-        if len(decision.ungate) > 1 and pins:
-            # Several members: pin them all before any is un-gated, so a failure half-way releases none (the
-            # next pass re-plans them, honouring pins already set) and a started gang always has its pins. Judged as
-            # a unit on the freshest snapshot first: a node taken since the plan holds back every member.
-            if self._overtaken(decision, cluster, result):
-                return
-            await _all(self._patch(key, patch, content_type=JSON_PATCH) for key, node in pins.items()
-                       if (patch := patches.tighten(cluster.pods[key].raw, nodes=[node])))
-
-        # Every release is recorded on the pod in the same patch that un-gates it: when (what pin recovery counts its
-        # deadline from, `recovery`) and where and why; then one short Event per released pod says where and why.
-        record = (self._config.names.release, label_values.stamp(_rfc3339(now), decision.message))
+        gate, nominations = self._config.names.gate, decision.nominations
         single = len(decision.ungate) == 1
+        if nominations:
+            # Every member nominated before any is un-gated, so a failure half-way releases none (the next pass keeps
+            # the nominations set and places the rest). Judged as a unit on the freshest snapshot first: a node taken
+            # since the plan holds back every member; a single pod is judged once its call has a slot.
+            if not single and self._overtaken(decision, cluster, result):
+                return
+            bodies = {key: body for key, node in nominations.items()
+                      if (body := patches.nominate(cluster.pods[key].raw, node=node)) is not None}
+            if single:
+                guard = lambda: self._overtaken(decision, cluster, result)  # noqa: E731
+                for key, body in bodies.items():
+                    if not await self._patch(key, body, content_type=MERGE_PATCH, status=True, guard=guard):
+                        return
+            else:
+                await _all(self._patch(key, body, content_type=MERGE_PATCH, status=True)
+                           for key, body in bodies.items())
 
-        held_back: list[str] = []
+        # Every release is recorded on the pod in the same patch that un-gates it: when, where it was nominated and
+        # why (what `outcomes` checks); then one short Event per released pod says where and why.
+        at = _rfc3339(now)
 
         async def one(key: str) -> None:
             pod = cluster.pods[key].raw
-            pin = pins.get(key) if single else None
-            patch = patches.release(pod, gate=gate, node=pin, record=record)
-            if not patch:
-                return
-            # A single pod is re-checked on the freshest snapshot right before its patch (after waiting for a slot).
-            guard = (lambda: self._overtaken(decision, cluster, result)) if pin else None
-            if await self._patch(key, patch, content_type=JSON_PATCH, guard=guard):
-                self._assumed[key] = (pins.get(key, ""), now)
-            else:
-                held_back.append(key)
+            node = nominations.get(key)
+            member = next(m for m in decision.members if m.key == key)
+            record = (self._config.names.release,
+                      outcomes.record(at=at, node=node, one_domain=member.one_domain, why=decision.message))
+            patch = patches.release(pod, gate=gate, record=record)
+            if patch and await self._patch(key, patch, content_type=JSON_PATCH):
+                self._assumed[key] = (node or "", now)
 
         await _all(one(key) for key in decision.ungate)
-        if held_back:
-            return
         logger.info("%s %s: %s: %s", "pod" if decision.single else "gang", decision.gang, decision.action,
                     decision.message)
         self._metrics.releases.labels(_release_kind(decision)).inc()
@@ -240,13 +272,15 @@ class Controller:
                 self._metrics.wait_seconds.observe(max(0.0, now - started))
         await self._tell(decision, only_changes=False)  # one Event per release, a single pod's too
 
-    async def _patch(self, key: str, body: object, *, content_type: str,
+    async def _patch(self, key: str, body: object, *, content_type: str, status: bool = False,
                      guard: Callable[[], str | None] | None = None) -> bool:
-        """Send the patch once a slot is free; not if `guard` then says why not (False)."""
+        """Send the patch (to `pods/status` when `status`) once a slot is free; not if `guard` then says why not
+        (False)."""
         async with self._calls:
             if guard is not None and guard():
                 return False
-            await kube.request(self._api, "PATCH", _pod_path(key), body=body, content_type=content_type,
+            path = _pod_path(key) + ("/status" if status else "")
+            await kube.request(self._api, "PATCH", path, body=body, content_type=content_type,
                                timeout_seconds=self._config.kubernetes.request_timeout_seconds)
             return True
 

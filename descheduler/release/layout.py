@@ -87,11 +87,11 @@ Contested = Mapping[str, int]  # node -> pending pods that prefer it (`contested
 
 def contested(cluster: snapshot.Snapshot) -> Contested:
     """Per node, the pending pods kube-scheduler may bind there at any moment that no plan of ours counts: GPU pods
-    not bound, holding nothing (not nominated, not released pinned), carrying no scheduling gate and not terminating,
+    not bound, holding nothing (not nominated), carrying no scheduling gate and not terminating,
     whose preferred node-affinity terms name the node (`matchFields metadata.name In`, as the webhook writes them for
     the pods it does not gate). A tie-break only: among nodes release ranks equal, it takes the one fewer such pods
-    prefer, so that a pin and a never-gated pod race for the same node less often. Counting them as holding the node
-    instead cost gated pods their nodes (issue #20). Once per snapshot."""
+    prefer, so that a nomination and a never-gated pod race for the same node less often. Counting them as holding
+    the node instead cost gated pods their nodes (issue #20). Once per snapshot."""
     key = ("layout.contested",)
     found: dict[str, int] | None = cluster.memo.get(key)
     if found is None:
@@ -341,6 +341,7 @@ class Preemption:
     layout: Layout
     rooms: dict[str, capacity.Room]  # the rooms it leaves on the nodes it uses (after preemption where it preempts)
     victims: Mapping[str, int]  # node where some member needs preemption -> lower-priority pods there it may remove
+    preempting: frozenset[str] = frozenset()  # members that need a preemption (the rest fit free room)
 
     def describe(self) -> str:
         where = ", ".join(f"{n} ({c} there)" for n, c in sorted(self.victims.items()))
@@ -382,6 +383,7 @@ def preempting(
     assigned: dict[str, str] = {}
     spanning: list[str] = []
     preempts: set[str] = set()
+    needing: set[str] = set()
     for pod in sorted(members, key=lambda p: (-p.request.full, -sum(p.request.mig.values()), p.key)):
         wanted = candidates[pod.key]
         found = _one(pod, wanted & frozenset(free), free, scoring, contested)
@@ -396,6 +398,7 @@ def preempting(
         view[name].take_pod(pod, choice)
         if needs:
             preempts.add(name)
+            needing.add(pod.key)
             free.pop(name, None)  # preempted for one member, the node takes others only as its after-view allows
         elif name in after:  # keep the view after preemption true to what the member takes
             after[name] = after[name].copy()
@@ -410,4 +413,4 @@ def preempting(
     left = {n: after[n] if n in preempts else free[n] for n in used}
     chosen = Layout(assigned, clique, tuple(sorted(spanning)),
                     apart="member by member: free room first, else where preemption leaves the best NVLink score")
-    return Preemption(chosen, left, {n: counts[n] for n in preempts})
+    return Preemption(chosen, left, {n: counts[n] for n in preempts}, frozenset(needing))

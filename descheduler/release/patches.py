@@ -1,131 +1,54 @@
-"""The JSON patch that releases one gated pod: pin it to its node and remove our gate, in one call.
+"""The patches that release one gated pod: nominate it to its node, then remove our gate.
 
-Pure. What the API server accepts while a pod is gated (kube-apiserver 1.36.3,
-`pkg/apis/core/validation/validation.go`, `validateNodeAffinityMutation` and
-`validateNodeSelectorTermHasOnlyAdditions`):
-- no required node affinity (or an empty term list): anything may be set;
-- otherwise the number of terms must stay the same, and each term may only gain requirements
-  appended after its existing `matchExpressions` / `matchFields`;
-- a term with no requirements at all must stay empty (it matches no node; adding any would widen it);
-- scheduling gates may only be removed.
-So the pin is a `matchFields` requirement `metadata.name In [node]` appended to every non-empty
-term (or the only term when there is none): node names work on nodes without a hostname label (kwok).
-Both go in one patch (`release`): the API server validates the update against the gated pod it
-replaces, so tightening and un-gating together is accepted (proven on the real API server in
-tests/e2e/test_controlplane_facts.py), and a pod is never left pinned but gated, or un-gated unpinned.
+Pure. Two calls per pod, because they go to two places:
+- - `nominate`: a `pods/status` merge patch setting `status.nominatedNodeName` while the pod is still gated.
+  kube-scheduler keeps the nominated node's resources for it against equal- and lower-priority pods, tries that node
+  first once the pod is un-gated, and binds it elsewhere when the node no longer fits: a nomination says where, it never
+  strands (docs/placement.md; proven in tests/e2e/test_nomination_facts_e2e.py). The patch carries the resourceVersion
+  the plan read, so a pod changed since (someone else nominated it, its gate went) fails it with a conflict instead of
+  being nominated on stale facts, and a nomination someone else set is never overwritten.
+- `release`: a JSON patch writing our release record (`names.release`: when, where and why) and removing our gate.
+No required node term is ever added: nothing here can make a pod unplaceable.
 """
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
-
-import jsonpatch
 
 from common import gate_patch
 
 Patch = gate_patch.Patch
 
 
-def pin_requirement(nodes: Sequence[str]) -> dict[str, Any]:
-    return {"key": "metadata.name", "operator": "In", "values": sorted(set(nodes))}
+def nominated(pod: Mapping[str, Any]) -> str | None:
+    """The node the pod is nominated to (by us, kube-scheduler's preemption or anyone), if any."""
+    node = (pod.get("status") or {}).get("nominatedNodeName")
+    return str(node) if node else None
 
 
-def tighten(pod: Mapping[str, Any], *, nodes: Sequence[str]) -> Patch:
-    """A patch restricting the pod's required node affinity to `nodes`; [] when it already is.
-
-    Guarded by a `test` of the resourceVersion the plan was made from, so a pod changed meanwhile
-    fails the patch instead of being pinned on stale facts.
-    """
-    mutated: dict[str, Any] = copy.deepcopy(dict(pod))
-    requirement = pin_requirement(nodes)
-    spec = mutated.setdefault("spec", {})
-    affinity = spec["affinity"] = spec.get("affinity") or {}
-    node_affinity = affinity["nodeAffinity"] = affinity.get("nodeAffinity") or {}
-    key = "requiredDuringSchedulingIgnoredDuringExecution"
-    required = node_affinity[key] = node_affinity.get(key) or {}
-    terms = required.get("nodeSelectorTerms") or []
-    if not terms:
-        required["nodeSelectorTerms"] = [{"matchFields": [requirement]}]
-    for term in terms:
-        fields = term.get("matchFields") or []
-        if (term.get("matchExpressions") or fields) and requirement not in fields:
-            term["matchFields"] = [*fields, requirement]
-    return _guarded(pod, jsonpatch.make_patch(dict(pod), mutated).patch)
-
-
-def _guarded(pod: Mapping[str, Any], patch: Patch) -> Patch:
+def nominate(pod: Mapping[str, Any], *, node: str) -> dict[str, Any] | None:
+    """The `pods/status` merge patch nominating the pod to `node`, guarded by the resourceVersion the plan read; None
+    when the pod is already nominated (to `node`: nothing to do; elsewhere: not ours to overwrite)."""
+    if nominated(pod) is not None:
+        return None
+    body: dict[str, Any] = {"status": {"nominatedNodeName": node}}
     version = (pod.get("metadata") or {}).get("resourceVersion")
-    if not patch or not version:
-        return patch
-    return [{"op": "test", "path": "/metadata/resourceVersion", "value": version}, *patch]
+    if version:
+        body["metadata"] = {"resourceVersion": version}
+    return body
 
 
-def release(pod: Mapping[str, Any], *, gate: str, node: str | None,
-            record: tuple[str, str] | None = None) -> Patch:
-    """One patch: pin the pod to `node` (if given and not pinned there yet), write `record` (annotation, value:
-    where and why, so that a single pod's placement needs no Event call) and remove our gate; [] when there is
-    nothing to do. Guarded by the resourceVersion the plan read when it pins."""
-    pin = tighten(pod, nodes=[node]) if node else []
+def release(pod: Mapping[str, Any], *, gate: str, record: tuple[str, str] | None = None) -> Patch:
+    """One JSON patch: write `record` (annotation, value) and remove our gate; [] when the pod no longer carries it."""
     gates = gate_patch.ungate(pod, gate=gate)
     if not gates:
-        return pin
-    if record is not None:
-        pin = [*pin, gate_patch.annotate(pod, key=record[0], value=record[1])]
-    return [*pin, *gates]
+        return []
+    if record is None:
+        return gates
+    return [gate_patch.annotate(pod, key=record[0], value=record[1]), *gates]
 
 
 def mark(*, annotation: str, value: str) -> dict[str, Any]:
     """A merge patch setting one annotation (allowed at any time, gated or not)."""
     return {"metadata": {"annotations": {annotation: value}}}
-
-
-SERVER_SET = ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
-              "generation", "managedFields", "selfLink")
-
-
-def recreation(pod: Mapping[str, Any], *, ours: Sequence[str]) -> dict[str, Any]:
-    """The pod as its creator wrote it, to create it again: without status, without what the API server set in its
-    metadata, without our annotations `ours` and without our pin (a term the pin alone made is dropped whole)."""
-    body: dict[str, Any] = copy.deepcopy(dict(pod))
-    body.pop("status", None)
-    meta = body.setdefault("metadata", {})
-    for key in SERVER_SET:
-        meta.pop(key, None)
-    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in ours}
-    if annotations:
-        meta["annotations"] = annotations
-    else:
-        meta.pop("annotations", None)
-    spec = body.get("spec") or {}
-    spec.pop("nodeName", None)
-    affinity = spec.get("affinity") or {}
-    node_affinity = affinity.get("nodeAffinity") or {}
-    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
-    terms = []
-    for term in required.get("nodeSelectorTerms") or []:
-        fields = [f for f in term.get("matchFields") or [] if not _is_pin(f)]
-        if len(fields) == len(term.get("matchFields") or []):
-            terms.append(term)
-            continue
-        if fields:
-            term["matchFields"] = fields
-        else:
-            term.pop("matchFields", None)
-        if term:
-            terms.append(term)
-    if terms:
-        required["nodeSelectorTerms"] = terms
-    elif required:
-        node_affinity.pop("requiredDuringSchedulingIgnoredDuringExecution", None)
-        if not node_affinity:
-            affinity.pop("nodeAffinity", None)
-        if not affinity:
-            spec.pop("affinity", None)
-    return body
-
-
-def _is_pin(requirement: Mapping[str, Any]) -> bool:
-    return (requirement.get("key") == "metadata.name" and requirement.get("operator") == "In"
-            and len(requirement.get("values") or []) == 1)

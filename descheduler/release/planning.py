@@ -10,17 +10,21 @@ Pure: a `Snapshot`, the settings and `now` in, decisions with their reasons out.
   GPU, is released alone with a Warning `GangInvalid`: a gate nobody can ever lift correctly must not
   strand it.
 - A gang that has already started (some present member carries no gate of ours) releases its gated
-  rest at once if it is complete or its gated members already carry our node pin (a release was
-  interrupted: controller restart, API error). Holding them back would only keep the started part
-  waiting for siblings; as ordinary Pending pods they can also use the scheduler's preemption.
-  Pins already set are kept; no new ones are added (the running members' nodes are fixed anyway).
+  rest at once if it is complete or a gated member is already nominated (a release was interrupted: controller
+  restart, API error). Holding them back would only keep the started part waiting for siblings; as ordinary
+  Pending pods they can also use the scheduler's preemption. Nominations already set are kept; no new ones are
+  added.
+- A gated member already nominated (`status.nominatedNodeName`: by an interrupted release of ours, or by anyone
+  else, e.g. native topology-aware scheduling) keeps its nomination: it is never overwritten. The model counts it
+  on that node (`snapshot`: a nominated pod holds its node) and the release places only the other members; a
+  single pod so nominated is released at once without a nomination of ours.
 - A gang seen complete earlier (our mark annotation) that lost members, none of whom has an owner
   that would recreate them, is orphaned: its gated members are released with a Warning `GangOrphaned`.
 - A gang with fewer present members than its size waits; after `descheduler.gangs.timeout_seconds`
   (from its first member's creation) it gets a Warning `GangIncomplete` and still waits: a partial
   gang is never released.
 - A complete gang whose members still carry another controller's gate (e.g. Kueue's admission)
-  waits for it: planning now could pin it to capacity that is gone when the other gate lifts.
+  waits for it: planning now could nominate it to capacity that is gone when the other gate lifts.
 - Complete gangs are queued by priority (highest member priority), then creation (oldest member),
   and each is placed on what the gangs before it left (`descheduler.release.layout`, on the one
   capacity model `common.capacity`: GPUs per NVLink domain, CPU, memory, pod slots and every other
@@ -34,30 +38,32 @@ Pure: a `Snapshot`, the settings and `now` in, decisions with their reasons out.
   stock scheduler, smaller pods may use what a larger one waits for.
 - A single pod (a gang of one) that fits no node now (reserved nodes included) but would fit once
   kube-scheduler's preemption removed pods of lower priority (`layout.preemptible`; its preemptionPolicy is not
-  Never) is released at once, unpinned, with a `ReleasedToPreempt` Event: a gated pod is invisible to preemption,
-  and a pin could force a preemption on a node the scheduler would not have chosen.
+  Never) is released at once without a nomination, with a `ReleasedToPreempt` Event: a gated pod is invisible to
+  preemption, and kube-scheduler nominates it itself where it preempts.
 - A gang of several that fits nowhere now (not even on nodes kept for gangs ahead) but whose every member would fit
   once preemption removed pods of lower priority than all of its members (`layout.preempting`: every member's
   preemptionPolicy not Never; equal priority is never preempted) is planned all at once on that view and released at
-  once, each member pinned, with a `ReleasedToPreempt` Event: a member goes where there is free room if any node
-  has it, and only otherwise to the node where preemption leaves the best NVLink score (so a pin never causes a
-  preemption another node would have avoided). All members are released together; kube-scheduler preempts for each
-  on its pinned node, and pin recovery (`recovery`) takes back the whole gang if a member is still not placed by
-  its deadline. A gang that only partly fits even after preemption waits (never started in part). Nodes an
-  earlier placement of the same pass changed are not counted as preemptible.
+  once, with a `ReleasedToPreempt` Event: a member that fits free room is nominated there; a member that needs a
+  preemption is released without a nomination, so kube-scheduler preempts for it where its own rules choose and
+  nominates it itself (a nomination of ours to a full node would only hold that node against other pods, never
+  choose the victims). All members are un-gated together; the release's expected outcome (every member bound within
+  `descheduler.gangs.bind_bound_seconds`) is checked by `outcomes`, which reports the gang if it is not met. A gang
+  that only partly fits even after preemption waits (never started in part). Nodes an earlier placement of the
+  same pass changed are not counted as preemptible.
 - No pod waits on us forever: a complete gang that cannot be placed within
   `descheduler.gangs.max_wait_seconds` (a gang of one; several members: `gang_max_wait_seconds`) is
-  released unpinned with a Warning `ReleasedUnplaced`, so that kube-scheduler's preemption and cluster
+  released without a nomination with a Warning `ReleasedUnplaced`, so that kube-scheduler's preemption and cluster
   autoscalers, which ignore gated pods, can act on it.
-- Each member is pinned to the single node planned for it (`matchFields metadata.name In [node]`),
-  not to the gang's node set: the scheduler may pack a set differently (e.g. 4+3 on one 8-GPU node,
-  4+3 on the other) and leave the last member without room.
+- Each member is nominated to the single node planned for it (`status.nominatedNodeName`), never pinned: the
+  scheduler tries that node first and binds the member elsewhere only if it no longer fits, so nothing strands.
 - Members that request no GPU (an MPI launcher counted in the gang's size) count toward completeness
-  and are un-gated together with the rest, but are neither placed nor pinned: pinning such a pod to a
-  GPU node would take a place a GPU pod needs. So are members whose constraints the capacity model does
-  not evaluate (`capacity.ungoverned`: own inter-pod affinity, hard topology spread, claims, volumes): a pin
-  could strand them. A gang without any member to place is released as soon as it is complete (and no
-  other controller's gate is left).
+  and are un-gated together with the rest, but are neither placed nor nominated: holding a GPU node for such a pod
+  would take a place a GPU pod needs. So are members whose constraints the capacity model does not evaluate
+  (`capacity.ungoverned`: own inter-pod affinity, hard topology spread, claims, volumes): the model cannot say
+  where they fit. Such a gang is released with an expected outcome — every member bound within
+  `descheduler.gangs.bind_bound_seconds` — that `outcomes` checks on every pass: if a member is not bound by then,
+  every member gets a Warning and the gang is reported (docs/placement.md). A gang without any member to place is
+  released as soon as it is complete (and no other controller's gate is left).
 """
 
 from __future__ import annotations
@@ -68,7 +74,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from common import capacity, gangs, gpu, resources, settings, snapshot, timestamps
-from descheduler.release import layout
+from descheduler.release import layout, patches
 
 EventType = Literal["Normal", "Warning"]
 
@@ -87,9 +93,9 @@ def complete_mark(names: settings.Names) -> str:
 
 
 class Action(enum.StrEnum):
-    RELEASE = "release"  # placed: pin each member to its node, then remove our gate from all
+    RELEASE = "release"  # placed: nominate each member to its node, then remove our gate from all
     RESUME = "resume"  # already started: remove our gate from the rest now
-    RELEASE_ALONE = "release-alone"  # invalid, orphaned or past its max wait: remove our gate, no pin, a warning
+    RELEASE_ALONE = "release-alone"  # invalid, orphaned, past its max wait or to preempt: un-gate, no nomination
     WAIT = "wait"
     TIMED_OUT = "timed-out"  # incomplete past the timeout: still waits, with a warning
     NONE = "none"  # no member carries our gate
@@ -122,7 +128,9 @@ class MemberStatus:
     uid: str
     gated: bool  # carries our gate
     request: gpu.GpuRequest
-    node: str | None  # bound node, else the planned node (RELEASE), else None
+    node: str | None  # bound node, else its nomination (anyone's), else the planned node (RELEASE), else None
+    nominated: bool = False  # already nominated (by anyone): kept, never overwritten
+    one_domain: bool = False  # planned inside one NVLink domain (what `outcomes` checks once it is bound)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,17 +151,17 @@ class Decision:
 
     @property
     def ungate(self) -> tuple[str, ...]:
-        """Members whose gate is to be removed now (after pinning, for RELEASE)."""
+        """Members whose gate is to be removed now (after nominating, for RELEASE)."""
         if self.action in (Action.RELEASE, Action.RESUME, Action.RELEASE_ALONE):
             return tuple(m.key for m in self.members if m.gated)
         return ()
 
     @property
-    def pins(self) -> Mapping[str, str]:
-        """pod key -> node to pin it to before un-gating (RELEASE only)."""
+    def nominations(self) -> Mapping[str, str]:
+        """pod key -> node to nominate it to before un-gating (RELEASE only; never a pod nominated already)."""
         if self.action is not Action.RELEASE:
             return {}
-        return {m.key: m.node for m in self.members if m.gated and m.node}
+        return {m.key: m.node for m in self.members if m.gated and m.node and not m.nominated}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,8 +195,10 @@ def place(members: Sequence[snapshot.Pod], *, cluster: snapshot.Snapshot,
 # --- the planner ---------------------------------------------------------------------------------
 
 
-def _member(pod: snapshot.Pod, *, gate: str, node: str | None = None) -> MemberStatus:
-    return MemberStatus(pod.key, pod.uid, gate in pod.scheduling_gates, pod.request, pod.node_name or node)
+def _member(pod: snapshot.Pod, *, gate: str, node: str | None = None, one_domain: bool = False) -> MemberStatus:
+    nominated = patches.nominated(pod.raw)
+    return MemberStatus(pod.key, pod.uid, gate in pod.scheduling_gates, pod.request,
+                        pod.node_name or nominated or node, nominated is not None, one_domain and not nominated)
 
 
 def _present(pod: snapshot.Pod) -> bool:
@@ -216,16 +226,19 @@ class _Gang:
 
     @property
     def placing(self) -> tuple[snapshot.Pod, ...]:
-        """The members a release places and pins: those that request GPUs and whose constraints the
-        capacity model evaluates."""
-        return tuple(p for p in self.members if p.request.any and not _ungoverned(p))
+        """The members a release places and nominates: those that request GPUs, whose constraints the capacity
+        model evaluates and that nobody has nominated yet."""
+        return tuple(p for p in self.members if p.request.any and not _ungoverned(p) and not _kept(p))
 
-    def unpinned(self) -> str:
-        """What a release says of its members it does not pin (un-gated with the rest)."""
+    def unplaced(self) -> str:
+        """What a release says of its members it does not nominate (un-gated with the rest)."""
         free = [p.key for p in self.members if not p.request.any]
-        odd = [f"{p.key} ({why})" for p in self.members if p.request.any and (why := _ungoverned(p))]
-        return "".join([f"; un-gated with them, not pinned (no GPU): {', '.join(free)}" if free else "",
-                        f"; un-gated with them, not pinned: {', '.join(odd)}" if odd else ""])
+        kept = [f"{p.key} (to {node})" for p in self.members if p.request.any and (node := _kept(p))]
+        odd = [f"{p.key} ({why})" for p in self.members if p.request.any and not _kept(p) and (why := _ungoverned(p))]
+        return "".join([f"; un-gated with them, not nominated (no GPU): {', '.join(free)}" if free else "",
+                        f"; nominated already, kept: {', '.join(kept)}" if kept else "",
+                        f"; un-gated with them, not nominated: {', '.join(odd)}"
+                        if odd else ""])
 
     def waited(self, *, mark: str, now: float) -> float:
         """How long it has been ready to place: a gang of one since its creation; a gang since it was first
@@ -309,7 +322,7 @@ def _before_queue(gang: _Gang, *, names: settings.Names, cfg: settings.Gangs, no
     members = tuple(_member(p, gate=gate) for p in gang.members)
     gated = [p for p in gang.members if gate in p.scheduling_gates]
     count = len(gang.members)
-    if len(gated) < count and (count >= gang.size or any(snapshot.pinned_node(p.raw) for p in gated)):
+    if len(gated) < count and (count >= gang.size or any(patches.nominated(p.raw) for p in gated)):
         message = (f"{count - len(gated)} of {gang.size} members already released: releasing the other "
                    f"{len(gated)} now (an earlier release was interrupted, or a member was replaced)")
         return gang.decide(Action.RESUME, message, "Normal", RELEASED, members=members)
@@ -344,9 +357,14 @@ def _ungoverned(pod: snapshot.Pod) -> str | None:
     return capacity.ungoverned(pod.raw.get("spec") or {}, claims=pod.dra)
 
 
+def _kept(pod: snapshot.Pod) -> str | None:
+    """A gated pod's nomination, which a release keeps (an interrupted release of ours, or anyone else's)."""
+    return patches.nominated(pod.raw) if pod.node_name is None else None
+
+
 def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
          assumed: Mapping[str, str] = {}) -> ReleasePlan:
-    """`assumed`: pods this controller released (pod key -> pinned node, or "" unpinned) that the snapshot
+    """`assumed`: pods this controller released (pod key -> nominated node, or "" without one) that the snapshot
     may not show released yet: they hold their node and are not planned again."""
     names, cfg = config.names, config.descheduler.gangs
     gate, mark = names.gate, complete_mark(names)
@@ -361,9 +379,9 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
         else:
             decisions.append(early)
 
-    pinned = {k: n for k, n in assumed.items() if n}
-    rooms = layout.rooms(cluster, assumed=pinned)
-    touched = set(pinned.values())  # nodes whose rooms this plan changed: preemption is not counted on them
+    held = {k: n for k, n in assumed.items() if n}
+    rooms = layout.rooms(cluster, assumed=held)
+    touched = set(held.values())  # nodes whose rooms this plan changed: preemption is not counted on them
     contested = layout.contested(cluster)
     shortages: list[Shortage] = []
     reserved: set[str] = set()  # nodes the blocked gangs ahead may use (backfill off)
@@ -372,8 +390,8 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
     for gang in queue:
         placing = gang.placing
         if not placing:  # nothing to place: no room to find, no reason to queue behind GPU gangs
-            message = (f"no member to place: all {len(gang.members)} un-gated together, unpinned"
-                       f"{gang.unpinned()}")
+            message = (f"no member to place: all {len(gang.members)} un-gated together, none nominated by us"
+                       f"{gang.unplaced()}")
             decisions.append(gang.decide(Action.RELEASE, message, "Normal", RELEASED,
                                          members=tuple(_member(p, gate=gate) for p in gang.members)))
             continue
@@ -385,9 +403,11 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
             chosen, trial = placed
             rooms.update(trial)
             touched.update(trial)
-            members = tuple(_member(p, gate=gate, node=chosen.nodes.get(p.key)) for p in gang.members)
-            decisions.append(gang.decide(Action.RELEASE, chosen.describe() + gang.unpinned(), "Normal", RELEASED,
-                                         members=members, summary=chosen.describe(short=True) + gang.unpinned()))
+            members = tuple(_member(p, gate=gate, node=chosen.nodes.get(p.key),
+                                    one_domain=p.key in chosen.nodes and p.key not in chosen.spanning)
+                            for p in gang.members)
+            decisions.append(gang.decide(Action.RELEASE, chosen.describe() + gang.unplaced(), "Normal", RELEASED,
+                                         members=members, summary=chosen.describe(short=True) + gang.unplaced()))
             continue
         members = tuple(_member(p, gate=gate) for p in gang.members)
         # Backfill off: it may fit now, on nodes kept for the gangs ahead.
@@ -395,28 +415,32 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
             placing, candidates, rooms, everywhere, scoring=config.scoring) is not None
         if gang.single and not queued and (
                 room := layout.preemptible(placing[0], candidates[placing[0].key] - touched, cluster)):
-            # Gated, it is invisible to kube-scheduler's preemption: released at once, unpinned, it preempts as the
-            # stock scheduler would have (which pods, on which node, is the scheduler's choice, never forced by a pin).
-            message = f"fits no node now; {room}: released unpinned at once so that kube-scheduler preempts for it"
+            # Gated, it is invisible to kube-scheduler's preemption: released at once without a nomination, it preempts
+            # as the stock scheduler would have (which pods, on which node, is the scheduler's choice; it nominates it).
+            message = (f"fits no node now; {room}: released at once without a nomination so that kube-scheduler "
+                       "preempts for it")
             decisions.append(gang.decide(Action.RELEASE_ALONE, message, "Normal", PREEMPTING, members=members))
             continue
         if not gang.single and not queued and (pre := layout.preempting(
                 placing, candidates, rooms, cluster, allowed, scoring=config.scoring,
                 untouched=everywhere - touched, contested=contested)):
-            # Gated, its members are invisible to kube-scheduler's preemption: all pinned and released together, each
-            # preempts for itself on the node planned for it, and only where no node has free room for it.
+            # Gated, its members are invisible to kube-scheduler's preemption: all released together; those with free
+            # room nominated there, those that need a preemption left to kube-scheduler's (it nominates them itself).
             rooms.update(pre.rooms)
             touched.update(pre.rooms)
-            members = tuple(_member(p, gate=gate, node=pre.layout.nodes.get(p.key)) for p in gang.members)
-            message = f"{pre.describe()}{gang.unpinned()}; released at once so that kube-scheduler preempts for it"
+            members = tuple(_member(p, gate=gate, node=None if p.key in pre.preempting else pre.layout.nodes.get(p.key),
+                                    one_domain=p.key in pre.layout.nodes and p.key not in pre.layout.spanning)
+                            for p in gang.members)
+            message = (f"{pre.describe()}{gang.unplaced()}; released at once, members that need a preemption without "
+                       "a nomination, so that kube-scheduler preempts for them")
             decisions.append(gang.decide(Action.RELEASE, message, "Normal", PREEMPTING, members=members))
             continue
         waited = gang.waited(mark=mark, now=now)
         limit = cfg.max_wait_seconds if gang.single else cfg.gang_max_wait_seconds
         if waited > limit:
             message, _, _ = layout.shortfall(placing, candidates, rooms, cluster)
-            message = (f"not placed within {limit:g}s ({message}); released unpinned so that kube-scheduler's "
-                       "preemption and cluster autoscalers can act on it")
+            message = (f"not placed within {limit:g}s ({message}); released without a nomination so that "
+                       "kube-scheduler's preemption and cluster autoscalers can act on it")
             decisions.append(gang.decide(Action.RELEASE_ALONE, message, "Warning", UNPLACED, members=members))
             continue
         unmarked = () if gang.single else tuple(p.key for p in gang.members if mark not in p.annotations)
@@ -444,7 +468,7 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
 
 
 def _holders(cluster: snapshot.Snapshot, node: str) -> Mapping[str, Mapping[str, int]]:
-    """Every pod holding the node (GPU pods or not: bound, nominated, pinned and released) -> its requests; indexed
+    """Every pod holding the node (GPU pods or not: bound or nominated) -> its requests; indexed
     once per snapshot."""
     key = ("planning.holders",)
     index: dict[str, dict[str, Mapping[str, int]]] | None = cluster.memo.get(key)
@@ -459,14 +483,14 @@ def _holders(cluster: snapshot.Snapshot, node: str) -> Mapping[str, Mapping[str,
 
 def overtaken(decision: Decision, *, planned: snapshot.Snapshot, fresh: snapshot.Snapshot,
               left: Mapping[str, capacity.Room], assumed: Mapping[str, str] = {}) -> str | None:
-    """Why a release planned on `planned` must not pin its members where planned now that `fresh` (a newer snapshot,
-    kept current by the feeder's watch) shows its nodes (None: it still may). Asked right before the release's first
-    patch: a pod bound to (or nominated to, or released onto) a node since the plan takes it from the pin only when it
-    needs more than the plan left free there (`left`: the nodes' rooms after every release of the plan; pods this
-    controller released meanwhile, `assumed`, are counted there already); a node gone, cordoned or no longer ready, a
-    filter that now refuses a member (taints, labels, a host port or an anti-affinity term of a pod there) take it too.
-    A gang is judged as a unit: one node taken holds back all of its members, to be planned afresh on the next pass."""
-    pins = decision.pins
+    """Why a release planned on `planned` must not nominate its members where planned now that `fresh` (a newer
+    snapshot, kept current by the feeder's watch) shows its nodes (None: it still may). Asked right before the release's
+    first call: a pod bound to (or nominated to) a node since the plan takes it from the nomination only when it needs
+    more than the plan left free there (`left`: the nodes' rooms after every release of the plan; pods this controller
+    released meanwhile, `assumed`, are counted there already); a node gone, cordoned or no longer ready, a filter that
+    now refuses a member (taints, labels, a host port or an anti-affinity term of a pod there) take it too. A gang is
+    judged as a unit: one node taken holds back all of its members, to be planned afresh on the next pass."""
+    pins = decision.nominations
     if fresh is planned or not pins:
         return None
     for name in sorted(set(pins.values())):

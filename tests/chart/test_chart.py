@@ -258,13 +258,15 @@ def check_defaults(objects: Objects) -> None:
                      "verbs": ["get", "update"]}]
     assert _one(objects, "RoleBinding", f"{PREFIX}-webhook")["roleRef"]["name"] == f"{PREFIX}-webhook"
     # events get + patch: a repeated Event is aggregated (common/events.py), as client-go's recorder does.
+    # pods/status patch: release nominates gated pods; no pod create or delete, no Job read (no recovery).
     assert _rules(objects, "ClusterRole", f"{PREFIX}-descheduler") == [
-        (("",), ("nodes", "namespaces"), READ), (("",), ("pods",), (*READ, "patch", "create", "delete")),
+        (("",), ("nodes", "namespaces"), READ), (("",), ("pods",), (*READ, "patch")),
+        (("",), ("pods/status",), ("patch",)),
         (("scheduling.k8s.io",), ("priorityclasses", "podgroups"), READ),
         (("resource.k8s.io",), DRA_KINDS, ("get", *READ)),
         (("",), ("pods/eviction",), ("create",)),
         (("",), ("pods",), ("get",)), (("policy",), ("poddisruptionbudgets",), READ),
-        (("apps",), ("replicasets",), ("list",)), (("batch",), ("jobs",), ("list",)), (("batch",), ("jobs",), ("get",)),
+        (("apps",), ("replicasets",), ("list",)), (("batch",), ("jobs",), ("list",)),
         (("",), ("events",), ("create", "get", "patch"))]
     assert _rules(objects, "ClusterRole", f"{PREFIX}-release-gates") == [(("",), ("pods",), ("get", "list", "patch"))]
     # Uninstall: a pre-delete hook with objects of its own, deleted when it succeeded.
@@ -283,8 +285,7 @@ def check_defaults(objects: Objects) -> None:
     assert _env(pod["containers"][0]) == {"GPU_STEWARD_NAMES__PREFIX": "gpu-steward.io/",
                                           "GPU_STEWARD_LOG_FORMAT": "text"}
     assert _rules(objects, "Role", f"{PREFIX}-descheduler") == [
-        (("coordination.k8s.io",), ("leases",), ("get", "create", "update")),
-        (("",), ("configmaps",), ("get", "list", "create", "delete"))]  # pin recovery's journal
+        (("coordination.k8s.io",), ("leases",), ("get", "create", "update"))]  # no ConfigMap journal (no recovery)
     assert _rules(objects, "ClusterRole", f"{PREFIX}-labeler") == [(("",), ("nodes",), ("get", "patch"))]
 
     classes = {o["metadata"]["name"]: o for o in objects if o["kind"] == "PriorityClass"}
@@ -373,14 +374,15 @@ def check_custom_settings(objects: Objects) -> None:
 
 
 def check_reclaim_off(objects: Objects) -> None:
-    """Pin recovery (gang release) still evicts the stuck pods their controllers re-create."""
+    """Release alone never evicts (nothing repairs a placement by deleting a pod): no eviction right."""
     rules = _rules(objects, "ClusterRole", f"{PREFIX}-descheduler")
-    assert [r for r in rules if "pods/eviction" in r[1]] == [(("",), ("pods/eviction",), ("create",))]
+    assert not [r for r in rules if "pods/eviction" in r[1]]
+    assert (("",), ("pods/status",), ("patch",)) in rules
 
 
 def check_reclaim_and_release_off(objects: Objects) -> None:
     rules = _rules(objects, "ClusterRole", f"{PREFIX}-descheduler")
-    assert not [r for r in rules if "pods/eviction" in r[1] or "jobs" in r[1]]
+    assert not [r for r in rules if "pods/eviction" in r[1] or "pods/status" in r[1]]
 
 
 def check_learned_idle_window(objects: Objects) -> None:
@@ -470,8 +472,8 @@ def check_monitoring(objects: Objects) -> None:
     assert rule["metadata"]["labels"]["release"] == "kube-prom"
     alerts = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"]}
     assert set(alerts) == {f"GpuSteward{name}" for name in (
-        "WebhookErrors", "SnapshotStale", "GangsWaitingTooLong", "PinsStuck", "GangReleaseFailing", "ReclaimBlocked",
-        "PrometheusUnreachable")}
+        "WebhookErrors", "SnapshotStale", "GangsWaitingTooLong", "ReleasedNotBound", "GangReleaseFailing",
+        "ReclaimBlocked", "PrometheusUnreachable")}
     assert alerts["GpuStewardReclaimBlocked"]["for"] == "30m"
     assert alerts["GpuStewardWebhookErrors"]["labels"] == {"severity": "warning", "team": "ml-platform"}
     dashboard = _one(objects, "ConfigMap", f"{PREFIX}-dashboard")

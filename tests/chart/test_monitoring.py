@@ -18,7 +18,7 @@ from admission import metrics as admission_metrics
 from common import feeder
 from descheduler import evictor
 from descheduler.reclaim import loop as reclaim_loop
-from descheduler.release import controller
+from descheduler.release import controller, outcomes
 from tests.chart import helm
 
 METRIC = re.compile(r"\b(gpu_steward_[a-z0-9_]*[a-z0-9])\b(?:\{([^}]*)\})?")
@@ -29,6 +29,7 @@ KNOWN_VALUES = {
     ("gpu_steward_admission_requests_total", "result"): {r.value for r in admission_metrics.Result},
     ("gpu_steward_reclaim_evictions_total", "result"): {r.value for r in evictor.Result},
     ("gpu_steward_feeder_errors_total", "source"): {"occupancy", *(kind.name for kind in feeder.KINDS)},
+    ("gpu_steward_release_outcomes_total", "cause"): {c.value for c in outcomes.Cause},
 }
 
 
@@ -128,29 +129,28 @@ def test_alert_rules_pass_promtool(tmp_path: pathlib.Path) -> None:
 
 @pytest.mark.parametrize("alert", ["GpuStewardWebhookErrors", "GpuStewardReclaimBlocked",
                                    "GpuStewardPrometheusUnreachable", "GpuStewardGangsWaitingTooLong",
-                                   "GpuStewardPinsStuck"])
+                                   "GpuStewardReleasedNotBound"])
 def test_the_issue_s_alerts_exist_with_a_description(alert: str) -> None:
     rules = {r["alert"]: r for r in rule_group()["groups"][0]["rules"]}
     assert rules[alert]["annotations"]["summary"] and rules[alert]["annotations"]["description"]
     assert "{{ $value" not in rules[alert]["annotations"]["summary"]  # Helm left Prometheus' templates intact
 
 
-def test_stuck_pins_alert_after_five_minutes_and_not_for_a_pin_recovered_at_once(tmp_path: pathlib.Path) -> None:
-    """`promtool test rules`: a pin stuck for 6 minutes fires GpuStewardPinsStuck; one gone after a pass never does."""
+def test_not_bound_alert_fires_on_a_late_release_and_not_on_one_placed_elsewhere(tmp_path: pathlib.Path) -> None:
+    """`promtool test rules`: a released pod told not bound fires GpuStewardReleasedNotBound while the count rose in
+    the last 15 minutes; pods placed elsewhere (bound, a placement report) never fire it."""
     group = rule_group()
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump(group))
-    rule = next(r for r in group["groups"][0]["rules"] if r.get("alert") == "GpuStewardPinsStuck")
-    fired = {"exp_labels": rule["labels"],
-             "exp_annotations": {k: v.replace("{{ $value }}", "1") for k, v in rule["annotations"].items()}}
+    rule = next(r for r in group["groups"][0]["rules"] if r.get("alert") == "GpuStewardReleasedNotBound")
+    fired = {"exp_labels": rule["labels"], "exp_annotations": rule["annotations"]}
+    series = 'gpu_steward_release_outcomes_total{{job="d", cause="{}"}}'
     tests = {"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": [{
         "interval": "1m",
-        "input_series": [{"series": 'gpu_steward_pins_stuck{job="d", pod="a"}', "values": "0 1 1 1 1 1 1 1 1 0 0"},
-                         {"series": 'gpu_steward_pins_stuck{job="d", pod="b"}', "values": "0 0 0 0 0 0 0 0 0 0 0"}],
-        "alert_rule_test": [{"eval_time": "4m", "alertname": "GpuStewardPinsStuck", "exp_alerts": []},
-                            {"eval_time": "7m", "alertname": "GpuStewardPinsStuck",
-                             "exp_alerts": [fired]},
-                            {"eval_time": "10m", "alertname": "GpuStewardPinsStuck", "exp_alerts": []}],
+        "input_series": [{"series": series.format("placed-elsewhere"), "values": "0 1 2 3 4 5 6 7 8 9 10"},
+                         {"series": series.format("gang-not-bound"), "values": "0 0 0 0 0 1 1 1 1 1 1"}],
+        "alert_rule_test": [{"eval_time": "4m", "alertname": "GpuStewardReleasedNotBound", "exp_alerts": []},
+                            {"eval_time": "7m", "alertname": "GpuStewardReleasedNotBound", "exp_alerts": [fired]}],
     }]}
     path = tmp_path / "test.yaml"
     path.write_text(yaml.safe_dump(tests))

@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 
 from common import capacity, fit, gpu, hostports, placement, resources, settings, snapshot
-from descheduler.release import patches
 from gpu_steward_lab import localcluster
 from tests.e2e import conftest
 from tests.support import kube
@@ -132,42 +131,7 @@ def test_capacity_model_agrees_with_kube_scheduler(
         cluster.kubectl("delete", "node", *(s[0] for s in SHAPES), "--wait=false", check=False)
 
 
-@pytest.mark.parametrize(
-    "required_terms",
-    [
-        pytest.param(None, id="no-affinity-of-its-own"),
-        pytest.param([{"matchExpressions": [kube.requirement(NAMES.nvlink_domain_size, "Gt", "1")]}],
-                     id="with-a-required-term"),
-    ],
-)
-def test_one_patch_pins_and_ungates_and_the_pod_binds_there(
-    gpu_cluster: conftest.GpuCluster, plain_namespace: str, required_terms: list[dict[str, Any]] | None
-) -> None:
-    """patches.release: our pin and the removal of our gate in one JSON patch, as the release controller sends
-    it (guarded by the resourceVersion test), is accepted while the pod is gated, and the pod binds there."""
-    cluster = gpu_cluster.cluster
-    target = "kwok-8g2d-2"
-    pod = kube.pod("solo", namespace=plain_namespace, gpus=2, gates=[NAMES.gate], required_terms=required_terms)
-    assert cluster.kubectl("create", "-f", "-", input=json.dumps(pod), check=False).returncode == 0
-    stale = cluster.kubectl_json("get", "pod", "solo", "-n", plain_namespace)
-    # Another writer changes the pod (its resourceVersion moves on): a release planned on the stale read, as a
-    # second replica with an older view would send it, is refused whole by its resourceVersion test.
-    cluster.kubectl("annotate", "pod", "solo", "-n", plain_namespace, "example.com/touched=yes")
-    refused = cluster.kubectl("patch", "pod", "solo", "-n", plain_namespace, "--type=json", "-p",
-                              json.dumps(patches.release(stale, gate=NAMES.gate, node="kwok-8g2d-3")), check=False)
-    assert refused.returncode != 0, refused.stdout
-    still = cluster.kubectl_json("get", "pod", "solo", "-n", plain_namespace)
-    assert kube.gates(still) == [NAMES.gate] and snapshot.pinned_node(still) is None, "nothing of it applied"
-
-    ops = patches.release(still, gate=NAMES.gate, node=target)
-    assert ops[0]["op"] == "test" and any(o["op"] == "remove" for o in ops)
-    done = cluster.kubectl("patch", "pod", "solo", "-n", plain_namespace, "--type=json", "-p", json.dumps(ops),
-                           check=False)
-    assert done.returncode == 0, done.stderr
-    bound = kube.poll("bound", lambda: cluster.kubectl_json("get", "pod", "solo", "-n", plain_namespace)["spec"]
-                      .get("nodeName"))
-    assert bound == target
-    assert snapshot.pinned_node(cluster.kubectl_json("get", "pod", "solo", "-n", plain_namespace)) == target
+# The release's own calls (nominate, then un-gate) on the real API server: tests/e2e/test_release_nomination_e2e.py.
 
 
 # --- host ports and existing pods' anti-affinity --------------------------------------------------------

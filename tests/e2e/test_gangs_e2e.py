@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from common import gpu, label_values, settings
-from descheduler.release import planning
+from common import gpu, settings
+from descheduler.release import outcomes, planning
 from gpu_steward_lab import localcluster
 from tests.e2e import conftest
 from tests.support import kube
@@ -90,11 +90,11 @@ def domains_spanned(cluster: localcluster.LocalCluster, namespace: str) -> dict[
             if p.namespace == namespace and p.node_name}
 
 
-def pinned_node(pod: dict[str, Any]) -> list[str]:
-    """Node names the release pinned the pod to (`matchFields metadata.name In [...]` in every required term)."""
-    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    return sorted({v for t in terms["nodeSelectorTerms"] for f in t.get("matchFields") or []
-                   if f["key"] == "metadata.name" for v in f["values"]})
+def planned_node(pod: dict[str, Any]) -> str | None:
+    """The node the release nominated the pod to, as its release record says (the API server clears
+    `status.nominatedNodeName` on binding)."""
+    raw = (pod["metadata"].get("annotations") or {}).get(NAMES.release)
+    return outcomes.read(raw).node if raw is not None else None
 
 
 def test_gang_stays_gated_until_complete_then_is_released_and_bound_together(
@@ -124,10 +124,11 @@ def test_gang_stays_gated_until_complete_then_is_released_and_bound_together(
 
     members = {p["metadata"]["name"]: p for p in gang(cluster, namespace, "train")}
     workers = {m: n for m, n in nodes.items() if m != launcher}
-    # Each worker was pinned to the node the release planned for it, and the scheduler bound it there; the
-    # launcher was gated by the webhook like them but got no tier, no affinity and no pin.
-    assert {m: pinned_node(p) for m, p in members.items() if m != launcher} == {m: [n] for m, n in workers.items()}
-    assert "affinity" not in members[launcher]["spec"]
+    # Each worker was nominated to the node the release planned for it, and the scheduler bound it there; the
+    # launcher was gated by the webhook like them but got no tier, no affinity and no nomination. Nobody got a pin.
+    assert {m: planned_node(p) for m, p in members.items() if m != launcher} == workers
+    assert planned_node(members[launcher]) is None
+    assert all("affinity" not in p["spec"] for p in members.values())
     record = members[launcher]["metadata"]["annotations"][NAMES.decision]
     assert record.startswith("no GPU; no tier, no NVLink affinity") and f"gang {gang_name} of 5" in record, record
     released = {
@@ -194,6 +195,7 @@ def test_pods_gated_while_no_controller_runs_are_placed_when_one_starts(
 
     bound_together(cluster, ns, "pair", size=2)
     placed = kube.poll("solo bound", lambda: (p := kube.pods(cluster, ns)["solo"])["spec"].get("nodeName") and p)
-    assert pinned_node(placed) == [placed["spec"]["nodeName"]], "bound where the release pinned it"
-    assert label_values.stamped(placed["metadata"]["annotations"][NAMES.release])[1].startswith(
+    assert planned_node(placed) == placed["spec"]["nodeName"], "bound where the release nominated it"
+    assert "affinity" not in placed["spec"], "no pin"
+    assert outcomes.read(placed["metadata"]["annotations"][NAMES.release]).why.startswith(
         f"placed on {placed['spec']['nodeName']}: ")

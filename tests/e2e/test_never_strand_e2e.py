@@ -59,7 +59,8 @@ def _nodes() -> list[dict[str, Any]]:
 
 def _pinned_copy(pod: dict[str, Any], *, node: str, namespace: str) -> dict[str, Any]:
     """The pod to judge on one node: gates lifted (judged as the scheduler would once they are), no priority
-    fields (filters do not read them; the classes need not exist), pinned as release pins."""
+    fields (filters do not read them; the classes need not exist), pinned to the node (the judge's way to ask one
+    node)."""
     body = copy.deepcopy(pod)
     body["metadata"] = {**body["metadata"], "name": f"judge-{secrets.token_hex(4)}", "namespace": namespace}
     spec = body["spec"]

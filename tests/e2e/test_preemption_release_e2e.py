@@ -1,8 +1,10 @@
 """Preemption-aware release on the real 1.37.2 control plane: a gated pod that fits no node, but would once
-kube-scheduler preempted a pod of lower priority, is released at once (unpinned), and the scheduler's own preemption
-makes room for it — instead of waiting gated (invisible to preemption) for `descheduler.gangs.max_wait_seconds`.
-A gang likewise: all members pinned where preemption frees the best NVLink domain, released together, both bound after
-the scheduler preempted there, and no filler preempted on a node the gang did not need."""
+kube-scheduler preempted a pod of lower priority, is released at once (without a nomination), and the scheduler's own
+preemption makes room for it — instead of waiting gated (invisible to preemption) for
+`descheduler.gangs.max_wait_seconds`. A gang likewise: released together, its members that need a preemption without a
+nomination (kube-scheduler preempts for each where its own rules choose), both bound, no more victims than members
+need, and no pod deleted or re-created by gpu-steward. What the nomination design costs against the pinned one is
+printed: pinned, both members went to one node; now each preemption picks its node."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from common import label_values, settings, snapshot, timestamps
-from descheduler.release import planning, recovery
+from common import settings, snapshot
+from descheduler.release import outcomes, planning
 from gpu_steward_lab import localcluster
 from tests.e2e import conftest
 from tests.support import kube
@@ -22,7 +24,6 @@ from tests.support import kube
 pytestmark = pytest.mark.e2e
 
 NAMES = settings.Names()
-PIN_DEADLINE = settings.Gangs().pin_deadline_seconds  # the default, which the gang test keeps
 # The descheduler would keep an unplaceable pod gated for 600 s: only the preemption rule can release it in time.
 HOLD_FOR_LONG = {"descheduler": {"reclaim": {"enabled": False},
                                  "gangs": {"max_wait_seconds": 600, "gang_max_wait_seconds": 600}}}
@@ -57,11 +58,12 @@ def test_pod_only_preemption_can_place_is_released_at_once_and_preempts(
 
     placed = kube.poll("urgent bound on the spare node", lambda: (p := kube.pods(cluster, ns).get("urgent")) and
                        p["spec"].get("nodeName") == spare_node and p, timeout_seconds=60)
-    assert snapshot.pinned_node(placed) is None, "released unpinned: the scheduler chose where to preempt"
+    assert snapshot.pinned_node(placed) is None, "no pin: the scheduler chose where to preempt"
+    assert outcomes.read(placed["metadata"]["annotations"][NAMES.release]).node is None, "nor a nomination of ours"
     assert "filler" not in kube.pods(cluster, ns), "the lower-priority pod was preempted"
     [said] = [e["message"] for e in kube.events_about(cluster, ns, "urgent", reason=planning.PREEMPTING)]
     assert said == (f"fits no node now; preempting lower-priority pods on {spare_node} would make room (1 there): "
-                    "released unpinned at once so that kube-scheduler preempts for it")
+                    "released at once without a nomination so that kube-scheduler preempts for it")
 
 
 @pytest.fixture
@@ -80,7 +82,7 @@ def full_pool(control_plane: localcluster.LocalCluster) -> Iterator[tuple[str, l
         control_plane.kubectl("delete", "node", *names, "--ignore-not-found", "--wait=false", check=False)
 
 
-def test_gang_only_preemption_can_place_is_released_pinned_and_preempts_on_one_node_only(
+def test_gang_only_preemption_can_place_is_released_together_and_preempts_no_more_than_it_needs(
     gpu_cluster: conftest.GpuCluster, descheduler_factory: conftest.StartDescheduler, plain_namespace: str,
     full_pool: tuple[str, list[str]], classes: tuple[str, str],
 ) -> None:
@@ -93,10 +95,9 @@ def test_gang_only_preemption_can_place_is_released_pinned_and_preempts_on_one_n
         cluster.kubectl("create", "-f", "-", input=json.dumps(filler))
     kube.poll("every filler bound", lambda: all(
         (p := kube.pods(cluster, ns).get(name)) and p["spec"].get("nodeName") for name in fillers))
-    # The default pin deadline (60 s). Seen on 1.37.2 in 5 runs of 12: two members share a victim, and the
-    # one whose last victim the other deleted first is not tried again until kube-scheduler's unschedulable flush
-    # (5 min; docs/operations.md, "A preemptor kube-scheduler does not retry"). Recovery waits for it
-    # (`retry-due`) instead of taking the gang back at 60 s and restarting the member already bound.
+    # Seen on 1.37.2 with pins in 5 runs of 12: two members share a victim, and the one whose last victim the other
+    # deleted first is not tried again until kube-scheduler's unschedulable flush (5 min; docs/operations.md, "A
+    # preemptor kube-scheduler does not retry"). Nothing of ours acts on it: the poll below allows for the flush.
     descheduler_factory(HOLD_FOR_LONG)
 
     members = [f"member-{i}" for i in range(2)]
@@ -124,27 +125,22 @@ def test_gang_only_preemption_can_place_is_released_pinned_and_preempts_on_one_n
         bound = kube.poll("both members bound", both_bound, timeout_seconds=420)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{story()}") from None
-    taken_back = [e["message"] for m in members for e in kube.events_about(cluster, ns, m, reason=recovery.RECOVERED)]
-    assert not taken_back and {m: bound[m]["metadata"]["uid"] for m in members} == uids, (
-        f"the gang was bound as released, never taken back (no member restarted)\n{story()}")
-    for name in members:  # the race above: bound well past the pin deadline, each pass said why it waited
-        pod = bound[name]
-        released = label_values.stamped(pod["metadata"]["annotations"][NAMES.release])[0]
-        scheduled = timestamps.epoch(next(c["lastTransitionTime"] for c in pod["status"]["conditions"]
-                                          if c["type"] == "PodScheduled"))
-        if released is not None and scheduled is not None and scheduled - released > PIN_DEADLINE + 15:
-            said = [e["message"] for e in kube.events_about(cluster, ns, name, reason=recovery.WAITING)]
-            assert any("where no pod is terminating and it fits now: its retry is due" in m for m in said), (
-                f"{name} bound {scheduled - released:.0f}s after its release\n{story()}")
+    assert {m: bound[m]["metadata"]["uid"] for m in members} == uids, (
+        f"the gang was bound as released: no member deleted or re-created\n{story()}")
+    for name in members:
+        record = outcomes.read(bound[name]["metadata"]["annotations"][NAMES.release])
+        assert record.node is None, f"{name} needed a preemption: released without a nomination of ours"
+        assert snapshot.pinned_node(bound[name]) is None
     hosts = {bound[m]["spec"]["nodeName"] for m in members}
-    assert len(hosts) == 1, f"one node holds the whole gang (the best NVLink domain after preemption): {hosts}"
-    [host] = hosts
-    assert all(snapshot.pinned_node(bound[m]) == host for m in members), f"each member pinned where planned\n{story()}"
     left = kube.pods(cluster, ns)
     preempted = sorted(name for name in fillers if name not in left or left[name]["metadata"].get("deletionTimestamp"))
-    assert preempted == sorted(n for n, node in fillers.items() if node == host), (
-        f"only the fillers on {host} were preempted: {preempted}")
+    # Each member needs 4 GPUs, each filler holds 4: one victim per member, wherever kube-scheduler preempts.
+    assert len(preempted) == len(members), f"no more victims than the members need: {preempted}\n{story()}"
+    print(f"gang placed by kube-scheduler's preemption on {len(hosts)} node(s) {sorted(hosts)}, victims {preempted} "
+          "(pinned release: 1 node, 2 victims on it)")
     for name in members:
         [said] = [e["message"] for e in kube.events_about(cluster, ns, name, reason=planning.PREEMPTING)]
         assert said.startswith(f"gang {ns}/g: fits no node now; once kube-scheduler preempts lower-priority pods on "
-                               f"{host} (2 there): 2 members on 1 node(s) ({host}): one node"), said
+                               ), said
+        assert said.endswith("released at once, members that need a preemption without a nomination, so that "
+                             "kube-scheduler preempts for them"), said

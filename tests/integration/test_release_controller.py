@@ -1,10 +1,12 @@
-"""The gang controller against an API server: pins, un-gating, Events, resync, restart.
+"""The gang controller against an API server: nominations, un-gating, outcomes, Events, resync, restart.
 
 `FakeApiServer` is an aiohttp server speaking the few pod/event endpoints the controller uses, and
 enforcing the pod-update rules kube-apiserver 1.36.3 applies to gated pods (ported from
 `pkg/apis/core/validation/validation.go`: `validateOnlyDeletedSchedulingGates`,
 `validateNodeAffinityMutation`, `validateNodeSelectorTermHasOnlyAdditions`), so a patch the real
-server would refuse fails here too. `create_gang`, `gang_pods` and `assert_all_or_nothing` take
+server would refuse fails here too; its `pods/status` answers a merge patch whose resourceVersion is stale with a
+conflict, as kube-apiserver does, and keeps everything but the status. It has no DELETE and no eviction route: the
+controller never deletes, evicts or re-creates a pod. `create_gang`, `gang_pods` and `assert_all_or_nothing` take
 only an API client: the real-apiserver e2e test can reuse them as they are.
 """
 
@@ -26,8 +28,8 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from common import kube, label_values, settings, snapshot, timestamps
-from descheduler.release import controller, planning
+from common import kube, settings, snapshot, timestamps
+from descheduler.release import controller, outcomes, planning
 from tests import builders
 
 NAMES = settings.Names()
@@ -86,6 +88,10 @@ async def gang_pods(api: client.ApiClient, *, name: str = "train", namespace: st
 
 def gates_of(pod: Mapping[str, Any]) -> list[str]:
     return [g["name"] for g in pod["spec"].get("schedulingGates") or []]
+
+
+def nominated(pod: Mapping[str, Any]) -> str | None:
+    return (pod.get("status") or {}).get("nominatedNodeName")
 
 
 def assert_all_or_nothing(pods: Sequence[Mapping[str, Any]]) -> None:
@@ -155,7 +161,7 @@ class FakeApiServer:
     def __init__(self) -> None:
         self.pods: dict[str, Json] = {}  # namespace/name -> pod
         self.events: list[Json] = []
-        self.patches: list[tuple[str, str]] = []  # (pod key, "pin" | "ungate" | "release" | "mark"), in order
+        self.patches: list[tuple[str, str]] = []  # (pod key, "nominate" | "ungate" | "pin" | "mark"), in order
         self.failing: set[tuple[str, str]] = set()  # (pod key, kind) answered with HTTP 500
         self.changed: Callable[[], None] = lambda: None  # the feeder's notification
         self.touched = asyncio.Event()  # set on every write, for tests that wait for an outcome
@@ -164,6 +170,7 @@ class FakeApiServer:
         self.app.router.add_post("/api/v1/namespaces/{ns}/pods", self._create)
         self.app.router.add_get("/api/v1/namespaces/{ns}/pods", self._list)
         self.app.router.add_patch("/api/v1/namespaces/{ns}/pods/{name}", self._patch)
+        self.app.router.add_patch("/api/v1/namespaces/{ns}/pods/{name}/status", self._patch_status)
         self.app.router.add_post("/api/v1/namespaces/{ns}/events", self._event)
 
     def _stamp(self, pod: Json) -> None:
@@ -213,6 +220,31 @@ class FakeApiServer:
         error = _gated_update_error(old, new)
         if error:
             return web.json_response({"kind": "Status", "code": 422, "message": error}, status=422)
+        self._stamp(new)
+        self.pods[key] = new
+        self.changed()
+        return web.json_response(new)
+
+    async def _patch_status(self, request: web.Request) -> web.Response:
+        """`pods/status`: a merge patch; its resourceVersion, when given, must be the stored one (else 409); only the
+        status is taken from it."""
+        key = f"{request.match_info['ns']}/{request.match_info['name']}"
+        body = await request.json()
+        if key not in self.pods:
+            return web.json_response({"kind": "Status", "code": 404, "message": "not found"}, status=404)
+        self.patches.append((key, "nominate"))
+        self.touched.set()
+        if (key, "nominate") in self.failing:
+            return web.json_response({"kind": "Status", "code": 500, "message": "injected"}, status=500)
+        if request.content_type != "application/merge-patch+json":
+            return web.json_response({"kind": "Status", "code": 415}, status=415)
+        old = self.pods[key]
+        version = (body.get("metadata") or {}).get("resourceVersion")
+        if version is not None and version != old["metadata"]["resourceVersion"]:
+            return web.json_response({"kind": "Status", "code": 409, "message": "the object has been modified"},
+                                     status=409)
+        new = copy.deepcopy(old)
+        new["status"] = _merge(old.get("status") or {}, body.get("status") or {})
         self._stamp(new)
         self.pods[key] = new
         self.changed()
@@ -318,7 +350,7 @@ async def until(server: FakeApiServer, condition: Callable[[], bool]) -> None:
 
 
 @pytest.mark.parametrize("notify", [pytest.param(True, id="on-pod-events"), pytest.param(False, id="on-resync-only")])
-async def test_eight_member_gang_is_pinned_then_released_together(
+async def test_eight_member_gang_is_nominated_then_released_together(
     fake: tuple[FakeApiServer, client.ApiClient], notify: bool
 ) -> None:
     server, api = fake
@@ -329,10 +361,11 @@ async def test_eight_member_gang_is_pinned_then_released_together(
         pods = await gang_pods(api)
     assert [gates_of(p) for p in pods] == [[]] * 8
     assert_all_or_nothing(pods)
-    nodes = {snapshot.pinned_node(p) for p in pods}
+    nodes = {nominated(p) for p in pods}
     assert len(nodes) == 1 and nodes <= {"gpu-0", "gpu-1"}, "one node holds the whole gang (8 GPUs)"
+    assert all("affinity" not in p["spec"] for p in pods), "no node term: nominated, never pinned"
     kinds = [kind for _, kind in server.patches]
-    assert kinds == ["pin"] * 8 + ["ungate"] * 8, "every member pinned before any is un-gated"
+    assert kinds == ["nominate"] * 8 + ["ungate"] * 8, "every member nominated before any is un-gated"
     # Woken by each creation, the controller saw the gang incomplete, but members created in a burst are not told
     # they wait for each other (descheduler.gangs.incomplete_event_grace_seconds): one Event each, the release.
     assert all(server.reasons(p["metadata"]["name"]) == [planning.RELEASED] for p in pods)
@@ -340,22 +373,27 @@ async def test_eight_member_gang_is_pinned_then_released_together(
     assert registry.get_sample_value("gpu_steward_gang_wait_seconds_count") == 1
 
 
-async def test_failure_while_pinning_releases_none_and_the_next_pass_finishes(
+async def test_failure_while_nominating_releases_none_and_the_next_pass_keeps_the_nominations(
     fake: tuple[FakeApiServer, client.ApiClient],
 ) -> None:
     server, api = fake
     await create_gang(api, size=4, gpus=2)
-    server.failing = {(f"{NAMESPACE}/train-2", "pin")}
+    server.failing = {(f"{NAMESPACE}/train-2", "nominate")}
     ctl = make_controller(server, api, config())
     await ctl.reconcile(now=time.time())
     pods = await gang_pods(api)
     assert [gates_of(p) for p in pods] == [[GATE]] * 4
-    assert [k for _, k in server.patches] == ["pin"] * 4, "every pin tried (concurrently), nothing un-gated"
+    assert [k for _, k in server.patches] == ["nominate"] * 4, "every nomination tried (concurrently), none un-gated"
+    first = {p["metadata"]["name"]: nominated(p) for p in pods}
+    assert first["train-2"] is None and len({first[n] for n in first if n != "train-2"}) == 1
     server.failing = set()
+    del server.patches[:]
     await ctl.reconcile(now=time.time())
     pods = await gang_pods(api)
     assert [gates_of(p) for p in pods] == [[]] * 4
-    assert len({snapshot.pinned_node(p) for p in pods}) == 1
+    assert {p["metadata"]["name"]: nominated(p) for p in pods if p["metadata"]["name"] != "train-2"} == {
+        n: node for n, node in first.items() if n != "train-2"}, "the nominations set are kept, never re-sent"
+    assert [k for _, k in server.patches] == ["nominate"] + ["ungate"] * 4, "only the missing one nominated"
 
 
 async def test_restart_mid_release_resumes_from_the_cluster(fake: tuple[FakeApiServer, client.ApiClient]) -> None:
@@ -384,7 +422,7 @@ async def test_invalid_member_released_alone_and_other_gates_kept(
     await make_controller(server, api, config()).reconcile(now=time.time())
     stored = server.pods[f"{NAMESPACE}/odd"]
     assert gates_of(stored) == [KUEUE_GATE]
-    assert snapshot.pinned_node(stored) is None, "released alone: no pin"
+    assert nominated(stored) is None, "released alone: no nomination"
     [event] = server.events
     assert (event["type"], event["reason"]) == ("Warning", planning.INVALID)
     assert "'two' is not a positive integer" in event["message"]
@@ -461,13 +499,13 @@ async def test_gang_with_a_launcher_without_gpus_waits_for_it_then_is_released_t
 
     pods = {p["metadata"]["name"]: p for p in await gang_pods(api, name="mpi")}
     assert [gates_of(p) for p in pods.values()] == [[]] * 5
-    assert [snapshot.pinned_node(p) for p in pods.values()] == ["gpu-0"] * 4 + [None]
-    assert "affinity" not in pods["mpi-launcher"]["spec"], "a pod without GPUs is never pinned to a GPU node"
+    assert [nominated(p) for p in pods.values()] == ["gpu-0"] * 4 + [None]
+    assert "affinity" not in pods["mpi-launcher"]["spec"], "a pod without GPUs is never held on a GPU node"
     kinds = [(key.split("/")[1], kind) for key, kind in server.patches if kind != "mark"]
-    assert sorted(kinds[:4]) == [(f"mpi-{i}", "pin") for i in range(4)], "every worker pinned before any un-gating"
+    assert sorted(kinds[:4]) == [(f"mpi-{i}", "nominate") for i in range(4)], "every worker nominated first"
     assert sorted(kinds[4:]) == [(name, "ungate") for name in ("mpi-0", "mpi-1", "mpi-2", "mpi-3", "mpi-launcher")]
     [released] = {e["message"] for e in server.events if e["reason"] == planning.RELEASED}
-    assert released.endswith("; un-gated with them, not pinned (no GPU): team/mpi-launcher")
+    assert released.endswith("; un-gated with them, not nominated (no GPU): team/mpi-launcher")
     assert server.reasons("mpi-launcher") == [planning.RELEASED]
 
 
@@ -493,7 +531,7 @@ class FrozenSource(StoreSource):
         return dataclasses.replace(self.frozen, taken_at=self._clock())
 
 
-async def test_single_pods_are_pinned_and_released_in_one_patch_never_twice_while_the_snapshot_lags(
+async def test_single_pods_are_nominated_and_released_never_twice_while_the_snapshot_lags(
     fake: tuple[FakeApiServer, client.ApiClient],
 ) -> None:
     """20 single 1-GPU pods, 16 GPUs. The snapshot never shows a release (a lagging watch): the controller's own
@@ -508,23 +546,24 @@ async def test_single_pods_are_pinned_and_released_in_one_patch_never_twice_whil
         await ctl.reconcile(now=time.time())
     released = [p for p in server.pods.values() if not gates_of(p)]
     assert len(released) == 16
-    assert {kind for _, kind in server.patches} == {"release"}, "pin and un-gate in one call"
-    assert len(server.patches) == 16, "no pod released twice"
-    per_node = collections.Counter(snapshot.pinned_node(p) for p in released)
+    assert collections.Counter(kind for _, kind in server.patches) == {"nominate": 16, "ungate": 16}, (
+        "no pod released twice")
+    per_node = collections.Counter(nominated(p) for p in released)
     assert per_node == {"gpu-0": 8, "gpu-1": 8}
     told = collections.Counter(e["reason"] for e in server.events)
     assert told == {planning.RELEASED: 16, planning.WAITING: 4}, "one Event per release; the 4 that wait are told"
     for pod in released:
-        at, record = label_values.stamped(pod["metadata"]["annotations"][NAMES.release])
-        assert at is not None, "when it was released: what pin recovery counts from"
-        node = snapshot.pinned_node(pod)
-        assert record.startswith(f"placed on {node}: NVLink score ")
+        record = outcomes.read(pod["metadata"]["annotations"][NAMES.release])
+        node = nominated(pod)
+        assert record.at is not None, "when it was released: what the observation pass counts from"
+        assert (record.node, record.one_domain) == (node, True), "where it was nominated: what is checked"
+        assert record.why.startswith(f"placed on {node}: NVLink score ")
         [event] = [e["message"] for e in server.events if e["involvedObject"]["name"] == pod["metadata"]["name"]]
         assert re.fullmatch(f"placed on {node}: NVLink score [0-9.]+; [0-7] GPUs left free there", event), (
             "the Event is short: where, the score, what is left")
 
 
-async def test_single_pod_that_cannot_be_placed_is_released_unpinned_after_its_max_wait(
+async def test_single_pod_that_cannot_be_placed_is_released_without_a_nomination_after_its_max_wait(
     fake: tuple[FakeApiServer, client.ApiClient],
 ) -> None:
     server, api = fake
@@ -534,7 +573,7 @@ async def test_single_pod_that_cannot_be_placed_is_released_unpinned_after_its_m
     assert gates_of(server.pods[f"{NAMESPACE}/huge"]) == [GATE], "waits within its bound"
     await ctl.reconcile(now=time.time() + 61)
     stored = server.pods[f"{NAMESPACE}/huge"]
-    assert gates_of(stored) == [] and snapshot.pinned_node(stored) is None
+    assert gates_of(stored) == [] and nominated(stored) is None
     assert server.reasons("huge")[-1] == planning.UNPLACED
 
 
@@ -565,7 +604,7 @@ def racer(gpus: int) -> Json:
         pytest.param([single("solo", gpus=8)], 1, True, id="single-pod-node-taken/match"),
         pytest.param([single("solo", gpus=4)], 4, False, id="single-pod-racer-fits-what-the-plan-left/no-match"),
         pytest.param([gang_member(f"g-{i}", gang="g", size=2, gpus=4, namespace=NAMESPACE, gated=True)
-                      for i in range(2)], 1, True, id="gang-held-back-as-a-unit-none-pinned"),
+                      for i in range(2)], 1, True, id="gang-held-back-as-a-unit-none-nominated"),
     ],
 )
 async def test_a_release_whose_node_was_taken_since_the_plan_is_held_back_and_planned_afresh(
@@ -581,18 +620,18 @@ async def test_a_release_whose_node_was_taken_since_the_plan_is_held_back_and_pl
     names = [p["metadata"]["name"] for p in gated]
     stored = [server.pods[f"{NAMESPACE}/{n}"] for n in names]
     if held_back:
-        assert server.patches == [], "nothing pinned, nothing un-gated"
+        assert server.patches == [], "nothing nominated, nothing un-gated"
         assert all(gates_of(p) == [GATE] for p in stored)
         assert registry.get_sample_value("gpu_steward_release_overtaken_total") == 1
         await ctl.reconcile(now=time.time())  # the next pass plans on what the node holds now: no room, it waits
-        assert {kind for _, kind in server.patches} <= {"mark"}, "still nothing pinned or un-gated"
+        assert {kind for _, kind in server.patches} <= {"mark"}, "still nothing nominated or un-gated"
         assert all(server.reasons(n) == [planning.WAITING] for n in names)
     else:
-        assert [gates_of(p) for p in stored] == [[]] and snapshot.pinned_node(stored[0]) == "gpu-0"
+        assert [gates_of(p) for p in stored] == [[]] and nominated(stored[0]) == "gpu-0"
         assert registry.get_sample_value("gpu_steward_release_overtaken_total") == 0
 
 
-async def test_gang_only_preemption_can_place_is_pinned_released_together_and_counted(
+async def test_gang_only_preemption_can_place_nominates_where_room_is_free_and_leaves_the_rest_to_preemption(
     fake: tuple[FakeApiServer, client.ApiClient],
 ) -> None:
     server, api = fake
@@ -607,7 +646,86 @@ async def test_gang_only_preemption_can_place_is_pinned_released_together_and_co
                                 metrics=controller.Metrics(registry))
     await ctl.reconcile(now=time.time())
     pods = await gang_pods(api, name="g")
-    assert [(gates_of(p), snapshot.pinned_node(p)) for p in pods] == [([], "gpu-0")] * 2
-    assert [kind for _, kind in server.patches] == ["pin", "pin", "ungate", "ungate"]
+    assert sorted((gates_of(p), nominated(p) or "") for p in pods) == [([], ""), ([], "gpu-0")], (
+        "the member with free room nominated there; the one that needs a preemption left to kube-scheduler")
+    assert [kind for _, kind in server.patches] == ["nominate", "ungate", "ungate"]
     assert all(server.reasons(p["metadata"]["name"]) == [planning.PREEMPTING] for p in pods)
     assert registry.get_sample_value("gpu_steward_gang_releases_total", {"kind": "preempting"}) == 1
+
+
+async def test_a_nomination_someone_else_set_is_kept_and_the_pod_released_without_ours(
+    fake: tuple[FakeApiServer, client.ApiClient],
+) -> None:
+    """Native topology-aware scheduling (or any controller) nominated the gated pod first: never overwritten."""
+    server, api = fake
+    pod = single("theirs", gpus=2)
+    pod["status"] = {"phase": "Pending", "nominatedNodeName": "gpu-1"}
+    server.put(pod)
+    await make_controller(server, api, config()).reconcile(now=time.time())
+    stored = server.pods[f"{NAMESPACE}/theirs"]
+    assert gates_of(stored) == [] and nominated(stored) == "gpu-1"
+    assert [kind for _, kind in server.patches] == ["ungate"], "no nomination sent"
+    record = outcomes.read(stored["metadata"]["annotations"][NAMES.release])
+    assert record.node is None and "nominated already, kept: team/theirs (to gpu-1)" in record.why
+
+
+async def test_a_pod_changed_since_the_plan_is_not_nominated_on_stale_facts(
+    fake: tuple[FakeApiServer, client.ApiClient],
+) -> None:
+    """The nomination carries the resourceVersion the plan read: a pod changed since answers 409, nothing is
+    un-gated, and the next pass (on a fresh snapshot) releases it."""
+    server, api = fake
+    server.put(single("solo", gpus=2), notify=False)
+    source = FrozenSource(server, NODES, clock=time.time)
+    server.put(copy.deepcopy(server.pods[f"{NAMESPACE}/solo"]), notify=False)  # a new resourceVersion
+    ctl = controller.Controller(config=config(), source=source, api=api,
+                                metrics=controller.Metrics(prometheus_client.CollectorRegistry()))
+    await ctl.reconcile(now=time.time())
+    assert gates_of(server.pods[f"{NAMESPACE}/solo"]) == [GATE] and nominated(server.pods[f"{NAMESPACE}/solo"]) is None
+    assert [kind for _, kind in server.patches] == ["nominate"]
+    source.frozen = StoreSource(server, NODES, clock=time.time).snapshot
+    await ctl.reconcile(now=time.time())
+    assert gates_of(server.pods[f"{NAMESPACE}/solo"]) == [] and nominated(server.pods[f"{NAMESPACE}/solo"])
+
+
+def released(name: str, *, planned: str | None, node: str | None, at: str, gang: str | None = None,
+             size: int = 2) -> Json:
+    """A pod our release un-gated at `at`, nominated to `planned`, bound to `node` (None: still Pending)."""
+    pod = (gang_member(name, gang=gang, size=size, gpus=4, namespace=NAMESPACE, gated=False) if gang
+           else builders.pod(name, namespace=NAMESPACE, gpus=4))
+    pod["metadata"]["annotations"] = {NAMES.release: outcomes.record(at=at, node=planned, one_domain=True,
+                                                                    why="placed")}
+    pod["spec"].pop("schedulingGates", None)
+    pod["status"] = {"phase": "Running" if node else "Pending"}
+    if node:
+        pod["spec"]["nodeName"] = node
+    return pod
+
+
+async def test_outcomes_are_told_once_each_with_an_event_and_a_metric_and_nothing_is_deleted(
+    fake: tuple[FakeApiServer, client.ApiClient],
+) -> None:
+    server, api = fake
+    long_ago = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 600))
+    just_now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for pod in (released("moved", planned="gpu-0", node="gpu-1", at=just_now),
+                released("landed", planned="gpu-0", node="gpu-0", at=just_now),
+                released("late", planned="gpu-1", node=None, at=long_ago),
+                released("g-0", planned="gpu-0", node="gpu-0", at=long_ago, gang="g"),
+                released("g-1", planned="gpu-0", node=None, at=long_ago, gang="g")):
+        server.put(pod, notify=False)
+    before = copy.deepcopy(server.pods)
+    registry = prometheus_client.CollectorRegistry()
+    ctl = controller.Controller(config=config(bind_bound_seconds=120), source=StoreSource(server, NODES,
+                                clock=time.time), api=api, metrics=controller.Metrics(registry))
+    for _ in range(2):
+        await ctl.reconcile(now=time.time())
+    told = {(e["involvedObject"]["name"], e["type"], e["reason"]) for e in server.events}
+    assert told == {("moved", "Normal", "PlacedElsewhere"), ("late", "Warning", "NotBoundInTime"),
+                    ("g-0", "Warning", "GangNotBoundInTime"), ("g-1", "Warning", "GangNotBoundInTime")}
+    assert len(server.events) == 4, "each told once, not on every pass"
+    counts = {cause.value: registry.get_sample_value("gpu_steward_release_outcomes_total", {"cause": cause.value})
+              for cause in outcomes.Cause}
+    assert counts == {"placed-elsewhere": 1, "split-domains": None, "not-bound": 1, "gang-not-bound": 2,
+                      "gang-spread": None}
+    assert server.pods == before and server.patches == [], "observed only: no pod changed, deleted or re-created"

@@ -261,7 +261,8 @@ def _gpus(count: int) -> dict[str, Any]:
     [
         pytest.param(_gpus(16), {"nvidia.com/gpu": 16}, "requests more than the node has: nvidia.com/gpu 16 > 8",
                      id="more-gpus-than-the-node"),
-        pytest.param({}, {"nvidia.com/gpu": 2}, "asks 2 GPU of DRA device classes; the node's GPUs are a device plugin's",
+        pytest.param({}, {"nvidia.com/gpu": 2},
+                     "asks 2 GPU of DRA device classes; the node's GPUs are a device plugin's",
                      id="gpus-asked-through-claims-on-a-device-plugin-node"),
         pytest.param({}, {"cpu": 128_000}, "requests more than the node has: cpu 128000 > 64000", id="more-cpu"),
         pytest.param({}, {"example.com/fpga": 1}, "requests more than the node has: example.com/fpga 1 > 0",

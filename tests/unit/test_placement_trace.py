@@ -226,29 +226,28 @@ def test_tracker_marks_a_pod_spread_over_two_domains_while_a_whole_pair_was_free
 
 
 @pytest.mark.parametrize(
-    ("pin", "record", "expected"),
+    ("record", "expected"),
     [
-        pytest.param("big", "2026-01-01T00:00:03Z placed on big", ("2026-01-01T00:00:03Z placed on big", True),
-                     id="released-and-pinned-to-its-node/match"),
-        pytest.param(None, None, (None, False), id="never-gated/no-match"),
-        pytest.param("small", "2026-01-01T00:00:03Z placed on small", ("2026-01-01T00:00:03Z placed on small", False),
-                     id="pin-names-another-node/boundary"),
+        pytest.param("2026-01-01T00:00:03Z planned=big domains=1 placed on big",
+                     ("2026-01-01T00:00:03Z planned=big domains=1 placed on big", True),
+                     id="released-and-bound-on-its-nominated-node/match"),
+        pytest.param(None, (None, None), id="never-gated/not-judged"),
+        pytest.param("2026-01-01T00:00:03Z placed without a nomination", ("2026-01-01T00:00:03Z placed without a "
+                                                                          "nomination", None),
+                     id="released-without-a-nomination/not-judged"),
+        pytest.param("2026-01-01T00:00:03Z planned=small placed on small",
+                     ("2026-01-01T00:00:03Z planned=small placed on small", False),
+                     id="nominated-to-another-node/no-match"),
     ],
 )
-def test_tracker_records_our_release_and_whether_the_pod_bound_on_its_pin(
-    pin: str | None, record: str | None, expected: tuple[str | None, bool],
+def test_tracker_records_our_release_and_whether_the_pod_bound_on_its_nominated_node(
+    record: str | None, expected: tuple[str | None, bool | None],
 ) -> None:
-    def mutate(pod: dict[str, Any]) -> None:
-        if pin is not None:
-            term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [pin]}]}
-            pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [term]}}}
-
     tracker = pt.Tracker(rooms=ROOMS, requests={})
-    pod = _pod("r", 2, "big", 3, annotations={NAMES.release: record} if record else None, mutate=mutate)
+    pod = _pod("r", 2, "big", 3, annotations={NAMES.release: record} if record else None)
     tracker.observe(_cluster([pod]), now=1.0)
     got = tracker.bindings["default/r"]
-    assert (got.released, got.pinned) == expected
+    assert (got.released, got.on_plan) == expected
 
 
 def test_tracker_respects_cpu_when_asking_where_a_pod_could_have_gone() -> None:
@@ -367,31 +366,6 @@ def _arm(share: float | None, never: int, rate: float, p99: float = 2.0) -> dict
 def test_goals_compare_gpu_steward_with_the_baselines(ours: dict[str, Any], met: list[bool]) -> None:
     arms = {"default": _arm(0.5, 5, 100.0), "binpack": _arm(0.6, 3, 98.0), "gpu-steward": ours}
     assert [g["met"] for g in pt.goals(arms)] == met
-
-
-def _pinned(name: str, *, reason: str | None) -> dict[str, Any]:
-    """A pending 2-GPU pod our release pinned to big; `reason`: the PodScheduled=False reason kube-scheduler gave."""
-    def mutate(pod: dict[str, Any]) -> None:
-        pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["big"]}]}]}}}
-        if reason:
-            pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": reason}]
-
-    return builders.pod(name, gpus=2, mutate=mutate)
-
-
-@pytest.mark.parametrize(
-    ("pod", "refused"),
-    [
-        pytest.param(_pinned("p", reason="Unschedulable"), True, id="pinned-and-unschedulable/match"),
-        pytest.param(_pinned("p", reason=None), False, id="pinned-not-yet-tried/no-match"),
-        pytest.param(_pinned("p", reason="SchedulingGated"), False, id="pinned-but-still-gated/boundary"),
-    ],
-)
-def test_tracker_counts_pins_the_scheduler_refused(pod: dict[str, Any], refused: bool) -> None:
-    tracker = pt.Tracker(rooms=ROOMS, requests={})
-    tracker.observe(_cluster([pod]), now=1.0)
-    assert tracker.refused == ({"default/p"} if refused else set())
 
 
 def test_our_processes_are_found_by_their_settings_file_and_their_cpu_read(tmp_path: pathlib.Path) -> None:

@@ -95,12 +95,12 @@ SERVED = {("team-a/idle", WANT)}
         pytest.param(want(spec={"nodeSelector": {"pool": "other"}}), set(),
                      "no node can hold it: team-b/want: n1: nodeSelector pool=other does not match",
                      id="message-never-enables-a-node-the-model-rules-out"),
-        # Release placed it and it is stuck: its recovery owns it, not reclaim.
-        pytest.param(want(spec=PIN, annotations={"gpu-steward.io/release": "n1: score 250"}), set(),
-                     "placed at release (gpu-steward.io/release) and not bound: release's recovery owns it",
-                     id="released-and-stuck-is-no-demand"),
+        # Released without a pin (placed elsewhere than planned, or unplaced): nothing holds it to one node, so it is
+        # a demand like any other (release's recovery that used to re-gate such pods is gone).
+        pytest.param(want(annotations={"gpu-steward.io/release": "2026-11-28T00:00:00Z unplaced"}), SERVED,
+                     "1 idle pod(s) evicted on n1", id="released-unplaced-and-pending-is-a-demand"),
         pytest.param(want(spec=PIN, labels=gang("g")), set(),
-                     "gang member pinned to n1 at release and not bound: release's recovery owns it",
+                     "gang member pinned to n1 at release and not bound: release reports it",
                      id="gang-member-pinned-and-stuck-is-no-demand"),
         pytest.param(want(spec=PIN), SERVED, "1 idle pod(s) evicted on n1",
                      id="boundary-a-users-own-pin-is-a-demand-there"),

@@ -80,7 +80,7 @@ CPU_AND_MEMORY = ("0/1 nodes are available: 1 Insufficient cpu, 1 Insufficient m
         pytest.param(waiting("cpu: not enough", scheduler="volcano"), {("team-a/idle", DEMAND)},
                      "1 idle pod(s) evicted on n1", id="another-schedulers-message-says-nothing"),
         pytest.param(waiting("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.", nominated="n1"), set(),
-                     "kube-scheduler already preempted for it on n1 (status.nominatedNodeName)",
+                     "nominated to n1 (status.nominatedNodeName): kube-scheduler tries that node first",
                      id="scheduler-already-preempted-for-it"),
     ],
 )

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from common import settings, snapshot
-from descheduler.release import patches, planning
+from descheduler.release import planning
 from gpu_steward import cmd_descheduler
 from tests import builders
 
@@ -45,7 +45,7 @@ def member(
     priority: int = 10_000,
     annotations: Mapping[str, str] | None = None,
     owner: str | None = None,
-    pin: str | None = None,
+    nominated: str | None = None,
     selector: Mapping[str, str] | None = None,
     labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
@@ -60,9 +60,8 @@ def member(
             spec["schedulingGates"] = [{"name": g} for g in all_gates]
         if owner:
             pod["metadata"]["ownerReferences"] = [{"kind": "Job", "name": owner, "controller": True}]
-        if pin:
-            spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchFields": [patches.pin_requirement([pin])]}]}}}
+        if nominated:
+            pod.setdefault("status", {})["nominatedNodeName"] = nominated
         if selector:
             spec["nodeSelector"] = dict(selector)
 
@@ -101,7 +100,7 @@ class Want:
     action: planning.Action
     reason: str | None
     says: str  # a fragment of the message
-    pins: Mapping[str, str] | None = None  # pod name -> node (RELEASE)
+    nodes: Mapping[str, str] | None = None  # pod name -> node it is nominated to (RELEASE)
     waiting: planning.Waiting | None = None
     ungate: Sequence[str] | None = None  # pod names
     warns: bool = False  # a Warning where the reason is also given Normal (a gang that can never fit)
@@ -125,8 +124,8 @@ def check(decision: planning.Decision, want: Want) -> None:
     assert decision.event_type == ("Warning" if want.warns else EVENT_TYPES[want.reason]), decision.event_type
     assert decision.message == want.says if want.whole else want.says in decision.message, decision.message
     assert {m.key.split("/")[0] for m in decision.members} == {decision.gang.split("/")[0]}, decision.members
-    if want.pins is not None:
-        assert {k.split("/")[1]: v for k, v in decision.pins.items()} == dict(want.pins)
+    if want.nodes is not None:
+        assert {k.split("/")[1]: v for k, v in decision.nominations.items()} == dict(want.nodes)
     if want.ungate is not None:
         assert sorted(k.split("/")[1] for k in decision.ungate) == sorted(want.ungate)
 
@@ -148,7 +147,8 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
         pytest.param(
             [EIGHT], gang("train", 4, gpus=2), config(),
             {"team/train": Want(A.RELEASE, planning.RELEASED, "4 members on 1 node(s) (big): one node",
-                                pins={f"train-{i}": "big" for i in range(4)}, ungate=[f"train-{i}" for i in range(4)])},
+                                nodes={f"train-{i}": "big" for i in range(4)},
+                                ungate=[f"train-{i}" for i in range(4)])},
             id="complete-and-fits-releases-all",
         ),
         pytest.param(
@@ -162,7 +162,7 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
             [member("m-4", gpus=4), member("m-2", gpus=2), member("m-1a", gpus=1), member("m-1b", gpus=1)],
             config(),
             {"team/train": Want(A.RELEASE, planning.RELEASED, "each member within one NVLink domain",
-                                pins={"m-4": "big", "m-2": "big", "m-1a": "big", "m-1b": "big"})},
+                                nodes={"m-4": "big", "m-2": "big", "m-1a": "big", "m-1b": "big"})},
             id="mixed-gpu-counts-packed-on-one-node",
         ),
         pytest.param(
@@ -172,7 +172,7 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
              builders.gpu_node("n3", gpus=4, labels={"accelerator.topograph.run/domain": "Y"})],
             gang("train", 2, size=2, gpus=4), config(),
             {"team/train": Want(A.RELEASE, planning.RELEASED, "one multi-node NVLink domain Y",
-                                pins={"train-0": "n2", "train-1": "n3"})},
+                                nodes={"train-0": "n2", "train-1": "n3"})},
             id="one-multi-node-clique-preferred",
         ),
         pytest.param(
@@ -181,7 +181,7 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
              *gang("urgent", 2, size=2, gpus=4, priority=100_000)],
             config(),
             {"team/urgent": Want(A.RELEASE, planning.RELEASED, "one node",
-                                 pins={"urgent-0": "big", "urgent-1": "big"}),
+                                 nodes={"urgent-0": "big", "urgent-1": "big"}),
              "team/older": Want(A.WAIT, planning.WAITING, "waiting for 8 more free GPUs", waiting=W.CAPACITY)},
             id="queue-higher-priority-first",
         ),
@@ -209,7 +209,7 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
             config(backfill=True),
             {"team/large": Want(A.WAIT, planning.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
              "team/small": Want(A.RELEASE, planning.RELEASED, "one node",
-                                pins={"small-0": "big", "small-1": "big"})},
+                                nodes={"small-0": "big", "small-1": "big"})},
             id="backfill-on-small-gang-starts",
         ),
         pytest.param(
@@ -219,7 +219,7 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
             config(backfill=False),
             {"team/large": Want(A.WAIT, planning.WAITING, "waiting for 2 more", waiting=W.CAPACITY),
              "team/elsewhere": Want(A.RELEASE, planning.RELEASED, "one node",
-                                    pins={"elsewhere-0": "other-pool", "elsewhere-1": "other-pool"})},
+                                    nodes={"elsewhere-0": "other-pool", "elsewhere-1": "other-pool"})},
             id="backfill-off-gang-on-nodes-the-blocked-one-cannot-use-starts",
         ),
         pytest.param(
@@ -231,7 +231,7 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
         pytest.param(
             [EIGHT], [member("nameless", labels={})], config(),
             {"team/nameless": Want(A.RELEASE, planning.RELEASED, "placed on big: NVLink score",
-                                   pins={"nameless": "big"}, ungate=["nameless"])},
+                                   nodes={"nameless": "big"}, ungate=["nameless"])},
             id="gated-pod-without-gang-is-placed-as-a-gang-of-one",
         ),
         pytest.param(
@@ -264,10 +264,10 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
             id="incomplete-past-timeout-warns-and-stays-gated",
         ),
         pytest.param(
-            # Restart mid-release: two members already un-gated and bound, two still gated but pinned.
+            # Restart mid-release: two members already un-gated and bound, two still gated but nominated.
             [EIGHT],
             [member("t-0", gang="t", gated=False, node="big"), member("t-1", gang="t", gated=False, node="big"),
-             member("t-2", gang="t", pin="big"), member("t-3", gang="t", pin="big")],
+             member("t-2", gang="t", nominated="big"), member("t-3", gang="t", nominated="big")],
             config(),
             {"team/t": Want(A.RESUME, planning.RELEASED, "2 of 4 members already released", ungate=["t-2", "t-3"])},
             id="restart-half-released-gang-resumes",
@@ -279,12 +279,32 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
             id="started-but-incomplete-gang-waits",
         ),
         pytest.param(
-            # Restart after pinning, before un-gating: the pins are honoured, nothing is re-planned elsewhere.
+            # Restart after nominating, before un-gating (or someone else nominated them all): the nominations are
+            # kept, never re-sent or overwritten, nothing is re-planned elsewhere.
             [EIGHT, builders.gpu_node("also", gpus=8, domains=SPLIT_8)],
-            [member("t-0", gang="t", size=2, pin="also"), member("t-1", gang="t", size=2, pin="also")],
+            [member("t-0", gang="t", size=2, nominated="also"), member("t-1", gang="t", size=2, nominated="also")],
             config(),
-            {"team/t": Want(A.RELEASE, planning.RELEASED, "(also)", pins={"t-0": "also", "t-1": "also"})},
-            id="restart-after-pinning-keeps-the-pins",
+            {"team/t": Want(A.RELEASE, planning.RELEASED, "nominated already, kept: team/t-0 (to also), team/t-1 "
+                            "(to also)", nodes={}, ungate=["t-0", "t-1"])},
+            id="restart-after-nominating-keeps-the-nominations",
+        ),
+        pytest.param(
+            # Adversarial: one member nominated by someone else (native TAS) to "also", which still has room; the other
+            # is placed by us around it, the nomination kept.
+            [EIGHT, builders.gpu_node("also", gpus=8, domains=SPLIT_8)],
+            [member("t-0", gang="t", size=2, gpus=4, nominated="also"), member("t-1", gang="t", size=2, gpus=4)],
+            config(),
+            {"team/t": Want(A.RELEASE, planning.RELEASED, "; nominated already, kept: team/t-0 (to also)",
+                            nodes={"t-1": "also"}, ungate=["t-0", "t-1"])},
+            id="someone-elses-nomination-on-one-member-kept-the-other-placed",
+        ),
+        pytest.param(
+            # A single pod nominated by someone else: released at once without ours, however full its node looks.
+            [EIGHT], [member("solo", labels={}, gpus=8, nominated="big"), running("busy", node="big", gpus=8)],
+            config(),
+            {"team/solo": Want(A.RELEASE, planning.RELEASED, "nominated already, kept: team/solo (to big)", nodes={},
+                               ungate=["solo"])},
+            id="single-pod-nominated-by-someone-else-released-without-ours",
         ),
         pytest.param(
             [EIGHT], [*gang("k", 1, size=2), member("k-9", gang="k", size=2, gates=[KUEUE_GATE])], config(),
@@ -293,13 +313,13 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
             id="another-controllers-gate-waited-for",
         ),
         pytest.param(
-            # Released earlier, pinned to "big", not bound yet: its 8 GPUs are spoken for.
+            # Released earlier, nominated to "big", not bound yet: its 8 GPUs are spoken for.
             [EIGHT],
-            [member("early", gang="e", size=1, gated=False, gpus=8, pin="big"), *gang("late", 2, size=2, gpus=1)],
+            [member("early", gang="e", size=1, gated=False, gpus=8, nominated="big"), *gang("late", 2, size=2, gpus=1)],
             config(),
             {"team/late": Want(A.WAIT, planning.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
              "team/e": Want(A.NONE, None, "no member gated by us")},
-            id="released-unbound-pods-hold-their-pinned-node",
+            id="released-unbound-pods-hold-their-nominated-node",
         ),
         pytest.param(
             [EIGHT], gang("train", 2, size=2, gpus=16), config(),
@@ -323,16 +343,16 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
         pytest.param(
             [EIGHT], [*gang("j", 4, size=5, gpus=2), LAUNCHER], config(),
             {"team/j": Want(A.RELEASE, planning.RELEASED, "4 members on 1 node(s) (big): one node; each member "
-                            "within one NVLink domain; un-gated with them, not pinned (no GPU): team/j-launcher",
-                            pins={f"j-{i}": "big" for i in range(4)},
+                            "within one NVLink domain; un-gated with them, not nominated (no GPU): team/j-launcher",
+                            nodes={f"j-{i}": "big" for i in range(4)},
                             ungate=["j-launcher", *(f"j-{i}" for i in range(4))])},
             id="launcher-completes-the-gang-released-together-unpinned",
         ),
         pytest.param(
             [EIGHT], [*gang("j", 4, size=5, gpus=2), member("j-launcher", gang="j", size=5, gpus=0,
                                                             selector={"pool": "cpu"})], config(),
-            {"team/j": Want(A.RELEASE, planning.RELEASED, "not pinned (no GPU): team/j-launcher",
-                            pins={f"j-{i}": "big" for i in range(4)})},
+            {"team/j": Want(A.RELEASE, planning.RELEASED, "not nominated (no GPU): team/j-launcher",
+                            nodes={f"j-{i}": "big" for i in range(4)})},
             id="launcher-for-cpu-nodes-needs-no-gpu-node",
         ),
         pytest.param(
@@ -352,7 +372,7 @@ LARGE_BLOCKED = [*gang("large", 2, size=2, gpus=4, created=EARLIER), running("bu
             [EIGHT], [*LARGE_BLOCKED, *gang("cpu", 2, size=2, gpus=0)], config(backfill=False),
             {"team/large": Want(A.WAIT, planning.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
              "team/cpu": Want(A.RELEASE, planning.RELEASED, "no member to place: all 2 un-gated together, "
-                              "unpinned", pins={}, ungate=["cpu-0", "cpu-1"])},
+                              "none nominated by us", nodes={}, ungate=["cpu-0", "cpu-1"])},
             id="gang-without-gpus-released-when-complete-never-queued-behind-gpu-gangs",
         ),
     ],
@@ -383,7 +403,7 @@ def test_demand_lists_only_gangs_waiting_for_capacity() -> None:
         pytest.param(
             [builders.gpu_node("x1", gpus=4), builders.gpu_node("x2", gpus=4)], 2,
             Want(A.RELEASE, planning.RELEASED, "each member within one NVLink domain",
-                 pins={"train-0": "x1", "train-1": "x2"}),
+                 nodes={"train-0": "x1", "train-1": "x2"}),
             id="members-go-where-one-domain-holds-each",
         ),
         pytest.param(
@@ -514,7 +534,7 @@ def blocked_large(mark: str) -> list[dict[str, Any]]:
 
 
 QUEUED_SMALL = Want(A.WAIT, planning.WAITING, "fits, but queued behind team/large", waiting=W.QUEUED, ungate=[])
-STARTED_SMALL = Want(A.RELEASE, planning.RELEASED, "one node", pins={"small-0": "big", "small-1": "big"})
+STARTED_SMALL = Want(A.RELEASE, planning.RELEASED, "one node", nodes={"small-0": "big", "small-1": "big"})
 
 
 @pytest.mark.parametrize(
@@ -544,7 +564,7 @@ STARTED_SMALL = Want(A.RELEASE, planning.RELEASED, "one node", pins={"small-0": 
                       solo("tiny", gpus=1, created="2026-11-21T12:00:00Z")], config(backfill=False),
             {"team/solo": Want(A.WAIT, planning.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY),
              "team/small": STARTED_SMALL,
-             "team/tiny": Want(A.RELEASE, planning.RELEASED, "placed on big", pins={"tiny": "big"})},
+             "team/tiny": Want(A.RELEASE, planning.RELEASED, "placed on big", nodes={"tiny": "big"})},
             ["team/solo"],
             id="backfill-off/fresh-high-priority-single-pod-reserves-nothing/boundary",
         ),
@@ -585,22 +605,22 @@ STARTED_SMALL = Want(A.RELEASE, planning.RELEASED, "one node", pins={"small-0": 
             [member("t-0", size=2, gpus=4), anti_affinity(member("t-1", size=2, gpus=4), required=[ANTI_TERM])],
             config(),
             {"team/train": Want(A.RELEASE, planning.RELEASED,
-                                "un-gated with them, not pinned: team/t-1 (required podAntiAffinity (not modelled))",
-                                pins={"t-0": "big"}, ungate=["t-0", "t-1"])},
+                                "un-gated with them, not nominated: team/t-1 (required podAntiAffinity (not modelled))",
+                                nodes={"t-0": "big"}, ungate=["t-0", "t-1"])},
             [],
             id="anti-affinity/required-member-unpinned/match",
         ),
         pytest.param(
             [EIGHT], [member("t-0", size=2, gpus=4), anti_affinity(member("t-1", size=2, gpus=4), preferred=True)],
             config(),
-            {"team/train": Want(A.RELEASE, planning.RELEASED, "one node", pins={"t-0": "big", "t-1": "big"})},
+            {"team/train": Want(A.RELEASE, planning.RELEASED, "one node", nodes={"t-0": "big", "t-1": "big"})},
             [],
             id="anti-affinity/preferred-only-is-pinned/no-match",
         ),
         pytest.param(
             [EIGHT], [member("t-0", size=2, gpus=4), anti_affinity(member("t-1", size=2, gpus=4), required=[])],
             config(),
-            {"team/train": Want(A.RELEASE, planning.RELEASED, "one node", pins={"t-0": "big", "t-1": "big"})},
+            {"team/train": Want(A.RELEASE, planning.RELEASED, "one node", nodes={"t-0": "big", "t-1": "big"})},
             [],
             id="anti-affinity/empty-required-list-is-no-rule/boundary",
         ),
@@ -613,7 +633,7 @@ STARTED_SMALL = Want(A.RELEASE, planning.RELEASED, "one node", pins={"small-0": 
         ),
         pytest.param(
             [EIGHT], [member("t-0", size=2, gpus=2), member("t-1", size=2, gpus=2)], config(),
-            {"team/train": Want(A.RELEASE, planning.RELEASED, "one node", pins={"t-0": "big", "t-1": "big"})},
+            {"team/train": Want(A.RELEASE, planning.RELEASED, "one node", nodes={"t-0": "big", "t-1": "big"})},
             [],
             id="present/both-members-alive-released/no-match",
         ),
@@ -713,7 +733,8 @@ def test_every_waiting_message_ends_with_what_to_do(pods: list[dict[str, Any]], 
     [
         pytest.param([solo("urgent", gpus=8), low("low", node="big", gpus=4)],
                      Want(A.RELEASE_ALONE, planning.PREEMPTING, "fits no node now; preempting lower-priority pods on "
-                          "big would make room (1 there): released unpinned at once", pins={}, ungate=["urgent"]),
+                          "big would make room (1 there): released at once without a nomination", nodes={},
+                          ungate=["urgent"]),
                      id="lower-priority-pods-in-the-way/match"),
         pytest.param([ranked(solo("urgent", gpus=8), priority=10_000, policy="Never"),
                       low("low", node="big", gpus=4)],
@@ -737,7 +758,7 @@ def test_released_at_once_when_only_preemption_can_place_it(pods: list[dict[str,
     check(decisions["team/urgent"], want)
 
 
-# --- preemption-aware release of a gang: all members planned at once on the view after preemption, pinned -----------
+# --- preemption-aware release of a gang: planned at once after preemption; members with free room nominated ---
 
 FULL_A, FULL_B = builders.gpu_node("a", gpus=8, domains=SPLIT_8), builders.gpu_node("b", gpus=8, domains=SPLIT_8)
 
@@ -748,7 +769,7 @@ FULL_A, FULL_B = builders.gpu_node("a", gpus=8, domains=SPLIT_8), builders.gpu_n
         pytest.param([EIGHT], [*gang("g", 2, size=2, gpus=4), low("low", node="big", gpus=4)],
                      Want(A.RELEASE, planning.PREEMPTING, "fits no node now; once kube-scheduler preempts "
                           "lower-priority pods on big (1 there): 2 members on 1 node(s) (big): one node",
-                          pins={"g-0": "big", "g-1": "big"}, ungate=["g-0", "g-1"]),
+                          nodes={"g-0": "big"}, ungate=["g-0", "g-1"]),  # g-1 needs the preemption: not nominated
                      id="lower-priority-pod-in-the-way/match"),
         pytest.param([EIGHT], [*gang("g", 2, size=2, gpus=4)[:1], ranked(gang("g", 2, size=2, gpus=4)[1],
                                                                         priority=10_000, policy="Never"),
@@ -759,7 +780,7 @@ FULL_A, FULL_B = builders.gpu_node("a", gpus=8, domains=SPLIT_8), builders.gpu_n
                      Want(A.WAIT, planning.WAITING, "waiting for 4 more free GPUs", waiting=W.CAPACITY, ungate=[]),
                      id="victim-of-equal-priority-is-never-preempted/boundary"),
         pytest.param([EIGHT], [*gang("g", 2, size=2, gpus=4), low("peer", node="big", gpus=4, priority=9_999)],
-                     Want(A.RELEASE, planning.PREEMPTING, "(1 there)", pins={"g-0": "big", "g-1": "big"}),
+                     Want(A.RELEASE, planning.PREEMPTING, "(1 there)", nodes={"g-0": "big"}),
                      id="victim-one-below-the-gang-is-preempted/boundary"),
         pytest.param([EIGHT], [*gang("g", 2, size=2, gpus=4)[:1], ranked(gang("g", 2, size=2, gpus=4)[1], priority=0),
                                low("peer", node="big", gpus=4, priority=5_000)],
@@ -769,20 +790,20 @@ FULL_A, FULL_B = builders.gpu_node("a", gpus=8, domains=SPLIT_8), builders.gpu_n
                                         low("lb", node="b", gpus=8)],
                      Want(A.RELEASE, planning.PREEMPTING, "preempts lower-priority pods on a (1 there), b (1 there): "
                           "2 members on 2 node(s) (a, b): member by member: free room first, else where preemption "
-                          "leaves the best NVLink score", pins={"g-0": "a", "g-1": "b"}),
+                          "leaves the best NVLink score", nodes={}),
                      id="members-need-preemption-on-two-nodes"),
         pytest.param([FULL_A, FULL_B], [*gang("g", 2, size=2, gpus=8), low("lb", node="b", gpus=8)],
                      Want(A.RELEASE, planning.PREEMPTING, "preempts lower-priority pods on b (1 there): 2 members",
-                          pins={"g-0": "a", "g-1": "b"}),
+                          nodes={"g-0": "a"}),
                      id="a-member-with-free-room-takes-it-preempting-nothing"),
         pytest.param([FULL_A, FULL_B], [*gang("g", 2, size=2, gpus=4), low("lb", node="b", gpus=8)],
-                     Want(A.RELEASE, planning.RELEASED, "2 members on 1 node(s) (a): one node", pins={"g-0": "a",
+                     Want(A.RELEASE, planning.RELEASED, "2 members on 1 node(s) (a): one node", nodes={"g-0": "a",
                                                                                                   "g-1": "a"}),
                      id="a-gang-that-fits-free-room-preempts-nothing"),
         pytest.param([FULL_A, FULL_B], [*gang("g", 2, size=2, gpus=4), low("la", node="a", gpus=4, priority=5_000),
                                         busy_above("ha", node="a", gpus=4), low("lb", node="b", gpus=8)],
                      Want(A.RELEASE, planning.PREEMPTING, "preempts lower-priority pods on a (1 there), b (1 there)",
-                          pins={"g-0": "a", "g-1": "b"}),
+                          nodes={}),
                      id="needs-preemption-on-two-nodes-takes-the-best-domain-on-each"),
         pytest.param([EIGHT], [*gang("g", 2, size=2, gpus=8), low("low", node="big", gpus=8)],
                      Want(A.WAIT, planning.WAITING, "can never fit as the cluster stands", waiting=W.CAPACITY,
@@ -794,7 +815,7 @@ FULL_A, FULL_B = builders.gpu_node("a", gpus=8, domains=SPLIT_8), builders.gpu_n
                      id="one-member-fits-after-preemption-the-other-nowhere-waits"),
     ],
 )
-def test_a_gang_that_only_preemption_can_place_is_released_pinned(nodes: list[dict[str, Any]],
+def test_a_gang_that_only_preemption_can_place_is_released_at_once(nodes: list[dict[str, Any]],
                                                                   pods: list[dict[str, Any]], want: Want) -> None:
     decisions = outcome(planning.plan(cluster(nodes, pods), config=config(), now=NOW))
     check(decisions["team/g"], want)
@@ -805,7 +826,7 @@ def test_a_gang_preempts_on_no_node_an_earlier_release_of_the_same_pass_took() -
     pods = [*gang("first", 1, size=1, gpus=4, priority=20_000), *gang("g", 2, size=2, gpus=4),
             low("low", node="big", gpus=4)]
     decisions = outcome(planning.plan(cluster([EIGHT], pods), config=config(), now=NOW))
-    check(decisions["team/first"], Want(A.RELEASE, planning.RELEASED, "placed on big", pins={"first-0": "big"}))
+    check(decisions["team/first"], Want(A.RELEASE, planning.RELEASED, "placed on big", nodes={"first-0": "big"}))
     check(decisions["team/g"], Want(A.WAIT, planning.WAITING, "waiting for", waiting=W.CAPACITY, ungate=[]))
 
 
@@ -857,7 +878,7 @@ def test_a_release_is_held_back_when_its_node_was_taken_since_the_plan(
     planned = cluster([EIGHT], gated)
     result = planning.plan(planned, config=config(), now=NOW)
     [decision] = [d for d in result.decisions if d.action is A.RELEASE]
-    assert set(decision.pins.values()) == {"big"}
+    assert set(decision.nominations.values()) == {"big"}
     fresh = cluster([EIGHT] if fresh_nodes is None else fresh_nodes, [*gated, *arrived])
     said = planning.overtaken(decision, planned=planned, fresh=fresh, left=result.left, assumed=assumed)
     assert said == want if want is None else said is not None and said.startswith(want), said
@@ -902,7 +923,7 @@ def test_release_never_pins_onto_room_a_preemption_makes_for_another_pod(others:
                                                                         node: str) -> None:
     decisions = outcome(planning.plan(cluster([FULL_A, FULL_B], [solo("p", gpus=8), *others]), config=config(),
                                       now=NOW))
-    check(decisions["team/p"], Want(A.RELEASE, planning.RELEASED, f"placed on {node}", pins={"p": node}))
+    check(decisions["team/p"], Want(A.RELEASE, planning.RELEASED, f"placed on {node}", nodes={"p": node}))
 
 
 # --- what a decision carries besides its action: the gang's size, priority, creation, members, Event text ----------
@@ -952,23 +973,24 @@ ANTI = "required podAntiAffinity (not modelled)"
     [
         pytest.param(gang("t", 2, size=2, gpus=2),
                      "2 members on 1 node(s) (big): one node; each member within one NVLink domain",
-                     id="every-member-pinned/nothing-added"),
+                     id="every-member-nominated/nothing-added"),
         pytest.param([member("t-0", gang="t", size=3, gpus=2), member("t-1", gang="t", size=3, gpus=0),
                       member("t-2", gang="t", size=3, gpus=0)],
-                     "; 6 GPUs left free there; un-gated with them, not pinned (no GPU): team/t-1, team/t-2",
+                     "; 6 GPUs left free there; un-gated with them, not nominated (no GPU): team/t-1, team/t-2",
                      id="two-without-gpus"),
         pytest.param([member("t-0", gang="t", size=3, gpus=2),
                       anti_affinity(member("t-1", gang="t", size=3, gpus=2), required=[ANTI_TERM]),
                       anti_affinity(member("t-2", gang="t", size=3, gpus=2), required=[ANTI_TERM])],
-                     f"; 6 GPUs left free there; un-gated with them, not pinned: team/t-1 ({ANTI}), team/t-2 ({ANTI})",
+                     f"; 6 GPUs left free there; un-gated with them, not nominated: team/t-1 ({ANTI}), "
+                     f"team/t-2 ({ANTI})",
                      id="two-not-modelled"),
         pytest.param([member("t-0", gang="t", size=3, gpus=2), member("t-1", gang="t", size=3, gpus=0),
                       anti_affinity(member("t-2", gang="t", size=3, gpus=2), required=[ANTI_TERM])],
-                     f"; un-gated with them, not pinned (no GPU): team/t-1; un-gated with them, not pinned: team/t-2 "
-                     f"({ANTI})", id="one-of-each"),
+                     f"; un-gated with them, not nominated (no GPU): team/t-1; un-gated with them, not nominated: "
+                     f"team/t-2 ({ANTI})", id="one-of-each"),
     ],
 )
-def test_a_release_names_the_members_it_does_not_pin(pods: list[dict[str, Any]], says: str) -> None:
+def test_a_release_names_the_members_it_does_not_nominate(pods: list[dict[str, Any]], says: str) -> None:
     decision = outcome(planning.plan(cluster([EIGHT], pods), config=config(), now=NOW))["team/t"]
     assert decision.action is A.RELEASE
     assert decision.message.endswith(says) if says.startswith(";") else decision.message == says, decision.message
@@ -983,7 +1005,7 @@ def elsewhere(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 BAD_SIZE = Want(A.RELEASE_ALONE, planning.INVALID, "'four' is not a positive integer", ungate=["a-bad"])
-B_RELEASED = Want(A.RELEASE, planning.RELEASED, "one node", pins={"b-0": "big", "b-1": "big"})
+B_RELEASED = Want(A.RELEASE, planning.RELEASED, "one node", nodes={"b-0": "big", "b-1": "big"})
 
 
 @pytest.mark.parametrize(
@@ -1021,7 +1043,7 @@ def test_a_podgroup_without_a_gang_policy_leaves_the_gang_to_our_labels() -> Non
     snap = snapshot.build(nodes=[EIGHT], pods=[grouped(p) for p in gang("t", 2, size=2)], names=NAMES, taken_at=NOW,
                           pod_groups=[{"metadata": {"namespace": "team", "name": "pg"}, "spec": {}}])
     check(outcome(planning.plan(snap, config=config(), now=NOW))["team/t"],
-          Want(A.RELEASE, planning.RELEASED, "one node", pins={"t-0": "big", "t-1": "big"}))
+          Want(A.RELEASE, planning.RELEASED, "one node", nodes={"t-0": "big", "t-1": "big"}))
 
 
 # --- before the queue: a started gang resumes, an incomplete one times out, other controllers' gates ---------------
@@ -1062,8 +1084,8 @@ def test_before_the_queue(pods: list[dict[str, Any]], cfg: settings.Settings, wa
 # --- no pod waits on us forever: released unpinned past its max wait ----------------------------------------------
 
 UNPLACED_SOLO = Want(A.RELEASE_ALONE, planning.UNPLACED, "not placed within 300s (complete; waiting for 2 more free "
-                     "GPUs (8 needed, 6 free on its nodes)); released unpinned so that kube-scheduler's preemption and "
-                     "cluster autoscalers can act on it", ungate=["p"], whole=True)
+                     "GPUs (8 needed, 6 free on its nodes)); released without a nomination so that kube-scheduler's "
+                     "preemption and cluster autoscalers can act on it", ungate=["p"], whole=True)
 WAITS_SOLO = Want(A.WAIT, planning.WAITING, "waiting for 2 more free GPUs", waiting=W.CAPACITY, ungate=[])
 
 
@@ -1081,7 +1103,7 @@ WAITS_SOLO = Want(A.WAIT, planning.WAITING, "waiting for 2 more free GPUs", wait
         pytest.param([solo("p", gpus=16, created=seconds_ago(600))], config(), "team/p",
                      Want(A.RELEASE_ALONE, planning.UNPLACED, "not placed within 300s (complete; team/p can run on no "
                           "node as the cluster stands (requests more than the node has: nvidia.com/gpu 16 > 8)); "
-                          "released unpinned", ungate=["p"]), id="single-that-can-never-fit-past-max-wait"),
+                          "released without a nomination", ungate=["p"]), id="single-that-can-never-fit-past-max-wait"),
         pytest.param(gang("g", 2, size=2, gpus=4, created=LONG_AGO), config(), "team/g",
                      Want(A.RELEASE_ALONE, planning.UNPLACED, "not placed within 1800s", ungate=["g-0", "g-1"]),
                      id="gang-past-max-wait-since-its-newest-member/match"),
@@ -1154,20 +1176,20 @@ def test_the_re_check_reads_every_pinned_node_and_resource(
     [
         pytest.param([EIGHT], [*gang("cpu", 2, size=2, gpus=0, created=EARLIER), *gang("t", 2, size=2, gpus=2)],
                      {"team/cpu": Want(A.RELEASE, planning.RELEASED, "no member to place"),
-                      "team/t": Want(A.RELEASE, planning.RELEASED, "one node", pins={"t-0": "big", "t-1": "big"})},
+                      "team/t": Want(A.RELEASE, planning.RELEASED, "one node", nodes={"t-0": "big", "t-1": "big"})},
                      id="after-a-gang-with-nothing-to-place"),
         pytest.param([EIGHT, builders.gpu_node("small", gpus=2)],
                      [solo("urgent", gpus=8, created=EARLIER), low("low", node="big", gpus=4),
                       *gang("t", 2, size=2, gpus=1)],
                      {"team/urgent": Want(A.RELEASE_ALONE, planning.PREEMPTING, "preempting lower-priority pods on "
                                           "big"),
-                      "team/t": Want(A.RELEASE, planning.RELEASED, "one node", pins={"t-0": "small", "t-1": "small"})},
+                      "team/t": Want(A.RELEASE, planning.RELEASED, "one node", nodes={"t-0": "small", "t-1": "small"})},
                      id="after-a-single-pod-released-to-preempt"),
         pytest.param([EIGHT, builders.gpu_node("small", gpus=2)],
                      [*gang("g", 2, size=2, gpus=4, created=EARLIER), low("low", node="big", gpus=4),
                       *gang("t", 2, size=2, gpus=1)],
                      {"team/g": Want(A.RELEASE, planning.PREEMPTING, "once kube-scheduler preempts"),
-                      "team/t": Want(A.RELEASE, planning.RELEASED, "one node", pins={"t-0": "small", "t-1": "small"})},
+                      "team/t": Want(A.RELEASE, planning.RELEASED, "one node", nodes={"t-0": "small", "t-1": "small"})},
                      id="after-a-gang-released-to-preempt"),
     ],
 )
@@ -1226,11 +1248,11 @@ def preferring(name: str, *, node: str) -> dict[str, Any]:
     ("pods", "expected"),
     [
         pytest.param([*gang("g", 2, size=2, gpus=8), preferring("q", node="a")],
-                     Want(A.RELEASE, planning.RELEASED, "on 2 node(s) (b, c)", pins={"g-0": "b", "g-1": "c"}),
+                     Want(A.RELEASE, planning.RELEASED, "on 2 node(s) (b, c)", nodes={"g-0": "b", "g-1": "c"}),
                      id="placed-away-from-the-contested-node"),
         pytest.param([*gang("g", 2, size=2, gpus=8), low("la", node="a", gpus=8), low("lb", node="b", gpus=8),
                       low("lc", node="c", gpus=8), preferring("q", node="a")],
-                     Want(A.RELEASE, planning.PREEMPTING, "on 2 node(s) (b, c)", pins={"g-0": "b", "g-1": "c"}),
+                     Want(A.RELEASE, planning.PREEMPTING, "on 2 node(s) (b, c)", nodes={}),
                      id="preempting-away-from-the-contested-node"),
     ],
 )

@@ -1,17 +1,16 @@
-"""Pin churn: how often a pod released pinned to a node gets stuck, and how soon the loop is closed.
+"""Release churn: do released pods bind where release nominated them, and does anything strand or get deleted?
 
-    python benchmarks/pin_churn.py [--nodes N] [--pods N] [--rates 2,3] [--seed S]
-        [--arms gpu-steward,default] [--pin-deadline SECONDS] [--churn-period SECONDS] [--drain SECONDS]
-        [--quick] [--out FILE]
+    python benchmarks/release_churn.py [--nodes N] [--pods N] [--rates 2,3] [--seed S]
+        [--arms gpu-steward,default] [--churn-period SECONDS] [--drain SECONDS] [--quick] [--out FILE]
 
 Each (arrival rate, arm) runs on a fresh local control plane (Kubernetes 1.37.2 built by
 `scripts/setup test`: kube-apiserver, etcd, kube-scheduler, kube-controller-manager via kwokctl; kwok plays the
 kubelets), with the harness of benchmarks/placement_trace.py: the device stand-in `gpu_steward_lab.devicesim` assigns
 GPU indices and serves them as DCGM series to a real Prometheus (2 s scrapes), and in the `gpu-steward` arm our
-webhook and descheduler (gang release and pin recovery; reclaim off) run as processes, the descheduler with
-`descheduler.gangs.pin_deadline_seconds` = `--pin-deadline` (20 s) and its /metrics served. The `default` arm is
-kube-scheduler alone: no gate, no pin, so nothing can be stuck — what it shows is what closing the loop costs
-(arrivals not placed by the end, waits, gangs part-running).
+webhook and descheduler (gang release, which nominates each placed pod and then un-gates it, and its observation
+pass; reclaim off) run as processes, the descheduler's /metrics served. The `default` arm is kube-scheduler alone:
+no gate, no nomination — what it shows is what release costs or gains (arrivals not placed by the end, waits, gangs
+part-running).
 
 Cluster: `--nodes` nodes of 8 GPUs in two NVLink domains of 4 (20, 160 GPUs). Workloads, drawn from `--seed`
 (the same sequence at every rate and in every arm), until `--pods` pods (800) have arrived:
@@ -26,8 +25,8 @@ Cluster: `--nodes` nodes of 8 GPUs in two NVLink domains of 4 (20, 160 GPUs). Wo
 | hostport-one-gpu  | 8 %   | 1 bare pod, hostPort 8080 | 1 | no             |
 | prefer            | 12 %  | 1 bare pod labelled `gpu-steward.io/placement: prefer` | 2 or 4 | no |
 
-The never-gated pods (1-GPU, `prefer`) race the released ones for their pinned nodes, the hostPort pods take
-ports a pinned pod may need. Arrivals: one pod every 1/rate s in sequence (a gang's members together, a
+The never-gated pods (1-GPU, `prefer`) race the released ones for their nominated nodes, the hostPort pods take
+ports a released pod may need. Arrivals: one pod every 1/rate s in sequence (a gang's members together, a
 ReplicaSet counts its one pod). Each workload runs an exponential lifetime (mean chosen so that 2 pods/s offers
 ~90 % of the GPUs; at least `MIN_LIFETIME_SECONDS`) counted from when it is first bound whole, then the benchmark
 deletes it (a ReplicaSet with its pods, a gang with all its members); a workload never bound stays to the end.
@@ -37,12 +36,15 @@ The run ends `--drain` s after the last arrival.
 
 Measured per (rate, arm), from the API server's watch (every snapshot of the cluster):
 * arrivals and the offered load (GPU-seconds of the lifetimes / (GPUs x the arrival span));
-* stuck pins: pods released by us (our release record), pinned to a node (required `metadata.name In`), not
-  bound, and reported Unschedulable by kube-scheduler (a cordoned or deleted node shows the same); per 1,000
-  arrivals; how each ended — `recovered` (deleted by pin recovery: evicted for its controller, or re-created as a
-  bare pod), `bound` (the scheduler took it after all), `ended` (the benchmark deleted its workload) — and the time
-  from stuck to that end, p50 / p99 / max, for the first two; pins still stuck at the end;
-* recoveries by cause and how, from the descheduler's `gpu_steward_pin_recoveries_total{cause,how}`;
+* pods bound on their planned node: of the pods our release nominated (`planned=` in their release record), the
+  share whose first binding was on that node;
+* pods deleted or re-created by gpu-steward (must be 0): pods that vanished while the benchmark had neither ended
+  their workload nor deleted them (or their node), by key;
+* stuck pods: pods released by us (our release record), not bound, and reported Unschedulable by kube-scheduler;
+  per 1,000 arrivals; how each ended — `bound` (the scheduler took it after all), `ended` (the benchmark deleted its
+  workload), `vanished` (someone else deleted it) — the time from stuck to bound, p50 / p99 / max; still stuck at
+  the end. Without a pin such a pod may bind on any node: it waits for room like any pending pod;
+* the observation pass's outcomes by cause, from the descheduler's `gpu_steward_release_outcomes_total{cause}`;
 * gangs: how many were part-running (at least one member bound while another is not) for more than
   `PART_RUNNING_SECONDS`, and the longest part-running time (excluding the gang's own deletion);
 * pods bound, arrivals not placed by the end (an arrival whose pod, or any replacement of it, was never bound before
@@ -77,9 +79,10 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from benchmarks import placement_trace as pt  # noqa: E402
 from common import feeder, gpu, kube, settings, snapshot  # noqa: E402
+from descheduler.release import outcomes as release_outcomes  # noqa: E402
 from gpu_steward_lab import demo, devicesim, localcluster, localprometheus, localsteward  # noqa: E402
 
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "pin_churn.json"
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "release_churn.json"
 ARMS = ("gpu-steward", "default")
 NAMESPACE = "churn"
 LEASE_NAMESPACE = "gpu-steward"
@@ -87,13 +90,13 @@ NAMES = settings.Names()
 WORKLOAD_LABEL = "churn.gpu-steward.io/workload"
 GPUS_PER_NODE, DOMAINS_PER_NODE = 8, 2
 HOST_PORT = 8080
-PIN_DEADLINE_SECONDS = 20.0
+DRAIN_SECONDS = 40.0
 PART_RUNNING_SECONDS = 5.0
 MIN_LIFETIME_SECONDS = 3.0
 REFERENCE_RATE, REFERENCE_LOAD = 2.0, 0.9  # the mean lifetime makes this rate offer this share of the GPUs
 SCRAPE_SECONDS = 2
 REAP_SECONDS = 0.25
-RECOVERIES = "gpu_steward_pin_recoveries"
+OUTCOMES = "gpu_steward_release_outcomes"
 
 Kind = Literal["bare", "replicaset", "hostport-gated", "gang", "one-gpu", "hostport-one-gpu", "prefer"]
 
@@ -238,23 +241,26 @@ def manifests(workload: Workload, *, namespace: str) -> list[dict[str, Any]]:
 # --- watching (pure: fed snapshots and times) ------------------------------------------------------
 
 
-def stuck_pin(pod: snapshot.Pod, *, names: settings.Names = NAMES) -> str | None:
-    """The node a pod is stuck pinned to: released by us, pinned, not bound, and Unschedulable; else None."""
-    if (pod.node_name or pod.deleting or names.gate in pod.scheduling_gates or names.release not in pod.annotations
-            or not snapshot._unschedulable(pod.raw.get("status") or {})):
-        return None
-    return snapshot.pinned_node(pod.raw)
+def stuck(pod: snapshot.Pod, *, names: settings.Names = NAMES) -> bool:
+    """Released by us, not bound, not being deleted, and Unschedulable."""
+    return not (pod.node_name or pod.deleting or names.gate in pod.scheduling_gates
+                or names.release not in pod.annotations or not snapshot._unschedulable(pod.raw.get("status") or {}))
 
 
-Outcome = Literal["recovered", "bound", "ended"]
+def planned_node(pod: snapshot.Pod, *, names: settings.Names = NAMES) -> str | None:
+    """The node our release nominated the pod to (its release record), if it did."""
+    raw = pod.annotations.get(names.release)
+    return release_outcomes.read(raw).node if raw is not None else None
+
+
+Outcome = Literal["bound", "ended", "vanished"]
 
 
 @dataclasses.dataclass
-class StuckPin:
+class StuckPod:
     key: str
     uid: str
     workload: str
-    node: str
     since: float
     until: float | None = None
     outcome: Outcome | None = None
@@ -262,10 +268,11 @@ class StuckPin:
 
 @dataclasses.dataclass
 class Watch:
-    """Follows one run's pods through snapshots: stuck pins, first bindings, gangs part-running.
+    """Follows one run's pods through snapshots: stuck pods, first bindings against their plan, pods that vanished,
+    gangs part-running.
 
-    `plan`: the run's workloads by name. The shell tells it which workloads it ended (`ended`), so that a pod
-    the benchmark deleted is not taken for a recovered one.
+    `plan`: the run's workloads by name. The shell tells it which workloads it ended (`end`) and which pods it deleted
+    itself (`deleting`: with their node), so that only a pod someone else deleted counts as vanished.
     """
 
     plan: Mapping[str, Workload]
@@ -274,12 +281,19 @@ class Watch:
     present: dict[str, snapshot.Pod] = dataclasses.field(default_factory=dict)  # uid -> pod
     first_seen: dict[str, float] = dataclasses.field(default_factory=dict)  # uid -> time
     bound_at: dict[str, float] = dataclasses.field(default_factory=dict)  # uid -> time
+    planned: dict[str, str] = dataclasses.field(default_factory=dict)  # uid -> node our release nominated it to
+    on_plan: dict[str, bool] = dataclasses.field(default_factory=dict)  # uid -> first bound on its planned node
     arrival_bound: dict[str, float] = dataclasses.field(default_factory=dict)  # member name -> first bound
     workload_bound: dict[str, float] = dataclasses.field(default_factory=dict)  # workload -> first bound whole
-    stuck: dict[str, StuckPin] = dataclasses.field(default_factory=dict)  # uid -> its (first) stuck period
+    stuck: dict[str, StuckPod] = dataclasses.field(default_factory=dict)  # uid -> its (first) stuck period
     ended: dict[str, float] = dataclasses.field(default_factory=dict)  # workload -> when the benchmark ended it
+    deleted: set[str] = dataclasses.field(default_factory=set)  # uids the benchmark deleted itself
+    vanished: list[str] = dataclasses.field(default_factory=list)  # pod keys someone else deleted
     part_since: dict[str, float] = dataclasses.field(default_factory=dict)  # gang -> part-running since
     part_running: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # gang -> durations
+
+    def deleting(self, uids: Sequence[str]) -> None:
+        self.deleted.update(uids)
 
     def member(self, pod: snapshot.Pod) -> str:
         """The arrival a pod stands for: its name, or its ReplicaSet's (replacements keep standing for it)."""
@@ -298,24 +312,33 @@ class Watch:
         for uid, pod in seen.items():
             self.first_seen.setdefault(uid, now)
             workload = pod.labels[WORKLOAD_LABEL]
-            pin = self.stuck.get(uid)
+            waiting = self.stuck.get(uid)
+            if uid not in self.planned and (node := planned_node(pod, names=self.names)) is not None:
+                self.planned[uid] = node
             if pod.node_name:
                 if uid not in self.bound_at:
                     self.bound_at[uid] = now
+                    if uid in self.planned:
+                        self.on_plan[uid] = pod.node_name == self.planned[uid]
                     self.arrival_bound.setdefault(self.member(pod), now)
                     whole = all(n in self.arrival_bound for n in self.plan[workload].member_names())
                     if whole and workload not in self.workload_bound:
                         self.workload_bound[workload] = now
                         started.append(workload)
-                if pin is not None and pin.outcome is None:
-                    pin.until, pin.outcome = now, "bound"
-            elif pin is None and (node := stuck_pin(pod, names=self.names)) is not None:
-                self.stuck[uid] = StuckPin(pod.key, uid, workload, node, now)
+                if waiting is not None and waiting.outcome is None:
+                    waiting.until, waiting.outcome = now, "bound"
+            elif waiting is None and stuck(pod, names=self.names):
+                self.stuck[uid] = StuckPod(pod.key, uid, workload, now)
         for uid, pod in self.present.items():
-            pin = self.stuck.get(uid)
-            if uid not in seen and pin is not None and pin.outcome is None:
-                pin.until = now
-                pin.outcome = "ended" if pod.labels[WORKLOAD_LABEL] in self.ended else "recovered"
+            if uid in seen:
+                continue
+            ours = pod.labels[WORKLOAD_LABEL] in self.ended or uid in self.deleted
+            if not ours:
+                self.vanished.append(pod.key)
+            waiting = self.stuck.get(uid)
+            if waiting is not None and waiting.outcome is None:
+                waiting.until = now
+                waiting.outcome = "ended" if ours else "vanished"
         self.present = seen
         self._gangs(now)
         return started
@@ -350,15 +373,15 @@ class Watch:
 # --- summarising (pure) -----------------------------------------------------------------------------
 
 
-def recoveries(metrics_text: str) -> dict[str, float]:
-    """`cause/how` -> count, from the descheduler's /metrics (`gpu_steward_pin_recoveries_total`)."""
+def release_outcomes_by_cause(metrics_text: str) -> dict[str, float]:
+    """cause -> count, from the descheduler's /metrics (`gpu_steward_release_outcomes_total`)."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(metrics_text):
-        if family.name != RECOVERIES:
+        if family.name != OUTCOMES:
             continue
         for sample in family.samples:
-            if sample.name == f"{RECOVERIES}_total" and sample.value:
-                out[f"{sample.labels['cause']}/{sample.labels['how']}"] = sample.value
+            if sample.name == f"{OUTCOMES}_total" and sample.value:
+                out[sample.labels["cause"]] = sample.value
     return out
 
 
@@ -369,10 +392,10 @@ def _seconds(values: Sequence[float]) -> dict[str, float | None]:
 def summary(watch: Watch, *, plan: Sequence[Workload], rate: float, end: float) -> dict[str, Any]:
     """The numbers of one run, `end` seconds after its start (arrivals at `Workload.arrival(rate)`)."""
     arrivals = sum(w.pods for w in plan)
-    pins = list(watch.stuck.values())
-    outcomes = collections.Counter(p.outcome or "still stuck" for p in pins)
-    to_end = {o: [p.until - p.since for p in pins if p.outcome == o and p.until is not None]
-              for o in ("recovered", "bound")}
+    waited = list(watch.stuck.values())
+    ends = collections.Counter(p.outcome or "still stuck" for p in waited)
+    to_bound = [p.until - p.since for p in waited if p.outcome == "bound" and p.until is not None]
+    on_plan = sum(watch.on_plan.values())
     gangs = [w for w in plan if w.kind == "gang"]
     longest = {g.name: max(watch.part_running.get(g.name, [0.0])) for g in gangs}
     waits: dict[str, list[float]] = {"gated": [], "not_gated": []}
@@ -390,13 +413,17 @@ def summary(watch: Watch, *, plan: Sequence[Workload], rate: float, end: float) 
                 never[kind] += 1
     return {
         "arrivals": arrivals,
-        "stuck_pins": len(pins),
-        "stuck_per_1000_arrivals": 1000 * len(pins) / arrivals if arrivals else None,
-        "stuck_outcomes": dict(outcomes),
-        "stuck_to_recovered_seconds": _seconds(to_end["recovered"]),
-        "stuck_to_bound_seconds": _seconds(to_end["bound"]),
-        "still_stuck_at_end": outcomes.get("still stuck", 0),
-        "stuck_pods": [dataclasses.asdict(p) for p in pins],
+        "nominated_and_bound": len(watch.on_plan),
+        "bound_on_planned_node": on_plan,
+        "bound_on_planned_node_share": on_plan / len(watch.on_plan) if watch.on_plan else None,
+        "deleted_or_recreated_by_gpu_steward": len(watch.vanished),
+        "vanished_pods": list(watch.vanished),
+        "stuck_pods": len(waited),
+        "stuck_per_1000_arrivals": 1000 * len(waited) / arrivals if arrivals else None,
+        "stuck_outcomes": dict(ends),
+        "stuck_to_bound_seconds": _seconds(to_bound),
+        "still_stuck_at_end": ends.get("still stuck", 0),
+        "stuck": [dataclasses.asdict(p) for p in waited],
         "gangs": len(gangs),
         "gangs_part_running_over_threshold": sum(1 for v in longest.values() if v > PART_RUNNING_SECONDS),
         "part_running_threshold_seconds": PART_RUNNING_SECONDS,
@@ -418,7 +445,6 @@ class Setup:
     bin_dir: pathlib.Path
     nodes: tuple[str, ...]
     plan: tuple[Workload, ...]
-    pin_deadline: float
     churn_period: float
     drain: float
     seed: int
@@ -465,6 +491,7 @@ async def _node_event(api: client.ApiClient, event: NodeEvent, live: feeder.Feed
         # The node goes with what runs there: a workload of bare pods ends (a gang as a whole), a ReplicaSet's pod is
         # replaced by its controller.
         on_node = [p for p in live.snapshot.pods.values() if p.namespace == NAMESPACE and p.node_name == event.node]
+        watch.deleting([p.uid for p in on_node])
         await _request(api, "DELETE", path)
         for pod in on_node:
             name = pod.labels.get(WORKLOAD_LABEL, "")
@@ -508,22 +535,21 @@ async def _run(cluster: localcluster.LocalCluster, setup: Setup, *, rate: float,
                     steward = {"kubernetes": {"watch_timeout_seconds": 60},
                                "prometheus": {"url": prom.url, "occupancy_refresh_seconds": SCRAPE_SECONDS},
                                "descheduler": {"leader_election": {"lease_namespace": LEASE_NAMESPACE},
-                                               "reclaim": {"enabled": False},
-                                               "gangs": {"pin_deadline_seconds": setup.pin_deadline}}}
+                                               "reclaim": {"enabled": False}}}
                     await asyncio.to_thread(stack.enter_context, localsteward.webhook(
                         cluster, workdir, config=steward, descheduler=True, descheduler_metrics_port=metrics_port))
                 await pt._wait_until(lambda: live.synced and len(live.snapshot.nodes) == len(setup.nodes), within=60)
                 pt.say(f"   {arm}, {rate:g} pods/s: {sum(w.pods for w in setup.plan)} pods in {len(setup.plan)} "
-                       f"workloads, pin deadline {setup.pin_deadline:g} s")
+                       "workloads")
                 end = await _replay(api, setup, live, watch, rate=rate)
                 text = await asyncio.to_thread(_metrics, metrics_port)  # before the descheduler stops
                 stop.set()
                 background[0].cancel()
     finally:
         await api.close()
-    # The default arm has no descheduler: None, not "no recovery".
+    # The default arm has no descheduler: None, not "no outcome".
     return {**summary(watch, plan=setup.plan, rate=rate, end=end),
-            "recoveries": recoveries(text) if metrics_port else None}
+            "release_outcomes": release_outcomes_by_cause(text) if metrics_port else None}
 
 
 async def _replay(api: client.ApiClient, setup: Setup, live: feeder.Feeder, watch: Watch, *, rate: float) -> float:
@@ -613,17 +639,20 @@ def table(runs: Mapping[str, Mapping[str, Any]]) -> list[str]:
 
     row("arrivals (pods)", lambda r: str(r["arrivals"]))
     row("offered load", lambda r: _fmt(r["offered_load"], ".0%"))
-    row("stuck pins", lambda r: str(r["stuck_pins"]))
+    row("bound on planned node", lambda r: f"{r['bound_on_planned_node']} of {r['nominated_and_bound']} "
+        f"({_fmt(r['bound_on_planned_node_share'], '.1%')})")
+    row("deleted/re-created by gpu-steward", lambda r: str(r["deleted_or_recreated_by_gpu_steward"]))
+    row("stuck pods (released, Unschedulable)", lambda r: str(r["stuck_pods"]))
     row("  per 1,000 arrivals", lambda r: _fmt(r["stuck_per_1000_arrivals"]))
-    row("  recovered / bound / ended", lambda r: "/".join(str(r["stuck_outcomes"].get(k, 0))
-                                                          for k in ("recovered", "bound", "ended")))
-    row("  stuck -> recovered p50/p99 s", lambda r: spread(r, "stuck_to_recovered_seconds"))
+    row("  bound / ended / vanished", lambda r: "/".join(str(r["stuck_outcomes"].get(k, 0))
+                                                         for k in ("bound", "ended", "vanished")))
     row("  stuck -> bound p50/p99 s", lambda r: spread(r, "stuck_to_bound_seconds"))
     row("  still stuck at the end", lambda r: str(r["still_stuck_at_end"]))
-    row("recoveries (descheduler metric)",
-        lambda r: "-" if r["recoveries"] is None else _fmt(sum(r["recoveries"].values()), "g"))
-    for key in sorted({k for r in runs.values() for k in r["recoveries"] or {}}):
-        row(f"  {key}", lambda r, k=key: "-" if r["recoveries"] is None else _fmt(r["recoveries"].get(k, 0), "g"))
+    row("release outcomes (descheduler metric)",
+        lambda r: "-" if r["release_outcomes"] is None else _fmt(sum(r["release_outcomes"].values()), "g"))
+    for key in sorted({k for r in runs.values() for k in r["release_outcomes"] or {}}):
+        row(f"  {key}", lambda r, k=key: "-" if r["release_outcomes"] is None
+            else _fmt(r["release_outcomes"].get(k, 0), "g"))
     row(f"gangs part-running > {PART_RUNNING_SECONDS:g} s", lambda r: f"{r['gangs_part_running_over_threshold']} "
         f"of {r['gangs']}")
     row("  longest part-running s", lambda r: _fmt(r["longest_part_running_seconds"]))
@@ -648,18 +677,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rates", default="2,3", help="arrival rates, pods/s, comma-separated: one run each")
     parser.add_argument("--seed", type=int, default=1, help="workload sequence and node churn")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {','.join(ARMS)}")
-    parser.add_argument("--pin-deadline", type=float, default=PIN_DEADLINE_SECONDS,
-                        help="descheduler.gangs.pin_deadline_seconds in the gpu-steward arm")
     parser.add_argument("--churn-period", type=float, default=60.0, help="seconds per cordon/delete cycle")
-    parser.add_argument("--drain", type=float, help="seconds after the last arrival (default pin deadline + 20)")
+    parser.add_argument("--drain", type=float, default=DRAIN_SECONDS, help="seconds after the last arrival")
     parser.add_argument("--quick", action="store_true",
-                        help="small CI run: 6 nodes, 50 pods at 3/s, gpu-steward arm, pin deadline 6 s")
+                        help="small CI run: 6 nodes, 50 pods at 3/s, gpu-steward arm, 8 s drain")
     parser.add_argument("--out", type=pathlib.Path, help=f"JSON results (default {DEFAULT_OUT.name})")
     args = parser.parse_args(argv)
     if args.quick:
         args.nodes, args.pods, args.rates, args.arms = 6, min(args.pods, 50), "3", "gpu-steward"
-        args.pin_deadline, args.churn_period, args.drain = 6.0, 10.0, args.drain or 8.0
-    args.drain = args.drain if args.drain is not None else args.pin_deadline + 20
+        args.churn_period, args.drain = 10.0, 8.0 if args.drain == DRAIN_SECONDS else args.drain
     args.rates = [float(r) for r in args.rates.split(",") if r.strip()]
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     if not arms or any(a not in ARMS for a in arms) or not args.rates or min(args.rates) <= 0:
@@ -682,9 +708,9 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
            f"{dict(collections.Counter(w.kind for w in plan))}, seed {args.seed}, mean lifetime "
            f"{mean_lifetime(total_gpus):.1f} s, rates {args.rates} pods/s, arms {args.arms}")
     bin_dir = localcluster.ensure_binaries(progress=lambda line: None)
-    setup = Setup(bin_dir, nodes, plan, args.pin_deadline, args.churn_period, args.drain, args.seed)
+    setup = Setup(bin_dir, nodes, plan, args.churn_period, args.drain, args.seed)
     runs: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="pin-churn-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="release-churn-") as tmp:
         for rate in args.rates:
             for arm in args.arms:
                 label = f"{rate:g}/s {arm}"
@@ -693,14 +719,17 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
                 result = run_one(setup, rate=rate, arm=arm, workdir=workdir)
                 runs[label] = {**result, "rate": rate, "arm": arm,
                                "offered_load": offered_load(plan, rate=rate, total_gpus=total_gpus)}
-                pt.say(f"   done in {result['wall_seconds']:.0f} s: {result['stuck_pins']} stuck pins, "
-                       f"{result['still_stuck_at_end']} still stuck, recoveries {result['recoveries']}")
+                pt.say(f"   done in {result['wall_seconds']:.0f} s: {result['bound_on_planned_node']} of "
+                       f"{result['nominated_and_bound']} bound on their planned node, "
+                       f"{result['deleted_or_recreated_by_gpu_steward']} deleted by gpu-steward, "
+                       f"{result['stuck_pods']} stuck ({result['still_stuck_at_end']} at the end), "
+                       f"outcomes {result['release_outcomes']}")
     lines = table(runs)
     pt.say("\n" + "\n".join(lines))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "command": " ".join(["python", "benchmarks/pin_churn.py", *command]),
-        "nodes": args.nodes, "gpus": total_gpus, "seed": args.seed, "pin_deadline_seconds": args.pin_deadline,
+        "command": " ".join(["python", "benchmarks/release_churn.py", *command]),
+        "nodes": args.nodes, "gpus": total_gpus, "seed": args.seed,
         "churn_period_seconds": args.churn_period, "drain_seconds": args.drain,
         "mean_lifetime_seconds": mean_lifetime(total_gpus),
         "workloads": dict(collections.Counter(w.kind for w in plan)),

@@ -1,5 +1,5 @@
-"""The pure parts of benchmarks/pin_churn.py: the workload sequence, the node churn, and what counts as a stuck pin,
-a recovery and a gang part-running."""
+"""The pure parts of benchmarks/release_churn.py: the workload sequence, the node churn, and what counts as a pod
+bound on its planned node, a stuck pod, a pod someone else deleted and a gang part-running."""
 
 from __future__ import annotations
 
@@ -8,28 +8,22 @@ from typing import Any
 import prometheus_client
 import pytest
 
-from benchmarks import pin_churn as pc
+from benchmarks import release_churn as pc
 from common import settings, snapshot
 from tests import builders
 
 NAMES = settings.Names()
-RELEASED = {NAMES.release: "2026-11-26T12:00:00Z placed on n1: by the test"}
+RELEASED = {NAMES.release: "2026-11-26T12:00:00Z planned=n1 domains=1 placed on n1: by the test"}
 UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
 
 
-def _pinned(raw: dict[str, Any], node: str = "n1") -> None:
-    raw["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}
-
-
 def _raw(name: str, workload: str, *, node: str | None = None, stuck: bool = False, uid: str | None = None,
-         owner: str | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
+         owner: str | None = None, labels: dict[str, str] | None = None, released: bool = False) -> dict[str, Any]:
     raw = builders.pod(name, namespace=pc.NAMESPACE, gpus=4, node=node, phase="Running" if node else "Pending",
                        labels={pc.WORKLOAD_LABEL: workload, **(labels or {})},
-                       annotations=RELEASED if stuck else None)
+                       annotations=RELEASED if stuck or released else None)
     raw["metadata"]["uid"] = uid or f"uid-{name}"
     if stuck:
-        _pinned(raw)
         raw["status"]["conditions"] = [UNSCHEDULABLE]
     if owner:
         raw["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": owner, "controller": True,
@@ -142,44 +136,69 @@ def _gated(raw: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("change", "stuck"),
     [
-        pytest.param(lambda raw: None, "n1", id="released-pinned-unschedulable"),
-        pytest.param(lambda raw: raw["status"].update(conditions=[]), None, id="not-yet-reported"),
+        pytest.param(lambda raw: None, True, id="released-unschedulable"),
+        pytest.param(lambda raw: raw["status"].update(conditions=[]), False, id="not-yet-reported"),
         pytest.param(lambda raw: raw["status"].update(conditions=[{**UNSCHEDULABLE, "reason": "SchedulingGated"}]),
-                     None, id="other-reason"),
-        pytest.param(lambda raw: raw["metadata"].pop("annotations"), None, id="not-released-by-us"),
-        pytest.param(lambda raw: raw["spec"].pop("affinity"), None, id="released-unpinned"),
-        pytest.param(_gated, None, id="still-gated"),
-        pytest.param(lambda raw: raw["metadata"].update(deletionTimestamp="2026-11-26T12:00:01Z"), None,
+                     False, id="other-reason"),
+        pytest.param(lambda raw: raw["metadata"].pop("annotations"), False, id="not-released-by-us"),
+        pytest.param(_gated, False, id="still-gated"),
+        pytest.param(lambda raw: raw["metadata"].update(deletionTimestamp="2026-11-26T12:00:01Z"), False,
                      id="being-deleted"),
+        pytest.param(lambda raw: raw["spec"].update(nodeName="n2"), False, id="bound"),
     ],
 )
-def test_a_stuck_pin_is_a_released_pinned_pod_the_scheduler_calls_unschedulable(change: Any, stuck: str | None) -> None:
+def test_a_stuck_pod_is_a_released_pod_the_scheduler_calls_unschedulable(change: Any, stuck: bool) -> None:
     raw = _raw("p", "w", stuck=True)
     change(raw)
-    assert pc.stuck_pin(_pod(raw)) == stuck
+    assert pc.stuck(_pod(raw)) is stuck
+
+
+@pytest.mark.parametrize(
+    ("node", "on_plan"),
+    [pytest.param("n1", 1, id="bound-where-nominated"), pytest.param("n2", 0, id="bound-elsewhere")],
+)
+def test_pods_bound_on_their_planned_node_are_counted_by_their_first_binding(node: str, on_plan: int) -> None:
+    watch = pc.Watch(PLAN)
+    watch.observe(_cluster(_raw("bare", "bare", released=True)), now=1.0)
+    watch.observe(_cluster(_raw("bare", "bare", released=True, node=node)), now=2.0)
+    watch.observe(_cluster(_raw("rs-x", "rs", node="n1", owner="rs")), now=3.0)  # never gated: not counted
+    summary = pc.summary(watch, plan=tuple(PLAN.values()), rate=1.0, end=3.0)
+    assert (summary["bound_on_planned_node"], summary["nominated_and_bound"]) == (on_plan, 1)
+    assert summary["bound_on_planned_node_share"] == on_plan
 
 
 PLAN = {w.name: w for w in (pc.Workload("bare", "bare", 4, 1, 0, 10.0), pc.Workload("rs", "replicaset", 4, 1, 1, 10.0),
                             pc.Workload("gang", "gang", 4, 2, 2, 10.0))}
 
 
-def test_a_stuck_pod_deleted_by_someone_else_is_recovered_and_its_replacement_is_the_same_arrival() -> None:
+def test_a_pod_deleted_by_someone_else_has_vanished_and_its_replacement_is_the_same_arrival() -> None:
+    """What gpu-steward must never do: a pod gone that the benchmark neither ended nor deleted is counted."""
     watch = pc.Watch(PLAN)
     watch.observe(_cluster(_raw("bare", "bare", stuck=True)), now=1.0)
-    watch.observe(_cluster(), now=21.0)  # deleted by pin recovery
+    watch.observe(_cluster(), now=21.0)  # deleted by someone else
     started = watch.observe(_cluster(_raw("bare", "bare", node="n2", uid="again")), now=23.0)
-    [pin] = watch.stuck.values()
-    assert (pin.outcome, pin.since, pin.until, pin.node) == ("recovered", 1.0, 21.0, "n1")
+    [held] = watch.stuck.values()
+    assert (held.outcome, held.since, held.until) == ("vanished", 1.0, 21.0)
+    assert watch.vanished == [f"{pc.NAMESPACE}/bare"]
     assert started == ["bare"], "its lifetime starts at its first binding"
     assert watch.arrival_bound == {"bare": 23.0}
+    assert pc.summary(watch, plan=tuple(PLAN.values()), rate=1.0, end=30.0)["deleted_or_recreated_by_gpu_steward"] == 1
 
 
-def test_a_stuck_pod_the_benchmark_deleted_is_ended_not_recovered() -> None:
+@pytest.mark.parametrize(
+    "how",
+    [pytest.param("ended", id="its-workload-ended"), pytest.param("deleted", id="deleted-with-its-node")],
+)
+def test_a_pod_the_benchmark_deleted_is_ended_not_vanished(how: str) -> None:
     watch = pc.Watch(PLAN)
     watch.observe(_cluster(_raw("bare", "bare", stuck=True)), now=1.0)
-    watch.end("bare", now=2.0)
+    if how == "ended":
+        watch.end("bare", now=2.0)
+    else:
+        watch.deleting(["uid-bare"])
     watch.observe(_cluster(), now=3.0)
     assert [(p.outcome, p.until) for p in watch.stuck.values()] == [("ended", 3.0)]
+    assert watch.vanished == []
 
 
 def test_a_stuck_pod_the_scheduler_binds_after_all_is_bound() -> None:
@@ -234,34 +253,36 @@ def test_a_gang_the_benchmark_ended_is_not_part_running_while_it_goes() -> None:
     assert watch.part_running == {}
 
 
-def test_stuck_pins_are_counted_per_thousand_arrivals_with_their_times() -> None:
+def test_stuck_pods_are_counted_per_thousand_arrivals_with_their_times() -> None:
     watch = pc.Watch(PLAN)
-    watch.observe(_cluster(_raw("bare", "bare", stuck=True), _raw("rs-x", "rs", stuck=True, owner="rs")), now=1.0)
-    watch.observe(_cluster(_raw("rs-x", "rs", stuck=True, owner="rs")), now=21.0)
+    rs = _raw("rs-x", "rs", stuck=True, owner="rs")
+    watch.observe(_cluster(_raw("bare", "bare", stuck=True), rs), now=1.0)
+    watch.observe(_cluster(_raw("bare", "bare", stuck=True, node="n2"), rs), now=21.0)
     summary = pc.summary(watch, plan=tuple(PLAN.values()), rate=1.0, end=30.0)
-    assert (summary["arrivals"], summary["stuck_pins"]) == (4, 2)
+    assert (summary["arrivals"], summary["stuck_pods"]) == (4, 2)
     assert summary["stuck_per_1000_arrivals"] == pytest.approx(500.0)
-    assert summary["stuck_outcomes"] == {"recovered": 1, "still stuck": 1}
+    assert summary["stuck_outcomes"] == {"bound": 1, "still stuck": 1}
     assert summary["still_stuck_at_end"] == 1
-    assert summary["stuck_to_recovered_seconds"] == {"p50": 20.0, "p99": 20.0, "max": 20.0}
+    assert summary["stuck_to_bound_seconds"] == {"p50": 20.0, "p99": 20.0, "max": 20.0}
+    assert summary["deleted_or_recreated_by_gpu_steward"] == 0
 
 
-def test_recoveries_are_read_by_cause_and_how_from_the_descheduler_metrics() -> None:
+def test_release_outcomes_are_read_by_cause_from_the_descheduler_metrics() -> None:
     registry = prometheus_client.CollectorRegistry()
-    counter = prometheus_client.Counter(pc.RECOVERIES, "help", ["cause", "how"], registry=registry)
-    counter.labels("unschedulable", "recreate").inc(2)
-    counter.labels("node-gone", "evict").inc()
-    counter.labels("node-cordoned", "report")  # seen, never counted
+    counter = prometheus_client.Counter(pc.OUTCOMES, "help", ["cause"], registry=registry)
+    counter.labels("placed-elsewhere").inc(2)
+    counter.labels("not-bound").inc()
+    counter.labels("gang-spread")  # seen, never counted
     text = prometheus_client.generate_latest(registry).decode()
-    assert pc.recoveries(text) == {"unschedulable/recreate": 2.0, "node-gone/evict": 1.0}
-    assert pc.recoveries("") == {}
+    assert pc.release_outcomes_by_cause(text) == {"placed-elsewhere": 2.0, "not-bound": 1.0}
+    assert pc.release_outcomes_by_cause("") == {}
 
 
-def test_the_table_shows_recoveries_by_cause_and_none_for_the_arm_without_a_descheduler() -> None:
+def test_the_table_shows_outcomes_by_cause_and_none_for_the_arm_without_a_descheduler() -> None:
     watch = pc.Watch(PLAN)
     base = pc.summary(watch, plan=tuple(PLAN.values()), rate=1.0, end=1.0) | {"offered_load": 0.9}
-    lines = pc.table({"ours": base | {"recoveries": {"unschedulable/evict": 2.0}},
-                      "default": base | {"recoveries": None}})
-    [total] = [line.split() for line in lines if line.startswith("recoveries")]
-    [evict] = [line.split() for line in lines if line.strip().startswith("unschedulable/evict")]
-    assert (total[-2:], evict[-2:]) == (["2", "-"], ["2", "-"])
+    lines = pc.table({"ours": base | {"release_outcomes": {"placed-elsewhere": 2.0}},
+                      "default": base | {"release_outcomes": None}})
+    [total] = [line.split() for line in lines if line.startswith("release outcomes")]
+    [elsewhere] = [line.split() for line in lines if line.strip().startswith("placed-elsewhere")]
+    assert (total[-2:], elsewhere[-2:]) == (["2", "-"], ["2", "-"])
