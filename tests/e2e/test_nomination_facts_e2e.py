@@ -3,8 +3,8 @@
 instead of pinning it with a required node term.
 
 1. A controller may set `status.nominatedNodeName` on a gated pod (a `pods/status` merge patch, under a role
-   that grants no other write); it stays while the pod is gated. Control: the same patch on the pod itself (not its
-   status subresource) is accepted but the field is dropped.
+   that grants no other write); it stays while the pod is gated. Control: the same patch on the pod itself
+   (not its status subresource) is accepted but the field is dropped.
 2. While the gated pod is nominated to node A, kube-scheduler keeps A's resources for it from equal- and
    lower-priority pods: a never-gated racer that prefers A (weight 100) and would fit there only on the
    nominated pod's GPUs is placed on B. Control: without the nomination it takes A. A higher-priority racer
@@ -18,8 +18,11 @@ instead of pinning it with a required node term.
 5. At full load: six gated 4-GPU pods nominated to fill three 8-GPU nodes hold every GPU against six
    equal-priority racers (all stay Pending), and once un-gated each binds on its nominated node although it
    preferred another.
+6. Where the versions differ: after a kube-scheduler restart (or leader change) a gated pod's stored
+   nomination reserves its node again on 1.37.2, but on 1.36.3 only from the pod's next update on
+   (kubernetes/kubernetes#139057, fixed in 1.37).
 
-Seen the same on both versions: 1.37.2 and 1.36.3 (kube-scheduler's `NominatedNodeNameForExpectation` and
+Facts 1-5 hold the same on 1.37.2 and 1.36.3 (kube-scheduler's `NominatedNodeNameForExpectation` and
 `ClearingNominatedNodeNameAfterBinding` are beta and on by default since 1.35). Each test runs once per version
 in `localcluster.KUBERNETES_VERSIONS`, on a plain cluster of its own (no webhook, no feature gates), so an
 upgrade that changes any of these facts fails here.
