@@ -47,6 +47,10 @@ from common import gpu, settings, topology
 log = logging.getLogger(__name__)
 
 BUILD_SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "hack" / "controlplane" / "build.sh"
+# The Kubernetes versions the project builds and tests, newest (the default) first: the e2e facts about
+# kube-scheduler that release relies on are proven on each (tests/e2e/test_nomination_facts_e2e.py).
+KUBERNETES_VERSIONS = ("1.37.2", "1.36.3")
+DEFAULT_KUBERNETES_VERSION = KUBERNETES_VERSIONS[0]
 # What kwokctl starts for a binary-runtime cluster; each writes <workdir>/clusters/<name>/pids/<c>.pid.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
 # kwokctl flag -> our binary for it (kwokctl would otherwise download release binaries).
@@ -88,8 +92,14 @@ def _log_progress(message: str) -> None:
     log.info("%s", message)
 
 
-def ensure_binaries(*, progress: Progress | None = None, timeout_seconds: float = 3600) -> pathlib.Path:
-    """Return the directory holding the control-plane binaries, building whatever is missing first.
+def ensure_binaries(
+    *,
+    version: str = DEFAULT_KUBERNETES_VERSION,
+    progress: Progress | None = None,
+    timeout_seconds: float = 3600,
+) -> pathlib.Path:
+    """Return the directory holding the control-plane binaries of Kubernetes `version` (e.g. "1.36.3"),
+    building whatever is missing first.
 
     Runs the build script every time: when everything is cached it only checks files (milliseconds,
     no Go needed). Its progress lines go to `progress`; a failure raises `HarnessError` with the tail
@@ -97,9 +107,15 @@ def ensure_binaries(*, progress: Progress | None = None, timeout_seconds: float 
     """
     say = progress or _log_progress
     tail: collections.deque[str] = collections.deque(maxlen=40)
+    env = {**os.environ, "K8S_VERSION": version}
     # Its own process group, so a timeout or Ctrl-C stops the `go build`s under it, not just bash.
     with subprocess.Popen(
-        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        ["bash", str(BUILD_SCRIPT)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
     ) as proc:
 
         def kill_group() -> None:
@@ -122,8 +138,10 @@ def ensure_binaries(*, progress: Progress | None = None, timeout_seconds: float 
                 proc.wait()
     if code != 0:
         why = "timed out" if code == -signal.SIGKILL else f"exited {code}"
-        raise HarnessError(f"building the control plane ({BUILD_SCRIPT}) {why}:\n" + "\n".join(tail))
+        raise HarnessError(f"building the control plane v{version} ({BUILD_SCRIPT}) {why}:\n" + "\n".join(tail))
     bin_dir = pathlib.Path(out.strip().splitlines()[-1])
+    if bin_dir.parent.name != f"k8s-{version}":
+        raise HarnessError(f"asked the control-plane build for v{version}, it answered {bin_dir}")
     missing = [name for name in REQUIRED_BINARIES if not (bin_dir / name).is_file()]
     if missing:
         raise HarnessError(f"the control-plane build finished but {bin_dir} lacks {', '.join(missing)}")
@@ -562,6 +580,10 @@ class LocalCluster:
 
     def kubectl_json(self, *args: str, timeout_seconds: float = 60) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json", timeout_seconds=timeout_seconds).stdout)
+
+    def server_version(self) -> str:
+        """The version kube-apiserver reports, e.g. "v1.36.3" (the build stamps it; see build.sh)."""
+        return str(self.kubectl_json("version")["serverVersion"]["gitVersion"])
 
     def apply(self, objects: Iterable[Mapping[str, Any]], *, server_side: bool = False) -> None:
         items = list(objects)

@@ -6,8 +6,10 @@
 #
 # Output: $GPU_STEWARD_CACHE/k8s-$K8S_VERSION/bin (default ~/.cache/gpu-steward). Nothing is written
 # outside that directory except Go's own module and build caches. A second run reuses what is there
-# (each binary is skipped when present) and does not even need Go. Progress goes to stderr; the last
-# line on stdout is the bin directory.
+# (each binary is skipped when present) and does not even need Go; etcd, kwok and helm are copied from
+# another version's directory when they were built from the same module versions. Progress goes to
+# stderr; the last line on stdout is the bin directory. The versions the project tests are
+# KUBERNETES_VERSIONS in gpu_steward_lab/localcluster.py (scripts/setup test builds each).
 #
 # Part of the lab, never of the image: gpu_steward_lab/localcluster.py runs it from a clone.
 set -euo pipefail
@@ -96,8 +98,28 @@ GO
   say "kubernetes v$K8S_VERSION: built"
 }
 
+# etcd, kwok and helm do not depend on the Kubernetes version: copy one from another version's cache when
+# Go recorded the same module version in it (`go version -m`), instead of building it again.
+reuse() {  # name module version
+  local name=$1 module=$2 version=$3 other
+  command -v go >/dev/null || return 1
+  for other in "$CACHE"/k8s-*/bin/"$name"; do
+    [ -x "$other" ] && [ "$other" != "$BIN/$name" ] || continue
+    go version -m "$other" 2>/dev/null \
+      | awk -v m="$module" -v v="$version" '($1 == "mod" || $1 == "dep") && $2 == m && $3 == v {ok = 1} END {exit !ok}' \
+      || continue
+    mkdir -p "$STAGE"
+    cp "$other" "$STAGE/$name"
+    publish "$name"
+    say "$name: reused $other ($module $version)"
+    return 0
+  done
+  return 1
+}
+
 build_etcd() {
   [ -x "$BIN/etcd" ] && { say "etcd $ETCD_VERSION: cached"; return; }
+  reuse etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" && return
   need_go
   say "etcd $ETCD_VERSION: building (~30 s)"
   local mod="$ROOT/src/etcd"
@@ -116,9 +138,10 @@ GO
   say "etcd $ETCD_VERSION: built"
 }
 
-go_install() {  # name module/cmd@version
-  local name=$1 pkg=$2
+go_install() {  # name module module/cmd@version
+  local name=$1 module=$2 pkg=$3
   [ -x "$BIN/$name" ] && { say "$name: cached"; return; }
+  reuse "$name" "$module" "${pkg##*@}" && return
   need_go
   say "$name: building $pkg (~1.5 min)"
   mkdir -p "$STAGE"
@@ -134,8 +157,8 @@ export CGO_ENABLED=0
 
 build_kubernetes
 build_etcd
-go_install kwok "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
-go_install kwokctl "sigs.k8s.io/kwok/cmd/kwokctl@$KWOK_VERSION"
-go_install helm "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+go_install kwok sigs.k8s.io/kwok "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+go_install kwokctl sigs.k8s.io/kwok "sigs.k8s.io/kwok/cmd/kwokctl@$KWOK_VERSION"
+go_install helm helm.sh/helm/v3 "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 say "ready: $BIN"
 echo "$BIN"
