@@ -124,7 +124,8 @@ def _quiet_cycle(result: Result) -> str:
 PLACEMENT = ("Placement", "`benchmarks/placement_trace.py`: the Alibaba openb trace through the real kube-scheduler "
              "1.37.2 on 200 kwok nodes, placement at release, two slices of the trace.")
 CHURN = ("Pin churn", "`benchmarks/pin_churn.py` (the pin design before issue 28; now `release_churn.py`): 800 "
-         "mixed pods through 20 x 8-GPU nodes of the real control plane while nodes are cordoned, deleted and created again, pin deadline 20 s.")
+         "mixed pods through 20 x 8-GPU nodes of the real control plane while nodes are cordoned, deleted and "
+         "created again, pin deadline 20 s.")
 RECLAIM = ("Idle reclaim", "`benchmarks/reclaim_trace.py`: the Alibaba GenAI duty-cycle trace in a real Prometheus, "
            "the real reclaim loop cycle by cycle.")
 WEBHOOK = ("Webhook cost", "`benchmarks/webhook_latency.py` (in process, and over TLS against a no-op aiohttp "
