@@ -2,8 +2,7 @@
 
 Runs inside the descheduler process under its leader election:
 
-    await controller.run(config=cfg, source=feeder, api=api, changes=feeder.subscribe(),
-                              registry=registry)
+    await controller.run(config=cfg, source=feeder, api=api, changes=feeder.subscribe(), metrics=metrics)
 
 It wakes on every snapshot the feeder publishes and at least every `descheduler.gangs.resync_seconds`.
 Nothing it needs lives only in memory: every pass re-derives the gangs from the cluster, so a

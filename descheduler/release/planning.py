@@ -4,7 +4,7 @@ Pure: a `Snapshot`, the settings and `now` in, decisions with their reasons out.
 (`descheduler.release.controller`) applies them. Rules, in the order they are checked:
 
 - A gated pod (our gate) that names no gang is a gang of one: the webhook gated it so that it is placed
-  exactly at release (`admission.release`), and it goes through every rule below like any gang.
+  exactly at release (`admission.gating`), and it goes through every rule below like any gang.
 - A gated pod (our gate) whose gang labels are unusable — a bad size, no size we can know, a gang
   another scheduler enforces, members disagreeing on the size — or that names no gang and requests no
   GPU, is released alone with a Warning `GangInvalid`: a gate nobody can ever lift correctly must not
