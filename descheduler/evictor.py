@@ -49,7 +49,7 @@ class Result(enum.StrEnum):
     EVICTED = "evicted"
     WOULD_EVICT = "would-evict"  # dry-run
     BLOCKED = "blocked"  # 429: a PodDisruptionBudget
-    GONE = "gone"  # 404: already gone
+    GONE = "gone"  # 404, or the live pod under its name is another one (its UID differs)
     FAILED = "failed"  # other errors: retried later with backoff
     LIMITED = "limited"  # a limit refused it before any call
     BACKOFF = "backoff"  # an earlier failure's backoff has not expired
