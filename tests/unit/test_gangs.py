@@ -209,3 +209,17 @@ def test_custom_prefix_and_key() -> None:
 def test_involved(pod: dict[str, Any], involved: bool) -> None:
     """What the gang controller must see of pods without GPUs (the feeder and the snapshot keep these)."""
     assert gangs.involved(pod, names=NAMES) is involved
+
+
+def test_a_pod_group_and_a_pod_without_namespace_are_in_default() -> None:
+    """Objects read without a namespace (e.g. from a file) are in `default`, the pod and its PodGroup alike."""
+    group = gangs.pod_group({"metadata": {"name": "g"}, "spec": {"schedulingPolicy": {"gang": {"minCount": 2}}}})
+    assert group == gangs.PodGroup("default", "g", 2)
+    pod = builders.pod("p", mutate=_spec(schedulingGroup={"podGroupName": "g"}))
+    del pod["metadata"]["namespace"]
+    assert gangs.identify(pod, names=NAMES, pod_groups=gangs.PodGroups({group.key: group})) == gangs.Gang(
+        "default", "g", 2, "kubernetes-podgroup", "PodGroup g has a gang policy (minCount 2) kube-scheduler enforces")
+
+
+def test_a_pod_group_without_name_has_an_empty_one() -> None:
+    assert gangs.pod_group({"metadata": {"namespace": "ml"}, "spec": {}}).name == ""
