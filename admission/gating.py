@@ -70,7 +70,7 @@ def decide(
     controller: Controller,
     config: settings.Settings,
     now: float,
-    pod_groups: Mapping[str, gangs.PodGroup],
+    pod_groups: gangs.PodGroups,
     claims: dra.PodGpus = dra.NONE,
 ) -> GateDecision:
     """Only called on CREATE: gates can be set at creation and never added later. `claims`: what the DRA model

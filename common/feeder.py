@@ -1,6 +1,7 @@
 """Keeps the shared cluster `Snapshot` fresh: list+watch of Nodes, Pods, PriorityClasses, Namespaces
-and, where the API server serves them (Kubernetes 1.37+ with `GenericWorkload`), native PodGroups
-(`scheduling.k8s.io/v1beta1`), plus GPU-index occupancy from DCGM series in Prometheus.
+and, where the API server serves them (`GenericWorkload`), native PodGroups (the first version of
+`gangs.POD_GROUP_VERSIONS` served: v1beta1 on 1.37, v1alpha2 on 1.36; found again at every list), plus
+GPU-index occupancy from DCGM series in Prometheus.
 
     feeder = Feeder(config=cfg, api=api, prometheus=client_or_none, registry=registry)
     async with asyncio.TaskGroup() as tg:
@@ -56,14 +57,20 @@ class Kind:
     name: str
     path: str
     optional: bool = False  # the API may not be served (or granted); then the kind is empty
+    fallbacks: tuple[str, ...] = ()  # older versions' paths, tried in order while the one before answers 404
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return (self.path, *self.fallbacks)
 
 
+POD_GROUP_PATHS = tuple(f"/apis/scheduling.k8s.io/{version}/podgroups" for version in gangs.POD_GROUP_VERSIONS)
 KINDS = (
     Kind("nodes", "/api/v1/nodes"),
     Kind("pods", "/api/v1/pods"),
     Kind("priorityclasses", "/apis/scheduling.k8s.io/v1/priorityclasses"),
     Kind("namespaces", "/api/v1/namespaces"),
-    Kind("podgroups", "/apis/scheduling.k8s.io/v1beta1/podgroups", optional=True),
+    Kind("podgroups", POD_GROUP_PATHS[0], optional=True, fallbacks=POD_GROUP_PATHS[1:]),
     # What the Eviction API will refuse: reclaim plans within them (not granted, e.g. to the webhook: none).
     Kind("poddisruptionbudgets", "/apis/policy/v1/poddisruptionbudgets", optional=True),
     # DRA GPUs (`common.dra`), where the cluster serves resource.k8s.io/v1 (Kubernetes 1.34+).
@@ -211,6 +218,7 @@ class Feeder:
         self._stores: dict[str, dict[str, dict[str, Any]]] = {k.name: {} for k in KINDS}  # build() reads all
         self._listed: set[str] = set()
         self._not_served: set[str] = set()  # optional kinds whose API is not served or granted to us
+        self._paths: dict[str, str] = {k.name: k.path for k in KINDS}  # the path each kind was last listed from
         self._contact: dict[str, float] = {}  # kind -> last confirmed contact
         self._streaming: set[str] = set()  # kinds whose watch stream is open right now
         self._occupancy: snapshot.Occupancy | None = None
@@ -317,11 +325,20 @@ class Feeder:
             self._contact[kind.name] = self._clock()
 
     async def _list(self, kind: Kind) -> str:
+        for path in kind.paths[:-1]:
+            try:
+                return await self._list_from(kind, path)
+            except kube.ApiError as exc:
+                if exc.status != 404:
+                    raise
+        return await self._list_from(kind, kind.paths[-1])
+
+    async def _list_from(self, kind: Kind, path: str) -> str:
         cfg = self._config.kubernetes
         items: dict[str, dict[str, Any]] = {}
         query: dict[str, kube.QueryValue] = {"limit": cfg.list_page_size}
         while True:
-            page = await kube.get(self._api, kind.path, timeout_seconds=cfg.request_timeout_seconds, query=query)
+            page = await kube.get(self._api, path, timeout_seconds=cfg.request_timeout_seconds, query=query)
             for item in page.get("items") or []:
                 kept = _stored(kind.name, item, names=self._config.names)
                 if kept is not None:
@@ -334,6 +351,7 @@ class Feeder:
         if not resource_version:
             raise kube.ApiError(0, f"{kind.name}: list without a resourceVersion")
         self._stores[kind.name] = items
+        self._paths[kind.name] = path
         self._listed.add(kind.name)
         self._not_served.discard(kind.name)
         self._contact[kind.name] = self._clock()
@@ -348,7 +366,7 @@ class Feeder:
         try:
             async for event in kube.watch(
                 self._api,
-                kind.path,
+                self._paths[kind.name],
                 resource_version=resource_version,
                 server_timeout_seconds=cfg.watch_timeout_seconds,
                 timeout_seconds=cfg.request_timeout_seconds,
@@ -466,6 +484,7 @@ class Feeder:
             stores=stores,
             gpu_classes=self._config.dra.gpu_device_classes,
             served=served,
+            pod_group_version=None if "podgroups" in self._not_served else self._paths["podgroups"].split("/")[3],
             occupancy=occupancy,
             names=self._config.names,
             taken_at=taken_at,
@@ -492,14 +511,15 @@ class Feeder:
 
 
 def _build(*, stores: Mapping[str, list[dict[str, Any]]], gpu_classes: tuple[str, ...], served: bool,
-           occupancy: snapshot.Occupancy | None, names: settings.Names, taken_at: float | None,
-           previous: snapshot.Snapshot) -> snapshot.Snapshot:
+           pod_group_version: str | None, occupancy: snapshot.Occupancy | None, names: settings.Names,
+           taken_at: float | None, previous: snapshot.Snapshot) -> snapshot.Snapshot:
     """The DRA inventory, then the snapshot (in a worker thread)."""
     inventory = dra.build(device_classes=stores["deviceclasses"], slices=stores["resourceslices"],
                           claims=stores["resourceclaims"], templates=stores["resourceclaimtemplates"],
                           taint_rules=stores["devicetaintrules"], gpu_classes=gpu_classes, served=served)
     return snapshot.build(nodes=stores["nodes"], pods=stores["pods"], priority_classes=stores["priorityclasses"],
                           namespaces=stores["namespaces"], pod_groups=stores["podgroups"],
+                          pod_group_version=pod_group_version,
                           disruption_budgets=stores["poddisruptionbudgets"], occupancy=occupancy, names=names,
                           taken_at=taken_at, previous=previous, inventory=inventory)
 

@@ -9,15 +9,17 @@ Conventions, first match wins:
 - Kubernetes' native workload API (1.36 alpha, 1.37 beta): `spec.schedulingGroup.podGroupName` naming a
   `scheduling.k8s.io` PodGroup. Only a PodGroup with a `gang` policy is a gang kube-scheduler holds
   together; it wins over every other convention (two gang mechanisms on one pod would fight). A PodGroup
-  with a `basic` policy groups nothing for scheduling: its pods are read like any other. A PodGroup we do
-  not know (not read yet, or its API not served to us) is taken as a native gang: our gate on a pod the
-  native scheduler already holds could strand it.
+  with a `basic` policy groups nothing for scheduling: its pods are read like any other (Kubernetes 1.38 may
+  give every Job one). A PodGroup we do not know (not read yet, or its API not served or granted to us: the
+  feeder reads the first of `POD_GROUP_VERSIONS` the API server serves) is taken as a native gang, as every
+  `podGroupName` was before PodGroups were read: our gate on a pod the native scheduler already holds could
+  strand it. The reason says which of the two it was.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from common import label_values, settings
@@ -27,6 +29,10 @@ KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
 VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
+# The PodGroup API versions we read, preferred first: 1.37 beta, 1.37 alpha, 1.36 alpha (same fields, but v1alpha2's
+# `spec.disruptionMode` is a string, `Pod` or `PodGroup`, where later versions have `{single: {}}` or `{all: {}}`).
+POD_GROUP_VERSIONS = ("v1beta1", "v1alpha3", "v1alpha2")
+_V1ALPHA2_DISRUPTION = {"PodGroup": "all", "Pod": "single"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +58,27 @@ def pod_group(raw: Mapping[str, Any]) -> PodGroup:
         number = gang.get("minCount")
         min_count = number if isinstance(number, int) and not isinstance(number, bool) and number > 0 else 1
     mode = (raw.get("spec") or {}).get("disruptionMode")
-    disruption = next((m for m in ("all", "single") if isinstance(mode, Mapping) and m in mode), None)
+    disruption = (next((m for m in ("all", "single") if m in mode), None) if isinstance(mode, Mapping)
+                  else _V1ALPHA2_DISRUPTION.get(mode) if isinstance(mode, str) else None)
     return PodGroup(meta.get("namespace") or "default", meta.get("name") or "", min_count, disruption)
+
+
+@dataclasses.dataclass(frozen=True)
+class PodGroups(Mapping[str, PodGroup]):
+    """The native PodGroups known, by `namespace/name`, and the API version they were read from (None: the API
+    is not served or not granted to us, so none can be known)."""
+
+    by_key: Mapping[str, PodGroup] = dataclasses.field(default_factory=dict)
+    version: str | None = POD_GROUP_VERSIONS[0]
+
+    def __getitem__(self, key: str) -> PodGroup:
+        return self.by_key[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.by_key)
+
+    def __len__(self) -> int:
+        return len(self.by_key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,9 +96,9 @@ class Gang:
 
 
 def identify(
-    pod: Mapping[str, Any], *, names: settings.Names, pod_groups: Mapping[str, PodGroup] | None = None
+    pod: Mapping[str, Any], *, names: settings.Names, pod_groups: PodGroups | None = None
 ) -> Gang | None:
-    """`pod_groups`: the native PodGroups known, by `namespace/name` (`Snapshot.pod_groups`)."""
+    """`pod_groups`: the native PodGroups known (`Snapshot.pod_groups`); None: none known yet."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     labels: Mapping[str, str] = meta.get("labels") or {}
@@ -88,10 +113,13 @@ def identify(
         return Gang(namespace, name, size.value, convention, enforced, size.problem)
 
     group = (spec.get("schedulingGroup") or {}).get("podGroupName")
-    native = (pod_groups or {}).get(f"{namespace}/{group}") if group else None
+    known = pod_groups if pod_groups is not None else PodGroups()
+    native = known.get(f"{namespace}/{group}") if group else None
     if group and (native is None or native.min_count is not None):
         why = (f"PodGroup {group} has a gang policy (minCount {native.min_count}) kube-scheduler enforces"
-               if native is not None else f"PodGroup {group} not known here; taken as a native gang")
+               if native is not None else f"PodGroup {group} not known here; taken as a native gang"
+               if known.version is not None else
+               f"PodGroup {group}: no PodGroup API served to us ({_versions()}); taken as a native gang")
         return Gang(namespace, group, native.min_count if native else None, "kubernetes-podgroup", elsewhere or why)
     ours = label_values.value(meta, names.gang_name)
     if ours:
@@ -106,6 +134,10 @@ def identify(
     if volcano:
         return make(volcano, None, None, "volcano")
     return None
+
+
+def _versions() -> str:
+    return ", ".join(f"scheduling.k8s.io/{v}" for v in POD_GROUP_VERSIONS)
 
 
 def involved(pod: Mapping[str, Any], *, names: settings.Names) -> bool:

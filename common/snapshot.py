@@ -202,7 +202,7 @@ class Snapshot:
     namespaces: Mapping[str, Mapping[str, str]]  # name -> labels
     taken_at: float | None  # when the shell last synced it (unix seconds); None: never
     occupancy_observed: bool = False
-    pod_groups: Mapping[str, gangs.PodGroup] = dataclasses.field(default_factory=dict)  # native, by ns/name
+    pod_groups: gangs.PodGroups = dataclasses.field(default_factory=gangs.PodGroups)  # native, by ns/name
     problems: tuple[str, ...] = ()  # objects skipped while building, with why
     # Results derived from this snapshot alone, kept by their users for its lifetime (e.g. node
     # scores per pod size); never part of equality.
@@ -399,12 +399,14 @@ def build(
     taken_at: float | None,
     previous: Snapshot | None = None,
     pod_groups: Iterable[Mapping[str, Any]] = (),
+    pod_group_version: str | None = gangs.POD_GROUP_VERSIONS[0],
     disruption_budgets: Iterable[Mapping[str, Any]] = (),
     inventory: dra.Inventory = dra.EMPTY,
 ) -> Snapshot:
     """`previous`: the last snapshot built from the same stores; unchanged objects are reused. `inventory`: the
     cluster's DRA GPUs (`dra.build`): a node without a device plugin's GPUs offers its GPU devices, and which of
-    them are taken, and by whom, is read from the claims' allocations."""
+    them are taken, and by whom, is read from the claims' allocations. `pod_group_version`: the PodGroup API version
+    `pod_groups` were read from (None: not served or not granted to us; `gangs.identify` says so)."""
     nodes, namespaces = list(nodes), list(namespaces)  # each read twice below
     problems: list[str] = list(inventory.problems)
     # A pod's parse depends on the inventory only through its claims or a renamed extended resource.
@@ -523,7 +525,8 @@ def build(
         },
         taken_at=taken_at,
         occupancy_observed=occupancy is not None,
-        pod_groups={group.key: group for group in map(gangs.pod_group, pod_groups)},
+        pod_groups=gangs.PodGroups({group.key: group for group in map(gangs.pod_group, pod_groups)},
+                                   pod_group_version),
         problems=tuple(problems),
         parsed=parsed,
         disruption_budgets={b.key: b for b in map(disruption_budget, disruption_budgets)},

@@ -12,12 +12,14 @@ PodDisruptionBudget it lists, and a repeated Event aggregated (GET + PATCH).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import dataclasses
 import json
 import os
 import pathlib
+import secrets
 import ssl
 import sys
 import time
@@ -28,7 +30,8 @@ from typing import Any
 import pytest
 import yaml
 
-from common import gpu, settings
+from common import gate_patch, gpu, settings
+from common import kube as kube_api
 from descheduler import policy
 from gpu_steward_lab import localcluster
 from tests.chart import helm
@@ -318,6 +321,70 @@ def test_components_may_read_dra_objects_and_nothing_more(
     done = release.cluster.kubectl("auth", "can-i", verb, f"{kind}.resource.k8s.io", "-A", "--as", account,
                                    check=False)
     assert done.stdout.strip() == allowed, done.stderr
+
+
+KUEUE_GATE = "kueue.x-k8s.io/admission"
+
+
+def _as_webhook(kubeconfig: pathlib.Path, method: str, path: str, patch: list[dict[str, Any]] | None) -> None:
+    """One call as the gate lifter makes it (`common.kube`, a JSON patch; no GET first, which RBAC refuses)."""
+
+    async def call() -> None:
+        api = await kube_api.api_client(settings.Kubernetes(kubeconfig=kubeconfig))
+        async with api:
+            await kube_api.request(api, method, path, body=patch, timeout_seconds=10,
+                                   content_type="application/json-patch+json")
+
+    asyncio.run(call())
+
+
+def _escaped(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+@pytest.mark.parametrize(("change", "refused_by"), [
+    pytest.param([{"op": "add", "path": "/metadata/labels/app", "value": "other"}], "labels, owners or finalizers",
+                 id="a-label"),
+    pytest.param([{"op": "test", "path": "/spec/schedulingGates/1/name", "value": KUEUE_GATE},
+                  {"op": "remove", "path": "/spec/schedulingGates/1"}], "may only remove its own scheduling gate",
+                 id="another-controllers-gate"),
+    pytest.param([{"op": "remove", "path": "/spec/schedulingGates/0"},
+                  {"op": "replace", "path": "/spec/containers/0/image", "value": "example.com/other:1"}],
+                 "may not change a pod's spec", id="our-gate-and-the-image"),
+    pytest.param([{"op": "add", "path": f"/metadata/annotations/{_escaped('example.com/note')}", "value": "x"}],
+                 "may only write the annotation", id="another-annotation"),
+])
+def test_the_webhook_may_lift_our_gate_and_change_nothing_else(
+    release: Release, change: list[dict[str, Any]], refused_by: str,
+) -> None:
+    """RBAC grants the webhook `patch` on every pod (its gate lifter); the chart's ValidatingAdmissionPolicy
+    (templates/webhook-pod-policy.yaml) narrows that, in the API server, to what the lifter writes: our gate out and
+    our release annotation (`gate_patch.ungate` + `gate_patch.annotate`, as admission/gate_lifter.py sends them)."""
+    cluster = release.cluster
+    name = f"held-{secrets.token_hex(3)}"
+    pod = create(cluster, kube.pod(name, namespace=TEAM, gates=[NAMES.gate, KUEUE_GATE], labels={"app": "a"},
+                                   annotations={"example.com/kept": "1"}))
+    account = release.as_service_account("webhook")
+    try:
+        with pytest.raises(kube_api.ApiError, match="ValidatingAdmissionPolicy") as refused:
+            _as_webhook(account, "PATCH", f"/api/v1/namespaces/{TEAM}/pods/{name}", change)
+        assert (refused.value.status, refused_by in str(refused.value)) == (422, True), refused.value
+        assert cluster.kubectl_json("get", "pod", name, "-n", TEAM)["metadata"]["resourceVersion"] == \
+            pod["metadata"]["resourceVersion"], "refused: nothing changed"
+        # What the gate lifter sends passes.
+        lift = [gate_patch.annotate(pod, key=NAMES.release, value="released by the e2e"),
+                *gate_patch.ungate(pod, gate=NAMES.gate)]
+        _as_webhook(account, "PATCH", f"/api/v1/namespaces/{TEAM}/pods/{name}", lift)
+        after = cluster.kubectl_json("get", "pod", name, "-n", TEAM)
+        assert (kube.gates(after), after["metadata"]["annotations"][NAMES.release]) == (
+            [KUEUE_GATE], "released by the e2e")
+        with pytest.raises(kube_api.ApiError) as deleting:  # RBAC: no delete
+            _as_webhook(account, "DELETE", f"/api/v1/namespaces/{TEAM}/pods/{name}", None)
+        assert deleting.value.status == 403, deleting.value
+        # Anyone else is not bound by the policy.
+        cluster.kubectl("-n", TEAM, "label", "pod", name, "app=other", "--overwrite")
+    finally:
+        cluster.kubectl("delete", "pod", name, "-n", TEAM, "--ignore-not-found", "--wait=false", check=False)
 
 
 def test_the_uninstall_hook_may_lift_our_gate_and_nothing_more(release: Release) -> None:

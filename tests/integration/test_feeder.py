@@ -18,12 +18,13 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from common import feeder, kube, prometheus, settings
+from common import feeder, gangs, kube, prometheus, settings
 from tests import builders
 from tests.support.prometheus import Series, StartPrometheus
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/gpu-steward/leases"  # the default leader Lease's namespace
-PATHS = {**{kind.name: kind.path for kind in feeder.KINDS}, "leases": LEASES}
+V1ALPHA2 = "/apis/scheduling.k8s.io/v1alpha2/podgroups"  # Kubernetes 1.36's (v1alpha3 is not served here: 404)
+PATHS = {**{kind.name: kind.path for kind in feeder.KINDS}, "leases": LEASES, "podgroups-v1alpha2": V1ALPHA2}
 Obj = dict[str, Any]
 
 
@@ -597,16 +598,39 @@ async def test_pod_groups_are_optional_and_picked_up_once_served(
     fake_api.put("podgroups", _pod_group("gang", {"gang": {"minCount": 2}}))
     fake_api.put("podgroups", _pod_group("basic", {"basic": {}}))
     fake_api.fail[PATHS["podgroups"]] = [status] * 3
+    fake_api.fail[V1ALPHA2] = [404] * 3 if status == 404 else []  # no version served (403: no other is tried)
     await running.until(lambda: running.feeder.synced, "synced without PodGroups")
-    assert running.feeder.snapshot.pod_groups == {}
+    assert (running.feeder.snapshot.pod_groups.version, dict(running.feeder.snapshot.pod_groups)) == (None, {})
     # Fresh at once: an absent API must not leave the snapshot "never synced" (no release, no preferred terms).
     assert running.feeder.snapshot.taken_at is not None
     assert running.metric("gpu_steward_feeder_errors_total", source="podgroups") == 0  # absence is no error
     await running.until(lambda: len(running.feeder.snapshot.pod_groups) == 2, "PodGroups read once served")
     assert {k: g.min_count for k, g in running.feeder.snapshot.pod_groups.items()} == {
         "team-a/gang": 2, "team-a/basic": None}
+    assert running.feeder.snapshot.pod_groups.version == "v1beta1"
     fake_api.delete("podgroups", _pod_group("gang", {}))
     await running.until(lambda: list(running.feeder.snapshot.pod_groups) == ["team-a/basic"], "watched deletion")
+
+
+async def test_pod_groups_are_read_from_the_version_served(fake_api: FakeApi, running: Running) -> None:
+    """Kubernetes 1.36 serves PodGroups as v1alpha2 only (v1beta1 and v1alpha3 answer 404): they are read and
+    watched there, their string `disruptionMode` understood; until then the snapshot says no API is served."""
+    seed(fake_api)
+    fake_api.fail[PATHS["podgroups"]] = [404] * 10_000
+    fake_api.fail[V1ALPHA2] = [404]  # not served at first either
+    group = _pod_group("gang", {"gang": {"minCount": 2}})
+    fake_api.put("podgroups-v1alpha2", {**group, "apiVersion": "scheduling.k8s.io/v1alpha2",
+                                        "spec": {**group["spec"], "disruptionMode": "PodGroup"}})
+    await running.until(lambda: running.feeder.synced, "synced without PodGroups")
+    assert (running.feeder.snapshot.pod_groups.version, dict(running.feeder.snapshot.pod_groups)) == (None, {})
+    await running.until(lambda: len(running.feeder.snapshot.pod_groups) == 1, "PodGroups read from v1alpha2")
+    assert running.feeder.snapshot.pod_groups.version == "v1alpha2"
+    assert running.feeder.snapshot.pod_groups["team-a/gang"] == gangs.PodGroup("team-a", "gang", 2, "all")
+    await running.until(lambda: bool(fake_api.watches("podgroups-v1alpha2")), "watched at v1alpha2")
+    basic = {**_pod_group("basic", {"basic": {}}), "apiVersion": "scheduling.k8s.io/v1alpha2"}
+    fake_api.put("podgroups-v1alpha2", basic)
+    await running.until(lambda: "team-a/basic" in running.feeder.snapshot.pod_groups, "a v1alpha2 watch event")
+    assert running.metric("gpu_steward_feeder_errors_total", source="podgroups") == 0
 
 
 @pytest.mark.parametrize("status", [pytest.param(404, id="api-not-served"), pytest.param(403, id="not-granted")])

@@ -78,36 +78,90 @@ def _pod_group(name: str, policy: dict[str, Any], namespace: str = "ml") -> dict
             "metadata": {"name": name, "namespace": namespace}, "spec": {"schedulingPolicy": policy}}
 
 
-POD_GROUPS = {g.key: g for g in map(gangs.pod_group, [
+POD_GROUPS = gangs.PodGroups({g.key: g for g in map(gangs.pod_group, [
     _pod_group("gang-pg", {"gang": {"minCount": 4}}),
     _pod_group("basic-pg", {"basic": {}}),
     _pod_group("elsewhere", {"gang": {"minCount": 2}}, namespace="other"),
-])}
+])})
+NOT_SERVED = gangs.PodGroups(version=None)
+NOT_SERVED_REASON = ("no PodGroup API served to us (scheduling.k8s.io/v1beta1, scheduling.k8s.io/v1alpha3, "
+                     "scheduling.k8s.io/v1alpha2); taken as a native gang")
 
 
 @pytest.mark.parametrize(
-    ("group", "labels", "expected"),
+    ("group", "labels", "known", "expected"),
     [
-        pytest.param("gang-pg", {}, gangs.Gang("ml", "gang-pg", 4, "kubernetes-podgroup",
+        pytest.param("basic-pg", {}, NOT_SERVED, gangs.Gang("ml", "basic-pg", None, "kubernetes-podgroup",
+                                                            f"PodGroup basic-pg: {NOT_SERVED_REASON}"),
+                     id="api-not-served-is-a-native-gang"),
+        pytest.param("basic-pg", {NAME: "ours", SIZE: "2"}, NOT_SERVED,
+                     gangs.Gang("ml", "basic-pg", None, "kubernetes-podgroup",
+                                f"PodGroup basic-pg: {NOT_SERVED_REASON}"),
+                     id="api-not-served-wins-over-our-labels"),
+        pytest.param("late", {}, None, gangs.Gang("ml", "late", None, "kubernetes-podgroup",
+                                                  "PodGroup late not known here; taken as a native gang"),
+                     id="nothing-read-yet"),
+        pytest.param("late", {}, POD_GROUPS, gangs.Gang("ml", "late", None, "kubernetes-podgroup",
+                                                        "PodGroup late not known here; taken as a native gang"),
+                     id="pod-group-not-seen-yet"),
+        pytest.param("gang-pg", {}, POD_GROUPS, gangs.Gang("ml", "gang-pg", 4, "kubernetes-podgroup",
                                                "PodGroup gang-pg has a gang policy (minCount 4) kube-scheduler "
                                                "enforces"), id="gang-policy"),
-        pytest.param("gang-pg", {NAME: "ours", SIZE: "4"},
+        pytest.param("gang-pg", {NAME: "ours", SIZE: "4"}, POD_GROUPS,
                      gangs.Gang("ml", "gang-pg", 4, "kubernetes-podgroup",
                                 "PodGroup gang-pg has a gang policy (minCount 4) kube-scheduler enforces"),
                      id="gang-policy-wins-over-our-labels"),
-        pytest.param("basic-pg", {}, None, id="basic-policy-is-no-gang"),
-        pytest.param("basic-pg", {NAME: "ours", SIZE: "2"}, gangs.Gang("ml", "ours", 2, "gpu-steward", None),
+        pytest.param("basic-pg", {}, POD_GROUPS, None, id="basic-policy-is-no-gang"),
+        pytest.param("basic-pg", {NAME: "ours", SIZE: "2"}, POD_GROUPS,
+                     gangs.Gang("ml", "ours", 2, "gpu-steward", None),
                      id="basic-policy-with-our-labels-is-ours"),
-        pytest.param("elsewhere", {}, gangs.Gang("ml", "elsewhere", None, "kubernetes-podgroup",
+        pytest.param("elsewhere", {}, POD_GROUPS, gangs.Gang("ml", "elsewhere", None, "kubernetes-podgroup",
                                                  "PodGroup elsewhere not known here; taken as a native gang"),
                      id="same-name-other-namespace-is-unknown"),
     ],
 )
-def test_identify_native_pod_group(group: str, labels: dict[str, str], expected: gangs.Gang | None) -> None:
+def test_identify_native_pod_group(group: str, labels: dict[str, str], known: gangs.PodGroups | None,
+                                   expected: gangs.Gang | None) -> None:
     """Kubernetes 1.37 PodGroups: only a gang policy is a gang kube-scheduler holds together (old code: every
-    podGroupName was "enforced by kube-scheduler", so a basic PodGroup's pods lost our gangs and gates)."""
+    podGroupName was "enforced by kube-scheduler", so a basic PodGroup's pods lost our gangs and gates). Where
+    the PodGroup is not known (not seen yet, or no PodGroup API served to us) the pod is taken as a native gang
+    (no gate of ours), and the reason says which."""
     pod = builders.pod("p", namespace="ml", labels=labels, mutate=_spec(schedulingGroup={"podGroupName": group}))
-    assert gangs.identify(pod, names=NAMES, pod_groups=POD_GROUPS) == expected
+    assert gangs.identify(pod, names=NAMES, pod_groups=known) == expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        pytest.param({"schedulingPolicy": {"gang": {}}}, gangs.PodGroup("ml", "g", 1),
+                     id="gang-without-min-count-still-a-gang"),
+        pytest.param({"schedulingPolicy": {"gang": {"minCount": True}}}, gangs.PodGroup("ml", "g", 1),
+                     id="gang-min-count-bool"),
+        pytest.param({"schedulingPolicy": {"gang": {"minCount": 0}}}, gangs.PodGroup("ml", "g", 1),
+                     id="gang-min-count-zero"),
+        pytest.param({"schedulingPolicy": {"gang": {"minCount": 3}}, "disruptionMode": "PodGroup"},
+                     gangs.PodGroup("ml", "g", 3, "all"), id="v1alpha2-disruption-pod-group"),
+        pytest.param({"schedulingPolicy": {"basic": {}}, "disruptionMode": "Pod"},
+                     gangs.PodGroup("ml", "g", None, "single"), id="v1alpha2-disruption-pod"),
+        pytest.param({"schedulingPolicy": {"basic": {}}, "disruptionMode": "Everything"},
+                     gangs.PodGroup("ml", "g", None, None), id="unknown-disruption-string"),
+        pytest.param({"schedulingPolicy": {"gang": {"minCount": 2}}, "disruptionMode": {"all": {}}},
+                     gangs.PodGroup("ml", "g", 2, "all"), id="v1beta1-disruption-all"),
+        pytest.param({"schedulingPolicy": {"basic": {}}, "disruptionMode": {"single": {}}},
+                     gangs.PodGroup("ml", "g", None, "single"), id="v1beta1-disruption-single"),
+        pytest.param({"schedulingPolicy": {"basic": {}}, "disruptionMode": {}}, gangs.PodGroup("ml", "g", None, None),
+                     id="empty-disruption-object"),
+        pytest.param({"schedulingPolicy": {"basic": {}}, "disruptionMode": ["all"]},
+                     gangs.PodGroup("ml", "g", None, None), id="disruption-list-is-none"),
+        pytest.param({"schedulingPolicy": {"basic": {}}}, gangs.PodGroup("ml", "g", None, None), id="basic"),
+        pytest.param({}, gangs.PodGroup("ml", "g", None, None), id="no-policy"),
+    ],
+)
+def test_pod_group(spec: dict[str, Any], expected: gangs.PodGroup) -> None:
+    """Both shapes of `spec.disruptionMode`: a string in 1.36's v1alpha2 (`Pod`, `PodGroup`), a one-of object
+    in 1.37's v1alpha3 and v1beta1 (`single`, `all`); the policy's fields are the same in all three."""
+    raw = {"metadata": {"name": "g", "namespace": "ml"}, "spec": spec}
+    assert gangs.pod_group(raw) == expected
 
 
 @pytest.mark.parametrize(
@@ -159,3 +213,17 @@ def test_custom_prefix_and_key() -> None:
 def test_involved(pod: dict[str, Any], involved: bool) -> None:
     """What the gang controller must see of pods without GPUs (the feeder and the snapshot keep these)."""
     assert gangs.involved(pod, names=NAMES) is involved
+
+
+def test_a_pod_group_and_a_pod_without_namespace_are_in_default() -> None:
+    """Objects read without a namespace (e.g. from a file) are in `default`, the pod and its PodGroup alike."""
+    group = gangs.pod_group({"metadata": {"name": "g"}, "spec": {"schedulingPolicy": {"gang": {"minCount": 2}}}})
+    assert group == gangs.PodGroup("default", "g", 2)
+    pod = builders.pod("p", mutate=_spec(schedulingGroup={"podGroupName": "g"}))
+    del pod["metadata"]["namespace"]
+    assert gangs.identify(pod, names=NAMES, pod_groups=gangs.PodGroups({group.key: group})) == gangs.Gang(
+        "default", "g", 2, "kubernetes-podgroup", "PodGroup g has a gang policy (minCount 2) kube-scheduler enforces")
+
+
+def test_a_pod_group_without_name_has_an_empty_one() -> None:
+    assert gangs.pod_group({"metadata": {"namespace": "ml"}, "spec": {}}).name == ""
