@@ -657,7 +657,9 @@ async def test_dra_gpus_are_read_where_resource_k8s_io_is_served(
     # Not known to ask GPUs: no GPU pod (nothing gates, tiers or evicts it).
     assert ("dra-0" in running.feeder.snapshot.nodes, "team-a/claimer" in running.feeder.snapshot.pods) == (
         False, False)
-    await running.until(lambda: "dra-0" in running.feeder.snapshot.nodes, "DRA read once served")
+    # Each DRA kind is listed on its own schedule once served: wait for the node and the claim's pod both.
+    await running.until(lambda: "dra-0" in running.feeder.snapshot.nodes
+                        and "team-a/claimer" in running.feeder.snapshot.pods, "DRA read once served")
     node, pod = running.feeder.snapshot.nodes["dra-0"], running.feeder.snapshot.pods["team-a/claimer"]
     assert (node.gpu_count, node.free_by_domain(), pod.gpu_indices, pod.dra.left) == (
         8, ((0, 1, 2, 3), ()), (4, 5, 6, 7), None)

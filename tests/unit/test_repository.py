@@ -64,7 +64,9 @@ def test_trace_files_stay_out_of_the_image_and_the_package() -> None:
     assert admitted and not [path for path in admitted if path.startswith("benchmarks")]
     assert (REPO / ".dockerignore").read_text().splitlines()[1] == "*"  # everything else is ignored
     pyproject = (REPO / "pyproject.toml").read_text()
-    assert 'include = ["gpu_steward*", "admission*", "descheduler*", "common*"]' in pyproject
+    # The product packages only: no benchmarks, tests or lab (`gpu_steward*` would match gpu_steward_lab too).
+    assert tomllib.loads(pyproject)["tool"]["setuptools"]["packages"]["find"]["include"] == [
+        "gpu_steward", "gpu_steward.*", "admission", "admission.*", "descheduler", "descheduler.*", "common", "common.*"]
 
 
 PURE_SAYS = re.compile(r"(^|[.(:] )Pure\b|\(pure\b", re.MULTILINE)
