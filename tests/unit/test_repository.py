@@ -66,7 +66,8 @@ def test_trace_files_stay_out_of_the_image_and_the_package() -> None:
     pyproject = (REPO / "pyproject.toml").read_text()
     # The product packages only: no benchmarks, tests or lab (`gpu_steward*` would match gpu_steward_lab too).
     assert tomllib.loads(pyproject)["tool"]["setuptools"]["packages"]["find"]["include"] == [
-        "gpu_steward", "gpu_steward.*", "admission", "admission.*", "descheduler", "descheduler.*", "common", "common.*"]
+        "gpu_steward", "gpu_steward.*", "admission", "admission.*", "descheduler", "descheduler.*",
+        "common", "common.*"]
 
 
 PURE_SAYS = re.compile(r"(^|[.(:] )Pure\b|\(pure\b", re.MULTILINE)
