@@ -128,7 +128,8 @@ def test_gang_stays_gated_until_complete_then_is_released_and_bound_together(
     # launcher was gated by the webhook like them but got no tier, no affinity and no nomination. Nobody got a pin.
     assert {m: planned_node(p) for m, p in members.items() if m != launcher} == workers
     assert planned_node(members[launcher]) is None
-    assert all("affinity" not in p["spec"] for p in members.values())
+    assert "affinity" not in members[launcher]["spec"]
+    assert not [m for m, p in members.items() if kube.required_node_terms(p)], "no pin"
     record = members[launcher]["metadata"]["annotations"][NAMES.decision]
     assert record.startswith("no GPU; no tier, no NVLink affinity") and f"gang {gang_name} of 5" in record, record
     released = {
@@ -136,9 +137,10 @@ def test_gang_stays_gated_until_complete_then_is_released_and_bound_together(
     }
     used = sorted(set(workers.values()))
     expected = f"gang {gang_name}: 4 members on {len(used)} node(s) ({', '.join(used)}): "
-    unpinned = f"each member within one NVLink domain; un-gated with them, not pinned (no GPU): {namespace}/{launcher}"
+    unnominated = (f"each member within one NVLink domain; un-gated with them, not nominated (no GPU): "
+                   f"{namespace}/{launcher}")
     assert all(len(m) == 1 and m[0].startswith(expected) for m in released.values()), (released, nodes)
-    assert all(m[0].endswith(unpinned) for m in released.values()), released
+    assert all(m[0].endswith(unnominated) for m in released.values()), released
     assert domains_spanned(cluster, namespace) == {**dict.fromkeys(workers, 1), launcher: 0}
 
 
@@ -196,6 +198,6 @@ def test_pods_gated_while_no_controller_runs_are_placed_when_one_starts(
     bound_together(cluster, ns, "pair", size=2)
     placed = kube.poll("solo bound", lambda: (p := kube.pods(cluster, ns)["solo"])["spec"].get("nodeName") and p)
     assert planned_node(placed) == placed["spec"]["nodeName"], "bound where the release nominated it"
-    assert "affinity" not in placed["spec"], "no pin"
+    assert not kube.required_node_terms(placed), "no pin"
     assert outcomes.read(placed["metadata"]["annotations"][NAMES.release]).why.startswith(
         f"placed on {placed['spec']['nodeName']}: ")

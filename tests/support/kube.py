@@ -198,6 +198,13 @@ def scheduler_verdicts(
     return verdicts
 
 
+def required_node_terms(pod: Mapping[str, Any]) -> list[Any]:
+    """The pod's required node-affinity terms (a pin is one): preferred terms are no constraint."""
+    affinity = pod["spec"].get("affinity") or {}
+    required = (affinity.get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    return list(required.get("nodeSelectorTerms") or [])
+
+
 def gates(pod: Mapping[str, Any]) -> list[str]:
     return [g["name"] for g in pod["spec"].get("schedulingGates") or []]
 
