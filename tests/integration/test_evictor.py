@@ -612,6 +612,16 @@ async def test_a_refused_victim_cools_down_and_the_next_candidate_is_tried_in_th
     assert {s.pod: s.reason for s in second.plan.spared}["team-a/a"] == "refused-eviction cooldown for 120s more"
 
 
+def _two_victims_for_one_demand(api_client: client.ApiClient,
+                                registry: prometheus_client.CollectorRegistry) -> reclaim_loop.ReclaimLoop:
+    """A loop whose one demand (a 2-GPU pod) needs both idle victims a and b on n1, evicted through `api_client`."""
+    config = settings_loader.load()
+    return reclaim_loop.ReclaimLoop(
+        config=config, cluster=_two_candidates(config, gpus=2, nodes=1), prometheus=idle_pods({"a": "n1", "b": "n1"}),
+        evictions=evictor.ApiEvictionClient(api_client, timeout_seconds=5), api=api_client, clock=lambda: NOW,
+        registry=registry)
+
+
 async def test_a_demand_served_in_part_is_said_counted_and_not_repeated(
     fake: tuple[FakeApi, client.ApiClient],
 ) -> None:
@@ -620,11 +630,7 @@ async def test_a_demand_served_in_part_is_said_counted_and_not_repeated(
     api, api_client = fake
     api.real_status["b"] = 429
     registry = prometheus_client.CollectorRegistry()
-    config = settings_loader.load()
-    loop = reclaim_loop.ReclaimLoop(
-        config=config, cluster=_two_candidates(config, gpus=2, nodes=1), prometheus=idle_pods({"a": "n1", "b": "n1"}),
-        evictions=evictor.ApiEvictionClient(api_client, timeout_seconds=5), api=api_client, clock=lambda: NOW,
-        registry=registry)
+    loop = _two_victims_for_one_demand(api_client, registry)
     cycle = await loop.cycle()
     assert [(o.eviction.pod, o.result, o.partial) for o in cycle.outcomes] == [
         ("team-a/a", evictor.Result.EVICTED, ()), ("team-a/b", evictor.Result.BLOCKED, ("team-a/a",))]
@@ -649,11 +655,7 @@ async def test_a_budget_created_since_the_plan_refuses_the_dry_run_and_none_is_e
     api, api_client = fake
     api.eviction_status["b"] = 429
     registry = prometheus_client.CollectorRegistry()
-    config = settings_loader.load()
-    loop = reclaim_loop.ReclaimLoop(
-        config=config, cluster=_two_candidates(config, gpus=2, nodes=1), prometheus=idle_pods({"a": "n1", "b": "n1"}),
-        evictions=evictor.ApiEvictionClient(api_client, timeout_seconds=5), api=api_client, clock=lambda: NOW,
-        registry=registry)
+    loop = _two_victims_for_one_demand(api_client, registry)
     cycle = await loop.cycle()
     assert [(o.eviction.pod, o.result, o.partial) for o in cycle.outcomes] == [
         ("team-a/a", evictor.Result.SKIPPED, ()), ("team-a/b", evictor.Result.BLOCKED, ())]
