@@ -115,9 +115,10 @@ def test_claims_say_which_devices_each_pod_holds() -> None:
                             b.resource_claim("four-x", spec=b.claim_spec(4), devices=[("n", i) for i in (3, 4, 5, 6)],
                                              reserved_for=["four"], extended=True)])
     built = cluster(nodes=[b.dra_node("n", domains=TWO_DOMAINS)], pods=pods, inv=inv)
-    got = {k: (p.gpu_indices, p.indices_observed, p.request.full) for k, p in built.pods.items()}
-    assert got == {"default/one": ((0,), True, 1), "default/two": ((1, 2), True, 2),
-                   "default/four": ((3, 4, 5, 6), True, 4)}
+    # `measured` (what a measurement of the pod expects to see) counts the claims' GPUs too: its containers hold them.
+    got = {k: (p.gpu_indices, p.indices_observed, p.request.full, p.measured.full) for k, p in built.pods.items()}
+    assert got == {"default/one": ((0,), True, 1, 1), "default/two": ((1, 2), True, 2, 2),
+                   "default/four": ((3, 4, 5, 6), True, 4, 4)}
     assert free(built, "n") == (1, ((), (7,)))
 
 
