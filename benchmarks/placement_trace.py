@@ -992,7 +992,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--release-min-gpus", type=int,
                         help="our arms: admission.release_min_gpus (pods with fewer GPUs get preferred terms only)")
     parser.add_argument("--logs", type=pathlib.Path, help="keep each arm's process logs here (default: discarded)")
-    parser.add_argument("--picture", type=pathlib.Path, help=f"PNG chart (default {DEFAULT_PICTURE.name})")
+    parser.add_argument("--picture", type=pathlib.Path,
+                        help=f"PNG chart (default: {DEFAULT_PICTURE.name} beside --out)")
     args = parser.parse_args(argv)
     args.drain_seconds = DRAIN_SECONDS
     if args.quick:
@@ -1007,8 +1008,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--arms: unknown {unknown}; choose from {', '.join(ARMS)}")
     args.arms = arms
     suffix = "_quick" if args.quick else ""
+    # The picture goes beside the JSON: a run told where to write (CI's temporary directory) leaves the tree alone.
+    beside = args.out or DEFAULT_PICTURE
+    args.picture = args.picture or beside.with_name(f"{DEFAULT_PICTURE.stem}{suffix}.png")
     args.out = args.out or DEFAULT_OUT.with_name(f"{DEFAULT_OUT.stem}{suffix}.json")
-    args.picture = args.picture or DEFAULT_PICTURE.with_name(f"{DEFAULT_PICTURE.stem}{suffix}.png")
     return args
 
 

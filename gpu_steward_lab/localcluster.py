@@ -310,8 +310,11 @@ class ManagedProcess:
         except OSError:
             return ""
 
-    def wait_http_ok(self, url: str, *, ssl_context: ssl.SSLContext | None = None, timeout_seconds: float = 30) -> None:
-        """Poll `url` until it answers 200; fail early (with the log) if the process dies."""
+    def wait_http_ok(self, url: str, *, ssl_context: ssl.SSLContext | None = None, timeout_seconds: float = 90) -> None:
+        """Poll `url` until it answers 200; fail early (with the log) if the process dies.
+
+        The bound is generous: a webhook's first watch lists take over 30 s on a loaded 2-core machine, and a dead
+        process ends the wait at once anyway."""
         deadline = time.monotonic() + timeout_seconds
         last = "no answer yet"
         while time.monotonic() < deadline:

@@ -402,3 +402,17 @@ def test_our_processes_are_found_by_their_settings_file_and_their_cpu_read(tmp_p
 def test_the_quick_run_and_the_full_run_defaults(argv: list[str], expected: tuple[Any, ...]) -> None:
     args = pt.parse_args(argv)
     assert (args.nodes, args.pods, args.skip, args.arrival_rate, args.drain_seconds, args.arms) == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        pytest.param(["--quick", "--out", "/tmp/x/result.json"], "/tmp/x/placement_domains_quick.png",
+                     id="quick-with-out-leaves-the-tree-alone"),
+        pytest.param(["--out", "/tmp/y/full.json"], "/tmp/y/placement_domains.png", id="full-with-out"),
+        pytest.param(["--quick"], str(pt.DEFAULT_PICTURE.with_name("placement_domains_quick.png")), id="quick-default"),
+        pytest.param(["--out", "/tmp/z/r.json", "--picture", "/tmp/p.png"], "/tmp/p.png", id="picture-given"),
+    ],
+)
+def test_the_picture_goes_beside_the_json(argv: list[str], expected: str) -> None:
+    assert str(pt.parse_args(argv).picture) == expected
