@@ -8,8 +8,15 @@ over all nodes, sorted — optionally followed by ` preemption: ...` (what its o
 looked at. Each node stops at its first failing Filter plugin; NodeResourcesFit reports every resource it
 lacks (`Insufficient cpu`, `Insufficient nvidia.com/gpu`, `Too many pods`, ...).
 
+On a node whose GPUs are DRA devices (a DeviceClass serving `nvidia.com/gpu` as its `extendedResourceName`,
+the node's allocatable without it), NodeResourcesFit leaves the extended resource to the DynamicResources filter,
+which says only `cannot allocate all claims` when the node's devices cannot serve the pod's claims
+(pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go, v1.37.2 and v1.36.3). That is a GPU
+shortage only for a pod all of whose claims are for GPUs (`claims_are_gpus`): the caller says so.
+
 A pod is a reclaim demand only if the message
-- names a GPU shortage (`Insufficient nvidia.com/gpu` or `Insufficient nvidia.com/mig-<profile>`), and
+- names a GPU shortage (`Insufficient nvidia.com/gpu` or `Insufficient nvidia.com/mig-<profile>`, or
+  `cannot allocate all claims` for a pod whose claims are all for GPUs), and
 - names nothing else but the node filters reclaim's search repeats on every candidate node (taints, node
   affinity/selector, node name, unschedulable nodes: `common.fit`; required pod anti-affinity, the pod's own and
   existing pods': `descheduler.reclaim.search`): those exclude nodes, they are not shortages.
@@ -41,6 +48,7 @@ MODELLED = (  # node filters reclaim's search checks on each candidate node itse
     "node(s) didn't satisfy existing pods anti-affinity rules",
 )
 INSUFFICIENT = "Insufficient "
+DRA_SHORT = "cannot allocate all claims"  # DynamicResources' Filter: the node's devices cannot serve the claims
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,8 +62,10 @@ def _is_gpu(reason: str) -> bool:
     return reason.startswith(INSUFFICIENT) and (resource == gpu.FULL_GPU or resource.startswith(gpu.MIG_PREFIX))
 
 
-def read(message: str) -> Reading | None:
-    """The scheduler's reasons, split into GPU shortages and the rest; None when not its format."""
+def read(message: str, *, claims_are_gpus: bool = False) -> Reading | None:
+    """The scheduler's reasons, split into GPU shortages and the rest; None when not its format.
+    `claims_are_gpus`: every DRA claim of the pod is for its GPUs, so `cannot allocate all claims` is a GPU
+    shortage (else it is another reason)."""
     head = HEAD.match(message.strip())
     if head is None:
         return None
@@ -65,16 +75,17 @@ def read(message: str) -> Reading | None:
     for entry in (e.strip() for e in SPLIT.split(filters) if e.strip()):
         found = ENTRY.match(entry)
         reason = found.group(2) if found else entry  # no count: a PreFilter plugin's message
-        if found and _is_gpu(reason):
+        if found and (_is_gpu(reason) or (claims_are_gpus and reason == DRA_SHORT)):
             short.append(entry)
         elif not found or not reason.startswith(MODELLED):
             other.append(entry)
     return Reading(tuple(short), tuple(other))
 
 
-def why_not_a_demand(message: str | None) -> str | None:
-    """Why the pod is not a reclaim demand by its scheduler's message, or None (it is one)."""
-    reading = read(message or "")
+def why_not_a_demand(message: str | None, *, claims_are_gpus: bool = False) -> str | None:
+    """Why the pod is not a reclaim demand by its scheduler's message, or None (it is one); `claims_are_gpus`: see
+    `read`."""
+    reading = read(message or "", claims_are_gpus=claims_are_gpus)
     if reading is None:
         return None
     if reading.other:

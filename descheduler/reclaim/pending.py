@@ -16,7 +16,10 @@ must not be served still comes back, with the reason it is `ignored` (recorded, 
   where no pod it selects holds the topology domain), so one replica per node still gets reclaim; a gang
   member's is not (the members would have to see each other's planned places);
 - its kube-scheduler message names more than a GPU shortage (`descheduler.unschedulable`). The message may only
-  veto: a demand is served only on a node where the capacity model says it then runs (`search`).
+  veto: a demand is served only on a node where the capacity model says it then runs (`search`). On DRA GPU nodes
+  the shortage reads `cannot allocate all claims`; it counts as a GPU shortage only for a pod that asks no
+  extended resource but `nvidia.com/gpu` and has no claims of its own (`_claims_are_gpus`): its only claim is the
+  one kube-scheduler makes for its GPUs. A pod with claims of its own is not modelled here (above) yet.
 A terminating pending pod is no demand at all.
 """
 
@@ -91,7 +94,14 @@ def _ignored(pod: snapshot.Pod, condition: Mapping[str, Any], *, names: settings
         return why
     if pod.scheduler_name != gangs.DEFAULT_SCHEDULER:
         return None  # another scheduler's message says nothing we can read
-    return unschedulable.why_not_a_demand(condition.get("message"))
+    return unschedulable.why_not_a_demand(condition.get("message"), claims_are_gpus=_claims_are_gpus(pod))
+
+
+def _claims_are_gpus(pod: snapshot.Pod) -> bool:
+    """Every DRA claim kube-scheduler allocates for the pod is for its GPUs: it has no claims of its own, and no
+    extended resource but whole GPUs (any other could be served by a DRA class as well)."""
+    return not (pod.raw.get("spec") or {}).get("resourceClaims") and all(
+        "/" not in name or name == gpu.FULL_GPU for name in pod.requests)
 
 
 def demands_from_snapshot(cluster: snapshot.Snapshot, *, names: settings.Names = _NAMES) -> list[Demand]:

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from common import dra, settings, snapshot
-from descheduler import leader
+from descheduler import leader, unschedulable
+from descheduler.reclaim import pending
 from gpu_steward_lab import localcluster
 from tests import builders
 from tests.e2e import conftest
@@ -167,3 +168,33 @@ def test_dra_gpu_pods_are_gated_released_onto_a_dra_node_and_run(
         assert pod["spec"]["nodeName"] in nodes and not kube.gates(pod)
         devices, users = _allocation(control_plane, namespace, _claim_of(pod))
         assert (len(devices), users) == (4, [name])
+
+
+def _unschedulable_message(cluster: localcluster.LocalCluster, namespace: str, name: str) -> str:
+    def message() -> str | None:
+        pod = kube.pods(cluster, namespace).get(name) or {}
+        for condition in (pod.get("status") or {}).get("conditions") or ():
+            if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+                return str(condition.get("message") or "")
+        return None
+    return str(kube.poll(f"{name} Unschedulable", message, timeout_seconds=60))
+
+
+def test_a_pod_short_of_dra_gpus_is_a_reclaim_demand_and_one_short_of_its_own_claim_is_not(
+        control_plane: localcluster.LocalCluster, dra_nodes: tuple[str, list[str]], plain_namespace: str) -> None:
+    """On full DRA nodes kube-scheduler says only `cannot allocate all claims`: for a pod asking `nvidia.com/gpu`
+    alone that is a GPU shortage (a reclaim demand); for a pod with a claim of its own (control) it is not."""
+    pool, _ = dra_nodes
+    control_plane.apply([builders.claim_template("one", namespace=plain_namespace, spec=builders.claim_spec(1))])
+    for i in range(2):
+        control_plane.apply([_pod(f"full-{i}", namespace=plain_namespace, pool=pool, gpus=8)])
+        _running(control_plane, plain_namespace, f"full-{i}")
+    control_plane.apply([_pod("wants-4", namespace=plain_namespace, pool=pool, gpus=4),
+                         _pod("wants-claim", namespace=plain_namespace, pool=pool, template="one")])
+    messages = {n: _unschedulable_message(control_plane, plain_namespace, n) for n in ("wants-4", "wants-claim")}
+    assert all(f"2 {unschedulable.DRA_SHORT}" in m for m in messages.values()), messages
+
+    demands = {d.key: d for d in pending.demands_from_snapshot(_state(control_plane), names=NAMES)}
+    wants, claimed = demands[f"{plain_namespace}/wants-4"], demands[f"{plain_namespace}/wants-claim"]
+    assert (wants.ignored, wants.members[0].request.full) == (None, 4), messages["wants-4"]
+    assert claimed.ignored and "resourceClaims" in claimed.ignored, claimed.ignored

@@ -13,12 +13,17 @@ from tests import builders
 from tests.unit.test_reclaim_planner import ONE, TWO, Raw, busy, gang, idle, pending, reason_of, run, running
 
 DEMAND = "team-b/want"
+DRA_SHORT = unschedulable.DRA_SHORT
 
 
 def waiting(message: str | None = None, *, nominated: str | None = None, scheduler: str | None = None,
-            gpus: int = 1) -> Raw:
-    """A pending pod as kube-scheduler left it: Unschedulable with its message."""
+            gpus: int = 1, limits: dict[str, str] | None = None, claims: list[Raw] | None = None) -> Raw:
+    """A pending pod as kube-scheduler left it: Unschedulable with its message; `limits` beside its GPUs,
+    `claims` its `spec.resourceClaims`."""
     pod = pending("want", gpus=gpus)
+    pod["spec"]["containers"][0]["resources"]["limits"].update(limits or {})
+    if claims:
+        pod["spec"]["resourceClaims"] = claims
     condition = pod["status"]["conditions"][0]
     if message is not None:
         condition["message"] = message
@@ -79,6 +84,24 @@ CPU_AND_MEMORY = ("0/1 nodes are available: 1 Insufficient cpu, 1 Insufficient m
                      id="no-message-our-own-fit-check-decides"),
         pytest.param(waiting("cpu: not enough", scheduler="volcano"), {("team-a/idle", DEMAND)},
                      "1 idle pod(s) evicted on n1", id="another-schedulers-message-says-nothing"),
+        # DRA GPU nodes: DynamicResources says only "cannot allocate all claims" (v1.37.2, v1.36.3).
+        pytest.param(waiting(f"0/2 nodes are available: 2 {DRA_SHORT}."), {("team-a/idle", DEMAND)},
+                     "1 idle pod(s) evicted on n1", id="dra-nodes-short-of-gpus-for-an-extended-resource-pod"),
+        pytest.param(waiting(f"0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 {DRA_SHORT}. preemption: "
+                             "0/3 nodes are available: 3 No preemption victims found for incoming pod."),
+                     {("team-a/idle", DEMAND)}, "1 idle pod(s) evicted on n1",
+                     id="dra-and-device-plugin-nodes-both-short-of-gpus"),
+        pytest.param(waiting(f"0/2 nodes are available: 2 {DRA_SHORT}.", limits={"example.com/nic": "1"}), set(),
+                     f"(2 {DRA_SHORT})", id="adversarial-another-extended-resource-may-be-the-claim-that-fails"),
+        pytest.param(waiting(f"0/2 nodes are available: 2 {DRA_SHORT}.", limits={"nvidia.com/mig-1g.10gb": "1"}),
+                     set(), f"(2 {DRA_SHORT})", id="boundary-a-mig-slice-beside-is-another-extended-resource"),
+        pytest.param(waiting(f"0/2 nodes are available: 1 Insufficient cpu, 1 {DRA_SHORT}."), set(),
+                     "(1 Insufficient cpu)", id="dra-short-beside-a-cpu-shortage"),
+        pytest.param(waiting(f"0/2 nodes are available: 2 {DRA_SHORT}.",
+                             claims=[{"name": "gpus", "resourceClaimTemplateName": "two-gpus"}]), set(),
+                     "spec.resourceClaims (not modelled)", id="claims-of-its-own-are-not-modelled-here"),
+        pytest.param(waiting("0/2 nodes are available: 2 resourceclaim not available on the node."), set(),
+                     "(2 resourceclaim not available on the node)", id="another-dra-reason-is-no-gpu-shortage"),
         pytest.param(waiting("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.", nominated="n1"), set(),
                      "nominated to n1 (status.nominatedNodeName): kube-scheduler tries that node first",
                      id="scheduler-already-preempted-for-it"),
@@ -103,12 +126,20 @@ def test_a_demand_counts_only_if_freeing_gpus_lets_it_run(
                      "conflict.", ("2 Insufficient nvidia.com/gpu",),
                      ("3 node(s) had volume node affinity conflict",), id="volumes"),
         pytest.param("pod has unbound immediate PersistentVolumeClaims", None, None, id="not-the-format"),
+        pytest.param(f"0/2 nodes are available: 2 {DRA_SHORT}.", (), (f"2 {DRA_SHORT}",),
+                     id="dra-short-is-another-reason-unless-the-claims-are-gpus"),
     ],
 )
 def test_scheduler_message_reading(message: str, gpu_short: tuple[str, ...] | None,
                                    other: tuple[str, ...] | None) -> None:
     reading = unschedulable.read(message)
     assert (reading.gpu_short, reading.other) == (gpu_short, other) if reading else gpu_short is None
+
+
+def test_dra_short_is_a_gpu_shortage_when_the_claims_are_gpus() -> None:
+    message = f"0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 {DRA_SHORT}, 1 Insufficient cpu."
+    assert unschedulable.read(message, claims_are_gpus=True) == unschedulable.Reading(
+        ("1 Insufficient nvidia.com/gpu", f"2 {DRA_SHORT}"), ("1 Insufficient cpu",))
 
 
 # --- Pods already leaving free their GPUs: one pending pod, one reclaim decision ------------------------
