@@ -26,7 +26,7 @@ from descheduler.reclaim import pending
 from gpu_steward_lab import localcluster
 from tests import builders
 from tests.e2e import conftest
-from tests.support import kube
+from tests.support import kube, prometheus
 
 pytestmark = pytest.mark.e2e
 
@@ -198,3 +198,77 @@ def test_a_pod_short_of_dra_gpus_is_a_reclaim_demand_and_one_short_of_its_own_cl
     wants, claimed = demands[f"{plain_namespace}/wants-4"], demands[f"{plain_namespace}/wants-claim"]
     assert (wants.ignored, wants.members[0].request.full) == (None, 4), messages["wants-4"]
     assert claimed.ignored and "resourceClaims" in claimed.ignored, claimed.ignored
+
+
+DRA_RECLAIMABLE = "e2e-dra-reclaimable"
+IDLE_WINDOW_SECONDS, THRESHOLD_PERCENT, AHEAD_SECONDS = 10, 5, 300
+
+
+def _dra_series(cluster: localcluster.LocalCluster, namespace: str, busy: dict[str, float],
+                ) -> list[prometheus.Series]:
+    """`DCGM_FI_DEV_GPU_UTIL` per DRA device of each running pod, labelled as dcgm-exporter 4.8.4 labels a
+    DRA-allocated GPU (its pod, and the claim and device); 1 % unless `busy` gives a pod's first device a value."""
+    series = []
+    for name, pod in kube.pods(cluster, namespace).items():
+        node, claim = pod["spec"].get("nodeName"), _claim_of(pod)
+        if not node or not claim:
+            continue
+        for i, index in enumerate(_allocation(cluster, namespace, claim)[0]):
+            value = busy.get(name, 1.0) if i == 0 else 1.0
+            labels = {"gpu": str(index), "UUID": f"GPU-{node}-{index}", "device": f"nvidia{index}",
+                      "modelName": "NVIDIA H100 80GB HBM3", "Hostname": node, "container": "main",
+                      "namespace": namespace, "pod": name, "dra_claim_name": claim, "dra_claim_namespace": namespace,
+                      "dra_driver_name": "gpu.nvidia.com", "dra_pool_name": node, "dra_device_name": f"gpu-{index}"}
+            series.append(prometheus.Series("DCGM_FI_DEV_GPU_UTIL", labels,
+                                            [(float(ago), value) for ago in range(420)]))
+    return series
+
+
+def test_an_idle_dra_pod_is_reclaimed_for_a_dra_demand_and_one_busy_on_one_gpu_is_not(
+        control_plane: localcluster.LocalCluster, dra_nodes: tuple[str, list[str]], plain_namespace: str,
+        descheduler_factory: conftest.StartDescheduler, prometheus_factory: prometheus.StartPrometheus) -> None:
+    pool, nodes = dra_nodes
+    control_plane.apply([kube.priority_class(DRA_RECLAIMABLE, value=1000,
+                                             reclaim=(IDLE_WINDOW_SECONDS, THRESHOLD_PERCENT))])
+
+    def reclaimable(name: str, node: str | None = None) -> dict[str, Any]:
+        body = _pod(name, namespace=plain_namespace, pool=pool, gpus=8)
+        body["spec"]["priorityClassName"] = DRA_RECLAIMABLE
+        if node:
+            body["spec"]["nodeSelector"]["kubernetes.io/hostname"] = node
+        return body
+
+    try:
+        control_plane.apply([reclaimable("idle", nodes[0]), reclaimable("busy", nodes[1])])
+        for name in ("idle", "busy"):
+            _running(control_plane, plain_namespace, name)
+        dcgm = prometheus_factory(_dra_series(control_plane, plain_namespace, {"busy": 90.0}),
+                                  now=time.time() + AHEAD_SECONDS)
+        descheduler = descheduler_factory({
+            "prometheus": {"url": dcgm.url, "occupancy_refresh_seconds": 1},
+            "descheduler": {"reclaim": {"cooldowns": {"node_seconds": 0, "workload_seconds": 0},
+                                        "conventions": {"evict_bare_pods": True}}},
+        })
+        # Of the same priority: kube-scheduler cannot preempt for it; it reads `cannot allocate all claims`.
+        control_plane.apply([reclaimable("want")])
+        want = kube.poll("want bound where the idle DRA pod was", lambda: (
+            p if (p := kube.pods(control_plane, plain_namespace).get("want")) and p["spec"].get("nodeName")
+            else None), timeout_seconds=90)
+        # A second demand only the busy pod's GPUs could serve (were one of its 8 GPUs not at 90 %): three cycles
+        # decide it, each finding no idle GPUs for it.
+        control_plane.apply([reclaimable("want-2")])
+        told = f"reclaim demand {plain_namespace}/want-2 "
+        said = kube.poll("three cycles on want-2", lambda: (
+            lines if len(lines := [x for x in descheduler.process.log_file.read_text(errors="replace").splitlines()
+                                   if told in x]) >= 3 else None), timeout_seconds=60)
+        pods = kube.pods(control_plane, plain_namespace)
+        log = descheduler.process.log_file.read_text(errors="replace")
+        assert want["spec"]["nodeName"] == nodes[0], log[-3000:]
+        assert all("no node with reclaimable idle GPUs fits it" in x for x in said), said
+        assert not pods["want-2"]["spec"].get("nodeName")
+        assert "idle" not in pods or pods["idle"]["metadata"].get("deletionTimestamp"), sorted(pods)
+        assert "busy" in pods and not pods["busy"]["metadata"].get("deletionTimestamp")
+        reasons = {(e["reason"], e["involvedObject"]["name"]) for e in kube.events(control_plane, plain_namespace)}
+        assert ("IdleGPUReclaimed", "idle") in reasons and ("IdleGPUReclaimed", "busy") not in reasons, reasons
+    finally:
+        control_plane.kubectl("delete", "priorityclass", DRA_RECLAIMABLE, "--ignore-not-found", check=False)

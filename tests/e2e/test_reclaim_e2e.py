@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from common import gpu, settings
-from descheduler import policy, unschedulable
+from descheduler import unschedulable
 from gpu_steward_lab import localcluster
 from tests.e2e import conftest
 from tests.support import kube, prometheus
@@ -40,14 +40,8 @@ HOSTNAME = "kubernetes.io/hostname"
 @pytest.fixture
 def reclaimable_class(control_plane: localcluster.LocalCluster) -> Iterator[str]:
     """A PriorityClass whose idle pods may go to pending pods of its own priority after a short window."""
-    pc = kube.priority_class(RECLAIMABLE, value=PRIORITY)
-    pc["metadata"]["annotations"] = {
-        policy.MIN_PRIORITY: str(PRIORITY),
-        policy.TOLERATION: "0",
-        policy.IDLE_SECONDS[0]: str(IDLE_WINDOW_SECONDS),
-        policy.THRESHOLD[0]: str(THRESHOLD_PERCENT),
-    }
-    control_plane.apply([pc])
+    control_plane.apply([kube.priority_class(RECLAIMABLE, value=PRIORITY,
+                                             reclaim=(IDLE_WINDOW_SECONDS, THRESHOLD_PERCENT))])
     yield RECLAIMABLE
     control_plane.kubectl("delete", "priorityclass", RECLAIMABLE, "--ignore-not-found", check=False)
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from common import gpu, settings, snapshot
+from descheduler import policy
 from gpu_steward_lab import devicesim, localcluster
 
 
@@ -81,14 +82,23 @@ def kubeconfig(server: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def priority_class(name: str, *, value: int, preemption_policy: str = "PreemptLowerPriority") -> dict[str, Any]:
-    return {
+def priority_class(name: str, *, value: int, preemption_policy: str = "PreemptLowerPriority",
+                   reclaim: tuple[int, int] | None = None) -> dict[str, Any]:
+    """`reclaim` (idle window seconds, threshold percent): its idle pods may go to pending pods of its own
+    priority (no toleration) after that window."""
+    body: dict[str, Any] = {
         "apiVersion": "scheduling.k8s.io/v1",
         "kind": "PriorityClass",
         "metadata": {"name": name},
         "value": value,
         "preemptionPolicy": preemption_policy,
     }
+    if reclaim:
+        idle_seconds, threshold_percent = reclaim
+        body["metadata"]["annotations"] = {policy.MIN_PRIORITY: str(value), policy.TOLERATION: "0",
+                                           policy.IDLE_SECONDS[0]: str(idle_seconds),
+                                           policy.THRESHOLD[0]: str(threshold_percent)}
+    return body
 
 
 def pod_disruption_budget(
