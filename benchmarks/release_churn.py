@@ -62,6 +62,7 @@ import collections
 import contextlib
 import dataclasses
 import json
+import os
 import pathlib
 import random
 import sys
@@ -608,7 +609,7 @@ async def _replay(api: client.ApiClient, setup: Setup, live: feeder.Feeder, watc
 
 
 def run_one(setup: Setup, *, rate: float, arm: str, workdir: pathlib.Path) -> dict[str, Any]:
-    started = time.monotonic()
+    started, load_before = time.monotonic(), os.getloadavg()
     cluster = localcluster.LocalCluster(setup.bin_dir, progress=lambda m: None)
     with cluster:
         cluster.add_nodes([_node_manifest(n) for n in setup.nodes], timeout_seconds=180)
@@ -616,7 +617,9 @@ def run_one(setup: Setup, *, rate: float, arm: str, workdir: pathlib.Path) -> di
                       for n in (NAMESPACE, LEASE_NAMESPACE)]
         cluster.apply([*namespaces, *demo.priority_classes(settings.Settings())])
         result = asyncio.run(_run(cluster, setup, rate=rate, arm=arm, workdir=workdir))
-    return {**result, "wall_seconds": time.monotonic() - started}
+    return {**result, "wall_seconds": time.monotonic() - started,
+            "load_average": {"before": [round(x, 2) for x in load_before],
+                             "after": [round(x, 2) for x in os.getloadavg()]}}
 
 
 # --- reporting --------------------------------------------------------------------------------------
@@ -723,12 +726,15 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
                        f"{result['nominated_and_bound']} bound on their planned node, "
                        f"{result['deleted_or_recreated_by_gpu_steward']} deleted by gpu-steward, "
                        f"{result['stuck_pods']} stuck ({result['still_stuck_at_end']} at the end), "
-                       f"outcomes {result['release_outcomes']}")
+                       f"outcomes {result['release_outcomes']}; load average before "
+                       f"{result['load_average']['before']}, after {result['load_average']['after']} (2 cores)")
     lines = table(runs)
     pt.say("\n" + "\n".join(lines))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "command": " ".join(["python", "benchmarks/release_churn.py", *command]),
+        "load_average": {"before": runs[next(iter(runs))]["load_average"]["before"],
+                         "after": runs[next(reversed(runs))]["load_average"]["after"]},
         "nodes": args.nodes, "gpus": total_gpus, "seed": args.seed,
         "churn_period_seconds": args.churn_period, "drain_seconds": args.drain,
         "mean_lifetime_seconds": mean_lifetime(total_gpus),
