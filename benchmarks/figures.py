@@ -86,6 +86,23 @@ def _pin_churn(run: str) -> Callable[[Result], str]:
     return value
 
 
+def _release_churn(run: str, what: str) -> Callable[[Result], str]:
+    def value(result: Result) -> str:
+        row = result["runs"][run]
+        if what == "planned":
+            return (f"{percent(row['bound_on_planned_node_share'])} ({row['bound_on_planned_node']} of "
+                    f"{row['nominated_and_bound']}) at {percent(row['offered_load'])} offered load; deleted or "
+                    f"re-created by gpu-steward: {row['deleted_or_recreated_by_gpu_steward']}")
+        if what == "stuck":
+            return (f"{row['stuck_per_1000_arrivals']:g} per 1,000 arrivals ({row['stuck_pods']}), "
+                    f"{row['still_stuck_at_end']} left at the end")
+        default = result["runs"][run.replace("gpu-steward", "default")]
+        return (f"{row['gangs_part_running_over_threshold']} of {row['gangs']} (default scheduler: "
+                f"{default['gangs_part_running_over_threshold']})")
+
+    return value
+
+
 def _decide(result: Result) -> str:
     decide = result["decide_in_process"]
     return f"p50 {decide['p50_us']:.1f} µs, p99 {decide['p99_us']:.1f} µs ({decide['gpu_nodes']:,} GPU nodes)"
@@ -123,6 +140,9 @@ def _quiet_cycle(result: Result) -> str:
 # Each section: its title (the README links to its anchor) and what was run.
 PLACEMENT = ("Placement", "`benchmarks/placement_trace.py`: the Alibaba openb trace through the real kube-scheduler "
              "1.37.2 on 200 kwok nodes, placement at release, two slices of the trace.")
+RELEASE_CHURN = ("Release churn", "`benchmarks/release_churn.py`: release by nomination (issue 28) under the same "
+                 "churn as below: 800 mixed pods through 20 x 8-GPU nodes of the real control plane while nodes are "
+                 "cordoned, deleted and created again; each rate against kube-scheduler alone.")
 CHURN = ("Pin churn", "`benchmarks/pin_churn.py` (the pin design before issue 28; now `release_churn.py`): 800 "
          "mixed pods through 20 x 8-GPU nodes of the real control plane while nodes are cordoned, deleted and "
          "created again, pin deadline 20 s.")
@@ -153,6 +173,12 @@ def _placement_rows() -> list[Figure]:
 
 FIGURES: list[Figure] = [
     *_placement_rows(),
+    *[Figure(RELEASE_CHURN, f"seed {seed}, {rate}: {what}", source, _release_churn(f"{rate} gpu-steward", key))
+      for seed, source in ((1, "release_churn.json"), (2, "release_churn_seed2.json"))
+      for rate in ("2/s", "3/s")
+      for what, key in (("released pods bound on their planned node", "planned"),
+                        ("stuck pods (released, Unschedulable)", "stuck"),
+                        ("gangs part-running > 5 s", "gangs"))],
     Figure(CHURN, "seed 1, ~90 % load (2/s): stuck pins", "pin_churn.json", _pin_churn("2/s gpu-steward")),
     Figure(CHURN, "seed 1, ~130 % load (3/s): stuck pins", "pin_churn.json", _pin_churn("3/s gpu-steward")),
     Figure(CHURN, "seed 2, ~90 % load (2/s): stuck pins", "pin_churn_seed2.json", _pin_churn("2/s gpu-steward")),
