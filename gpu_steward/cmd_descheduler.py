@@ -58,11 +58,12 @@ SHUTDOWN_SECONDS = 2.0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
+    parser = cmdline.command(
+        sub,
         "descheduler",
+        run=run,
         help="evict idle GPU pods by PriorityClass policy, for pending work that can use the GPUs",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[cmdline.connection_parent()],
     )
     parser.add_argument("--once", action="store_true",
@@ -83,7 +84,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--metrics-port", type=int, metavar="PORT",
                         help="serve /metrics, /healthz and /readyz on this port (plain HTTP)")
     cmdline.add_output(parser)
-    parser.set_defaults(func=run)
 
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:

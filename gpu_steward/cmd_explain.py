@@ -23,10 +23,12 @@ Release = list[tuple[str, bool, str]]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
+    parser = cmdline.command(
+        sub,
         "explain",
+        run=run,
         help="show the patch, decision record and node scores the webhook would produce for a pod",
-        description="Replay the admission decision for POD.yaml against a saved cluster state "
+        description="Replay the admission decision for POD.yaml against a saved cluster state\n"
         "(kubectl get nodes,pods,priorityclasses,namespaces -A -o json > STATE.json).",
     )
     parser.add_argument("pod", help="pod manifest (YAML or JSON); - reads it from stdin")
@@ -36,7 +38,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "pods are gated for placement at release) or down (never gated; preferred terms only)")
     cmdline.add_config(parser)
     cmdline.add_output(parser)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -34,11 +34,13 @@ SHUTDOWN_SECONDS = 3.0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
+    parser = cmdline.command(
+        sub,
         "webhook",
+        run=run,
         help="serve the mutating admission webhook (tiers, NVLink affinity, gang gates)",
-        description="Serve AdmissionReview admission.k8s.io/v1 on POST /mutate over TLS, with /healthz, "
-        "/readyz and /metrics. Flags override the settings file and environment.",
+        description="Serve AdmissionReview admission.k8s.io/v1 on POST /mutate over TLS, with\n"
+        "/healthz, /readyz and /metrics. Flags override the settings file and\nenvironment.",
         parents=[cmdline.connection_parent()],
     )
     parser.add_argument(
@@ -52,7 +54,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--port", type=int, help="listen port (webhook.port)")
     parser.add_argument("--cert-file", type=pathlib.Path, help="PEM serving certificate (webhook.cert_file)")
     parser.add_argument("--key-file", type=pathlib.Path, help="PEM private key (webhook.key_file)")
-    parser.set_defaults(func=run)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
