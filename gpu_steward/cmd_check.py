@@ -28,14 +28,11 @@ LEASE_AGE = "gpu_steward_admission_controller_lease_age_seconds"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = cmdline.command(
-        sub,
-        "check",
-        run=run,
-        help="check that the webhook answers and sees a descheduler leading, and that the metrics store serves "
-        "reclaim (the chart's helm test)",
-        description=__doc__,
-    )
+    parser = cmdline.command(sub, "check", run=run,
+                             help="check that the webhook answers and sees a descheduler leading, and that the metrics "
+                                  "store serves "
+                                  "reclaim (the chart's helm test)",
+                             description=__doc__)
     parser.add_argument("--webhook", metavar="URL",
                         help="the webhook's base URL, e.g. https://gs-gpu-steward-webhook.gpu-steward.svc:443")
     parser.add_argument("--prometheus", metavar="URL",

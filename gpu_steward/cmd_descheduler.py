@@ -58,14 +58,9 @@ SHUTDOWN_SECONDS = 2.0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = cmdline.command(
-        sub,
-        "descheduler",
-        run=run,
-        help="evict idle GPU pods by PriorityClass policy, for pending work that can use the GPUs",
-        description=__doc__,
-        parents=[cmdline.connection_parent()],
-    )
+    parser = cmdline.command(sub, "descheduler", run=run, parents=[cmdline.connection_parent()],
+                             help="evict idle GPU pods by PriorityClass policy, for pending work that can use the GPUs",
+                             description=__doc__)
     parser.add_argument("--once", action="store_true",
                         help="run one cycle, print its plan, exit (every utilisation part its windows need, and a "
                         "learning tier's history, are read first; progress on stderr)")

@@ -35,14 +35,9 @@ class ReadError(Exception):
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = cmdline.command(
-        sub,
-        "label-node",
-        run=run,
-        help="label this node with its NVLink domains (from nvidia-smi topo -m)",
-        description=__doc__,
-        parents=[cmdline.connection_parent()],
-    )
+    parser = cmdline.command(sub, "label-node", run=run, parents=[cmdline.connection_parent()],
+                             help="label this node with its NVLink domains (from nvidia-smi topo -m)",
+                             description=__doc__)
     parser.add_argument("--node", default=os.environ.get(NODE_NAME_ENV),
                         help=f"Node to label (default: ${NODE_NAME_ENV}, set from the downward API)")
     parser.add_argument("--once", action="store_true", help="check once and exit (exit code 1 if the check failed)")

@@ -34,15 +34,11 @@ SHUTDOWN_SECONDS = 3.0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = cmdline.command(
-        sub,
-        "webhook",
-        run=run,
-        help="serve the mutating admission webhook (tiers, NVLink affinity, gang gates)",
-        description="Serve AdmissionReview admission.k8s.io/v1 on POST /mutate over TLS, with\n"
-        "/healthz, /readyz and /metrics. Flags override the settings file and\nenvironment.",
-        parents=[cmdline.connection_parent()],
-    )
+    parser = cmdline.command(sub, "webhook", run=run, parents=[cmdline.connection_parent()],
+                             help="serve the mutating admission webhook (tiers, NVLink affinity, gang gates)",
+                             description="Serve AdmissionReview admission.k8s.io/v1 on POST /mutate over TLS, with\n"
+                                         "/healthz, /readyz and /metrics. Flags override the settings file and\n"
+                                         "environment.")
     parser.add_argument(
         "--cluster",
         type=pathlib.Path,
