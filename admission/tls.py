@@ -78,7 +78,7 @@ def ssl_context(webhook: settings.Webhook, *, clock: Callable[[], float] = time.
     )
     entry = reloader.context
 
-    def on_client_hello(ssl_object: ssl.SSLObject, server_name: str | None, context: ssl.SSLContext) -> None:
+    def on_client_hello(ssl_object: ssl.SSLObject, _server_name: str | None, _context: ssl.SSLContext) -> None:
         ssl_object.context = reloader.current()
 
     entry.sni_callback = on_client_hello

@@ -26,10 +26,6 @@ class GpuRequest:
     def any(self) -> bool:
         return self.full > 0 or any(self.mig.values())
 
-    @property
-    def is_mig(self) -> bool:
-        return any(self.mig.values())
-
     def describe(self) -> str:
         parts = [f"{self.full} GPU"] if self.full else []
         parts += [f"{count}x MIG {profile}" for profile, count in sorted(self.mig.items()) if count]

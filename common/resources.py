@@ -23,7 +23,6 @@ from typing import Any
 CPU = "cpu"
 MEMORY = "memory"
 PODS = "pods"
-EPHEMERAL = "ephemeral-storage"
 # The resources a pod-level `spec.resources` may set (the rest stay per container).
 POD_LEVEL = frozenset({CPU, MEMORY})
 

@@ -201,7 +201,6 @@ class Snapshot:
     priority_classes: Mapping[str, PriorityClass]
     namespaces: Mapping[str, Mapping[str, str]]  # name -> labels
     taken_at: float | None  # when the shell last synced it (unix seconds); None: never
-    occupancy_observed: bool = False
     pod_groups: gangs.PodGroups = dataclasses.field(default_factory=gangs.PodGroups)  # native, by ns/name
     problems: tuple[str, ...] = ()  # objects skipped while building, with why
     # Results derived from this snapshot alone, kept by their users for its lifetime (e.g. node
@@ -250,9 +249,6 @@ class Snapshot:
                 out.append(antiaffinity.Resident(key, meta.get("namespace") or "default", meta.get("labels") or {},
                                                  node_labels.get(entry.held_on, {})))
         return tuple(out)
-
-    def pods_on(self, node: str) -> list[Pod]:
-        return [self.pods[k] for k in self.nodes[node].pods] if node in self.nodes else []
 
     def age(self, now: float) -> float | None:
         return None if self.taken_at is None else max(0.0, now - self.taken_at)
@@ -524,7 +520,6 @@ def build(
             for ns in namespaces
         },
         taken_at=taken_at,
-        occupancy_observed=occupancy is not None,
         pod_groups=gangs.PodGroups({group.key: group for group in map(gangs.pod_group, pod_groups)},
                                    pod_group_version),
         problems=tuple(problems),

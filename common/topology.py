@@ -17,7 +17,6 @@ from typing import Any
 from common import gpu, label_values, settings
 
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
 TOPOGRAPH_DOMAIN_LABEL = "accelerator.topograph.run/domain"
 MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
@@ -39,7 +38,6 @@ class NodeTopology:
     clique: str | None = None  # multi-node NVLink domain (GB200 NVL72 style), if any
     mig_strategy: str | None = None
     mig_config_state: str | None = None
-    product: str | None = None
 
     @property
     def known(self) -> bool:
@@ -85,7 +83,6 @@ def from_node(node: Mapping[str, Any], *, names: settings.Names, gpus: int | Non
         "clique": labels.get(CLIQUE_LABEL) or labels.get(TOPOGRAPH_DOMAIN_LABEL),
         "mig_strategy": labels.get(MIG_STRATEGY_LABEL),
         "mig_config_state": labels.get(MIG_CONFIG_STATE_LABEL),
-        "product": labels.get(GPU_PRODUCT_LABEL),
     }
     problems: list[str] = []
 

@@ -34,7 +34,6 @@ RESOURCE_TYPE = f"{PREFIX}resource-type"
 @dataclasses.dataclass(frozen=True)
 class ReclaimPolicy:
     class_name: str
-    class_value: int
     reclaimable: bool
     reason: str  # why (not) reclaimable, in words
     minimum_preemptable_priority: int | None  # None: the victim's own priority + 1 (`minimum_for`)
@@ -73,7 +72,7 @@ def _first(annotations: Mapping[str, str], keys: tuple[str, ...]) -> str | None:
 def parse(pc: snapshot.PriorityClass, *, default_threshold_percent: float) -> ReclaimPolicy:
     annotations = pc.annotations
     base = ReclaimPolicy(
-        pc.name, pc.value, False, "", None, threshold_percent=default_threshold_percent
+        pc.name, False, "", None, threshold_percent=default_threshold_percent
     )
     try:
         minimum = _integer(annotations, MIN_PRIORITY)

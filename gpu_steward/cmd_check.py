@@ -28,13 +28,11 @@ LEASE_AGE = "gpu_steward_admission_controller_lease_age_seconds"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "check",
-        help="check that the webhook answers and sees a descheduler leading, and that the metrics store serves "
-        "reclaim (the chart's helm test)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = cmdline.command(sub, "check", run=run,
+                             help="check that the webhook answers and sees a descheduler leading, and that the metrics "
+                                  "store serves "
+                                  "reclaim (the chart's helm test)",
+                             description=__doc__)
     parser.add_argument("--webhook", metavar="URL",
                         help="the webhook's base URL, e.g. https://gs-gpu-steward-webhook.gpu-steward.svc:443")
     parser.add_argument("--prometheus", metavar="URL",
@@ -45,7 +43,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--no-descheduler", action="store_true", help="skip the leader check (no descheduler)")
     parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS", help="per request")
     cmdline.add_config(parser)
-    parser.set_defaults(func=run)
 
 
 def lease_check(metrics: str, *, stale_after: float) -> tuple[bool, str]:

@@ -58,13 +58,9 @@ SHUTDOWN_SECONDS = 2.0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "descheduler",
-        help="evict idle GPU pods by PriorityClass policy, for pending work that can use the GPUs",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        parents=[cmdline.connection_parent()],
-    )
+    parser = cmdline.command(sub, "descheduler", run=run, parents=[cmdline.connection_parent()],
+                             help="evict idle GPU pods by PriorityClass policy, for pending work that can use the GPUs",
+                             description=__doc__)
     parser.add_argument("--once", action="store_true",
                         help="run one cycle, print its plan, exit (every utilisation part its windows need, and a "
                         "learning tier's history, are read first; progress on stderr)")
@@ -83,7 +79,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--metrics-port", type=int, metavar="PORT",
                         help="serve /metrics, /healthz and /readyz on this port (plain HTTP)")
     cmdline.add_output(parser)
-    parser.set_defaults(func=run)
 
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:

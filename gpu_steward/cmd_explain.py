@@ -23,12 +23,10 @@ Release = list[tuple[str, bool, str]]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "explain",
-        help="show the patch, decision record and node scores the webhook would produce for a pod",
-        description="Replay the admission decision for POD.yaml against a saved cluster state "
-        "(kubectl get nodes,pods,priorityclasses,namespaces -A -o json > STATE.json).",
-    )
+    parser = cmdline.command(sub, "explain", run=run,
+                             help="show the patch, decision record and node scores the webhook would produce for a pod",
+                             description="Replay the admission decision for POD.yaml against a saved cluster state\n"
+                                         "(kubectl get nodes,pods,priorityclasses,namespaces -A -o json > STATE.json).")
     parser.add_argument("pod", help="pod manifest (YAML or JSON); - reads it from stdin")
     parser.add_argument("--cluster", type=pathlib.Path, required=True, help="cluster state: a Kubernetes List")
     parser.add_argument("--controller", choices=("alive", "down"), default="alive",
@@ -36,7 +34,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "pods are gated for placement at release) or down (never gated; preferred terms only)")
     cmdline.add_config(parser)
     cmdline.add_output(parser)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

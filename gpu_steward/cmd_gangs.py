@@ -26,14 +26,11 @@ from gpu_steward import cmdline
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "gangs",
-        help="list gangs, their members and state, what a waiting gang waits for, and releases that went otherwise",
-        description="Show the gang controller's view: each gang, its members, its state and why.",
-        parents=[cmdline.cluster_parent()],
-    )
+    parser = cmdline.command(sub, "gangs", run=run, parents=[cmdline.cluster_parent()],
+                             help="list gangs, their members and state, what a waiting gang waits for, and releases "
+                                  "that went otherwise",
+                             description="Show the gang controller's view: each gang, its members, its state and why.")
     parser.add_argument("--cluster", type=pathlib.Path, help="cluster state (a Kubernetes List); default: live")
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

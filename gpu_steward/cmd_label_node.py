@@ -35,13 +35,9 @@ class ReadError(Exception):
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "label-node",
-        help="label this node with its NVLink domains (from nvidia-smi topo -m)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        parents=[cmdline.connection_parent()],
-    )
+    parser = cmdline.command(sub, "label-node", run=run, parents=[cmdline.connection_parent()],
+                             help="label this node with its NVLink domains (from nvidia-smi topo -m)",
+                             description=__doc__)
     parser.add_argument("--node", default=os.environ.get(NODE_NAME_ENV),
                         help=f"Node to label (default: ${NODE_NAME_ENV}, set from the downward API)")
     parser.add_argument("--once", action="store_true", help="check once and exit (exit code 1 if the check failed)")
@@ -51,7 +47,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--nvidia-smi-timeout", type=_positive, default=30.0, metavar="SECONDS",
                         help="kill nvidia-smi after this long (default: %(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="print the merge patch instead of sending it")
-    parser.set_defaults(func=run)
 
 
 def _positive(text: str) -> float:

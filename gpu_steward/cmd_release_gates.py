@@ -35,15 +35,11 @@ ATTEMPTS = 3
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "release-gates",
-        help="remove gpu-steward's scheduling gate from every pod that carries it (before uninstalling)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        parents=[cmdline.cluster_parent()],
-    )
+    parser = cmdline.command(sub, "release-gates", run=run, parents=[cmdline.cluster_parent()],
+                             help="remove gpu-steward's scheduling gate from every pod that carries it "
+                                  "(before uninstalling)",
+                             description=__doc__)
     parser.add_argument("--dry-run", action="store_true", help="list the pods that carry the gate; change nothing")
-    parser.set_defaults(func=run)
 
 
 @dataclasses.dataclass

@@ -34,13 +34,11 @@ SHUTDOWN_SECONDS = 3.0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "webhook",
-        help="serve the mutating admission webhook (tiers, NVLink affinity, gang gates)",
-        description="Serve AdmissionReview admission.k8s.io/v1 on POST /mutate over TLS, with /healthz, "
-        "/readyz and /metrics. Flags override the settings file and environment.",
-        parents=[cmdline.connection_parent()],
-    )
+    parser = cmdline.command(sub, "webhook", run=run, parents=[cmdline.connection_parent()],
+                             help="serve the mutating admission webhook (tiers, NVLink affinity, gang gates)",
+                             description="Serve AdmissionReview admission.k8s.io/v1 on POST /mutate over TLS, with\n"
+                                         "/healthz, /readyz and /metrics. Flags override the settings file and\n"
+                                         "environment.")
     parser.add_argument(
         "--cluster",
         type=pathlib.Path,
@@ -52,7 +50,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--port", type=int, help="listen port (webhook.port)")
     parser.add_argument("--cert-file", type=pathlib.Path, help="PEM serving certificate (webhook.cert_file)")
     parser.add_argument("--key-file", type=pathlib.Path, help="PEM private key (webhook.key_file)")
-    parser.set_defaults(func=run)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:

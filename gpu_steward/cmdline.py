@@ -10,10 +10,27 @@ import argparse
 import logging
 import pathlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from common import settings, settings_loader
+
+
+def command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    *,
+    run: Callable[[argparse.Namespace], int],
+    help: str,
+    description: str | None,
+    parents: Sequence[argparse.ArgumentParser] = (),
+) -> argparse.ArgumentParser:
+    """The subcommand `name`, calling `run(args)`; its `--help` shows `description` as written (a module docstring
+    keeps its lines)."""
+    parser = sub.add_parser(name, help=help, description=description, parents=list(parents),
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(func=run)
+    return parser
 
 
 def add_config(parser: argparse.ArgumentParser) -> None:

@@ -23,6 +23,7 @@ import dataclasses
 from aiohttp import web
 
 from common import placement, snapshot, source
+from gpu_steward_lab import localcluster
 
 UTILISATION_ANNOTATION = "gpu-steward.io/simulated-gpu-util"
 DEFAULT_UTILISATION = 60.0
@@ -40,7 +41,7 @@ class Assignments:
             if name not in cluster.nodes:
                 del self.by_node[name]
         for name, node in cluster.nodes.items():
-            resident = [p for p in cluster.pods_on(name) if p.holds_gpus and p.request.full]
+            resident = [p for p in map(cluster.pods.__getitem__, node.pods) if p.holds_gpus and p.request.full]
             held = {k: v for k, v in self.by_node.get(name, {}).items() if k in {p.key for p in resident}}
             for pod in sorted(resident, key=lambda p: (p.created, p.key)):
                 if pod.key in held:
@@ -73,7 +74,7 @@ def render(cluster: snapshot.Snapshot, assignments: Assignments) -> str:
         for key, indices in assignments.by_node.get(name, {}).items():
             for position, index in enumerate(indices):
                 owner[index] = (key, position)
-        model = node.topology.product or "NVIDIA-Simulated-GPU"
+        model = node.labels.get(localcluster.GPU_PRODUCT_LABEL) or "NVIDIA-Simulated-GPU"
         for index in sorted(i for domain in node.topology.domains for i in domain):
             key, position = owner.get(index, ("", 0))
             pod = cluster.pods.get(key) if key else None

@@ -72,6 +72,7 @@ PORT_OPTIONS = (
     "kwokControllerPort",
 )
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # NVIDIA GPU feature discovery
 DEFAULT_GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 
 Progress = Callable[[str], None]
@@ -710,7 +711,7 @@ def _node(name: str, group: NodeGroup, *, names: settings.Names, cpu: str, memor
     if group.gpus:
         labels |= {
             topology.GPU_COUNT_LABEL: str(group.gpus),
-            topology.GPU_PRODUCT_LABEL: group.product,
+            GPU_PRODUCT_LABEL: group.product,
             names.nvlink_domains: str(group.domains),
             names.nvlink_domain_size: str(group.domain_size),
         }

@@ -128,27 +128,6 @@ async def measure(
     return Measured(assessments, asker.sent, found.errors)
 
 
-async def read_window(querier: Querier, pods: Mapping[tuple[str, str], str], window: int, *,
-                      config: settings.Settings, now: float, kept: Parts | None = None) -> utilisation.Readings:
-    """The readings of `pods` ((namespace, pod) -> node) over one window at store time `now`, read as a cycle
-    reads them (what `measure` does, less the store's time and the clock check; for tests and tools).
-    Raises RuntimeError with the errors if a query failed."""
-    asker = _Asker(querier, config=config, metrics=Metrics(prometheus_client.CollectorRegistry()),
-                   on_query=lambda ok: None)
-    kept = kept if kept is not None else Parts()
-    grid = utilisation_parts.Grid.of(config.descheduler.reclaim)
-    needed = grid.needed(window, now)
-    for _ in range(len(needed) // grid.budget + 1):  # a cold cache is read back over a few "cycles"
-        found = await _read(asker, utilisation.KINDS, window=window, now=now, config=config, kept=kept,
-                            short=[window])
-        if found.errors or all(j in cache.parts for cache in found.caches.values() for j in needed):
-            break
-    readings = found.readings(pods, window=window)
-    if found.errors or isinstance(readings, str):
-        raise RuntimeError("; ".join(found.errors))
-    return readings
-
-
 async def _read_back(asker: _Asker, kinds: Collection[str], *, window: int, now: float, config: settings.Settings,
                      kept: Parts, progress: Callable[[str], None]) -> None:
     """Read the kept parts back until every part windows up to `window` need is kept (as a cold cache is read

@@ -40,7 +40,6 @@ class Eviction:
     node: str
     unit: str  # pod key, or "gang:" + the gang key: members are evicted together or not at all
     preemptor: str | None  # None in mode "always"
-    preemptor_priority: int | None
     utilization: float | None  # None: a gang member without GPUs (evicted with its gang, not measured)
     threshold: float | None
     window_seconds: int | None
@@ -209,7 +208,6 @@ def _evict(unit: gang_units.Unit, demand: pending.Demand | None, why: str, spare
             node=pod.node_name or "",
             unit=unit.key,
             preemptor=demand.key if demand else None,
-            preemptor_priority=demand.priority if demand else None,
             utilization=round(measured.assessment.utilisation or 0.0, 3) if measured else None,
             threshold=measured.policy.threshold_percent if measured else None,
             window_seconds=(measured.policy.idle_seconds or 0) if measured else None,

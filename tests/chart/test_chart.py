@@ -161,9 +161,9 @@ def check_defaults(objects: Objects) -> None:
         ("Role", f"{PREFIX}-webhook"), ("RoleBinding", f"{PREFIX}-webhook"), ("Job", f"{PREFIX}-release-gates"),
         ("Service", f"{PREFIX}-webhook"), ("Deployment", f"{PREFIX}-webhook"),
         ("PodDisruptionBudget", f"{PREFIX}-webhook"),
-        # narrows the webhook's patch on pods to lifting our gate (tests/chart/test_webhook_pod_policy.py)
-        ("ValidatingAdmissionPolicy", f"{PREFIX}-webhook-pod-writes"),
-        ("ValidatingAdmissionPolicyBinding", f"{PREFIX}-webhook-pod-writes"),
+        # narrows our gate lifters' patch on pods to lifting our gate (tests/chart/test_pod_writes_policy.py)
+        ("ValidatingAdmissionPolicy", f"{PREFIX}-pod-writes"),
+        ("ValidatingAdmissionPolicyBinding", f"{PREFIX}-pod-writes"),
         ("Deployment", f"{PREFIX}-descheduler"), ("Service", f"{PREFIX}-descheduler-metrics"),
         ("Role", f"{PREFIX}-descheduler"), ("RoleBinding", f"{PREFIX}-descheduler"),
         ("Role", f"{PREFIX}-webhook"), ("RoleBinding", f"{PREFIX}-webhook"),

@@ -342,23 +342,27 @@ def _escaped(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-@pytest.mark.parametrize(("change", "refused_by"), [
+# What our gate lifters (the webhook's, the uninstall hook's) may not do to a pod, and the refusal that says so.
+REFUSED_CHANGES = [
     pytest.param([{"op": "add", "path": "/metadata/labels/app", "value": "other"}], "labels, owners or finalizers",
                  id="a-label"),
     pytest.param([{"op": "test", "path": "/spec/schedulingGates/1/name", "value": KUEUE_GATE},
-                  {"op": "remove", "path": "/spec/schedulingGates/1"}], "may only remove its own scheduling gate",
-                 id="another-controllers-gate"),
+                  {"op": "remove", "path": "/spec/schedulingGates/1"}],
+                 "may only remove the gpu-steward scheduling gate", id="another-controllers-gate"),
     pytest.param([{"op": "remove", "path": "/spec/schedulingGates/0"},
                   {"op": "replace", "path": "/spec/containers/0/image", "value": "example.com/other:1"}],
                  "may not change a pod's spec", id="our-gate-and-the-image"),
     pytest.param([{"op": "add", "path": f"/metadata/annotations/{_escaped('example.com/note')}", "value": "x"}],
                  "may only write the annotation", id="another-annotation"),
-])
+]
+
+
+@pytest.mark.parametrize(("change", "refused_by"), REFUSED_CHANGES)
 def test_the_webhook_may_lift_our_gate_and_change_nothing_else(
     release: Release, change: list[dict[str, Any]], refused_by: str,
 ) -> None:
     """RBAC grants the webhook `patch` on every pod (its gate lifter); the chart's ValidatingAdmissionPolicy
-    (templates/webhook-pod-policy.yaml) narrows that, in the API server, to what the lifter writes: our gate out and
+    (templates/pod-writes-policy.yaml) narrows that, in the API server, to what the lifter writes: our gate out and
     our release annotation (`gate_patch.ungate` + `gate_patch.annotate`, as admission/gate_lifter.py sends them)."""
     cluster = release.cluster
     name = f"held-{secrets.token_hex(3)}"
@@ -387,34 +391,66 @@ def test_the_webhook_may_lift_our_gate_and_change_nothing_else(
         cluster.kubectl("delete", "pod", name, "-n", TEAM, "--ignore-not-found", "--wait=false", check=False)
 
 
-def test_the_uninstall_hook_may_lift_our_gate_and_nothing_more(release: Release) -> None:
+@pytest.mark.parametrize(("change", "refused_by"), REFUSED_CHANGES)
+def test_the_uninstall_hook_may_lift_our_gate_and_nothing_more(
+    release: Release, change: list[dict[str, Any]], refused_by: str,
+) -> None:
     """The pre-delete hook's ServiceAccount and RBAC (applied here as rendered, without the Job, which kwok
-    cannot run) allow what `gpu-steward release-gates` does: list pods cluster-wide, JSON-patch a gate out."""
+    cannot run) allow what `gpu-steward release-gates` does: list pods cluster-wide, JSON-patch our gate out. The
+    chart's ValidatingAdmissionPolicy, re-rendered with the hook on, binds its ServiceAccount too: every other
+    change it tries is refused by the API server."""
     cluster = release.cluster
     rendered = helm.template(helm.local_values(release.port, releaseGates={"enabled": True}), release=RELEASE,
-                             namespace=NAMESPACE, extra=["--show-only", "templates/release-gates.yaml"])
-    cluster.apply([o for o in rendered if o["kind"] != "Job"])
+                             namespace=NAMESPACE, extra=["--show-only", "templates/release-gates.yaml",
+                                                         "--show-only", "templates/pod-writes-policy.yaml"])
+    installed_policy = helm.template(helm.local_values(release.port), release=RELEASE, namespace=NAMESPACE,
+                                     extra=["--show-only", "templates/pod-writes-policy.yaml"])
+    hook_objects = [o for o in rendered if o["kind"] != "Job"]
+    cluster.apply(hook_objects)
+    name = f"held-{secrets.token_hex(3)}"
     try:
-        gated = create(cluster, kube.pod("held", namespace=TEAM, gates=[NAMES.gate, "example.com/other"]))
-        assert kube.gates(gated) == [NAMES.gate, "example.com/other"]
+        gated = create(cluster, kube.pod(name, namespace=TEAM, gates=[NAMES.gate, KUEUE_GATE], labels={"app": "a"},
+                                         annotations={"example.com/kept": "1"}))
+        assert kube.gates(gated) == [NAMES.gate, KUEUE_GATE]
         hook = as_service_account(cluster, "release-gates", release.workdir)
 
         def as_hook(*args: str) -> str:
             return helm._kubectl(hook, *args)
 
+        def refused(dry_run: bool) -> str | None:
+            """The policy's refusal of `change`, or None if the API server took it."""
+            try:
+                as_hook("-n", TEAM, "patch", "pod", name, "--type=json", "-p", json.dumps(change),
+                        *(["--dry-run=server"] if dry_run else []))
+            except helm.HelmError as error:
+                assert "ValidatingAdmissionPolicy" in str(error), error  # refused by the policy, nothing else
+                return str(error)
+            return None
+
+        # The API server takes a changed policy in within a second or so: wait for it on server-side dry runs
+        # (admission runs on them, nothing is stored), then try for real.
+        kube.poll("the policy binds the hook's ServiceAccount", lambda: refused(True), timeout_seconds=30)
+        said = refused(False)
+        assert said is not None and refused_by in said, said
+        assert cluster.kubectl_json("get", "pod", name, "-n", TEAM)["metadata"]["resourceVersion"] == \
+            gated["metadata"]["resourceVersion"], "refused: nothing changed"
+
         listed = json.loads(as_hook("get", "pods", "-A", "-o", "json"))["items"]
-        assert f"{TEAM}/held" in {f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in listed}
+        assert f"{TEAM}/{name}" in {f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in listed}
         patch = [{"op": "test", "path": "/spec/schedulingGates/0/name", "value": NAMES.gate},
-                 {"op": "remove", "path": "/spec/schedulingGates/0"}]
-        as_hook("-n", TEAM, "patch", "pod", "held", "--type=json", "-p", json.dumps(patch))
-        after = cluster.kubectl_json("get", "pod", "held", "-n", TEAM)
-        assert kube.gates(after) == ["example.com/other"]
+                 {"op": "remove", "path": "/spec/schedulingGates/0"}]  # as `gpu-steward release-gates` sends it
+        as_hook("-n", TEAM, "patch", "pod", name, "--type=json", "-p", json.dumps(patch))
+        after = cluster.kubectl_json("get", "pod", name, "-n", TEAM)
+        assert (kube.gates(after), after["metadata"]["labels"]) == ([KUEUE_GATE], {"app": "a"})
         with pytest.raises(helm.HelmError, match="forbidden"):  # and nothing beyond pods
-            as_hook("-n", TEAM, "delete", "pod", "held")
+            as_hook("-n", TEAM, "delete", "pod", name)
     finally:
+        cluster.apply(installed_policy)  # the release's own policy again (the webhook's ServiceAccount alone)
         cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=json.dumps(
-            {"apiVersion": "v1", "kind": "List", "items": [o for o in rendered if o["kind"] != "Job"]}), check=False)
-        cluster.kubectl("delete", "pod", "held", "-n", TEAM, "--ignore-not-found", check=False)
+            {"apiVersion": "v1", "kind": "List", "items": [o for o in hook_objects
+                                                            if not o["kind"].startswith("ValidatingAdmission")]}),
+            check=False)
+        cluster.kubectl("delete", "pod", name, "-n", TEAM, "--ignore-not-found", check=False)
 
 
 @pytest.fixture

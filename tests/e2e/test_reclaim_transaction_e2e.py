@@ -68,7 +68,7 @@ def standing(cluster: localcluster.LocalCluster, namespace: str) -> dict[str, bo
 def victim(namespace: str, name: str, uid: str, *, unit: str | None = None, gpus: bool = True) -> reclaim.Eviction:
     return reclaim.Eviction(
         pod=f"{namespace}/{name}", uid=uid, node="", unit=unit or f"{namespace}/{name}", preemptor=f"{namespace}/want",
-        preemptor_priority=1000, utilization=1.0 if gpus else None, threshold=5.0 if gpus else None,
+        utilization=1.0 if gpus else None, threshold=5.0 if gpus else None,
         window_seconds=600 if gpus else None, workload=None, reason=f"idle; reclaimed for {namespace}/want")
 
 

@@ -153,7 +153,7 @@ def eviction(name: str, *, node: str = "n1", unit: str | None = None, namespace:
              preemptor: str = "team-b/want") -> reclaim.Eviction:
     return reclaim.Eviction(
         pod=f"{namespace}/{name}", uid=f"uid-{name}", node=node, unit=unit or f"{namespace}/{name}",
-        preemptor=preemptor, preemptor_priority=10000, utilization=2.1, threshold=10.0, window_seconds=3600,
+        preemptor=preemptor, utilization=2.1, threshold=10.0, window_seconds=3600,
         workload=None, reason="GPU utilisation 2.1% < 10% over 3600s; reclaimed for team-b/want (priority 10000)",
     )
 

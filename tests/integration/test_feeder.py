@@ -569,7 +569,7 @@ async def test_occupancy_from_dcgm_and_outage(
     running = Running(fed, registry, Clock(), fed.subscribe())
     async with asyncio.TaskGroup() as tg:
         task = tg.create_task(fed.run())
-        await running.until(lambda: fed.snapshot.occupancy_observed, "occupancy read")
+        await running.until(lambda: any(pod.indices_observed for pod in fed.snapshot.pods.values()), "occupancy read")
         pods = fed.snapshot.pods
         assert (pods["team-a/train-0"].gpu_indices, pods["team-a/train-0"].indices_observed) == ((6,), True)
         assert (pods["team-a/train-1"].gpu_indices, pods["team-a/train-1"].indices_observed) == ((2,), True)

@@ -22,7 +22,7 @@ from descheduler import evictor, policy
 from descheduler.reclaim import loop as reclaim_loop
 from descheduler.reclaim import measurement, utilisation, utilisation_promql
 from tests import builders
-from tests.support.prometheus import PrometheusServer, Series, StartPrometheus, free_port, start_prometheus
+from tests.support.prometheus import PrometheusServer, Series, StartPrometheus, free_port, judge, start_prometheus
 
 pytestmark = pytest.mark.prometheus
 
@@ -105,16 +105,13 @@ def on_grid() -> float:
     return 300.0 * math.floor(time.time() / 300)
 
 
-async def readings_at(url: str, window: int, *, config: settings.Settings, now: float,
-                      pods: Mapping[str, str]) -> utilisation.Readings:
-    """`pods` (name in team-a -> node) over a window at store time `now`, read as a cycle reads them from a cold
-    part cache (descheduler.reclaim.measurement.read_window)."""
-    client = prometheus.Client(config.prometheus.model_copy(update={"url": url}))
-    try:
-        return await measurement.read_window(client, {("team-a", name): node for name, node in pods.items()},
-                                             window, config=config, now=now)
-    finally:
-        client.close()
+async def judged(server: PrometheusServer, cluster: snapshot.Snapshot, pods: Sequence[str], *, window: int,
+                 config: settings.Settings, threshold_percent: float = 10) -> dict[str, utilisation.Assessment]:
+    """`pods` (names in team-a) judged over a window at the server's `now`, as a cycle judges them from a cold
+    part cache."""
+    found = await judge(server.url, cluster, [f"team-a/{name}" for name in pods], window=window,
+                        threshold_percent=threshold_percent, config=config, now=server.now)
+    return {key.removeprefix("team-a/"): assessment for key, assessment in found.items()}
 
 
 @pytest.fixture(scope="module")
@@ -154,12 +151,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServe
 async def test_assess_against_real_prometheus(
     server: PrometheusServer, config: settings.Settings, pod: str, idle: bool, reason: str,
 ) -> None:
-    cluster = build(config, server.now)
-    target = cluster.pods[f"team-a/{pod}"]
-    readings = await readings_at(server.url, HOUR, config=config, now=server.now,
-                                 pods={pod: target.node_name or ""})
-    result = utilisation.assess(target, readings=readings,
-                                window_seconds=HOUR, threshold_percent=10, config=config, now=server.now)
+    result = (await judged(server, build(config, server.now), [pod], window=HOUR, config=config))[pod]
     assert result.idle == idle
     assert reason in result.reason
 
@@ -175,9 +167,7 @@ async def test_assess_against_real_prometheus(
 async def test_window_statistic_on_a_bursty_pod(server: PrometheusServer, statistic: str, idle: bool,
                                                 reason: str) -> None:
     config = settings_loader.load(overrides={"descheduler": {"reclaim": {"idle_statistic": statistic}}})
-    readings = await readings_at(server.url, HOUR, config=config, now=server.now, pods={"bursty": "n2"})
-    result = utilisation.assess(build(config, server.now).pods["team-a/bursty"], readings=readings,
-                                window_seconds=HOUR, threshold_percent=10, config=config, now=server.now)
+    result = (await judged(server, build(config, server.now), ["bursty"], window=HOUR, config=config))["bursty"]
     assert (result.idle, reason in result.reason, result.reason.split()[0]) == (idle, True, statistic)
 
 
@@ -352,6 +342,7 @@ async def test_prometheus_down_evicts_nothing_and_says_so() -> None:
 # --- Coverage by time, at the scrape intervals dcgm-exporter is run with -------------------------------
 
 TEN_MINUTES = 600
+MIG_SINGLE = "n6"  # the coverage node labelled with the `single` MIG strategy
 
 
 def scraped(every: float, *, start: float = 900, end: float = 5, value: float = 1.0,
@@ -409,8 +400,8 @@ COVERAGE_HISTORY = [
     Series(UTIL, dcgm("4", pod="hole-45s-at-15", host="n5"), scraped(15, missing=(215, 186))),
     # The scrape interval went from 30 s to 15 s halfway through the window.
     Series(UTIL, dcgm("5", pod="interval-change", host="n5"), scraped(30, end=305) + scraped(15, start=290)),
-    # MIG `single` strategy: the pod requests nvidia.com/gpu, its series carry GPU_I_PROFILE.
-    Series(MIG, dcgm("6", pod="mig-single", host="n5", GPU_I_PROFILE="1g.10gb", GPU_I_ID="3"),
+    # MIG `single` strategy (node n6 says so): the pod requests nvidia.com/gpu, its series carry GPU_I_PROFILE.
+    Series(MIG, dcgm("6", pod="mig-single", host=MIG_SINGLE, GPU_I_PROFILE="1g.10gb", GPU_I_ID="3"),
            scraped(15, value=0.02)),
 ]
 
@@ -424,11 +415,15 @@ def coverage_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Promet
         started.stop()
 
 
-def coverage_pod(name: str, *, node: str, gpus: int = 1) -> snapshot.Pod:
-    raw = builders.pod(name, namespace="team-a", gpus=gpus, node=node, phase="Running")
-    cluster = snapshot.build(nodes=[builders.gpu_node(node, gpus=8)], pods=[raw], priority_classes=[],
-                             names=settings_loader.load().names, taken_at=0)
-    return cluster.pods[f"team-a/{name}"]
+def coverage_cluster(pods: Mapping[str, str], *, gpus: int = 1) -> snapshot.Snapshot:
+    """Running pods in team-a (name -> node), each holding `gpus`, on 8-GPU nodes (MIG_SINGLE with the `single`
+    MIG strategy)."""
+    raws = [builders.pod(name, namespace="team-a", gpus=gpus, node=node, phase="Running")
+            for name, node in pods.items()]
+    nodes = [builders.gpu_node(node, gpus=8, labels={"nvidia.com/mig.strategy": "single"} if node == MIG_SINGLE else {})
+             for node in sorted(set(pods.values()))]
+    return snapshot.build(nodes=nodes, pods=raws, priority_classes=[], names=settings_loader.load().names,
+                          taken_at=0)
 
 
 @pytest.mark.parametrize(
@@ -468,17 +463,15 @@ def coverage_pod(name: str, *, node: str, gpus: int = 1) -> snapshot.Pod:
                      id="hole-of-3-intervals"),
         pytest.param("interval-change", "n5", 1, TEN_MINUTES, False, "observed scrape interval (~15s)",
                      id="interval-change-judged-at-the-faster-interval"),
-        pytest.param("mig-single", "n5", 1, TEN_MINUTES, True, "2.0% < 10%", id="mig-single-strategy"),
+        pytest.param("mig-single", MIG_SINGLE, 1, TEN_MINUTES, True, "2.0% < 10%", id="mig-single-strategy"),
     ],
 )
 async def test_coverage_by_time_at_several_scrape_intervals(
     coverage_server: PrometheusServer, config: settings.Settings, pod: str, node: str, gpus: int, window: int,
     idle: bool, reason: str,
 ) -> None:
-    readings = await readings_at(coverage_server.url, window, config=config, now=coverage_server.now,
-                                 pods={pod: node})
-    result = utilisation.assess(coverage_pod(pod, node=node, gpus=gpus), readings=readings,
-                                window_seconds=window, threshold_percent=10, config=config, now=coverage_server.now)
+    result = (await judged(coverage_server, coverage_cluster({pod: node}, gpus=gpus), [pod], window=window,
+                           config=config))[pod]
     assert (result.idle, reason in result.reason) == (idle, True), result.reason
 
 
@@ -598,9 +591,7 @@ async def test_ratio_metric_units(prometheus_factory: StartPrometheus, config: s
     server = prometheus_factory(UNIT_HISTORY)
     prom = settings.Prometheus(url=server.url, gpu_util_metric="DCGM_FI_PROF_GR_ENGINE_ACTIVE", gpu_util_unit=unit)
     merged = config.model_copy(update={"prometheus": prom})
-    readings = await readings_at(server.url, TEN_MINUTES, config=merged, now=server.now, pods={pod: "n1"})
-    result = utilisation.assess(coverage_pod(pod, node="n1"), readings=readings,
-                                window_seconds=TEN_MINUTES, threshold_percent=10, config=merged, now=server.now)
+    result = (await judged(server, coverage_cluster({pod: "n1"}), [pod], window=TEN_MINUTES, config=merged))[pod]
     assert (result.idle, reason in result.reason) == (idle, True), result.reason
 
 
@@ -624,11 +615,10 @@ async def test_a_fully_covered_3h_window_is_covered_in_every_phase(long_server: 
                                                                    config: settings.Settings) -> None:
     """The issue: at the 3 h window the subquery step was 90 s, and a fully covered 15 s series was judged not
     covered in 9 of 15 phases. Measured exactly, it is covered in all of them."""
-    readings = await readings_at(long_server.url, THREE_HOURS, config=config, now=long_server.now,
-                                 pods={f"phase-{phase}": f"p{phase}" for phase in PHASES})
-    verdicts = {phase: utilisation.assess(coverage_pod(f"phase-{phase}", node=f"p{phase}"), readings=readings,
-                                          window_seconds=THREE_HOURS, threshold_percent=5, config=config,
-                                          now=long_server.now).reason for phase in PHASES}
+    pods = {f"phase-{phase}": f"p{phase}" for phase in PHASES}
+    found = await judged(long_server, coverage_cluster(pods), list(pods), window=THREE_HOURS, config=config,
+                         threshold_percent=5)
+    verdicts = {phase: found[f"phase-{phase}"].reason for phase in PHASES}
     assert verdicts == {phase: "peak GPU utilisation 1.0% < 5% over 10800s" for phase in PHASES}
 
 

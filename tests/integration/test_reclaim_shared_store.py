@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from common import prometheus, settings, settings_loader, snapshot
-from descheduler.reclaim import measurement, utilisation
+from common import settings, settings_loader, snapshot
+from descheduler.reclaim import utilisation
 from gpu_steward import cli
 from tests import builders
-from tests.support.prometheus import PrometheusServer, Series, start_prometheus
+from tests.support.prometheus import PrometheusServer, Series, judge, start_prometheus
 
 pytestmark = pytest.mark.prometheus
 
@@ -88,23 +88,15 @@ UNSCOPED = settings_loader.load()
 SCOPED = settings_loader.load(overrides={"prometheus": {"scope_matchers": [OURS]}})
 
 
-def running(name: str, *, gpus: int) -> snapshot.Pod:
+async def judged(server: PrometheusServer, name: str, *, gpus: int, window: int,
+                 config: settings.Settings) -> utilisation.Assessment:
+    """The running pod `name` in team-a (on NODE, holding `gpus`) judged as a cycle judges it."""
     raw = builders.pod(name, namespace="team-a", gpus=gpus, node=NODE, phase="Running")
     cluster = snapshot.build(nodes=[builders.gpu_node(NODE, gpus=8)], pods=[raw], priority_classes=[],
                              names=UNSCOPED.names, taken_at=0)
-    return cluster.pods[f"team-a/{name}"]
-
-
-async def judged(server: PrometheusServer, name: str, *, gpus: int, window: int,
-                 config: settings.Settings) -> utilisation.Assessment:
-    client = prometheus.Client(config.prometheus.model_copy(update={"url": server.url}))
-    try:
-        readings = await measurement.read_window(client, {("team-a", name): NODE}, window, config=config,
-                                                 now=server.now)
-    finally:
-        client.close()
-    return utilisation.assess(running(name, gpus=gpus), readings=readings, window_seconds=window,
-                              threshold_percent=10, config=config, now=server.now)
+    found = await judge(server.url, cluster, [f"team-a/{name}"], window=window, threshold_percent=10, config=config,
+                        now=server.now)
+    return found[f"team-a/{name}"]
 
 
 @pytest.mark.parametrize(

@@ -15,10 +15,11 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import prometheus_client
 import pytest
 
-from common import prometheus
-from descheduler.reclaim import utilisation_promql
+from common import prometheus, settings, snapshot
+from descheduler.reclaim import measurement, utilisation, utilisation_promql
 from gpu_steward_lab import localprometheus
 
 Series = localprometheus.Series
@@ -125,3 +126,20 @@ class StoreAt:
 
     async def query_range(self, promql: str, *, start: float, end: float, step: float) -> list[prometheus.Series]:
         return await self._client.query_range(promql, start=start, end=end, step=step)
+
+
+async def judge(url: str, cluster: snapshot.Snapshot, keys: Sequence[str], *, window: int, threshold_percent: float,
+                config: settings.Settings, now: float) -> dict[str, utilisation.Assessment]:
+    """The pods `keys` of `cluster` judged over one window at store time `now`, as a `--once` cycle judges them
+    (`measurement.measure` reading every part back first, from a cold cache); a failed query fails the test."""
+    client = prometheus.Client(config.prometheus.model_copy(update={"url": url}))
+    try:
+        measured = await measurement.measure(
+            cluster, {window: list(keys)}, thresholds=dict.fromkeys(keys, threshold_percent),
+            querier=StoreAt(client, [now]), config=config, clock=lambda: now,
+            metrics=measurement.Metrics(prometheus_client.CollectorRegistry()), on_query=lambda ok: None,
+            whole=lambda line: None)
+    finally:
+        client.close()
+    assert not measured.errors, measured.errors
+    return measured.assessments

@@ -121,18 +121,18 @@ def test_running_request_is_what_the_running_containers_hold(raw_pod: dict[str, 
 
 
 @pytest.mark.parametrize(
-    ("request_", "any_", "is_mig", "text"),
+    ("request_", "any_", "text"),
     [
-        pytest.param(gpu.GpuRequest(), False, False, "no GPU", id="none"),
-        pytest.param(gpu.GpuRequest(full=2), True, False, "2 GPU", id="full"),
-        pytest.param(gpu.GpuRequest(mig={"3g.40gb": 1, "1g.10gb": 2}), True, True,
+        pytest.param(gpu.GpuRequest(), False, "no GPU", id="none"),
+        pytest.param(gpu.GpuRequest(full=2), True, "2 GPU", id="full"),
+        pytest.param(gpu.GpuRequest(mig={"3g.40gb": 1, "1g.10gb": 2}), True,
                      "2x MIG 1g.10gb, 1x MIG 3g.40gb", id="mig-sorted"),
-        pytest.param(gpu.GpuRequest(full=1, mig={"1g.10gb": 1}), True, True, "1 GPU, 1x MIG 1g.10gb", id="both"),
-        pytest.param(gpu.GpuRequest(mig={"1g.10gb": 0}), False, False, "no GPU", id="zero-mig"),
+        pytest.param(gpu.GpuRequest(full=1, mig={"1g.10gb": 1}), True, "1 GPU, 1x MIG 1g.10gb", id="both"),
+        pytest.param(gpu.GpuRequest(mig={"1g.10gb": 0}), False, "no GPU", id="zero-mig"),
     ],
 )
-def test_request_properties(request_: gpu.GpuRequest, any_: bool, is_mig: bool, text: str) -> None:
-    assert (request_.any, request_.is_mig, request_.describe()) == (any_, is_mig, text)
+def test_request_properties(request_: gpu.GpuRequest, any_: bool, text: str) -> None:
+    assert (request_.any, request_.describe()) == (any_, text)
 
 
 @pytest.mark.parametrize(

@@ -51,8 +51,8 @@ def test_trace_node_becomes_a_kwok_node_with_our_topology_and_its_own_size() -> 
     assert node["metadata"]["annotations"][localcluster.KWOK_NODE_ANNOTATION] == "fake"
     assert node["status"]["allocatable"] == {"cpu": "96000m", "memory": "786432Mi", "pods": "110",
                                              "nvidia.com/gpu": "8"}
-    assert (topo.source, topo.domains, topo.product) == (
-        topology.Source.ANNOTATION, ((0, 1, 2, 3), (4, 5, 6, 7)), "G2")
+    assert node["metadata"]["labels"][localcluster.GPU_PRODUCT_LABEL] == "G2"
+    assert (topo.source, topo.domains) == (topology.Source.ANNOTATION, ((0, 1, 2, 3), (4, 5, 6, 7)))
 
 
 def test_gpu_node_refuses_domains_that_do_not_divide_the_gpus() -> None:

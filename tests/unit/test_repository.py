@@ -99,3 +99,13 @@ def test_the_static_checks_see_every_python_file() -> None:
     assert "scripts/mutation-check" in scripts  # the pattern finds what it should
     assert sorted(scripts) == sorted(tool["ruff"].get("extend-include", []))
     assert {"common", "admission", "descheduler", "gpu_steward", "benchmarks"} <= set(tool["mypy"]["packages"])
+
+
+def test_vulture_reads_the_whole_product_in_the_static_checks() -> None:
+    """Dead code is looked for in every package the image installs, at vulture's lowest confidence that still
+    names findings (60 %), by the script CI runs."""
+    tool = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]
+    product = {name for name in tool["setuptools"]["packages"]["find"]["include"] if not name.endswith(".*")}
+    assert set(tool["vulture"]["paths"]) == product
+    assert tool["vulture"]["min_confidence"] <= 60
+    assert re.search(r"^vulture\b", (REPO / "scripts" / "test").read_text(), re.MULTILINE)

@@ -44,8 +44,6 @@ def test_only_gpu_pods_and_gpu_nodes() -> None:
     assert sorted(snap.nodes) == ["gpu"]
     assert sorted(snap.pods) == ["default/mig", "default/train"]
     assert snap.nodes["gpu"].pods == ("default/train",)
-    assert [p.key for p in snap.pods_on("gpu")] == ["default/train"]
-    assert snap.pods_on("cpu") == []
 
 
 @pytest.mark.parametrize(
@@ -66,7 +64,7 @@ def test_gang_members_without_gpus_are_kept_but_hold_nothing(labels: dict[str, s
     launcher = snap.pods["default/launcher"]
     assert sorted(snap.pods) == ["default/launcher"]
     assert (launcher.bound, launcher.holds_gpus, launcher.gpu_indices) == (True, False, ())
-    assert (snap.nodes["gpu"].pods, snap.nodes["gpu"].requested_full, snap.pods_on("gpu")) == ((), 0, [])
+    assert (snap.nodes["gpu"].pods, snap.nodes["gpu"].requested_full) == ((), 0)
 
 
 @pytest.mark.parametrize(
@@ -176,7 +174,6 @@ def test_gpu_indices(
     assert {k: p.gpu_indices for k, p in snap.pods.items()} == expected
     assert {k: p.indices_observed for k, p in snap.pods.items()} == observed
     assert snap.nodes["n"].used == frozenset(i for held in expected.values() for i in held)
-    assert snap.occupancy_observed is (occupancy is not None)
 
 
 def test_over_committed_node_counts_requests() -> None:

@@ -129,18 +129,18 @@ def test_custom_prefix_reads_its_own_names() -> None:
 @pytest.mark.parametrize(
     ("labels", "expected"),
     [
-        pytest.param({}, {"clique": None, "mig_strategy": None, "mig_config_state": None, "product": None},
+        pytest.param({}, {"clique": None, "mig_strategy": None, "mig_config_state": None},
                      id="none"),
         pytest.param({"nvidia.com/gpu.clique": "cluster-a.1", "accelerator.topograph.run/domain": "rack-7"},
-                     {"clique": "cluster-a.1", "mig_strategy": None, "mig_config_state": None, "product": None},
+                     {"clique": "cluster-a.1", "mig_strategy": None, "mig_config_state": None},
                      id="clique-beats-topograph"),
         pytest.param({"accelerator.topograph.run/domain": "rack-7"},
-                     {"clique": "rack-7", "mig_strategy": None, "mig_config_state": None, "product": None},
+                     {"clique": "rack-7", "mig_strategy": None, "mig_config_state": None},
                      id="topograph-domain"),
         pytest.param({"nvidia.com/mig.strategy": "mixed", "nvidia.com/mig.config.state": "pending",
                       "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
-                     {"clique": None, "mig_strategy": "mixed", "mig_config_state": "pending",
-                      "product": "NVIDIA-A100-SXM4-80GB"}, id="mig-and-product"),
+                     {"clique": None, "mig_strategy": "mixed", "mig_config_state": "pending"},
+                     id="mig-and-product-label-ignored"),
     ],
 )
 def test_extra_labels(labels: dict[str, str], expected: dict[str, str | None]) -> None:
