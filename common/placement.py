@@ -7,6 +7,12 @@ occupancy without DCGM data, and the kwok stand-in for the device plugin in test
 1. the smallest domain whose free GPUs can hold the whole pod (lowest domain index on a tie),
    taking its lowest free indices;
 2. else the fewest domains: largest free domains first (lowest index on a tie).
+
+On a node whose GPUs are DRA devices the device plugin is out of the picture: kube-scheduler's allocator picks
+the devices, first fit in device order (`k8s.io/dynamic-resource-allocation/structured`, `allocateOne`; seen on
+1.37.2 and 1.36.3: after devices 0 and 1-2 were taken, a 4-GPU pod got 3, 4, 5, 6 while 4-7 was free). There
+the model predicts that choice instead (`first_fit`): the lowest free indices, as NVIDIA's driver lists its GPUs
+in a node's ResourceSlice by index.
 """
 
 from __future__ import annotations
@@ -30,12 +36,16 @@ def free_by_domain(domains: Sequence[Sequence[int]], used: Iterable[int]) -> lis
     return [[i for i in domain if i not in taken] for domain in domains]
 
 
-def allocate(free: Sequence[Sequence[int]], count: int) -> Allocation | None:
-    """Pick `count` indices from per-domain free lists; None when the node cannot hold them."""
+def allocate(free: Sequence[Sequence[int]], count: int, *, first_fit: bool = False) -> Allocation | None:
+    """Pick `count` indices from per-domain free lists; None when the node cannot hold them. `first_fit`: the DRA
+    allocator's choice (the lowest free indices, whatever domains they are in) instead of the policy."""
     if count <= 0:
         return Allocation((), ())
     if sum(len(f) for f in free) < count:
         return None
+    if first_fit:
+        first = sorted(i for f in free for i in f)[:count]
+        return Allocation(tuple(first), tuple(pos for pos, f in enumerate(free) if set(f) & set(first)))
     fitting = [(len(f), pos) for pos, f in enumerate(free) if len(f) >= count]
     if fitting:
         _, pos = min(fitting)

@@ -183,9 +183,11 @@ class Node:
     @functools.cached_property
     def gpu_state(self) -> tuple[Any, ...]:
         """Nodes with equal GPU state take a pod alike: topology known, GPU count, free GPUs, and
-        (size, free) of each NVLink domain. Lets callers decide once per state instead of per node."""
+        (size, free) of each NVLink domain; on DRA nodes the free indices too (the allocator's first fit reads
+        them: `placement.allocate`). Lets callers decide once per state instead of per node."""
         return (self.topology.known, self.gpu_count, self.free_gpus,
-                tuple((len(d), len(f)) for d, f in zip(self.topology.domains, self._free, strict=True)))
+                tuple((len(d), len(f)) for d, f in zip(self.topology.domains, self._free, strict=True)),
+                self._free if self.dra_gpus else None)
 
     def free_mig(self, profile: str) -> int:
         return max(0, self.allocatable.mig.get(profile, 0) - self.mig_used.get(profile, 0))
