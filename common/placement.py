@@ -52,9 +52,8 @@ def allocate(free: Sequence[Sequence[int]], count: int, *, first_fit: bool = Fal
         return Allocation(tuple(sorted(free[pos])[:count]), (pos,))
     picked: list[int] = []
     used_domains: list[int] = []
+    # Largest first, and enough GPUs are free (checked above): the count is reached before any empty domain.
     for pos in sorted(range(len(free)), key=lambda p: (-len(free[p]), p)):
-        if not free[pos]:
-            break
         take = sorted(free[pos])[: count - len(picked)]
         picked += take
         used_domains.append(pos)
