@@ -77,7 +77,7 @@ def normalize(score: float, cfg: settings.Scoring) -> int:
 
 
 def _domain_terms(gpus: int, free: Sequence[Sequence[int]], sizes: list[int], cfg: settings.Scoring, *,
-                  first_fit: bool) -> list[Term]:
+                  first_fit: Sequence[int] | None) -> list[Term]:
     choice = placement.allocate(free, gpus, first_fit=first_fit)
     assert choice is not None  # callers check capacity first
     if choice.spanned > 1:
@@ -125,11 +125,11 @@ def _efficiency_term(gpus: int, *, total: int, free: int, cfg: settings.Scoring)
 
 def score(
     gpus: int, *, name: str, free: Sequence[Sequence[int]], free_gpus: int, gpu_count: int,
-    topo: topology.NodeTopology, cfg: settings.Scoring, first_fit: bool = False,
+    topo: topology.NodeTopology, cfg: settings.Scoring, first_fit: Sequence[int] | None = None,
 ) -> NodeScore | None:
     """A node's score for a pod of `gpus` whole GPUs, given its free GPUs (in all, and free indices per NVLink
-    domain), or None when they cannot hold it. `first_fit`: the node's GPUs are DRA devices, which kube-scheduler's
-    allocator gives first fit (`placement.allocate`)."""
+    domain), or None when they cannot hold it. `first_fit`: the order kube-scheduler's allocator tries a DRA node's
+    GPUs in (`placement.allocate`)."""
     if gpus > free_gpus or sum(len(f) for f in free) < gpus:
         return None
     terms = [Term("base", cfg.base, "every candidate node")]

@@ -121,10 +121,10 @@ Scores = dict[tuple[object, ...], "nvlink_score.NodeScore | None"]
 
 def _score(room: capacity.Room, need: int, scoring: settings.Scoring, scores: Scores) -> nvlink_score.NodeScore | None:
     """`capacity.score`, once per GPU state (the score reads only the sizes of the node's free and whole domains,
-    and on DRA nodes which indices are free: the allocator's first fit)."""
-    topo = room.node.topology
+    and where the DRA allocator's order is known, it and which indices are free: its first fit)."""
+    topo, order = room.node.topology, room.node.device_order
     key = (need, tuple(map(len, room.domains)), room.free_gpus, room.node.gpu_count, topo.known,
-           tuple(map(len, topo.domains)), tuple(map(tuple, room.domains)) if room.node.dra_gpus else None)
+           tuple(map(len, topo.domains)), (order, tuple(map(tuple, room.domains))) if order is not None else None)
     if key not in scores:
         scores[key] = capacity.score(room, need, scoring)
     return scores[key]

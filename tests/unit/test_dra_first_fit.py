@@ -17,24 +17,50 @@ NAMES = settings.Names()
 TWO_DOMAINS = [range(4), range(4, 8)]
 
 
-@pytest.mark.parametrize(("free", "count", "first_fit", "expected"), [
+BY_INDEX = tuple(range(8))
+
+
+@pytest.mark.parametrize(("free", "count", "order", "expected"), [
     # The node: device 0 and devices 1-2 taken. The policy says domain 1; the allocator takes 3,4,5,6.
-    pytest.param([[3], [4, 5, 6, 7]], 4, True, ((3, 4, 5, 6), (0, 1)), id="first-fit-splits-while-a-domain-is-free"),
-    pytest.param([[3], [4, 5, 6, 7]], 4, False, ((4, 5, 6, 7), (1,)), id="the-policy-takes-the-free-domain"),
-    pytest.param([[0, 1, 2, 3], [6, 7]], 2, True, ((0, 1), (0,)), id="first-fit-ignores-the-smaller-domain"),
-    pytest.param([[0, 1, 2, 3], [6, 7]], 2, False, ((6, 7), (1,)), id="the-policy-completes-the-smaller-domain"),
-    pytest.param([[3, 1, 2], [7, 6]], 3, True, ((1, 2, 3), (0,)), id="first-fit-unsorted-free-lists"),
-    pytest.param([[], [4, 5, 6, 7]], 4, True, ((4, 5, 6, 7), (1,)), id="first-fit-full-low-domain"),
-    pytest.param([[0, 1, 2, 3], [4, 5, 6, 7]], 8, True, (tuple(range(8)), (0, 1)), id="first-fit-whole-node"),
-    pytest.param([[0, 1]], 0, True, ((), ()), id="first-fit-zero-gpus"),
+    pytest.param([[3], [4, 5, 6, 7]], 4, BY_INDEX, ((3, 4, 5, 6), (0, 1)),
+                 id="first-fit-splits-while-a-domain-is-free"),
+    pytest.param([[3], [4, 5, 6, 7]], 4, None, ((4, 5, 6, 7), (1,)),
+                 id="order-unknown-the-policy-takes-the-free-domain"),
+    # NVIDIA's driver lists a node's GPUs in its slice in no fixed order: first fit follows the slice.
+    pytest.param([[3], [4, 5, 6, 7]], 4, (7, 6, 5, 4, 3, 2, 1, 0), ((4, 5, 6, 7), (1,)), id="slice-listed-backwards"),
+    pytest.param([[0, 1, 2, 3], [4, 5, 6, 7]], 2, (5, 0, 4, 1, 6, 2, 7, 3), ((0, 5), (0, 1)),
+                 id="slice-listed-across-domains-splits-even-an-empty-node"),
+    pytest.param([[0, 1, 2, 3], [6, 7]], 2, BY_INDEX, ((0, 1), (0,)), id="first-fit-ignores-the-smaller-domain"),
+    pytest.param([[0, 1, 2, 3], [6, 7]], 2, None, ((6, 7), (1,)), id="the-policy-completes-the-smaller-domain"),
+    pytest.param([[3, 1, 2], [7, 6]], 3, BY_INDEX, ((1, 2, 3), (0,)), id="first-fit-unsorted-free-lists"),
+    pytest.param([[0, 1], [2, 3]], 2, (9, 3, 2), ((2, 3), (1,)), id="indices-missing-from-the-order-come-last"),
+    pytest.param([[], [4, 5, 6, 7]], 4, BY_INDEX, ((4, 5, 6, 7), (1,)), id="first-fit-full-low-domain"),
+    pytest.param([[0, 1, 2, 3], [4, 5, 6, 7]], 8, BY_INDEX, (tuple(range(8)), (0, 1)), id="first-fit-whole-node"),
+    pytest.param([[0, 1]], 0, BY_INDEX, ((), ()), id="first-fit-zero-gpus"),
 ])
-def test_allocate(free: list[list[int]], count: int, first_fit: bool,
+def test_allocate(free: list[list[int]], count: int, order: tuple[int, ...] | None,
                   expected: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
-    assert placement.allocate(free, count, first_fit=first_fit) == placement.Allocation(*expected)
+    assert placement.allocate(free, count, first_fit=order) == placement.Allocation(*expected)
 
 
 def test_first_fit_cannot_give_more_than_is_free() -> None:
-    assert placement.allocate([[3], [6]], 3, first_fit=True) is None
+    assert placement.allocate([[3], [6]], 3, first_fit=BY_INDEX) is None
+
+
+@pytest.mark.parametrize(("slices", "order"), [
+    pytest.param([b.resource_slice("n", 8)], BY_INDEX, id="one-slice-listed-by-index"),
+    pytest.param([b.resource_slice("n", [b.gpu_device(i) for i in (4, 0, 7, 1, 5, 2, 6, 3)])],
+                 (4, 0, 7, 1, 5, 2, 6, 3), id="one-slice-in-its-own-order"),
+    pytest.param([b.resource_slice("n", [b.gpu_device(i) for i in range(4)], count=2, name="a"),
+                  b.resource_slice("n", [b.gpu_device(i) for i in range(4, 8)], count=2, name="b")],
+                 None, id="two-slices-order-unknown"),
+    pytest.param([b.resource_slice("n", [b.gpu_device(i, mutate=lambda d: d["attributes"].pop("index"))
+                                         for i in range(8)])], None, id="devices-without-index-order-unknown"),
+])
+def test_the_allocators_order_is_read_from_the_nodes_one_slice(slices: list[dict[str, Any]],
+                                                               order: tuple[int, ...] | None) -> None:
+    built = _cluster(b.device_class(), b.dra_node("n", domains=TWO_DOMAINS), *slices)
+    assert built.nodes["n"].gpu_count == 8 and built.nodes["n"].device_order == order
 
 
 def _fragmented(*, dra: bool) -> list[dict[str, Any]]:
