@@ -18,7 +18,8 @@ feature gate.
 The facts:
 1. Without any constraint the allocator is first-fit in device order: after a 1-GPU pod took device 0 and a
    2-GPU pod devices 1-2, a 4-GPU pod gets devices 3,4,5,6 (both domains) while 4-7 was free — through the
-   extended resource (`nvidia.com/gpu: 4`, the scheduler's own claim) and through a claim template alike.
+   extended resource (`nvidia.com/gpu: 4`, the scheduler's own claim) and through a claim template alike. The
+   order is the slice's, not the `index`: on an empty node whose slice lists 5,0,4,1,... a 4-GPU pod gets 0,1,4,5.
 2. A claim whose request is `firstAvailable: [one domain, any 4 devices of the class]` gets the free domain
    (sub-request `domain`), whether the domain is said by a CEL selector on the planned domain's `index`
    values or by a `matchAttribute` constraint on that sub-request (where the driver publishes a domain
@@ -111,8 +112,9 @@ class Lab:
     group: str
     node_names: list[str] = dataclasses.field(default_factory=list)
 
-    def add_node(self, *, domain_attribute: bool = False) -> str:
-        """An 8-GPU DRA node (no `nvidia.com/gpu` in allocatable) with its ResourceSlice; its name."""
+    def add_node(self, *, domain_attribute: bool = False, order: Sequence[int] = range(8)) -> str:
+        """An 8-GPU DRA node (no `nvidia.com/gpu` in allocatable) with its ResourceSlice listing the GPUs in
+        `order`; its name."""
         node = localcluster.gpu_node(f"dra-facts-{self.group}-{len(self.node_names)}", gpus=8, domains=2,
                                      product="NVIDIA-H100-80GB-HBM3", names=NAMES, cpu="64", memory="512Gi")
         for field in ("capacity", "allocatable"):
@@ -120,7 +122,8 @@ class Lab:
         node["metadata"]["labels"].pop("nvidia.com/gpu.count")
         node["metadata"]["labels"][GROUP_LABEL] = self.group
         (name,) = self.cluster.add_nodes([node])
-        self.cluster.apply([builders.resource_slice(name, _devices(domain_attribute=domain_attribute))])
+        devices = {d["attributes"]["index"]["int"]: d for d in _devices(domain_attribute=domain_attribute)}
+        self.cluster.apply([builders.resource_slice(name, [devices[i] for i in order])])
         self.node_names.append(name)
         return name
 
@@ -275,6 +278,18 @@ def test_without_a_constraint_a_4_gpu_pod_spans_both_domains_while_one_is_free(l
     assert "/" not in got.requests[0]
     if four == "template":
         assert got.requests == ("gpus",)
+
+
+@pytest.mark.parametrize(("order", "expected"), [
+    pytest.param((7, 6, 5, 4, 3, 2, 1, 0), (4, 5, 6, 7), id="listed-backwards"),
+    pytest.param((5, 0, 4, 1, 6, 2, 7, 3), (0, 1, 4, 5), id="listed-across-domains"),
+])
+def test_first_fit_follows_the_slices_order_not_the_index(lab: Lab, order: tuple[int, ...],
+                                                          expected: tuple[int, ...]) -> None:
+    """NVIDIA's driver fills its slice from a Go map: the order the allocator walks is the slice's."""
+    node = lab.add_node(order=order)
+    lab.create(lab.pod("four", node=node, gpus=4))
+    assert lab.allocation(lab.running("four")).indices == expected
 
 
 # --- fact 2: a prioritized list keeps the pod in a free domain ------------------------------------------------
