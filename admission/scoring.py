@@ -25,7 +25,7 @@ class Ranking:
 def score_node(gpus: int, node: snapshot.Node, cfg: settings.Scoring) -> NodeScore | None:
     """The node's score for a pod of `gpus` whole GPUs, or None when its free GPUs cannot hold it."""
     return nvlink_score.score(gpus, name=node.name, free=node.free_by_domain(), free_gpus=node.free_gpus,
-                              gpu_count=node.gpu_count, topo=node.topology, cfg=cfg)
+                              gpu_count=node.gpu_count, topo=node.topology, cfg=cfg, first_fit=node.device_order)
 
 
 def _templates(

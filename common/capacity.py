@@ -184,7 +184,7 @@ class Room:
             return short
         if not request.full:
             return placement.Allocation((), ())
-        allocation = placement.allocate(self.domains, request.full)
+        allocation = placement.allocate(self.domains, request.full, first_fit=self.node.device_order)
         if allocation is None:
             return f"needs {request.full} GPU, free indices do not suffice"
         topo = self.node.topology
@@ -236,4 +236,4 @@ def score(room: Room, gpus: int, cfg: settings.Scoring) -> nvlink_score.NodeScor
         return None
     node = room.node
     return nvlink_score.score(gpus, name=node.name, free=room.domains, free_gpus=room.free_gpus,
-                              gpu_count=node.gpu_count, topo=node.topology, cfg=cfg)
+                              gpu_count=node.gpu_count, topo=node.topology, cfg=cfg, first_fit=node.device_order)

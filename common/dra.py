@@ -129,6 +129,10 @@ class Inventory:
     templates: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)  # ns/name -> claim spec
     problems: tuple[str, ...] = ()
     served: bool = False  # the cluster serves resource.k8s.io/v1 (else nothing here is known)
+    # node -> GPU indices in the order kube-scheduler's allocator tries them (first fit: the order they are listed
+    # in the node's one ResourceSlice); absent where not known: GPUs in several slices (the allocator walks the
+    # pools and slices in an order of its cache), or a GPU without an `index`.
+    order: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def extended(self) -> Mapping[str, str]:
@@ -244,6 +248,7 @@ def build(
     problems += [c.problem for c in classes.values() if c.problem]
     rules = _rule_taints(taint_rules)
     by_node: dict[str, list[Device]] = {}
+    listed: dict[str, list[tuple[str, int | None]]] = {}  # node -> (slice name, index) in listing order
     for raw in _newest_complete(slices, problems):
         spec = raw.get("spec") or {}
         node, driver = spec.get("nodeName"), str(spec.get("driver") or "")
@@ -261,9 +266,9 @@ def build(
             blocked = _blocking(item.get("taints")) or next(
                 (why for selector, why in rules if _selects(selector, device_id)), None)
             index = attributes.get(f"{driver}/index")
-            by_node.setdefault(str(node), []).append(Device(
-                device_id, str(node), index if isinstance(index, int) and not isinstance(index, bool) else None,
-                attributes, blocked))
+            index = index if isinstance(index, int) and not isinstance(index, bool) else None
+            by_node.setdefault(str(node), []).append(Device(device_id, str(node), index, attributes, blocked))
+            listed.setdefault(str(node), []).append((str((raw.get("metadata") or {}).get("name") or ""), index))
     devices = {node: tuple(sorted(found, key=lambda d: (d.index is None, d.index or 0, d.id)))
                for node, found in by_node.items()}
     gpu_ids = {d.id for found in devices.values() for d in found}
@@ -277,6 +282,8 @@ def build(
     return Inventory(
         classes=classes,
         devices=devices,
+        order={node: tuple(i for _, i in found if i is not None) for node, found in listed.items()
+               if len({name for name, _ in found}) == 1 and all(i is not None for _, i in found)},
         claims=held,
         specs=specs,
         templates={_key(t): ((t.get("spec") or {}).get("spec") or {}).get("devices") or {} for t in templates},

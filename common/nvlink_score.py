@@ -76,8 +76,9 @@ def normalize(score: float, cfg: settings.Scoring) -> int:
     return max(1, min(100, 1 + round(99 * (score - lowest) / (highest - lowest))))
 
 
-def _domain_terms(gpus: int, free: Sequence[Sequence[int]], sizes: list[int], cfg: settings.Scoring) -> list[Term]:
-    choice = placement.allocate(free, gpus)
+def _domain_terms(gpus: int, free: Sequence[Sequence[int]], sizes: list[int], cfg: settings.Scoring, *,
+                  first_fit: Sequence[int] | None) -> list[Term]:
+    choice = placement.allocate(free, gpus, first_fit=first_fit)
     assert choice is not None  # callers check capacity first
     if choice.spanned > 1:
         extra = choice.spanned - 1
@@ -124,17 +125,18 @@ def _efficiency_term(gpus: int, *, total: int, free: int, cfg: settings.Scoring)
 
 def score(
     gpus: int, *, name: str, free: Sequence[Sequence[int]], free_gpus: int, gpu_count: int,
-    topo: topology.NodeTopology, cfg: settings.Scoring,
+    topo: topology.NodeTopology, cfg: settings.Scoring, first_fit: Sequence[int] | None = None,
 ) -> NodeScore | None:
     """A node's score for a pod of `gpus` whole GPUs, given its free GPUs (in all, and free indices per NVLink
-    domain), or None when they cannot hold it."""
+    domain), or None when they cannot hold it. `first_fit`: the order kube-scheduler's allocator tries a DRA node's
+    GPUs in (`placement.allocate`)."""
     if gpus > free_gpus or sum(len(f) for f in free) < gpus:
         return None
     terms = [Term("base", cfg.base, "every candidate node")]
     spanned = 1
     if topo.known:
-        terms += _domain_terms(gpus, free, [len(d) for d in topo.domains], cfg)
-        spanned = placement.allocate(free, gpus).spanned  # type: ignore[union-attr]
+        terms += _domain_terms(gpus, free, [len(d) for d in topo.domains], cfg, first_fit=first_fit)
+        spanned = placement.allocate(free, gpus, first_fit=first_fit).spanned  # type: ignore[union-attr]
     extra = [_match_term(gpus, gpu_count, cfg), _efficiency_term(gpus, total=gpu_count, free=free_gpus, cfg=cfg)]
     terms += [t for t in extra if t is not None]
     total = sum(t.points for t in terms)

@@ -163,6 +163,9 @@ class Node:
     # `nvidia.com/gpu` here.
     dra_gpus: bool = False
     extended_gpus: bool = True
+    # DRA only: the GPU indices in the order kube-scheduler's allocator tries them (`dra.Inventory.order`); None:
+    # not known (or a device plugin's), and the model assumes the placement policy.
+    device_order: tuple[int, ...] | None = None
 
     @property
     def gpu_count(self) -> int:
@@ -183,9 +186,11 @@ class Node:
     @functools.cached_property
     def gpu_state(self) -> tuple[Any, ...]:
         """Nodes with equal GPU state take a pod alike: topology known, GPU count, free GPUs, and
-        (size, free) of each NVLink domain. Lets callers decide once per state instead of per node."""
+        (size, free) of each NVLink domain; where the DRA allocator's order is known, it and the free indices
+        (its first fit reads them: `placement.allocate`). Lets callers decide once per state instead of per node."""
         return (self.topology.known, self.gpu_count, self.free_gpus,
-                tuple((len(d), len(f)) for d, f in zip(self.topology.domains, self._free, strict=True)))
+                tuple((len(d), len(f)) for d, f in zip(self.topology.domains, self._free, strict=True)),
+                (self.device_order, self._free) if self.device_order is not None else None)
 
     def free_mig(self, profile: str) -> int:
         return max(0, self.allocatable.mig.get(profile, 0) - self.mig_used.get(profile, 0))
@@ -509,6 +514,7 @@ def build(
                                 if (meta.get("labels") or {}).get(key) == value for t in found),
             dra_gpus=own.dra_gpus,
             extended_gpus=not own.dra_gpus or gpu.FULL_GPU in inventory.extended,
+            device_order=inventory.order.get(name) if own.dra_gpus else None,
         )
 
     built = Snapshot(

@@ -120,10 +120,11 @@ Scores = dict[tuple[object, ...], "nvlink_score.NodeScore | None"]
 
 
 def _score(room: capacity.Room, need: int, scoring: settings.Scoring, scores: Scores) -> nvlink_score.NodeScore | None:
-    """`capacity.score`, once per GPU state (the score reads only the sizes of the node's free and whole domains)."""
-    topo = room.node.topology
+    """`capacity.score`, once per GPU state (the score reads only the sizes of the node's free and whole domains,
+    and where the DRA allocator's order is known, it and which indices are free: its first fit)."""
+    topo, order = room.node.topology, room.node.device_order
     key = (need, tuple(map(len, room.domains)), room.free_gpus, room.node.gpu_count, topo.known,
-           tuple(map(len, topo.domains)))
+           tuple(map(len, topo.domains)), (order, tuple(map(tuple, room.domains))) if order is not None else None)
     if key not in scores:
         scores[key] = capacity.score(room, need, scoring)
     return scores[key]
