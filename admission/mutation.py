@@ -119,6 +119,10 @@ def decide(
         mutated["spec"]["schedulingGates"] = [*(pod["spec"].get("schedulingGates") or []), {"name": config.names.gate}]
         changes.append("gate")
     notes.append(f"gate {config.names.gate} {'added' if gate.add else 'not added'}: {gate.reason}")
+    if gate.pod_group:
+        mutated["spec"]["schedulingGroup"] = {"podGroupName": gate.pod_group}
+        changes.append("pod-group")
+        notes.append(f"PodGroup {gate.pod_group}: made at release, kube-scheduler binds the gang all-or-nothing")
     if gate.warning:
         warnings.append(gate.warning)
 

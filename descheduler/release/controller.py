@@ -42,7 +42,7 @@ import aiohttp
 import prometheus_client
 from kubernetes_asyncio import client
 
-from common import events, kube, settings, snapshot, source, timestamps
+from common import events, kube, pod_groups, settings, snapshot, source, timestamps
 from descheduler.release import outcomes, patches, planning
 
 logger = logging.getLogger(__name__)
@@ -229,6 +229,10 @@ class Controller:
                        *, now: float) -> None:
         gate, nominations = self._config.names.gate, decision.nominations
         single = len(decision.ungate) == 1
+        # A member naming our gang's own PodGroup never binds while it is missing: made sure of before anything.
+        await pod_groups.ensure(self._api, members=[cluster.pods[m.key].raw for m in decision.members],
+                                names=self._config.names,
+                                timeout_seconds=self._config.kubernetes.request_timeout_seconds)
         if nominations:
             # Every member nominated before any is un-gated, so a failure half-way releases none (the next pass keeps
             # the nominations set and places the rest). Judged as a unit on the freshest snapshot first: a node taken

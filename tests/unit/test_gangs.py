@@ -82,6 +82,7 @@ POD_GROUPS = gangs.PodGroups({g.key: g for g in map(gangs.pod_group, [
     _pod_group("gang-pg", {"gang": {"minCount": 4}}),
     _pod_group("basic-pg", {"basic": {}}),
     _pod_group("elsewhere", {"gang": {"minCount": 2}}, namespace="other"),
+    _pod_group("gpu-steward-ours", {"gang": {"minCount": 2}}),
 ])})
 NOT_SERVED = gangs.PodGroups(version=None)
 NOT_SERVED_REASON = ("no PodGroup API served to us (scheduling.k8s.io/v1beta1, scheduling.k8s.io/v1alpha3, "
@@ -98,6 +99,21 @@ NOT_SERVED_REASON = ("no PodGroup API served to us (scheduling.k8s.io/v1beta1, s
                      gangs.Gang("ml", "basic-pg", None, "kubernetes-podgroup",
                                 f"PodGroup basic-pg: {NOT_SERVED_REASON}"),
                      id="api-not-served-wins-over-our-labels"),
+        # Our gang's own PodGroup (descheduler.gangs.native_binding): still our gang, whatever is known of it.
+        pytest.param("gpu-steward-ours", {NAME: "ours", SIZE: "2"}, POD_GROUPS,
+                     gangs.Gang("ml", "ours", 2, "gpu-steward", None), id="own-pod-group-with-gang-policy-is-ours"),
+        pytest.param("gpu-steward-ours", {NAME: "ours", SIZE: "2"}, NOT_SERVED,
+                     gangs.Gang("ml", "ours", 2, "gpu-steward", None), id="own-pod-group-api-not-served-is-ours"),
+        pytest.param("gpu-steward-ours", {NAME: "ours", SIZE: "2"}, None,
+                     gangs.Gang("ml", "ours", 2, "gpu-steward", None), id="own-pod-group-not-read-yet-is-ours"),
+        pytest.param("gpu-steward-ours", {NAME: "other", SIZE: "2"}, POD_GROUPS,
+                     gangs.Gang("ml", "gpu-steward-ours", 2, "kubernetes-podgroup",
+                                "PodGroup gpu-steward-ours has a gang policy (minCount 2) kube-scheduler enforces"),
+                     id="another-gangs-own-pod-group-is-a-native-gang"),
+        pytest.param("gpu-steward-ours", {}, POD_GROUPS,
+                     gangs.Gang("ml", "gpu-steward-ours", 2, "kubernetes-podgroup",
+                                "PodGroup gpu-steward-ours has a gang policy (minCount 2) kube-scheduler enforces"),
+                     id="own-pod-group-name-without-our-labels-is-a-native-gang"),
         pytest.param("late", {}, None, gangs.Gang("ml", "late", None, "kubernetes-podgroup",
                                                   "PodGroup late not known here; taken as a native gang"),
                      id="nothing-read-yet"),
@@ -227,3 +243,79 @@ def test_a_pod_group_and_a_pod_without_namespace_are_in_default() -> None:
 
 def test_a_pod_group_without_name_has_an_empty_one() -> None:
     assert gangs.pod_group({"metadata": {"namespace": "ml"}, "spec": {}}).name == ""
+
+
+@pytest.mark.parametrize(
+    ("gang_name", "expected"),
+    [
+        pytest.param("Llama_7B", None, id="not-a-dns-label"),
+        pytest.param("x" * 52, None, id="one-over-63-characters"),
+        pytest.param("x" * 51, "gpu-steward-" + "x" * 51, id="exactly-63-characters"),
+        pytest.param("llama-7b", "gpu-steward-llama-7b", id="dns-label"),
+    ],
+)
+def test_own_pod_group(gang_name: str, expected: str | None) -> None:
+    assert gangs.own_pod_group(gang_name) == expected
+
+
+def _member(name: str, *, created: str, group: str | None = "gpu-steward-llama", gang: str = "llama",
+            size: str = "3", priority_class: str | None = "gpu-normal", namespace: str = "ml") -> dict[str, Any]:
+    fields: dict[str, Any] = {"priorityClassName": priority_class} if priority_class else {}
+    if group:
+        fields["schedulingGroup"] = {"podGroupName": group}
+    pod = builders.pod(name, namespace=namespace, annotations={NAME: gang, SIZE: size}, mutate=_spec(**fields))
+    pod["metadata"].update(uid=f"uid-{name}", creationTimestamp=created)
+    return pod
+
+
+def _body(min_count: int, owners: list[str], priority_class: str | None = "gpu-normal") -> dict[str, Any]:
+    spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": min_count}}}
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    return {"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": "gpu-steward-llama", "namespace": "ml",
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": n, "uid": f"uid-{n}"}
+                                             for n in owners],
+                         "labels": {"app.kubernetes.io/managed-by": "gpu-steward"}},
+            "spec": spec}
+
+
+T1, T2, T3 = "2026-01-01T00:00:01Z", "2026-01-01T00:00:02Z", "2026-01-01T00:00:03Z"
+
+
+@pytest.mark.parametrize(
+    ("members", "expected"),
+    [
+        pytest.param([_member("a", created=T1, group=None)], None, id="names-no-pod-group-none"),
+        pytest.param([_member("a", created=T1, group="gpu-steward-other")], None,
+                     id="names-a-pod-group-not-its-gangs-none"),
+        pytest.param([_member("a", created=T1, group="gpu-steward-llama", gang="other")], None,
+                     id="pod-group-of-another-gang-none"),
+        # An incomplete gang released at its bound must not wait in kube-scheduler for members never created.
+        pytest.param([_member("b", created=T2), _member("a", created=T1)], _body(2, ["b", "a"]),
+                     id="incomplete-gang-min-count-is-the-members-there-are"),
+        pytest.param([_member("a", created=T1), _member("b", created=T2), _member("c", created=T3)],
+                     _body(3, ["a", "b", "c"]), id="complete-gang-min-count-is-its-size"),
+        pytest.param([_member("a", created=T1, size="2"), _member("b", created=T2, size="2"),
+                      _member("c", created=T3, size="2")], _body(2, ["a", "b", "c"]),
+                     id="more-members-than-size-min-count-is-the-size"),
+        pytest.param([_member("b", created=T2, priority_class="gpu-critical"), _member("a", created=T1)],
+                     _body(2, ["b", "a"]), id="the-oldest-members-priority-class"),
+        pytest.param([_member("a", created=T1, priority_class=None), _member("b", created=T2)],
+                     _body(2, ["a", "b"], priority_class=None), id="no-priority-class-none-named"),
+        pytest.param([_member("a", created=T1, size="x"), _member("b", created=T2, size="x")], _body(2, ["a", "b"]),
+                     id="unreadable-size-min-count-is-the-members"),
+    ],
+)
+def test_pod_group_body(members: list[dict[str, Any]], expected: dict[str, Any] | None) -> None:
+    assert gangs.pod_group_body(members, names=NAMES) == expected
+
+
+def test_same_pod_group_is_the_pods_naming_it_in_its_namespace() -> None:
+    a, b = _member("a", created=T1), _member("b", created=T2)
+    elsewhere = _member("c", created=T1, namespace="other")
+    other_gang = _member("d", created=T1, group="gpu-steward-x", gang="x")
+    none = _member("e", created=T1, group=None)
+    pods = [a, b, elsewhere, other_gang, none]
+    assert gangs.same_pod_group(pods, like=a, names=NAMES) == [a, b]
+    assert gangs.same_pod_group(pods, like=none, names=NAMES) == []
