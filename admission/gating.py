@@ -39,7 +39,6 @@ class GateDecision:
     gang: gangs.Gang | None
     warning: str | None = None
     release: Release | None = None  # set for governed single pods
-    pod_group: str | None = None  # our gang's own PodGroup to name in spec.schedulingGroup (see `native_binding`)
 
     @property
     def for_release(self) -> bool:
@@ -88,9 +87,6 @@ def decide(
     alive, why = controller.alive(now=now, stale_after=config.admission.controller_stale_seconds)
     if gang is not None and gang.size != 1:
         held = _for_gang(gang)
-        if held.add:
-            held = dataclasses.replace(held, pod_group=native_binding(pod, gang=gang, config=config,
-                                                                      served=pod_groups.version))
         if held.add and not alive:
             # Still gated: released one by one, a gang would hold GPUs while it waits for its other members.
             return dataclasses.replace(held, warning=f"gang {gang.key} gated, but the descheduler that releases it "
@@ -102,17 +98,22 @@ def decide(
     return dataclasses.replace(single, reason=f"gang {gang.key} of 1: {single.reason}", gang=gang)
 
 
-def native_binding(pod: Mapping[str, Any], *, gang: gangs.Gang, config: settings.Settings,
+def native_binding(pod: Mapping[str, Any], *, gate: GateDecision, config: settings.Settings,
                    served: str | None) -> str | None:
-    """The PodGroup of our own to name in a gated member's `spec.schedulingGroup`, so that kube-scheduler binds
-    the gang all-or-nothing once released; None where that would not hold: the setting is off, the gang is not
-    ours, the API server serves no `scheduling.k8s.io/v1beta1` PodGroups (1.36's v1alpha2 gang scheduling ignores
-    nominations), the pod names a PodGroup already (immutable), or the gang's name makes no PodGroup name."""
-    if not config.descheduler.gangs.native_binding or gang.convention != "gpu-steward":
+    """The PodGroup of our own to name in `spec.schedulingGroup` of a member we gate (`pod`: as mutated, with its
+    final PriorityClass), so that kube-scheduler binds the gang all-or-nothing once released; None where that
+    would not hold: not a gang of several we gate, the setting is off, the gang is not ours, `served` (the
+    PodGroup API version the API server serves; None: not known) is not `scheduling.k8s.io/v1beta1` (1.36's
+    v1alpha2 gang scheduling ignores nominations), the pod names a PodGroup already (immutable), or the names
+    make no PodGroup name."""
+    gang = gate.gang
+    if not gate.add or gang is None or gang.size is None or gang.size < 2 or gang.convention != "gpu-steward":
+        return None
+    if not config.descheduler.gangs.native_binding:
         return None
     if served != gangs.OWN_POD_GROUP_VERSION or (pod.get("spec") or {}).get("schedulingGroup"):
         return None
-    return gangs.own_pod_group(gang.name)
+    return gangs.own_pod_group(gang.name, (pod.get("spec") or {}).get("priorityClassName"))
 
 
 def _for_gang(gang: gangs.Gang) -> GateDecision:

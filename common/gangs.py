@@ -127,7 +127,7 @@ def identify(
 
     group = (spec.get("schedulingGroup") or {}).get("podGroupName")
     ours = label_values.value(meta, names.gang_name)
-    if ours and group and group == own_pod_group(ours):
+    if ours and group and group == own_pod_group(ours, spec.get("priorityClassName")):
         return make(ours, names.gang_size, label_values.value(meta, names.gang_size), "gpu-steward")
     known = pod_groups if pod_groups is not None else PodGroups()
     native = known.get(f"{namespace}/{group}") if group else None
@@ -151,17 +151,20 @@ def identify(
     return None
 
 
-def own_pod_group(gang_name: str) -> str | None:
-    """The name of our gang's own PodGroup; None when the gang's name makes no valid one (a DNS label)."""
-    name = OWN_POD_GROUP_PREFIX + gang_name
+def own_pod_group(gang_name: str, priority_class: str | None) -> str | None:
+    """The name of our gang's own PodGroup for its members of `priority_class` (kube-scheduler refuses a PodGroup
+    whose pods' priority differs from its own: an MPI launcher without GPUs, hence without a tier, goes in a group
+    of its own); None when that makes no valid name (a DNS label)."""
+    name = OWN_POD_GROUP_PREFIX + gang_name + (f"-{priority_class}" if priority_class else "")
     return name if len(name) <= 63 and _DNS_LABEL.fullmatch(name) else None
 
 
 def named_pod_group(pod: Mapping[str, Any], *, names: settings.Names) -> str | None:
     """The PodGroup of our own gang that `pod` names in `spec.schedulingGroup`; None if it names none of ours."""
-    group = ((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
+    spec = pod.get("spec") or {}
+    group = (spec.get("schedulingGroup") or {}).get("podGroupName")
     ours = label_values.value(pod.get("metadata") or {}, names.gang_name)
-    return group if ours and group and group == own_pod_group(ours) else None
+    return group if ours and group and group == own_pod_group(ours, spec.get("priorityClassName")) else None
 
 
 def same_pod_group(pods: Iterable[Mapping[str, Any]], *, like: Mapping[str, Any], names: settings.Names
@@ -173,26 +176,28 @@ def same_pod_group(pods: Iterable[Mapping[str, Any]], *, like: Mapping[str, Any]
             and (p.get("metadata") or {}).get("namespace") == namespace]
 
 
-def pod_group_body(members: Sequence[Mapping[str, Any]], *, names: settings.Names) -> dict[str, Any] | None:
-    """Our gang's own PodGroup for `members` (every live pod of one gang naming it; None if they name none):
-    a gang policy of minCount = the gang's size, or fewer when fewer members exist (a gang released incomplete at
-    its bound must not wait in kube-scheduler for members that were never created); the oldest member's
-    PriorityClass (kube-scheduler refuses a group whose pods' priority differs from its own); owned by every
-    member, so the garbage collector deletes it once they are all gone."""
-    named = [(m, group) for m in members if (group := named_pod_group(m, names=names))]
-    if not named:
-        return None
-    first, group = min(named, key=lambda pair: str((pair[0].get("metadata") or {}).get("creationTimestamp") or ""))
-    meta = first.get("metadata") or {}
-    size = label_values.count(label_values.value(meta, names.gang_size), key=names.gang_size).value
-    spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": min(size or len(named), len(named))}}}
+def pod_group_bodies(members: Sequence[Mapping[str, Any]], *, names: settings.Names) -> list[dict[str, Any]]:
+    """Our gang's own PodGroups for `members` (the live pods of one gang), one per PodGroup they name: a gang
+    policy of minCount = the members naming it (a gang released incomplete at its bound must not wait in
+    kube-scheduler for members that were never created; a complete one's are all there), their PriorityClass,
+    owned by each of them, so the garbage collector deletes it once they are all gone."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for member in members:
+        if group := named_pod_group(member, names=names):
+            groups.setdefault(group, []).append(member)
+    return [_body(group, named) for group, named in sorted(groups.items())]
+
+
+def _body(group: str, named: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    first = named[0]
+    spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": len(named)}}}
     if (first.get("spec") or {}).get("priorityClassName"):
         spec["priorityClassName"] = first["spec"]["priorityClassName"]
     owners = [{"apiVersion": "v1", "kind": "Pod", "name": m["metadata"]["name"], "uid": m["metadata"]["uid"]}
-              for m, _ in named if (m.get("metadata") or {}).get("uid")]
+              for m in named if (m.get("metadata") or {}).get("uid")]
     return {"apiVersion": f"scheduling.k8s.io/{OWN_POD_GROUP_VERSION}", "kind": "PodGroup",
-            "metadata": {"name": group, "namespace": meta.get("namespace") or "default", "ownerReferences": owners,
-                         "labels": {"app.kubernetes.io/managed-by": "gpu-steward"}},
+            "metadata": {"name": group, "namespace": (first.get("metadata") or {}).get("namespace") or "default",
+                         "ownerReferences": owners, "labels": {"app.kubernetes.io/managed-by": "gpu-steward"}},
             "spec": spec}
 
 

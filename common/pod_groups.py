@@ -3,7 +3,7 @@
 kube-scheduler keeps a pod whose `spec.schedulingGroup` names a PodGroup that does not exist in its queue, with no
 condition and no Event, until the PodGroup appears (tests/e2e/test_native_gang_binding_facts_e2e.py). So every
 path that lifts our gate (release, the webhook's gate lifter, `gpu-steward release-gates`) calls `ensure` first and
-lifts nothing if it fails. The body is `gangs.pod_group_body` (pure).
+lifts nothing if it fails. The bodies are `gangs.pod_group_bodies` (pure).
 """
 
 from __future__ import annotations
@@ -22,23 +22,23 @@ async def ensure(
     members: Sequence[Mapping[str, Any]],
     names: settings.Names,
     timeout_seconds: float,
-) -> str | None:
-    """Create the PodGroup `members` (the live pods of one gang) name, or lower an existing one's minCount to
-    the members there are; its namespace/name, or None when they name none of ours. Raises `kube.ApiError`
-    when it could not be made sure of: the caller then lifts no gate."""
-    body = gangs.pod_group_body(members, names=names)
-    if body is None:
-        return None
-    meta = body["metadata"]
-    collection = f"/apis/scheduling.k8s.io/{gangs.OWN_POD_GROUP_VERSION}/namespaces/{meta['namespace']}/podgroups"
-    try:
-        await kube.request(api, "POST", collection, body=body, timeout_seconds=timeout_seconds)
-    except kube.ApiError as exc:
-        if exc.status != 409:
-            raise
-        await _lower(api, f"{collection}/{meta['name']}", wanted=body["spec"]["schedulingPolicy"]["gang"]["minCount"],
-                     timeout_seconds=timeout_seconds)
-    return f"{meta['namespace']}/{meta['name']}"
+) -> list[str]:
+    """Create each PodGroup of ours `members` (the live pods of one gang) name, or lower an existing one's
+    minCount to the members naming it; their namespace/name. Raises `kube.ApiError` when one could not be made
+    sure of: the caller then lifts no gate."""
+    made = []
+    for body in gangs.pod_group_bodies(members, names=names):
+        meta = body["metadata"]
+        collection = f"/apis/scheduling.k8s.io/{gangs.OWN_POD_GROUP_VERSION}/namespaces/{meta['namespace']}/podgroups"
+        try:
+            await kube.request(api, "POST", collection, body=body, timeout_seconds=timeout_seconds)
+        except kube.ApiError as exc:
+            if exc.status != 409:
+                raise
+            await _lower(api, f"{collection}/{meta['name']}",
+                         wanted=body["spec"]["schedulingPolicy"]["gang"]["minCount"], timeout_seconds=timeout_seconds)
+        made.append(f"{meta['namespace']}/{meta['name']}")
+    return made
 
 
 async def _lower(api: client.ApiClient, path: str, *, wanted: int, timeout_seconds: float) -> None:

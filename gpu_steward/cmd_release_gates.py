@@ -98,7 +98,7 @@ async def release(config: settings.Settings, *, namespace: str | None, dry_run: 
             every = [pod async for pod in _pods(api, namespace=namespace, timeout_seconds=timeout)]
         except kube.ApiError as exc:
             raise _ListError(str(exc)) from exc
-        ensured: set[str | None] = {None}  # our gangs' own PodGroups made sure of (None: a pod naming none)
+        ensured: set[str] = set()  # our gangs' own PodGroups made sure of
         for pod in (pod for pod in every if gate_patch.ungate(pod, gate=gate)):
             key = f"{pod['metadata'].get('namespace')}/{pod['metadata'].get('name')}"
             if dry_run:
@@ -109,8 +109,8 @@ async def release(config: settings.Settings, *, namespace: str | None, dry_run: 
                 if f"{key.partition('/')[0]}/{group}" not in ensured and group:
                     # Un-gated while it is missing, the pod would wait in kube-scheduler's queue for ever.
                     members = gangs.same_pod_group(every, like=pod, names=config.names)
-                    ensured.add(await pod_groups.ensure(api, members=members, names=config.names,
-                                                        timeout_seconds=timeout))
+                    ensured.update(await pod_groups.ensure(api, members=members, names=config.names,
+                                                           timeout_seconds=timeout))
                 outcome = await release_pod(api, pod, gate=gate, timeout_seconds=timeout)
             except (kube.ApiError, aiohttp.ClientError, TimeoutError, OSError) as exc:
                 result.failed[key] = str(exc) or type(exc).__name__

@@ -246,76 +246,75 @@ def test_a_pod_group_without_name_has_an_empty_one() -> None:
 
 
 @pytest.mark.parametrize(
-    ("gang_name", "expected"),
+    ("gang_name", "priority_class", "expected"),
     [
-        pytest.param("Llama_7B", None, id="not-a-dns-label"),
-        pytest.param("x" * 52, None, id="one-over-63-characters"),
-        pytest.param("x" * 51, "gpu-steward-" + "x" * 51, id="exactly-63-characters"),
-        pytest.param("llama-7b", "gpu-steward-llama-7b", id="dns-label"),
+        pytest.param("Llama_7B", None, None, id="not-a-dns-label"),
+        pytest.param("x" * 52, None, None, id="one-over-63-characters"),
+        pytest.param("x" * 51, None, "gpu-steward-" + "x" * 51, id="exactly-63-characters"),
+        pytest.param("x" * 41, "gpu-normal", None, id="with-its-class-over-63-characters"),
+        pytest.param("llama", "gpu-normal", "gpu-steward-llama-gpu-normal", id="one-per-priority-class"),
+        pytest.param("llama-7b", None, "gpu-steward-llama-7b", id="no-priority-class"),
     ],
 )
-def test_own_pod_group(gang_name: str, expected: str | None) -> None:
-    assert gangs.own_pod_group(gang_name) == expected
+def test_own_pod_group(gang_name: str, priority_class: str | None, expected: str | None) -> None:
+    assert gangs.own_pod_group(gang_name, priority_class) == expected
 
 
-def _member(name: str, *, created: str, group: str | None = "gpu-steward-llama", gang: str = "llama",
-            size: str = "3", priority_class: str | None = "gpu-normal", namespace: str = "ml") -> dict[str, Any]:
+GROUP = "gpu-steward-llama-gpu-normal"
+
+
+def _member(name: str, *, group: str | None = GROUP, gang: str = "llama", priority_class: str | None = "gpu-normal",
+            namespace: str = "ml") -> dict[str, Any]:
     fields: dict[str, Any] = {"priorityClassName": priority_class} if priority_class else {}
     if group:
         fields["schedulingGroup"] = {"podGroupName": group}
-    pod = builders.pod(name, namespace=namespace, annotations={NAME: gang, SIZE: size}, mutate=_spec(**fields))
-    pod["metadata"].update(uid=f"uid-{name}", creationTimestamp=created)
+    pod = builders.pod(name, namespace=namespace, annotations={NAME: gang, SIZE: "3"}, mutate=_spec(**fields))
+    pod["metadata"]["uid"] = f"uid-{name}"
     return pod
 
 
-def _body(min_count: int, owners: list[str], priority_class: str | None = "gpu-normal") -> dict[str, Any]:
+def _body(min_count: int, owners: list[str], *, name: str = GROUP,
+          priority_class: str | None = "gpu-normal") -> dict[str, Any]:
     spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": min_count}}}
     if priority_class:
         spec["priorityClassName"] = priority_class
     return {"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
-            "metadata": {"name": "gpu-steward-llama", "namespace": "ml",
+            "metadata": {"name": name, "namespace": "ml",
                          "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": n, "uid": f"uid-{n}"}
                                              for n in owners],
                          "labels": {"app.kubernetes.io/managed-by": "gpu-steward"}},
             "spec": spec}
 
 
-T1, T2, T3 = "2026-01-01T00:00:01Z", "2026-01-01T00:00:02Z", "2026-01-01T00:00:03Z"
-
-
 @pytest.mark.parametrize(
     ("members", "expected"),
     [
-        pytest.param([_member("a", created=T1, group=None)], None, id="names-no-pod-group-none"),
-        pytest.param([_member("a", created=T1, group="gpu-steward-other")], None,
-                     id="names-a-pod-group-not-its-gangs-none"),
-        pytest.param([_member("a", created=T1, group="gpu-steward-llama", gang="other")], None,
-                     id="pod-group-of-another-gang-none"),
+        pytest.param([_member("a", group=None)], [], id="names-no-pod-group-none"),
+        pytest.param([_member("a", group="gpu-steward-other-gpu-normal")], [], id="names-another-gangs-none"),
+        pytest.param([_member("a", gang="other")], [], id="pod-group-of-another-gang-none"),
+        pytest.param([_member("a", group="gpu-steward-llama")], [], id="pod-group-of-another-class-none"),
         # An incomplete gang released at its bound must not wait in kube-scheduler for members never created.
-        pytest.param([_member("b", created=T2), _member("a", created=T1)], _body(2, ["b", "a"]),
-                     id="incomplete-gang-min-count-is-the-members-there-are"),
-        pytest.param([_member("a", created=T1), _member("b", created=T2), _member("c", created=T3)],
-                     _body(3, ["a", "b", "c"]), id="complete-gang-min-count-is-its-size"),
-        pytest.param([_member("a", created=T1, size="2"), _member("b", created=T2, size="2"),
-                      _member("c", created=T3, size="2")], _body(2, ["a", "b", "c"]),
-                     id="more-members-than-size-min-count-is-the-size"),
-        pytest.param([_member("b", created=T2, priority_class="gpu-critical"), _member("a", created=T1)],
-                     _body(2, ["b", "a"]), id="the-oldest-members-priority-class"),
-        pytest.param([_member("a", created=T1, priority_class=None), _member("b", created=T2)],
-                     _body(2, ["a", "b"], priority_class=None), id="no-priority-class-none-named"),
-        pytest.param([_member("a", created=T1, size="x"), _member("b", created=T2, size="x")], _body(2, ["a", "b"]),
-                     id="unreadable-size-min-count-is-the-members"),
+        pytest.param([_member("b"), _member("a")], [_body(2, ["b", "a"])],
+                     id="min-count-is-the-members-there-are"),
+        pytest.param([_member("a"), _member("b"), _member("c")], [_body(3, ["a", "b", "c"])],
+                     id="complete-gang-min-count-is-its-members"),
+        # An MPI launcher without GPUs gets no tier: kube-scheduler would refuse it in the workers' group.
+        pytest.param([_member("launcher", group="gpu-steward-llama", priority_class=None), _member("w0"),
+                      _member("w1")],
+                     [_body(1, ["launcher"], name="gpu-steward-llama", priority_class=None), _body(2, ["w0", "w1"])],
+                     id="one-pod-group-per-priority-class"),
     ],
 )
-def test_pod_group_body(members: list[dict[str, Any]], expected: dict[str, Any] | None) -> None:
-    assert gangs.pod_group_body(members, names=NAMES) == expected
+def test_pod_group_bodies(members: list[dict[str, Any]], expected: list[dict[str, Any]]) -> None:
+    assert gangs.pod_group_bodies(members, names=NAMES) == expected
 
 
 def test_same_pod_group_is_the_pods_naming_it_in_its_namespace() -> None:
-    a, b = _member("a", created=T1), _member("b", created=T2)
-    elsewhere = _member("c", created=T1, namespace="other")
-    other_gang = _member("d", created=T1, group="gpu-steward-x", gang="x")
-    none = _member("e", created=T1, group=None)
-    pods = [a, b, elsewhere, other_gang, none]
+    a, b = _member("a"), _member("b")
+    elsewhere = _member("c", namespace="other")
+    other_class = _member("d", group="gpu-steward-llama", priority_class=None)
+    none = _member("e", group=None)
+    pods = [a, b, elsewhere, other_class, none]
     assert gangs.same_pod_group(pods, like=a, names=NAMES) == [a, b]
+    assert gangs.same_pod_group(pods, like=other_class, names=NAMES) == [other_class]
     assert gangs.same_pod_group(pods, like=none, names=NAMES) == []
