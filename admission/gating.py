@@ -12,6 +12,10 @@ Two kinds of pods get `<prefix>gang` at creation (gates can be set then and neve
   that controller is seen alive (its leader Lease renewed recently, timed on our clock); otherwise
   nothing would ever lift the gate, so they get preferred terms instead.
 
+A member of our own gang of two or more that we gate also names the gang's own PodGroup in `spec.schedulingGroup`
+where the API server serves `scheduling.k8s.io/v1beta1` (`native_binding`): whatever lifts our gate creates it
+first, and kube-scheduler then binds the gang all-or-nothing (docs/placement.md).
+
 Never gated: a pod created with `spec.nodeName` (the API server rejects gates on it; it is not scheduled).
 """
 

@@ -14,7 +14,10 @@ never promised twice and a burst of single pods is released pass after pass with
 watch to catch up.
 
 A pod is released by two calls (`patches`): its nomination (`pods/status`, while it is still gated), then one
-patch writing its release record and removing our gate. A gang's members are all nominated first, then all
+patch writing its release record and removing our gate. Before either, the PodGroups of ours that the members name
+(`descheduler.gangs.native_binding`: kube-scheduler then binds the gang all-or-nothing) are made sure of
+(`common.pod_groups`): un-gated while its PodGroup is missing, a member would wait in kube-scheduler's queue for ever.
+A gang's members are all nominated first, then all
 un-gated together, so a failure while nominating releases none (the next pass keeps the nominations already set
 and places the rest); a failure while un-gating leaves a started gang whose rest the next pass releases (see
 `planning`, "already started"). Calls run concurrently, at most `descheduler.gangs.max_concurrent_patches` in
