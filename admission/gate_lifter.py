@@ -63,7 +63,9 @@ async def _ensure_pod_groups(api: client.ApiClient, *, config: settings.Settings
     """Our gang's own PodGroup, made sure of before any of its members' gates is lifted (else they would wait in
     kube-scheduler for ever); False: it could not be, nothing is lifted, retried next time."""
     raws = [pod.raw for pod in cluster.pods.values()]
-    for key in lift.pods[:1]:
+    groups = {group: key for key in lift.pods if (group := gangs.named_pod_group(cluster.pods[key].raw,
+                                                                                names=config.names))}
+    for key in groups.values():  # a gang's launcher without a tier names a PodGroup of its own
         members = gangs.same_pod_group(raws, like=cluster.pods[key].raw, names=config.names)
         try:
             await pod_groups.ensure(api, members=members, names=config.names,
