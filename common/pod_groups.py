@@ -3,7 +3,7 @@
 kube-scheduler keeps a pod whose `spec.schedulingGroup` names a PodGroup that does not exist in its queue, with no
 condition and no Event, until the PodGroup appears (tests/e2e/test_native_gang_binding_facts_e2e.py). So every
 path that lifts our gate (release, the webhook's gate lifter, `gpu-steward release-gates`) calls `ensure` first and
-lifts nothing if it fails. The bodies are `gangs.pod_group_bodies` (pure).
+lifts nothing if it fails. The bodies come from `gangs.pod_group_bodies`.
 """
 
 from __future__ import annotations
