@@ -318,3 +318,27 @@ def test_same_pod_group_is_the_pods_naming_it_in_its_namespace() -> None:
     assert gangs.same_pod_group(pods, like=a, names=NAMES) == [a, b]
     assert gangs.same_pod_group(pods, like=other_class, names=NAMES) == [other_class]
     assert gangs.same_pod_group(pods, like=none, names=NAMES) == []
+
+
+@pytest.mark.parametrize(
+    ("group", "expected"),
+    [
+        pytest.param("gpu-steward-llama-gpu-normal", gangs.Gang("ml", "llama", 3, "gpu-steward", None),
+                     id="its-own-class-pod-group-is-ours"),
+        pytest.param("gpu-steward-llama",
+                     gangs.Gang("ml", "gpu-steward-llama", None, "kubernetes-podgroup",
+                                "PodGroup gpu-steward-llama not known here; taken as a native gang"),
+                     id="the-class-less-pod-group-is-not-its-own"),
+    ],
+)
+def test_identify_own_pod_group_per_priority_class(group: str, expected: gangs.Gang) -> None:
+    """A member names its gang's own PodGroup of its own PriorityClass: any other is not ours (a member of
+    another class, or someone else's PodGroup)."""
+    assert gangs.identify(_member("a", group=group), names=NAMES, pod_groups=POD_GROUPS) == expected
+
+
+def test_pod_group_body_of_members_read_without_a_namespace_is_in_default() -> None:
+    pod = _member("a")
+    del pod["metadata"]["namespace"]
+    (body,) = gangs.pod_group_bodies([pod], names=NAMES)
+    assert body["metadata"]["namespace"] == "default"
