@@ -12,7 +12,8 @@ b. With a gang PodGroup (minCount = gang size), members nominated and un-gated o
 c. A nominated node cordoned between nomination and un-gating, with no room elsewhere: no member binds (none
    part-running). Control: the same without the PodGroup part-runs (the member whose node is still free binds).
    With room elsewhere the whole gang binds.
-d. Members waiting for room stay Pending, none bound, and all bind once room appears (the node uncordoned).
+d. Members waiting for room stay Pending, none bound, and all bind once room appears (the node uncordoned), but
+   not necessarily on their nominations any more (seen once in three runs on 1.37.2: swapped).
 
 Each test runs on each Kubernetes version in `CLUSTERS`: 1.37.2 with `GenericWorkload` (which alone turns on
 kube-scheduler's GangScheduling plugin: pkg/scheduler/apis/config/v1/default_plugins.go) and
@@ -234,7 +235,13 @@ def test_a_gang_whose_nominated_node_is_cordoned_binds_all_or_nothing(gang_lab: 
             assert wait_all_bound(gang_lab, "m0") == {"m0": a}  # part-running: m1 has no room
             time.sleep(1)
             assert gang_lab.nodes_of("m1") == {"m1": None}
-    assert wait_all_bound(gang_lab, "m0", "m1") == {"m0": a, "m1": b}  # d: room again, all bind
+    nodes = wait_all_bound(gang_lab, "m0", "m1")  # d: room again, all bind
+    if with_pod_group and gang_lab.flavour.gang_plugin:
+        # Whole, one per node, but not always on the nominations: seen on 1.37.2 both ways (m0 on B, m1 on A once
+        # in three runs); kube-scheduler clears a nomination after a failed attempt (KEP-5278).
+        assert sorted(nodes.values()) == sorted([a, b]), nodes
+    else:
+        assert nodes == {"m0": a, "m1": b}
 
 
 def test_a_gang_whose_nominated_node_is_cordoned_binds_whole_elsewhere(gang_lab: GangLab) -> None:
