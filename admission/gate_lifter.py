@@ -21,7 +21,7 @@ import prometheus_client
 from kubernetes_asyncio import client
 
 from admission import orphaned_gates
-from common import gate_patch, kube, label_values, settings, source
+from common import gangs, gate_patch, kube, label_values, pod_groups, settings, snapshot, source
 
 logger = logging.getLogger(__name__)
 TOLERATED = (404, 409, 422)  # gone, changed, or lifted by another replica first
@@ -51,9 +51,29 @@ async def run(
         for lift in orphaned_gates.due(cluster, config=config, now=now, seen_at=controller(),
                                        watching_since=watching_since):
             logger.warning("%s: %s", lift.unit, lift.why)
+            if not await _ensure_pod_groups(api, config=config, cluster=cluster, lift=lift):
+                continue
             for key in lift.pods:
                 if await _lift(api, config=config, pod=cluster.pods[key].raw, key=key, why=lift.why, now=now):
                     lifted.inc()
+
+
+async def _ensure_pod_groups(api: client.ApiClient, *, config: settings.Settings, cluster: snapshot.Snapshot,
+                             lift: orphaned_gates.Lift) -> bool:
+    """Our gang's own PodGroup, made sure of before any of its members' gates is lifted (else they would wait in
+    kube-scheduler for ever); False: it could not be, nothing is lifted, retried next time."""
+    raws = [pod.raw for pod in cluster.pods.values()]
+    groups = {group: key for key in lift.pods if (group := gangs.named_pod_group(cluster.pods[key].raw,
+                                                                                names=config.names))}
+    for key in groups.values():  # a gang's launcher without a tier names a PodGroup of its own
+        members = gangs.same_pod_group(raws, like=cluster.pods[key].raw, names=config.names)
+        try:
+            await pod_groups.ensure(api, members=members, names=config.names,
+                                    timeout_seconds=config.kubernetes.request_timeout_seconds)
+        except (kube.ApiError, aiohttp.ClientError, TimeoutError) as exc:
+            logger.warning("%s: PodGroup not made sure of: %s; no gate lifted, retried next time", lift.unit, exc)
+            return False
+    return True
 
 
 async def _lift(api: client.ApiClient, *, config: settings.Settings, pod: Mapping[str, Any], key: str, why: str,

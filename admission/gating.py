@@ -12,6 +12,10 @@ Two kinds of pods get `<prefix>gang` at creation (gates can be set then and neve
   that controller is seen alive (its leader Lease renewed recently, timed on our clock); otherwise
   nothing would ever lift the gate, so they get preferred terms instead.
 
+A member of our own gang of two or more that we gate also names the gang's own PodGroup in `spec.schedulingGroup`
+where the API server serves `scheduling.k8s.io/v1beta1` (`native_binding`): whatever lifts our gate creates it
+first, and kube-scheduler then binds the gang all-or-nothing (docs/placement.md).
+
 Never gated: a pod created with `spec.nodeName` (the API server rejects gates on it; it is not scheduled).
 """
 
@@ -96,6 +100,24 @@ def decide(
     if gang is None:
         return single
     return dataclasses.replace(single, reason=f"gang {gang.key} of 1: {single.reason}", gang=gang)
+
+
+def native_binding(pod: Mapping[str, Any], *, gate: GateDecision, config: settings.Settings,
+                   served: str | None) -> str | None:
+    """The PodGroup of our own to name in `spec.schedulingGroup` of a member we gate (`pod`: as mutated, with its
+    final PriorityClass), so that kube-scheduler binds the gang all-or-nothing once released; None where that
+    would not hold: not a gang of several we gate, the setting is off, the gang is not ours, `served` (the
+    PodGroup API version the API server serves; None: not known) is not `scheduling.k8s.io/v1beta1` (1.36's
+    v1alpha2 gang scheduling ignores nominations), the pod names a PodGroup already (immutable), or the names
+    make no PodGroup name."""
+    gang = gate.gang
+    if not gate.add or gang is None or gang.size is None or gang.size < 2 or gang.convention != "gpu-steward":
+        return None
+    if not config.descheduler.gangs.native_binding:
+        return None
+    if served != gangs.OWN_POD_GROUP_VERSION or (pod.get("spec") or {}).get("schedulingGroup"):
+        return None
+    return gangs.own_pod_group(gang.name, (pod.get("spec") or {}).get("priorityClassName"))
 
 
 def _for_gang(gang: gangs.Gang) -> GateDecision:

@@ -119,6 +119,12 @@ def decide(
         mutated["spec"]["schedulingGates"] = [*(pod["spec"].get("schedulingGates") or []), {"name": config.names.gate}]
         changes.append("gate")
     notes.append(f"gate {config.names.gate} {'added' if gate.add else 'not added'}: {gate.reason}")
+    # A snapshot never synced does not know which PodGroup API is served: no PodGroup named.
+    served = cluster.pod_groups.version if cluster.taken_at is not None else None
+    if pod_group := gating.native_binding(mutated, gate=gate, config=config, served=served):
+        mutated["spec"]["schedulingGroup"] = {"podGroupName": pod_group}
+        changes.append("pod-group")
+        notes.append(f"PodGroup {pod_group}: made at release, kube-scheduler binds the gang all-or-nothing")
     if gate.warning:
         warnings.append(gate.warning)
 

@@ -21,6 +21,7 @@ OWNED: tuple[tuple[str, str], ...] = (
     ("spec", "preemptionPolicy"),
     ("spec", "affinity"),
     ("spec", "schedulingGates"),
+    ("spec", "schedulingGroup"),  # our gang's own PodGroup (`gating.native_binding`), only at creation
 )
 _MISSING = object()
 

@@ -14,12 +14,20 @@ Conventions, first match wins:
   feeder reads the first of `POD_GROUP_VERSIONS` the API server serves) is taken as a native gang, as every
   `podGroupName` was before PodGroups were read: our gate on a pod the native scheduler already holds could
   strand it. The reason says which of the two it was.
+
+Our own gangs may be bound all-or-nothing by kube-scheduler too (`descheduler.gangs.native_binding`): where the
+API server serves `scheduling.k8s.io/v1beta1` PodGroups, the webhook names the gang's own PodGroup
+(`own_pod_group`) in a member's `spec.schedulingGroup` at creation, and whatever lifts our gate creates that
+PodGroup first (`pod_group_body`; `common.pod_groups.ensure`): kube-scheduler holds a pod whose PodGroup does
+not exist in its queue for ever. A pod naming its gang's own PodGroup stays one of our gangs (not one enforced
+elsewhere): the PodGroup only makes its binding all-or-nothing once we release it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from common import label_values, settings
@@ -33,6 +41,11 @@ VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
 # `spec.disruptionMode` is a string, `Pod` or `PodGroup`, where later versions have `{single: {}}` or `{all: {}}`).
 POD_GROUP_VERSIONS = ("v1beta1", "v1alpha3", "v1alpha2")
 _V1ALPHA2_DISRUPTION = {"PodGroup": "all", "Pod": "single"}
+# The one version our own PodGroups are made in: 1.36's v1alpha2 gang scheduling ignores the members' nominations
+# (tests/e2e/test_native_gang_binding_facts_e2e.py), and v1alpha3 was never seen here.
+OWN_POD_GROUP_VERSION = "v1beta1"
+OWN_POD_GROUP_PREFIX = "gpu-steward-"
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +126,9 @@ def identify(
         return Gang(namespace, name, size.value, convention, enforced, size.problem)
 
     group = (spec.get("schedulingGroup") or {}).get("podGroupName")
+    ours = label_values.value(meta, names.gang_name)
+    if ours and group and group == own_pod_group(ours, spec.get("priorityClassName")):
+        return make(ours, names.gang_size, label_values.value(meta, names.gang_size), "gpu-steward")
     known = pod_groups if pod_groups is not None else PodGroups()
     native = known.get(f"{namespace}/{group}") if group else None
     if group and (native is None or native.min_count is not None):
@@ -121,7 +137,6 @@ def identify(
                if known.version is not None else
                f"PodGroup {group}: no PodGroup API served to us ({_versions()}); taken as a native gang")
         return Gang(namespace, group, native.min_count if native else None, "kubernetes-podgroup", elsewhere or why)
-    ours = label_values.value(meta, names.gang_name)
     if ours:
         return make(ours, names.gang_size, label_values.value(meta, names.gang_size), "gpu-steward")
     kueue = labels.get(KUEUE_GROUP_LABEL)
@@ -134,6 +149,56 @@ def identify(
     if volcano:
         return make(volcano, None, None, "volcano")
     return None
+
+
+def own_pod_group(gang_name: str, priority_class: str | None) -> str | None:
+    """The name of our gang's own PodGroup for its members of `priority_class` (kube-scheduler refuses a PodGroup
+    whose pods' priority differs from its own: an MPI launcher without GPUs, hence without a tier, goes in a group
+    of its own); None when that makes no valid name (a DNS label)."""
+    name = OWN_POD_GROUP_PREFIX + gang_name + (f"-{priority_class}" if priority_class else "")
+    return name if len(name) <= 63 and _DNS_LABEL.fullmatch(name) else None
+
+
+def named_pod_group(pod: Mapping[str, Any], *, names: settings.Names) -> str | None:
+    """The PodGroup of our own gang that `pod` names in `spec.schedulingGroup`; None if it names none of ours."""
+    spec = pod.get("spec") or {}
+    group = (spec.get("schedulingGroup") or {}).get("podGroupName")
+    ours = label_values.value(pod.get("metadata") or {}, names.gang_name)
+    return group if ours and group and group == own_pod_group(ours, spec.get("priorityClassName")) else None
+
+
+def same_pod_group(pods: Iterable[Mapping[str, Any]], *, like: Mapping[str, Any], names: settings.Names
+                   ) -> list[Mapping[str, Any]]:
+    """Those of `pods` that name the same PodGroup of ours as `like` (in its namespace); [] if `like` names none."""
+    group = named_pod_group(like, names=names)
+    namespace = (like.get("metadata") or {}).get("namespace")
+    return [p for p in pods if group and named_pod_group(p, names=names) == group
+            and (p.get("metadata") or {}).get("namespace") == namespace]
+
+
+def pod_group_bodies(members: Sequence[Mapping[str, Any]], *, names: settings.Names) -> list[dict[str, Any]]:
+    """Our gang's own PodGroups for `members` (the live pods of one gang), one per PodGroup they name: a gang
+    policy of minCount = the members naming it (a gang released incomplete at its bound must not wait in
+    kube-scheduler for members that were never created; a complete one's are all there), their PriorityClass,
+    owned by each of them, so the garbage collector deletes it once they are all gone."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for member in members:
+        if group := named_pod_group(member, names=names):
+            groups.setdefault(group, []).append(member)
+    return [_body(group, named) for group, named in sorted(groups.items())]
+
+
+def _body(group: str, named: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    first = named[0]
+    spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": len(named)}}}
+    if (first.get("spec") or {}).get("priorityClassName"):
+        spec["priorityClassName"] = first["spec"]["priorityClassName"]
+    owners = [{"apiVersion": "v1", "kind": "Pod", "name": m["metadata"]["name"], "uid": m["metadata"]["uid"]}
+              for m in named if (m.get("metadata") or {}).get("uid")]
+    return {"apiVersion": f"scheduling.k8s.io/{OWN_POD_GROUP_VERSION}", "kind": "PodGroup",
+            "metadata": {"name": group, "namespace": (first.get("metadata") or {}).get("namespace") or "default",
+                         "ownerReferences": owners, "labels": {"app.kubernetes.io/managed-by": "gpu-steward"}},
+            "spec": spec}
 
 
 def _versions() -> str:

@@ -766,6 +766,13 @@ class Gangs(Model):
         "never deleted: kube-scheduler's own backoff (10 s at most) and the default 30 s grace of preemption "
         "victims fit well within it (seconds).",
     )
+    native_binding: bool = pydantic.Field(
+        default=True,
+        description="Where the API server serves scheduling.k8s.io/v1beta1 PodGroups (Kubernetes 1.37 with "
+        "GenericWorkload), the webhook names a gpu-steward gang's own PodGroup (gpu-steward-<gang name>) in each "
+        "member's spec.schedulingGroup at creation, and whatever lifts our gate creates it first (gang policy, "
+        "minCount = the gang's size): kube-scheduler then binds the released gang all-or-nothing. Off: never.",
+    )
     incomplete_event_grace_seconds: Seconds = pydantic.Field(
         default=10,
         description="An incomplete gang gets its GangWaiting Event only once it has stayed incomplete this long "

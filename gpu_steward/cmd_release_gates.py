@@ -7,7 +7,10 @@ For uninstalling (the Helm chart runs it in a pre-delete hook Job) or any time t
 be back: once it is gone nothing removes `<prefix>gang`, and the pods stay `SchedulingGated`. Only our
 gate goes; each patch carries a JSON-patch `test` of the gate's name at its index, so a list that moved
 since it was read fails the patch (it is then read again) instead of removing another controller's gate.
-Gang members released this way are scheduled one by one, without the all-or-nothing guarantee.
+Gang members released this way are scheduled one by one, without the all-or-nothing guarantee, except those
+naming their gang's own PodGroup (`descheduler.gangs.native_binding`): that PodGroup is created first (without it
+kube-scheduler would hold them for ever), and kube-scheduler binds them all-or-nothing (a pod whose PodGroup cannot
+be made is not released, and counts as failed).
 Running it again finds nothing to do. Exit code: 0 when every gated pod was released (or was gone),
 1 when any could not be, 2 on bad arguments or configuration.
 """
@@ -24,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from common import gate_patch, settings
+from common import gangs, gate_patch, settings
 from gpu_steward import cmdline
 
 JSON_PATCH = "application/json-patch+json"
@@ -80,7 +83,7 @@ class _ListError(Exception):
 
 
 async def release(config: settings.Settings, *, namespace: str | None, dry_run: bool) -> Result:
-    from common import kube  # the Kubernetes client is slow to import; `--help` never needs it
+    from common import kube, pod_groups  # the Kubernetes client is slow to import; `--help` never needs it
 
     gate = config.names.gate
     timeout = config.kubernetes.request_timeout_seconds
@@ -88,16 +91,22 @@ async def release(config: settings.Settings, *, namespace: str | None, dry_run: 
     api = await kube.api_client(config.kubernetes)
     try:
         try:
-            gated = [pod async for pod in _pods(api, namespace=namespace, timeout_seconds=timeout)
-                     if gate_patch.ungate(pod, gate=gate)]
+            every = [pod async for pod in _pods(api, namespace=namespace, timeout_seconds=timeout)]
         except kube.ApiError as exc:
             raise _ListError(str(exc)) from exc
-        for pod in gated:
+        ensured: set[str] = set()  # our gangs' own PodGroups made sure of
+        for pod in (pod for pod in every if gate_patch.ungate(pod, gate=gate)):
             key = f"{pod['metadata'].get('namespace')}/{pod['metadata'].get('name')}"
             if dry_run:
                 result.released.append(key)
                 continue
             try:
+                group = gangs.named_pod_group(pod, names=config.names)
+                if f"{key.partition('/')[0]}/{group}" not in ensured and group:
+                    # Un-gated while it is missing, the pod would wait in kube-scheduler's queue for ever.
+                    members = gangs.same_pod_group(every, like=pod, names=config.names)
+                    ensured.update(await pod_groups.ensure(api, members=members, names=config.names,
+                                                           timeout_seconds=timeout))
                 outcome = await release_pod(api, pod, gate=gate, timeout_seconds=timeout)
             except (kube.ApiError, aiohttp.ClientError, TimeoutError, OSError) as exc:
                 result.failed[key] = str(exc) or type(exc).__name__

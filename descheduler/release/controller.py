@@ -14,7 +14,10 @@ never promised twice and a burst of single pods is released pass after pass with
 watch to catch up.
 
 A pod is released by two calls (`patches`): its nomination (`pods/status`, while it is still gated), then one
-patch writing its release record and removing our gate. A gang's members are all nominated first, then all
+patch writing its release record and removing our gate. Before either, the PodGroups of ours that the members name
+(`descheduler.gangs.native_binding`: kube-scheduler then binds the gang all-or-nothing) are made sure of
+(`common.pod_groups`): un-gated while its PodGroup is missing, a member would wait in kube-scheduler's queue for ever.
+A gang's members are all nominated first, then all
 un-gated together, so a failure while nominating releases none (the next pass keeps the nominations already set
 and places the rest); a failure while un-gating leaves a started gang whose rest the next pass releases (see
 `planning`, "already started"). Calls run concurrently, at most `descheduler.gangs.max_concurrent_patches` in
@@ -42,7 +45,7 @@ import aiohttp
 import prometheus_client
 from kubernetes_asyncio import client
 
-from common import events, kube, settings, snapshot, source, timestamps
+from common import events, kube, pod_groups, settings, snapshot, source, timestamps
 from descheduler.release import outcomes, patches, planning
 
 logger = logging.getLogger(__name__)
@@ -229,6 +232,10 @@ class Controller:
                        *, now: float) -> None:
         gate, nominations = self._config.names.gate, decision.nominations
         single = len(decision.ungate) == 1
+        # A member naming our gang's own PodGroup never binds while it is missing: made sure of before anything.
+        await pod_groups.ensure(self._api, members=[cluster.pods[m.key].raw for m in decision.members],
+                                names=self._config.names,
+                                timeout_seconds=self._config.kubernetes.request_timeout_seconds)
         if nominations:
             # Every member nominated before any is un-gated, so a failure half-way releases none (the next pass keeps
             # the nominations set and places the rest). Judged as a unit on the freshest snapshot first: a node taken

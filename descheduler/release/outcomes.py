@@ -154,8 +154,10 @@ def assess(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float)
             continue
         late = sorted(k for k, o in alone.items() if o is not None and o.cause is Cause.NOT_BOUND)
         if late:
+            meanwhile = ("none is bound: they wait for room together" if len(late) == len(items)
+                         else "the others hold their GPUs meanwhile")
             message = (f"gang {gang}: {len(late)} of {len(items)} released members not bound within {bound:g}s "
-                       f"({', '.join(late)}); the others hold their GPUs meanwhile")
+                       f"({', '.join(late)}); {meanwhile}")
             found += [Outcome(i.pod.key, i.pod.uid, Cause.GANG_NOT_BOUND, message, gang) for i in items]
             continue
         nominated = [i for i in items if i.record.node is not None and i.pod.node_name is not None]

@@ -250,9 +250,10 @@ def check_defaults(objects: Objects) -> None:
         (("",), ("nodes", "pods", "namespaces"), READ),
         (("",), ("pods",), ("patch",)),  # the gate lifter (admission/gate_lifter.py)
         (("scheduling.k8s.io",), ("priorityclasses", "podgroups"), READ),
+        (("scheduling.k8s.io",), ("podgroups",), ("create", "get", "patch")),  # our gangs' own, before a gate goes
         (("resource.k8s.io",), DRA_KINDS, ("get", *READ)),  # DRA GPUs (common/dra.py)
         (("admissionregistration.k8s.io",), ("mutatingwebhookconfigurations",), ("get", "update"))]
-    assert _one(objects, "ClusterRole", f"{PREFIX}-webhook")["rules"][4]["resourceNames"] == [PREFIX]
+    assert _one(objects, "ClusterRole", f"{PREFIX}-webhook")["rules"][5]["resourceNames"] == [PREFIX]
     # The leader Lease, watched to gate for release only while the controller lives; the TLS Secret.
     role = _one(objects, "Role", f"{PREFIX}-webhook")["rules"]
     assert role == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list", "watch"]},
@@ -266,12 +267,15 @@ def check_defaults(objects: Objects) -> None:
         (("",), ("nodes", "namespaces"), READ), (("",), ("pods",), (*READ, "patch")),
         (("",), ("pods/status",), ("patch",)),
         (("scheduling.k8s.io",), ("priorityclasses", "podgroups"), READ),
+        (("scheduling.k8s.io",), ("podgroups",), ("create", "get", "patch")),  # release makes our gangs' own PodGroups
         (("resource.k8s.io",), DRA_KINDS, ("get", *READ)),
         (("",), ("pods/eviction",), ("create",)),
         (("",), ("pods",), ("get",)), (("policy",), ("poddisruptionbudgets",), READ),
         (("apps",), ("replicasets",), ("list",)), (("batch",), ("jobs",), ("list",)),
         (("",), ("events",), ("create", "get", "patch"))]
-    assert _rules(objects, "ClusterRole", f"{PREFIX}-release-gates") == [(("",), ("pods",), ("get", "list", "patch"))]
+    assert _rules(objects, "ClusterRole", f"{PREFIX}-release-gates") == [
+        (("",), ("pods",), ("get", "list", "patch")),
+        (("scheduling.k8s.io",), ("podgroups",), ("create", "get", "patch"))]
     # Uninstall: a pre-delete hook with objects of its own, deleted when it succeeded.
     job = _one(objects, "Job", f"{PREFIX}-release-gates")
     hook = {"helm.sh/hook": "pre-delete", "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded",
@@ -488,6 +492,15 @@ def check_no_release_gates(objects: Objects) -> None:
     assert not [o for o in objects if "release-gates" in o["metadata"]["name"]]
 
 
+def check_no_native_binding(objects: Objects) -> None:
+    """Off: nothing may create a PodGroup; reading them (native gangs of users) stays."""
+    for component in ("webhook", "descheduler", "release-gates"):
+        rules = _rules(objects, "ClusterRole", f"{PREFIX}-{component}")
+        assert not [r for r in rules if "podgroups" in r[1] and "create" in r[2]], component
+    assert (("scheduling.k8s.io",), ("priorityclasses", "podgroups"), READ) in _rules(
+        objects, "ClusterRole", f"{PREFIX}-webhook")
+
+
 def check_everything_off(objects: Objects) -> None:
     assert objects == []
 
@@ -527,6 +540,8 @@ SCENARIOS = [
                                      "alertLabels": {"team": "ml-platform"}},
                   "grafanaDashboard": {"enabled": True}}, check_monitoring, id="alerts-and-dashboard"),
     pytest.param({"releaseGates": {"enabled": False}}, check_no_release_gates, id="release-gates-off"),
+    pytest.param({"settings": {"descheduler": {"gangs": {"native_binding": False}}}}, check_no_native_binding,
+                 id="native-binding-off"),
     pytest.param({"webhook": {"enabled": False}, "descheduler": {"enabled": False}, "labeler": {"enabled": False},
                   "priorityClasses": {"create": False}, "releaseGates": {"enabled": False}}, check_everything_off,
                  id="everything-off"),

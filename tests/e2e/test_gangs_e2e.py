@@ -142,6 +142,13 @@ def test_gang_stays_gated_until_complete_then_is_released_and_bound_together(
     assert all(len(m) == 1 and m[0].startswith(expected) for m in released.values()), (released, nodes)
     assert all(m[0].endswith(unnominated) for m in released.values()), released
     assert domains_spanned(cluster, namespace) == {**dict.fromkeys(workers, 1), launcher: 0}
+    # Bound all-or-nothing by kube-scheduler (descheduler.gangs.native_binding): the workers in their tier's own
+    # PodGroup; the launcher, of another priority (no tier), in a PodGroup of its own (kube-scheduler would refuse it
+    # in theirs).
+    worker_class = members["train-0"]["spec"]["priorityClassName"]
+    assert {m: p["spec"].get("schedulingGroup") for m, p in members.items()} == {
+        **{m: {"podGroupName": f"gpu-steward-train-{worker_class}"} for m in workers},
+        launcher: {"podGroupName": "gpu-steward-train"}}
 
 
 def test_gang_that_cannot_fit_stays_fully_gated_until_it_can_then_all_of_it_binds(

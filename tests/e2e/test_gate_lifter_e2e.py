@@ -31,7 +31,8 @@ KUEUE_GATE = "kueue.x-k8s.io/admission"
 
 
 def start_lifter(cluster: localcluster.LocalCluster, workdir: pathlib.Path,
-                 election: settings.LeaderElection) -> localcluster.ManagedProcess:
+                 election: settings.LeaderElection, *, gang_max_wait_seconds: float = 1800
+                 ) -> localcluster.ManagedProcess:
     """A webhook replica (not registered: only its gate lifter acts here) watching the descheduler's Lease."""
     serving = certs.generate(workdir / "tls", dns_names=["localhost"])
     port = localcluster.free_port()
@@ -41,7 +42,8 @@ def start_lifter(cluster: localcluster.LocalCluster, workdir: pathlib.Path,
         "kubernetes": {"kubeconfig": str(cluster.kubeconfig)},
         "admission": {"controller_stale_seconds": STALE_SECONDS},
         "descheduler": {"leader_election": election.model_dump(mode="json", exclude_none=True),
-                        "gangs": {"max_wait_seconds": BOUND_SECONDS, "resync_seconds": 1}},
+                        "gangs": {"max_wait_seconds": BOUND_SECONDS, "resync_seconds": 1,
+                                  "gang_max_wait_seconds": gang_max_wait_seconds}},
     }
     config_file = workdir / "lifter.yaml"
     config_file.write_text(yaml.safe_dump(config))

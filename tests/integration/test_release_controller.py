@@ -172,6 +172,23 @@ class FakeApiServer:
         self.app.router.add_patch("/api/v1/namespaces/{ns}/pods/{name}", self._patch)
         self.app.router.add_patch("/api/v1/namespaces/{ns}/pods/{name}/status", self._patch_status)
         self.app.router.add_post("/api/v1/namespaces/{ns}/events", self._event)
+        self.pod_groups: dict[str, Json] = {}  # namespace/name -> PodGroup
+        self.pod_group_refusal: int | None = None  # the status every PodGroup create is answered with (None: 201)
+        self.app.router.add_post("/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups", self._create_pod_group)
+        self.app.router.add_get("/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups/{name}", self._pod_group)
+
+    async def _create_pod_group(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        key = f"{request.match_info['ns']}/{body['metadata']['name']}"
+        self.patches.append((key, "pod-group"))
+        if self.pod_group_refusal is not None or key in self.pod_groups:
+            status = self.pod_group_refusal or 409
+            return web.json_response({"kind": "Status", "code": status}, status=status)
+        self.pod_groups[key] = body
+        return web.json_response(body, status=201)
+
+    async def _pod_group(self, request: web.Request) -> web.Response:
+        return web.json_response(self.pod_groups[f"{request.match_info['ns']}/{request.match_info['name']}"])
 
     def _stamp(self, pod: Json) -> None:
         self._version += 1
@@ -394,6 +411,46 @@ async def test_failure_while_nominating_releases_none_and_the_next_pass_keeps_th
     assert {p["metadata"]["name"]: nominated(p) for p in pods if p["metadata"]["name"] != "train-2"} == {
         n: node for n, node in first.items() if n != "train-2"}, "the nominations set are kept, never re-sent"
     assert [k for _, k in server.patches] == ["nominate"] + ["ungate"] * 4, "only the missing one nominated"
+
+
+async def test_a_gang_naming_its_own_pod_group_is_released_only_once_the_pod_group_is_made(
+    fake: tuple[FakeApiServer, client.ApiClient],
+) -> None:
+    """Un-gated while its PodGroup is missing, a member would wait in kube-scheduler's queue for ever: a refused
+    create (here 403, the RBAC missing) nominates and un-gates none; the next pass makes it, then releases; a
+    PodGroup that exists already (409) is used as it is."""
+    server, api = fake
+    for pod in await create_gang(api, size=3, gpus=2):
+        pod["spec"]["schedulingGroup"] = {"podGroupName": "gpu-steward-train"}  # as our webhook names it
+        server.put(pod)
+    server.pod_group_refusal = 403
+    ctl = make_controller(server, api, config())
+    await ctl.reconcile(now=time.time())
+    assert [gates_of(p) for p in await gang_pods(api)] == [[GATE]] * 3
+    assert [k for _, k in server.patches] == ["pod-group"], "nothing nominated or un-gated"
+
+    server.pod_group_refusal = None
+    del server.patches[:]
+    await ctl.reconcile(now=time.time())
+    pods = await gang_pods(api)
+    assert [gates_of(p) for p in pods] == [[]] * 3
+    assert [k for _, k in server.patches] == ["pod-group"] + ["nominate"] * 3 + ["ungate"] * 3
+    made = server.pod_groups[f"{NAMESPACE}/gpu-steward-train"]
+    assert made["spec"] == {"schedulingPolicy": {"gang": {"minCount": 3}}}
+    assert [o["name"] for o in made["metadata"]["ownerReferences"]] == ["train-0", "train-1", "train-2"]
+
+
+async def test_a_pod_group_that_exists_already_is_used_and_the_gang_released(
+    fake: tuple[FakeApiServer, client.ApiClient],
+) -> None:
+    server, api = fake
+    server.pod_groups[f"{NAMESPACE}/gpu-steward-train"] = {"spec": {"schedulingPolicy": {"gang": {"minCount": 2}}}}
+    for pod in await create_gang(api, size=2, gpus=2):
+        pod["spec"]["schedulingGroup"] = {"podGroupName": "gpu-steward-train"}
+        server.put(pod)
+    await make_controller(server, api, config()).reconcile(now=time.time())
+    assert [gates_of(p) for p in await gang_pods(api)] == [[]] * 2
+    assert [k for _, k in server.patches] == ["pod-group"] + ["nominate"] * 2 + ["ungate"] * 2
 
 
 async def test_restart_mid_release_resumes_from_the_cluster(fake: tuple[FakeApiServer, client.ApiClient]) -> None:

@@ -82,6 +82,7 @@ POD_GROUPS = gangs.PodGroups({g.key: g for g in map(gangs.pod_group, [
     _pod_group("gang-pg", {"gang": {"minCount": 4}}),
     _pod_group("basic-pg", {"basic": {}}),
     _pod_group("elsewhere", {"gang": {"minCount": 2}}, namespace="other"),
+    _pod_group("gpu-steward-ours", {"gang": {"minCount": 2}}),
 ])})
 NOT_SERVED = gangs.PodGroups(version=None)
 NOT_SERVED_REASON = ("no PodGroup API served to us (scheduling.k8s.io/v1beta1, scheduling.k8s.io/v1alpha3, "
@@ -98,6 +99,21 @@ NOT_SERVED_REASON = ("no PodGroup API served to us (scheduling.k8s.io/v1beta1, s
                      gangs.Gang("ml", "basic-pg", None, "kubernetes-podgroup",
                                 f"PodGroup basic-pg: {NOT_SERVED_REASON}"),
                      id="api-not-served-wins-over-our-labels"),
+        # Our gang's own PodGroup (descheduler.gangs.native_binding): still our gang, whatever is known of it.
+        pytest.param("gpu-steward-ours", {NAME: "ours", SIZE: "2"}, POD_GROUPS,
+                     gangs.Gang("ml", "ours", 2, "gpu-steward", None), id="own-pod-group-with-gang-policy-is-ours"),
+        pytest.param("gpu-steward-ours", {NAME: "ours", SIZE: "2"}, NOT_SERVED,
+                     gangs.Gang("ml", "ours", 2, "gpu-steward", None), id="own-pod-group-api-not-served-is-ours"),
+        pytest.param("gpu-steward-ours", {NAME: "ours", SIZE: "2"}, None,
+                     gangs.Gang("ml", "ours", 2, "gpu-steward", None), id="own-pod-group-not-read-yet-is-ours"),
+        pytest.param("gpu-steward-ours", {NAME: "other", SIZE: "2"}, POD_GROUPS,
+                     gangs.Gang("ml", "gpu-steward-ours", 2, "kubernetes-podgroup",
+                                "PodGroup gpu-steward-ours has a gang policy (minCount 2) kube-scheduler enforces"),
+                     id="another-gangs-own-pod-group-is-a-native-gang"),
+        pytest.param("gpu-steward-ours", {}, POD_GROUPS,
+                     gangs.Gang("ml", "gpu-steward-ours", 2, "kubernetes-podgroup",
+                                "PodGroup gpu-steward-ours has a gang policy (minCount 2) kube-scheduler enforces"),
+                     id="own-pod-group-name-without-our-labels-is-a-native-gang"),
         pytest.param("late", {}, None, gangs.Gang("ml", "late", None, "kubernetes-podgroup",
                                                   "PodGroup late not known here; taken as a native gang"),
                      id="nothing-read-yet"),
@@ -227,3 +243,102 @@ def test_a_pod_group_and_a_pod_without_namespace_are_in_default() -> None:
 
 def test_a_pod_group_without_name_has_an_empty_one() -> None:
     assert gangs.pod_group({"metadata": {"namespace": "ml"}, "spec": {}}).name == ""
+
+
+@pytest.mark.parametrize(
+    ("gang_name", "priority_class", "expected"),
+    [
+        pytest.param("Llama_7B", None, None, id="not-a-dns-label"),
+        pytest.param("x" * 52, None, None, id="one-over-63-characters"),
+        pytest.param("x" * 51, None, "gpu-steward-" + "x" * 51, id="exactly-63-characters"),
+        pytest.param("x" * 41, "gpu-normal", None, id="with-its-class-over-63-characters"),
+        pytest.param("llama", "gpu-normal", "gpu-steward-llama-gpu-normal", id="one-per-priority-class"),
+        pytest.param("llama-7b", None, "gpu-steward-llama-7b", id="no-priority-class"),
+    ],
+)
+def test_own_pod_group(gang_name: str, priority_class: str | None, expected: str | None) -> None:
+    assert gangs.own_pod_group(gang_name, priority_class) == expected
+
+
+GROUP = "gpu-steward-llama-gpu-normal"
+
+
+def _member(name: str, *, group: str | None = GROUP, gang: str = "llama", priority_class: str | None = "gpu-normal",
+            namespace: str = "ml") -> dict[str, Any]:
+    fields: dict[str, Any] = {"priorityClassName": priority_class} if priority_class else {}
+    if group:
+        fields["schedulingGroup"] = {"podGroupName": group}
+    pod = builders.pod(name, namespace=namespace, annotations={NAME: gang, SIZE: "3"}, mutate=_spec(**fields))
+    pod["metadata"]["uid"] = f"uid-{name}"
+    return pod
+
+
+def _body(min_count: int, owners: list[str], *, name: str = GROUP,
+          priority_class: str | None = "gpu-normal") -> dict[str, Any]:
+    spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": min_count}}}
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    return {"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": "ml",
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": n, "uid": f"uid-{n}"}
+                                             for n in owners],
+                         "labels": {"app.kubernetes.io/managed-by": "gpu-steward"}},
+            "spec": spec}
+
+
+@pytest.mark.parametrize(
+    ("members", "expected"),
+    [
+        pytest.param([_member("a", group=None)], [], id="names-no-pod-group-none"),
+        pytest.param([_member("a", group="gpu-steward-other-gpu-normal")], [], id="names-another-gangs-none"),
+        pytest.param([_member("a", gang="other")], [], id="pod-group-of-another-gang-none"),
+        pytest.param([_member("a", group="gpu-steward-llama")], [], id="pod-group-of-another-class-none"),
+        # An incomplete gang released at its bound must not wait in kube-scheduler for members never created.
+        pytest.param([_member("b"), _member("a")], [_body(2, ["b", "a"])],
+                     id="min-count-is-the-members-there-are"),
+        pytest.param([_member("a"), _member("b"), _member("c")], [_body(3, ["a", "b", "c"])],
+                     id="complete-gang-min-count-is-its-members"),
+        # An MPI launcher without GPUs gets no tier: kube-scheduler would refuse it in the workers' group.
+        pytest.param([_member("launcher", group="gpu-steward-llama", priority_class=None), _member("w0"),
+                      _member("w1")],
+                     [_body(1, ["launcher"], name="gpu-steward-llama", priority_class=None), _body(2, ["w0", "w1"])],
+                     id="one-pod-group-per-priority-class"),
+    ],
+)
+def test_pod_group_bodies(members: list[dict[str, Any]], expected: list[dict[str, Any]]) -> None:
+    assert gangs.pod_group_bodies(members, names=NAMES) == expected
+
+
+def test_same_pod_group_is_the_pods_naming_it_in_its_namespace() -> None:
+    a, b = _member("a"), _member("b")
+    elsewhere = _member("c", namespace="other")
+    other_class = _member("d", group="gpu-steward-llama", priority_class=None)
+    none = _member("e", group=None)
+    pods = [a, b, elsewhere, other_class, none]
+    assert gangs.same_pod_group(pods, like=a, names=NAMES) == [a, b]
+    assert gangs.same_pod_group(pods, like=other_class, names=NAMES) == [other_class]
+    assert gangs.same_pod_group(pods, like=none, names=NAMES) == []
+
+
+@pytest.mark.parametrize(
+    ("group", "expected"),
+    [
+        pytest.param("gpu-steward-llama-gpu-normal", gangs.Gang("ml", "llama", 3, "gpu-steward", None),
+                     id="its-own-class-pod-group-is-ours"),
+        pytest.param("gpu-steward-llama",
+                     gangs.Gang("ml", "gpu-steward-llama", None, "kubernetes-podgroup",
+                                "PodGroup gpu-steward-llama not known here; taken as a native gang"),
+                     id="the-class-less-pod-group-is-not-its-own"),
+    ],
+)
+def test_identify_own_pod_group_per_priority_class(group: str, expected: gangs.Gang) -> None:
+    """A member names its gang's own PodGroup of its own PriorityClass: any other is not ours (a member of
+    another class, or someone else's PodGroup)."""
+    assert gangs.identify(_member("a", group=group), names=NAMES, pod_groups=POD_GROUPS) == expected
+
+
+def test_pod_group_body_of_members_read_without_a_namespace_is_in_default() -> None:
+    pod = _member("a")
+    del pod["metadata"]["namespace"]
+    (body,) = gangs.pod_group_bodies([pod], names=NAMES)
+    assert body["metadata"]["namespace"] == "default"

@@ -307,7 +307,9 @@ def test_stale_snapshot_adds_no_affinity_but_still_tiers_and_gates(taken_at):
     pod = builders.pod("p", gpus=2, labels={"gpu-steward.io/gang-name": "g", "gpu-steward.io/gang-size": "2"})
     outcome, result = admit(pod, cluster=make_cluster(taken_at=taken_at))
     assert "affinity" not in result["spec"]
-    assert outcome.changes == ("tier", "gate", "decision")
+    # Never synced: which PodGroup API is served is not known either, so no PodGroup is named.
+    assert outcome.changes == ("tier", "gate", "decision") if taken_at is None else (
+        "tier", "gate", "pod-group", "decision")
     assert outcome.warnings[0].endswith("NVLink affinity not added")
 
 
@@ -529,12 +531,16 @@ def test_pod_without_gpus_changes_only_when_we_gate_it_for_its_gang(labels, anno
     outcome, result = admit(pod, controller=ALIVE)
 
     expected = copy.deepcopy(pod)
+    ours = gated and "gpu-steward.io/gang-name" in labels  # our gang: its own PodGroup, per PriorityClass
     if gated:
         expected["spec"]["schedulingGates"] = [{"name": "gpu-steward.io/gang"}]
         expected["metadata"]["annotations"] = {**annotations, DECISION: outcome.record}
+    if ours:
+        group = "gpu-steward-j" + (f"-{spec['priorityClassName']}" if spec.get("priorityClassName") else "")
+        expected["spec"]["schedulingGroup"] = {"podGroupName": group}
     assert result == expected
     assert (outcome.gated, outcome.tier, outcome.skipped is None) == (gated, None, gated)
-    assert outcome.changes == (("gate", "decision") if gated else ())
+    assert outcome.changes == ((("gate", "pod-group", "decision") if ours else ("gate", "decision")) if gated else ())
     assert reason in outcome.record
     assert outcome.warnings == ((warning,) if warning else ())
 
@@ -544,3 +550,47 @@ def test_admitting_a_gated_launcher_again_changes_nothing():
     outcome, twice = admit(once)
     assert outcome.patch == [] and twice == once
     assert outcome.skipped == "already mutated (decision record present)"
+
+
+def _pod_groups_served(version: str | None) -> snapshot.Snapshot:
+    return snapshot.build(nodes=[builders.gpu_node("dgx-1", gpus=8, domains=[range(4), range(4, 8)])], pods=[],
+                          priority_classes=builders.tier_classes(), namespaces=[builders.namespace("default")],
+                          names=CONFIG.names, taken_at=NOW, pod_group_version=version)
+
+
+OURS_OF_2 = {"gpu-steward.io/gang-name": "g", "gpu-steward.io/gang-size": "2"}
+OFF = settings.Settings.model_validate({"descheduler": {"gangs": {"native_binding": False}}})
+
+
+@pytest.mark.parametrize(
+    ("labels", "spec", "served", "config", "expected"),
+    [
+        pytest.param(OURS_OF_2, {}, "v1alpha2", CONFIG, None, id="v1alpha2-ignores-nominations-none"),
+        pytest.param(OURS_OF_2, {}, None, CONFIG, None, id="no-pod-group-api-none"),
+        pytest.param(OURS_OF_2, {}, "v1beta1", OFF, None, id="setting-off-none"),
+        pytest.param(OURS_OF_2, {"schedulingGroup": {"podGroupName": "users"}}, "v1beta1", CONFIG, None,
+                     id="pod-names-a-pod-group-already-none"),
+        pytest.param({"gpu-steward.io/gang-name": "G_1", "gpu-steward.io/gang-size": "2"}, {}, "v1beta1", CONFIG,
+                     None, id="gang-name-makes-no-pod-group-name-none"),
+        pytest.param({"kueue.x-k8s.io/pod-group-name": "g"}, {}, "v1beta1", CONFIG, None, id="kueues-gang-none"),
+        pytest.param({"gpu-steward.io/gang-name": "g", "gpu-steward.io/gang-size": "1"}, {}, "v1beta1", CONFIG,
+                     None, id="gang-of-one-none"),
+        pytest.param(OURS_OF_2, {"schedulerName": "volcano"}, "v1beta1", CONFIG, None, id="not-gated-none"),
+        pytest.param(OURS_OF_2, {}, "v1beta1", CONFIG, "gpu-steward-g-gpu-steward-normal",
+                     id="ours-named-with-its-tiers-class"),
+    ],
+)
+def test_a_gang_member_we_gate_names_its_gangs_own_pod_group(labels, spec, served, config, expected):
+    """Kubernetes 1.37 (scheduling.k8s.io/v1beta1) binds a gang PodGroup all-or-nothing on its members'
+    nominations (tests/e2e/test_native_gang_binding_facts_e2e.py); release creates the PodGroup before un-gating."""
+    pod = builders.pod("w", gpus=2, labels=labels, mutate=lambda p: p["spec"].update(spec))
+    if labels.get("kueue.x-k8s.io/pod-group-name"):
+        pod["metadata"]["annotations"] = {"kueue.x-k8s.io/pod-group-total-count": "2"}
+    outcome, result = admit(pod, cluster=_pod_groups_served(served), config=config, controller=ALIVE)
+    assert (result["spec"].get("schedulingGroup") or {}).get("podGroupName") == (
+        expected or spec.get("schedulingGroup", {}).get("podGroupName"))
+    assert ("pod-group" in outcome.changes) == (expected is not None)
+    if expected:
+        assert f"PodGroup {expected}: made at release" in outcome.record
+        again, _ = admit(result, cluster=_pod_groups_served(served), config=config, controller=ALIVE)
+        assert again.patch == []  # idempotent

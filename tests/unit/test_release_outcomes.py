@@ -162,7 +162,8 @@ def check(found: Mapping[str, outcomes.Outcome], expected: Mapping[str, Want]) -
                       released("z-late", node=None, at=PAST)],
                      {"b-moved": Want(C.PLACED_ELSEWHERE, "bound to b"),
                       "g-0": Want(C.GANG_NOT_BOUND, "gang team/g: 2 of 2 released members not bound within 120s "
-                                                    "(team/g-0, team/g-1); the others hold their GPUs meanwhile",
+                                                    "(team/g-0, team/g-1); none is bound: they wait for room "
+                                                    "together",
                                   "team/g", whole=True),
                       "g-1": Want(C.GANG_NOT_BOUND, "(team/g-0, team/g-1)", "team/g"),
                       "h-0": Want(C.GANG_SPREAD, "gang team/h: nominated to 1 node(s) (a), bound on 2 (a, c)",
