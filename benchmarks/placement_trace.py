@@ -993,7 +993,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="our arms: admission.release_min_gpus (pods with fewer GPUs get preferred terms only)")
     parser.add_argument("--logs", type=pathlib.Path, help="keep each arm's process logs here (default: discarded)")
     parser.add_argument("--picture", type=pathlib.Path,
-                        help=f"PNG chart (default: {DEFAULT_PICTURE.name} beside --out)")
+                        help=f"PNG chart (default: --out's name with .png, else {DEFAULT_PICTURE.name})")
     args = parser.parse_args(argv)
     args.drain_seconds = DRAIN_SECONDS
     if args.quick:
@@ -1008,9 +1008,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--arms: unknown {unknown}; choose from {', '.join(ARMS)}")
     args.arms = arms
     suffix = "_quick" if args.quick else ""
-    # The picture goes beside the JSON: a run told where to write (CI's temporary directory) leaves the tree alone.
-    beside = args.out or DEFAULT_PICTURE
-    args.picture = args.picture or beside.with_name(f"{DEFAULT_PICTURE.stem}{suffix}.png")
+    # The picture goes with the JSON (same name): a run told where to write (CI's temporary directory) leaves the
+    # tree alone, and a named run never overwrites another's picture.
+    args.picture = args.picture or (args.out.with_suffix(".png") if args.out
+                                    else DEFAULT_PICTURE.with_name(f"{DEFAULT_PICTURE.stem}{suffix}.png"))
     args.out = args.out or DEFAULT_OUT.with_name(f"{DEFAULT_OUT.stem}{suffix}.json")
     return args
 

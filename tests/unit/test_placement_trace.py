@@ -407,9 +407,9 @@ def test_the_quick_run_and_the_full_run_defaults(argv: list[str], expected: tupl
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        pytest.param(["--quick", "--out", "/tmp/x/result.json"], "/tmp/x/placement_domains_quick.png",
+        pytest.param(["--quick", "--out", "/tmp/x/result.json"], "/tmp/x/result.png",
                      id="quick-with-out-leaves-the-tree-alone"),
-        pytest.param(["--out", "/tmp/y/full.json"], "/tmp/y/placement_domains.png", id="full-with-out"),
+        pytest.param(["--out", "/tmp/y/slice.json"], "/tmp/y/slice.png", id="a-named-run-never-overwrites-another"),
         pytest.param(["--quick"], str(pt.DEFAULT_PICTURE.with_name("placement_domains_quick.png")), id="quick-default"),
         pytest.param(["--out", "/tmp/z/r.json", "--picture", "/tmp/p.png"], "/tmp/p.png", id="picture-given"),
     ],
