@@ -1,7 +1,7 @@
 """One size of the reclaim-cycle benchmark against a real Prometheus (run by benchmarks/reclaim_cycle.py).
 
     python benchmarks/reclaim_prometheus.py --gpus 10000 [--cycles 10] [--pending 20] [--fail-first-cycle]
-        [--no-cluster-matcher] [--twice-every 10] [--quick] --out FILE
+        [--no-cluster-matcher] [--twice-every 10] [--profile FILE] [--quick] --out FILE
 
 A shared store by default: every series carries `cluster="a"` and the descheduler's
 `prometheus.scope_matchers` is `['cluster="a"']` (`--no-cluster-matcher`: neither), and one GPU in ten
@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import cProfile
 import datetime
 import json
 import os
@@ -248,7 +249,9 @@ TWICE_EVERY = 10
 
 
 def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False, learned: bool = False,
-        cluster_label: str | None = CLUSTER, twice_every: int = TWICE_EVERY) -> dict[str, Any]:
+        cluster_label: str | None = CLUSTER, twice_every: int = TWICE_EVERY,
+        profile: pathlib.Path | None = None) -> dict[str, Any]:
+    """`profile`: the last warm cycle runs under cProfile, its stats dumped there (`python -m pstats FILE`)."""
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="reclaim-prometheus-") as tmp:
         now = time.time()
@@ -303,7 +306,13 @@ def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False,
                         await loop.learner.settle()  # the refresh it started: beside the next cycle in the process
                         return done, split
 
+                    profiler = cProfile.Profile() if profile is not None and len(warm) == cycles - 1 else None
+                    if profiler is not None:
+                        profiler.enable()
                     result, (ended, used_until, asked_until) = asyncio.run(cycle())
+                    if profiler is not None and profile is not None:
+                        profiler.disable()
+                        profiler.dump_stats(profile)
                     row: dict[str, Any] = {
                         "wall": ended - started, "descheduler_cpu": used_until - used,
                         "prometheus_cpu": asked_until - asked, "queries": result.queries,
@@ -393,9 +402,9 @@ def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False,
         "demands_served": {"pods": sum(1 for d in served if not d.demand.startswith(reclaim.GANG)),
                            "gangs": sum(1 for d in served if d.demand.startswith(reclaim.GANG))},
         "evictions_planned": len(last.plan.evictions),
-        # The re-checks right before the evictions (one query per GPU victim, in the act phase): their wall time
+        # The re-checks right before the evictions (one query per demand, in the act phase): their wall time
         # summed per warm cycle, against the rest of that cycle's wall time (what they add to it, at most: the
-        # victims of one demand are re-checked concurrently).
+        # victims of one demand are re-checked in one query).
         "recheck": {
             "per_cycle": sorted({sum(n == RECHECK for n, _ in r["query_seconds"]) for r in warm}),
             "seconds_per_cycle": _spread([sum(s for n, s in r["query_seconds"] if n == RECHECK) for r in warm]),
@@ -426,6 +435,9 @@ def main() -> None:
                         help="no cluster label on the series and no prometheus.scope_matchers (default: cluster=\"a\")")
     parser.add_argument("--twice-every", type=int, default=TWICE_EVERY, metavar="N",
                         help="one GPU in N also scraped by a second path without the gpu label (0: none)")
+    parser.add_argument("--profile", type=pathlib.Path, metavar="FILE",
+                        help="run the last warm cycle under cProfile and dump its stats to FILE (slower: its wall "
+                        "time then says little)")
     parser.add_argument("--quick", action="store_true", help="CI-sized: 200 GPUs, 3 warm cycles")
     parser.add_argument("--out", type=pathlib.Path, required=True)
     args = parser.parse_args()
@@ -433,7 +445,7 @@ def main() -> None:
         args.gpus, args.cycles = 200, 3
     found = run(args.gpus, pending=args.pending, cycles=args.cycles, fail_first_cycle=args.fail_first_cycle,
                 learned=args.learned, cluster_label=None if args.no_cluster_matcher else CLUSTER,
-                twice_every=args.twice_every)
+                twice_every=args.twice_every, profile=args.profile)
     args.out.write_text(json.dumps(found, indent=2) + "\n")
 
 
