@@ -22,7 +22,8 @@ wall time, CPU seconds of each side, queries, parts read, each query's wall time
 parts, and statistic); peak RSS of this process
 (the descheduler's part: snapshot, cache, answers, plan) and of Prometheus, demands served by kind (warm),
 evictions planned, the re-checks right before the evictions (count, summed wall time, its share of the rest of
-the cycle), and the plain `max_over_time` of each window for reference. Every cycle, cold or warm, is
+the cycle; then the last warm cycle's re-checks timed both ways, one query per victim and one per demand,
+`recheck_arms`), and the plain `max_over_time` of each window for reference. Every cycle, cold or warm, is
 also printed and reported with its candidates, failed queries, the store's time past the history's "now" (the
 history ends `AHEAD_SECONDS` after it) and why the other pods were spared: a count per reason, its numbers
 masked and its text cut (`REASON_CHARS`), so that a cycle finding no idle pod says why. `--fail-first-cycle`
@@ -51,6 +52,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -246,6 +248,39 @@ async def _plain(url: str, pid: int, windows: list[int], *, repeats: int = 3) ->
 
 CLUSTER = "a"
 TWICE_EVERY = 10
+ARM_REPEATS = 7  # each re-check arm, interleaved
+
+
+async def recheck_arms(client: prometheus.Client, config: settings.Prometheus, evictions: Sequence[reclaim.Eviction],
+                       *, repeats: int = ARM_REPEATS) -> dict[str, dict[str, Any]]:
+    """The re-check's queries both ways on the real store, interleaved `repeats` times: one query per GPU victim,
+    a demand's victims concurrently (before), against one query per demand (now); for the last warm cycle's
+    demands as planned, and for all of its victims as one demand (a gang, or a pending pod taking several
+    victims). The re-reads of a demand's later victims right before their own calls are the same both ways: not
+    timed."""
+    demands: dict[str, list[str]] = {}
+    for eviction in evictions:
+        if eviction.utilization is not None:
+            demands.setdefault(eviction.preemptor or eviction.unit, []).append(eviction.pod.partition("/")[2])
+    shapes = {"as planned": list(demands.values()), "one demand of all": [[n for v in demands.values() for n in v]]}
+
+    async def arm(groups: list[list[str]], *, per_victim: bool) -> float:
+        started = _perf()
+        for names in groups:
+            asked = [[name] for name in names] if per_victim else [names]
+            await asyncio.gather(*(client.instant(utilisation_promql.newest(a, config=config, kinds=("gpu",)))
+                                   for a in asked))
+        return _perf() - started
+
+    out: dict[str, dict[str, Any]] = {}
+    for shape, groups in shapes.items():
+        before, now = [], []
+        for _ in range(repeats):
+            before.append(await arm(groups, per_victim=True))
+            now.append(await arm(groups, per_victim=False))
+        out[shape] = {"demands": len(groups), "victims": sum(map(len, groups)),
+                      "one_query_per_victim_seconds": _spread(before), "one_query_per_demand_seconds": _spread(now)}
+    return out
 
 
 def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False, learned: bool = False,
@@ -343,6 +378,11 @@ def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False,
                     clock.now += CYCLE_SECONDS
                     if len(cold) > 20:
                         raise RuntimeError("the part cache never warmed up in 20 cycles")
+                arms = asyncio.run(recheck_arms(client, config.prometheus, results[-1].plan.evictions))
+                for shape, arm in arms.items():
+                    print(f"  re-check, {shape} ({arm['demands']} demands, {arm['victims']} victims): one query per "
+                          f"victim {arm['one_query_per_victim_seconds']} s, one per demand "
+                          f"{arm['one_query_per_demand_seconds']} s", flush=True)
             finally:
                 client.close()
             plain = asyncio.run(_plain(history.server.url, pid, windows))
@@ -412,6 +452,8 @@ def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False,
                 sum(s for n, s in r["query_seconds"] if n == RECHECK)
                 / (r["wall"] - sum(s for n, s in r["query_seconds"] if n == RECHECK)) for r in warm]),
         },
+        # The same re-checks both ways on the same store after the warm cycles (`recheck_arms`): wall seconds.
+        "recheck_arms": arms,
         "peak_rss_mb": {"descheduler": round(_peak_rss_mb(), 1), "prometheus": round(prometheus_rss, 1)},
         "load_average": {"before": [round(x, 2) for x in load_before],
                          "after": [round(x, 2) for x in os.getloadavg()]},
