@@ -199,3 +199,19 @@ def test_newest_query_carries_the_scope_matchers() -> None:
     query = utilisation_promql.newest(["p", "q"], config=config, kinds=("gpu",))
     assert query.count('DCGM_FI_DEV_GPU_UTIL{cluster="a",GPU_I_PROFILE="",') == 4
     assert not dcgm.unscoped(query, config=config)
+
+
+def test_newest_query_of_mig_instances_alone_reads_the_ratio_metric_in_percent() -> None:
+    """A MIG victim's re-check asks only for MIG instances, and DCGM's ratio metric scaled to percent (as the
+    measurement reads it: a 0.5 ratio must not look idle under a 5 % threshold)."""
+    query = utilisation_promql.newest(["p"], config=CONFIG.prometheus, kinds=("mig",))
+    assert query == (
+        'label_replace(vector(time()), "gpu_steward_recheck", "now", "", "") or '
+        'label_replace(DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!="",pod="p"} * 100, "gpu_steward_recheck", '
+        '"mig_value", "", "") or '
+        'label_replace(timestamp(DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!="",pod="p"}), "gpu_steward_recheck", '
+        '"mig_last", "", "") or '
+        'label_replace(DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!="",exported_pod="p"} * 100, "gpu_steward_recheck", '
+        '"mig_value", "", "") or '
+        'label_replace(timestamp(DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!="",exported_pod="p"}), '
+        '"gpu_steward_recheck", "mig_last", "", "")')
