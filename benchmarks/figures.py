@@ -212,6 +212,8 @@ FIGURES: list[Figure] = [
       for gpus in (1000, 5000, 10000)],
     Figure(CYCLE, "warm reclaim cycle, 10,000 GPUs, quiet machine", "reclaim_cycle_prometheus_quiet_10000.json",
            _quiet_cycle),
+    Figure(CYCLE, "warm reclaim cycle, 10,000 GPUs, shared store (cluster matcher, 1 GPU in 10 scraped twice), "
+           "loaded machine", "reclaim_cycle_prometheus_shared_10000.json", _quiet_cycle),
 ]
 
 

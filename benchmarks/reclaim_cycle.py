@@ -194,7 +194,9 @@ class FakePrometheus:
         if promql == "vector(time())":
             rows = [{"metric": {}, "value": [NOW, repr(NOW)]}]
             return json.dumps({"status": "success", "data": {"resultType": "vector", "result": rows}})
-        named = set(re.findall(r'[{,]pod="([^"]+)"', promql)) if utilisation_promql.RECHECK in promql else None
+        named = {name.replace("\\\\", "")  # one name, or several in one regex of escaped names (`newest`)
+                 for names in re.findall(r'[{,]pod=~?"([^"]+)"', promql) for name in names.split("|")} \
+            if utilisation_promql.RECHECK in promql else None
         mig = "GR_ENGINE_ACTIVE" in promql and named is None
         span = re.search(r"\[(\d+)(ms|s)\]", promql)
         seconds = (int(span.group(1)) / (1000 if span.group(2) == "ms" else 1)) if span else 0.0

@@ -1,7 +1,7 @@
 """One size of the reclaim-cycle benchmark against a real Prometheus (run by benchmarks/reclaim_cycle.py).
 
     python benchmarks/reclaim_prometheus.py --gpus 10000 [--cycles 10] [--pending 20] [--fail-first-cycle]
-        [--no-cluster-matcher] [--twice-every 10] [--quick] --out FILE
+        [--no-cluster-matcher] [--twice-every 10] [--profile FILE] [--quick] --out FILE
 
 A shared store by default: every series carries `cluster="a"` and the descheduler's
 `prometheus.scope_matchers` is `['cluster="a"']` (`--no-cluster-matcher`: neither), and one GPU in ten
@@ -22,7 +22,8 @@ wall time, CPU seconds of each side, queries, parts read, each query's wall time
 parts, and statistic); peak RSS of this process
 (the descheduler's part: snapshot, cache, answers, plan) and of Prometheus, demands served by kind (warm),
 evictions planned, the re-checks right before the evictions (count, summed wall time, its share of the rest of
-the cycle), and the plain `max_over_time` of each window for reference. Every cycle, cold or warm, is
+the cycle; then the last warm cycle's re-checks timed both ways, one query per victim and one per demand,
+`recheck_arms`), and the plain `max_over_time` of each window for reference. Every cycle, cold or warm, is
 also printed and reported with its candidates, failed queries, the store's time past the history's "now" (the
 history ends `AHEAD_SECONDS` after it) and why the other pods were spared: a count per reason, its numbers
 masked and its text cut (`REASON_CHARS`), so that a cycle finding no idle pod says why. `--fail-first-cycle`
@@ -40,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import cProfile
 import datetime
 import json
 import os
@@ -50,6 +52,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -245,10 +248,45 @@ async def _plain(url: str, pid: int, windows: list[int], *, repeats: int = 3) ->
 
 CLUSTER = "a"
 TWICE_EVERY = 10
+ARM_REPEATS = 7  # each re-check arm, interleaved
+
+
+async def recheck_arms(client: prometheus.Client, config: settings.Prometheus, evictions: Sequence[reclaim.Eviction],
+                       *, repeats: int = ARM_REPEATS) -> dict[str, dict[str, Any]]:
+    """The re-check's queries both ways on the real store, interleaved `repeats` times: one query per GPU victim,
+    a demand's victims concurrently (before), against one query per demand (now); for the last warm cycle's
+    demands as planned, and for all of its victims as one demand (a gang, or a pending pod taking several
+    victims). The re-reads of a demand's later victims right before their own calls are the same both ways: not
+    timed."""
+    demands: dict[str, list[str]] = {}
+    for eviction in evictions:
+        if eviction.utilization is not None:
+            demands.setdefault(eviction.preemptor or eviction.unit, []).append(eviction.pod.partition("/")[2])
+    shapes = {"as planned": list(demands.values()), "one demand of all": [[n for v in demands.values() for n in v]]}
+
+    async def arm(groups: list[list[str]], *, per_victim: bool) -> float:
+        started = _perf()
+        for names in groups:
+            asked = [[name] for name in names] if per_victim else [names]
+            await asyncio.gather(*(client.instant(utilisation_promql.newest(a, config=config, kinds=("gpu",)))
+                                   for a in asked))
+        return _perf() - started
+
+    out: dict[str, dict[str, Any]] = {}
+    for shape, groups in shapes.items():
+        before, now = [], []
+        for _ in range(repeats):
+            before.append(await arm(groups, per_victim=True))
+            now.append(await arm(groups, per_victim=False))
+        out[shape] = {"demands": len(groups), "victims": sum(map(len, groups)),
+                      "one_query_per_victim_seconds": _spread(before), "one_query_per_demand_seconds": _spread(now)}
+    return out
 
 
 def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False, learned: bool = False,
-        cluster_label: str | None = CLUSTER, twice_every: int = TWICE_EVERY) -> dict[str, Any]:
+        cluster_label: str | None = CLUSTER, twice_every: int = TWICE_EVERY,
+        profile: pathlib.Path | None = None) -> dict[str, Any]:
+    """`profile`: the last warm cycle runs under cProfile, its stats dumped there (`python -m pstats FILE`)."""
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="reclaim-prometheus-") as tmp:
         now = time.time()
@@ -303,7 +341,13 @@ def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False,
                         await loop.learner.settle()  # the refresh it started: beside the next cycle in the process
                         return done, split
 
+                    profiler = cProfile.Profile() if profile is not None and len(warm) == cycles - 1 else None
+                    if profiler is not None:
+                        profiler.enable()
                     result, (ended, used_until, asked_until) = asyncio.run(cycle())
+                    if profiler is not None and profile is not None:
+                        profiler.disable()
+                        profiler.dump_stats(profile)
                     row: dict[str, Any] = {
                         "wall": ended - started, "descheduler_cpu": used_until - used,
                         "prometheus_cpu": asked_until - asked, "queries": result.queries,
@@ -334,6 +378,11 @@ def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False,
                     clock.now += CYCLE_SECONDS
                     if len(cold) > 20:
                         raise RuntimeError("the part cache never warmed up in 20 cycles")
+                arms = asyncio.run(recheck_arms(client, config.prometheus, results[-1].plan.evictions))
+                for shape, arm in arms.items():
+                    print(f"  re-check, {shape} ({arm['demands']} demands, {arm['victims']} victims): one query per "
+                          f"victim {arm['one_query_per_victim_seconds']} s, one per demand "
+                          f"{arm['one_query_per_demand_seconds']} s", flush=True)
             finally:
                 client.close()
             plain = asyncio.run(_plain(history.server.url, pid, windows))
@@ -393,9 +442,9 @@ def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False,
         "demands_served": {"pods": sum(1 for d in served if not d.demand.startswith(reclaim.GANG)),
                            "gangs": sum(1 for d in served if d.demand.startswith(reclaim.GANG))},
         "evictions_planned": len(last.plan.evictions),
-        # The re-checks right before the evictions (one query per GPU victim, in the act phase): their wall time
+        # The re-checks right before the evictions (one query per demand, in the act phase): their wall time
         # summed per warm cycle, against the rest of that cycle's wall time (what they add to it, at most: the
-        # victims of one demand are re-checked concurrently).
+        # victims of one demand are re-checked in one query).
         "recheck": {
             "per_cycle": sorted({sum(n == RECHECK for n, _ in r["query_seconds"]) for r in warm}),
             "seconds_per_cycle": _spread([sum(s for n, s in r["query_seconds"] if n == RECHECK) for r in warm]),
@@ -403,6 +452,8 @@ def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False,
                 sum(s for n, s in r["query_seconds"] if n == RECHECK)
                 / (r["wall"] - sum(s for n, s in r["query_seconds"] if n == RECHECK)) for r in warm]),
         },
+        # The same re-checks both ways on the same store after the warm cycles (`recheck_arms`): wall seconds.
+        "recheck_arms": arms,
         "peak_rss_mb": {"descheduler": round(_peak_rss_mb(), 1), "prometheus": round(prometheus_rss, 1)},
         "load_average": {"before": [round(x, 2) for x in load_before],
                          "after": [round(x, 2) for x in os.getloadavg()]},
@@ -426,6 +477,9 @@ def main() -> None:
                         help="no cluster label on the series and no prometheus.scope_matchers (default: cluster=\"a\")")
     parser.add_argument("--twice-every", type=int, default=TWICE_EVERY, metavar="N",
                         help="one GPU in N also scraped by a second path without the gpu label (0: none)")
+    parser.add_argument("--profile", type=pathlib.Path, metavar="FILE",
+                        help="run the last warm cycle under cProfile and dump its stats to FILE (slower: its wall "
+                        "time then says little)")
     parser.add_argument("--quick", action="store_true", help="CI-sized: 200 GPUs, 3 warm cycles")
     parser.add_argument("--out", type=pathlib.Path, required=True)
     args = parser.parse_args()
@@ -433,7 +487,7 @@ def main() -> None:
         args.gpus, args.cycles = 200, 3
     found = run(args.gpus, pending=args.pending, cycles=args.cycles, fail_first_cycle=args.fail_first_cycle,
                 learned=args.learned, cluster_label=None if args.no_cluster_matcher else CLUSTER,
-                twice_every=args.twice_every)
+                twice_every=args.twice_every, profile=args.profile)
     args.out.write_text(json.dumps(found, indent=2) + "\n")
 
 

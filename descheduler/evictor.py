@@ -20,8 +20,9 @@
   are `skipped` naming it. The planner's budgets came from the snapshot; a budget created or lowered since is
   caught here, whatever the victims' order.
 - Then every GPU victim is re-checked from the store (`recheck`, descheduler.reclaim.recheck: its newest samples
-  at the store's time), all of them before the first real eviction and each again right before its own call
-  once a call went since: busy, missing or stale is `not-idle`, and the transaction stops there.
+  at the store's time), all of them in one query after the last dry run, before the first real eviction, and
+  each again right before its own call once a call went since: busy, missing or stale is `not-idle`, and the
+  transaction stops there.
 - Real evictions go companions first, then GPU members in plan order: a refusal that comes anyway (a race after
   the dry run) never leaves a gang's workers gone without their launcher. A refusal after some victims went is
   said in its outcome (`Outcome.partial`), for the loop to count and report; the rest are skipped.
@@ -30,7 +31,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import enum
 import logging
@@ -86,9 +86,9 @@ class EvictionClient(Protocol):
         ...
 
 
-Recheck = Callable[[reclaim.Eviction], Awaitable[str | None]]
-"""Why a GPU victim must not go now (its newest samples busy, missing or stale), or None: the utilisation re-check
-right before its eviction (the loop's, descheduler.reclaim.recheck)."""
+Recheck = Callable[[Sequence[reclaim.Eviction]], Awaitable[Sequence[str | None]]]
+"""For each GPU victim, why it must not go now (its newest samples busy, missing or stale), or None: the utilisation
+re-check right before their eviction, one query for all of them (the loop's, descheduler.reclaim.recheck)."""
 
 
 class ApiEvictionClient:
@@ -266,7 +266,7 @@ class Evictor:
         """The first of `victims` whose re-check (`recheck`) says it must not go now, as its outcome, or None."""
         if self._recheck is None or not victims:
             return None
-        found = await asyncio.gather(*(self._recheck(e) for e in victims))
+        found = await self._recheck(victims)
         for eviction, why in zip(victims, found, strict=True):
             if why is not None:
                 return Outcome(eviction, Result.NOT_IDLE, f"not idle right before its eviction: {why}")

@@ -8,15 +8,15 @@ utilisation parts kept from earlier cycles) + plan + act + record.
 - Cooldowns are read from (and, after real evictions, merged into) their Lease (`cooldowns`); with no
   API server (offline `--cluster`) or in dry-run they live in memory only.
 - Every outcome goes through `record_outcome()`: one log line, one metric, the Events.
-- Evictions as a transaction: the plan checked every victim's limits and PodDisruptionBudgets on the snapshot;
-  the evictor dry-runs every victim of a demand on the API server and re-checks each GPU victim's newest samples
-  in the store (`_recheck`, one small query each, `..._rechecks_total`) before the first real eviction, and
+- Evictions as a transaction: the plan checked every victim's limits and PodDisruptionBudgets on the snapshot; the
+  evictor dry-runs every victim of a demand on the API server and re-checks each GPU victim's newest samples in the
+  store (`_recheck`, one small query for all of them, `..._rechecks_total`) before the first real eviction, and
   evicts none of them on any refusal. A victim refused (the budget changed, the pod opted out, changed or turned
-  busy since) is left out and the cycle plans again, up to
-  `ROUNDS` plans, so that the next candidate is tried now, not next cycle; a victim a budget refused cools down
-  (`cooldowns`, scope `victim`). A demand whose later victim was refused after earlier ones were evicted is
-  served in part: said (a Warning Event on the demand, a log line) and counted (`..._partial_demands_total`);
-  its evicted victims stay its own (`leaving`), so the next plan takes only what it still lacks.
+  busy since) is left out and the cycle plans again, up to `ROUNDS` plans, so that the next candidate is tried now,
+  not next cycle; a victim a budget refused cools down (`cooldowns`, scope `victim`). A demand whose later victim
+  was refused after earlier ones were evicted is served in part: said (a Warning Event on the demand, a log line)
+  and counted (`..._partial_demands_total`); its evicted victims stay its own (`leaving`), so the next plan takes
+  only what it still lacks.
 - Cancellation (SIGTERM) between two evictions stops the cycle; the cooldowns of the evictions
   already made are still written (shielded), so bookkeeping matches what happened.
 """
@@ -296,29 +296,44 @@ class ReclaimLoop:
             if outcome.partial:
                 await self._partial(outcome, served)
 
-    async def _recheck(self, eviction: reclaim.Eviction) -> str | None:
-        """Why `eviction`'s pod must not go now, from one small query for its newest samples judged at the store's
-        time (descheduler.reclaim.recheck), or None: still idle. A failed or partial answer fails closed."""
+    async def _recheck(self, evictions: Sequence[reclaim.Eviction]) -> list[str | None]:
+        """Why each of `evictions`' pods must not go now, from one small query for all of their newest samples judged
+        at the store's time (descheduler.reclaim.recheck), or None: still idle. A failed or partial answer fails
+        every one of them closed."""
         cluster = self._acting_on
-        pod = cluster.pods.get(eviction.pod) if cluster is not None else None
-        if cluster is None or pod is None or self._prometheus is None:
-            return "re-check: not in this cycle's snapshot" if pod is None else "re-check: prometheus.url is not set"
-        kinds = utilisation.kinds_needed([pod], cluster.nodes)  # as the measurement asked
-        query = utilisation_promql.newest(pod.name, config=self._config.prometheus, kinds=kinds)
-        self._metrics.queries.inc()
-        try:
-            answer = await self._prometheus.instant(query)
-        except prometheus.PrometheusError as exc:
-            self._metrics.prometheus_errors.inc()
-            self._metrics.rechecks.labels(verdict="failed").inc()
-            return f"re-check: the query failed: {exc}"
-        if answer.warnings:
-            self._metrics.rechecks.labels(verdict="failed").inc()
-            return f"re-check: Prometheus answered with warnings (partial data): {'; '.join(answer.warnings)[:300]}"
-        verdict = recheck.judge(pod, answer.series, threshold_percent=eviction.threshold or 0.0, config=self._config)
-        self._metrics.rechecks.labels(verdict="idle" if verdict.idle else "not-idle").inc()
-        logger.debug("reclaim %s: %s", eviction.pod, verdict.reason)
-        return None if verdict.idle else verdict.reason
+        pods = [cluster.pods.get(e.pod) if cluster is not None else None for e in evictions]
+        found = [p for p in pods if p is not None]
+        answer: prometheus.Answer | None = None
+        failed = "re-check: prometheus.url is not set"
+        if cluster is not None and found and self._prometheus is not None:
+            failed = ""
+            kinds = utilisation.kinds_needed(found, cluster.nodes)  # as the measurement asked
+            query = utilisation_promql.newest([p.name for p in found], config=self._config.prometheus, kinds=kinds)
+            self._metrics.queries.inc()
+            try:
+                answer = await self._prometheus.instant(query)
+            except prometheus.PrometheusError as exc:
+                self._metrics.prometheus_errors.inc()
+                failed = f"re-check: the query failed: {exc}"
+            else:
+                if answer.warnings:
+                    failed = (f"re-check: Prometheus answered with warnings (partial data): "
+                              f"{'; '.join(answer.warnings)[:300]}")
+        said: list[str | None] = []
+        for eviction, pod in zip(evictions, pods, strict=True):
+            if pod is None:
+                said.append("re-check: not in this cycle's snapshot")
+                continue
+            if failed or answer is None:
+                self._metrics.rechecks.labels(verdict="failed").inc()
+                said.append(failed)
+                continue
+            verdict = recheck.judge(pod, answer.series, threshold_percent=eviction.threshold or 0.0,
+                                    config=self._config)
+            self._metrics.rechecks.labels(verdict="idle" if verdict.idle else "not-idle").inc()
+            logger.debug("reclaim %s: %s", eviction.pod, verdict.reason)
+            said.append(None if verdict.idle else verdict.reason)
+        return said
 
     async def record_outcome(self, outcome: evictor.Outcome) -> None:
         """The one place an eviction outcome is told: log line + metric + Event."""

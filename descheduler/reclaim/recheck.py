@@ -3,8 +3,8 @@
 The plan judged the pod over its window at the cycle's store time; the evictions come later (the live reads, the
 dry runs and the evictions of the victims before it take an API round trip each: with an API answering in 8 s, a
 pod was evicted 18 s after it turned busy). So right before its eviction each GPU victim is read again, with one
-small query (`utilisation_promql.newest`): per device its newest sample and that sample's time, and the store's
-time. Judged at the store's time, never our clock:
+small query (`utilisation_promql.newest`, one for all of a demand's victims, each judged here on its own rows): per
+device its newest sample and that sample's time, and the store's time. Judged at the store's time, never our clock:
 
 - busy: any device's newest sample at or above the pod's idle threshold -> not idle (no freshness needed: not
   idle is the safe answer);

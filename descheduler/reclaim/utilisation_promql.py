@@ -33,6 +33,7 @@ device. Only standard PromQL: the same queries run on Prometheus, Thanos, Mimir 
 from __future__ import annotations
 
 import json
+import string
 from collections.abc import Collection, Sequence
 
 from common import dcgm, settings
@@ -62,25 +63,36 @@ def ratio(kind: str, *, config: settings.Prometheus) -> bool:
     return ratio_metric(config.mig_activity_metric, config.mig_activity_unit)
 
 
-def newest(pod: str, *, config: settings.Prometheus, kinds: Collection[str] = KINDS) -> str:
-    """One small instant query for one pod's newest samples (the re-check right before its eviction,
-    descheduler.reclaim.recheck): per device of `kinds` under each pod label spelling, its newest sample in percent
-    (label `RECHECK="<kind>_value"`) and that sample's time (`"<kind>_last"`), and the store's time (`"now"`, no
-    other label). The newest sample within the store's lookback; the namespace and host are checked on the
-    answer (any of their spellings). `label_replace` tags the three, which costs nothing on one pod's few series
-    (unlike the cluster-wide reads above)."""
+def newest(pods: Collection[str], *, config: settings.Prometheus, kinds: Collection[str] = KINDS) -> str:
+    """One small instant query for the newest samples of the pods named `pods` (the re-check right before their
+    eviction, descheduler.reclaim.recheck: a demand's victims in one query): per device of `kinds` under each pod
+    label spelling, its newest sample in percent (label `RECHECK="<kind>_value"`) and that sample's time
+    (`"<kind>_last"`), and the store's time (`"now"`, no other label). One name is matched exactly, several by one
+    anchored regex of the escaped names. The newest sample within the store's lookback; the namespace and host are
+    checked on the answer (any of their spellings), so a same-named pod of another namespace is told apart there.
+    `label_replace` tags the three, which costs nothing on a few pods' series (unlike the cluster-wide reads
+    above)."""
     def tagged(expr: str, tag: str) -> str:
         return f'label_replace({expr}, "{RECHECK}", "{tag}", "", "")'
 
+    names = sorted(set(pods))
     parts = [tagged(TIME_QUERY, "now")]
     for kind in KINDS:
         if kind not in kinds:
             continue
         scale = " * 100" if ratio(kind, config=config) else ""
         for label in dict.fromkeys(config.labels.pod):
-            selector = series(kind, config=config, matchers=[f"{label}={json.dumps(pod)}"])
+            matcher = f"{label}={json.dumps(names[0])}" if len(names) == 1 else \
+                f"{label}=~{json.dumps('|'.join(_literal(n) for n in names))}"
+            selector = series(kind, config=config, matchers=[matcher])
             parts += [tagged(f"{selector}{scale}", f"{kind}_value"), tagged(f"timestamp({selector})", f"{kind}_last")]
     return " or ".join(parts)
+
+
+def _literal(name: str) -> str:
+    """`name` as an RE2 pattern matching exactly it: its ASCII punctuation escaped (a pod name's `.`) but `-`, which
+    is a literal outside a character class."""
+    return "".join(f"\\{c}" if c in string.punctuation and c != "-" else c for c in name)
 
 
 def device_labels(labels: settings.PrometheusLabels) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import prometheus_client
@@ -21,7 +21,7 @@ from descheduler import cooldowns, evictor, leader, reclaim
 from descheduler.reclaim import idle_history, utilisation_promql
 from descheduler.reclaim import loop as reclaim_loop
 from tests import builders
-from tests.support.prometheus import DcgmStandIn, Series, StartPrometheus, StoreAt
+from tests.support.prometheus import DcgmStandIn, PrometheusServer, Series, StartPrometheus, StoreAt
 from tests.support.slowproxy import SlowProxy
 
 NOW = 1_800_000_000.0
@@ -732,6 +732,27 @@ def turning_busy(*, busy: bool) -> list[Series]:
             for i in range(2)]
 
 
+async def _behind_a_slow_api(api_client: client.ApiClient, server: PrometheusServer,
+                             cluster: Callable[[settings.Settings], source.StaticSource], *, measured_at: float,
+                             registry: prometheus_client.CollectorRegistry) -> tuple[reclaim_loop.Cycle, StoreAt]:
+    """One cycle of a loop reading `server` at a store time that starts at `measured_at` and moves 8 s on with each
+    API call (an API server answering in 8 s), evicting through that API."""
+    store = [measured_at]
+    config = settings_loader.load(overrides={"prometheus": {"url": server.url}})
+    dcgm = StoreAt(prometheus.Client(config.prometheus), store)
+
+    def slow(method: str, path: str) -> None:
+        store[0] += 8.0
+
+    async with SlowProxy(upstream=str(api_client.configuration.host), delay_seconds=0.05, on_request=slow) as proxy:
+        async with client.ApiClient(client.Configuration(host=proxy.url)) as slow_api:
+            loop = reclaim_loop.ReclaimLoop(
+                config=config, cluster=cluster(config), prometheus=dcgm,
+                evictions=evictor.ApiEvictionClient(slow_api, timeout_seconds=5), api=api_client,
+                clock=lambda: store[0], registry=registry)
+            return await loop.cycle(), dcgm
+
+
 @pytest.mark.prometheus
 @pytest.mark.parametrize(
     ("busy", "result", "evicted"),
@@ -747,22 +768,11 @@ async def test_a_victim_turning_busy_behind_a_slow_api_is_not_evicted(
 ) -> None:
     api, api_client = fake
     measured_at = float(int(time.time()) // 300 * 300)  # on the part grid, in the past
-    server = prometheus_factory(turning_busy(busy=busy), now=measured_at + AHEAD)
-    store = [measured_at]
-    config = settings_loader.load(overrides={"prometheus": {"url": server.url}})
     registry = prometheus_client.CollectorRegistry()
-    dcgm = StoreAt(prometheus.Client(config.prometheus), store)
-
-    def slow(method: str, path: str) -> None:  # each API call takes 8 s of the store's time
-        store[0] += 8.0
-
-    async with SlowProxy(upstream=str(api_client.configuration.host), delay_seconds=0.05, on_request=slow) as proxy:
-        async with client.ApiClient(client.Configuration(host=proxy.url)) as slow_api:
-            loop = reclaim_loop.ReclaimLoop(
-                config=config, cluster=_cluster(config, gpus=2, window=600), prometheus=dcgm,
-                evictions=evictor.ApiEvictionClient(slow_api, timeout_seconds=5), api=api_client,
-                clock=lambda: store[0], registry=registry)
-            cycle = await loop.cycle()
+    cycle, dcgm = await _behind_a_slow_api(api_client, prometheus_factory(turning_busy(busy=busy),
+                                                                         now=measured_at + AHEAD),
+                                           lambda config: _cluster(config, gpus=2, window=600),
+                                           measured_at=measured_at, registry=registry)
     assert [(o.eviction.pod, o.result) for o in cycle.outcomes] == [("team-a/idle", result)]
     assert [e["metadata"]["name"] for e in api.evictions] == evicted
     rechecks = [(at, q) for at, q in dcgm.asked if utilisation_promql.RECHECK in q]
@@ -775,3 +785,51 @@ async def test_a_victim_turning_busy_behind_a_slow_api_is_not_evicted(
                            "reads 95.0% >= 5% at its newest sample"]
     else:
         assert skipped == []
+
+
+def two_turning_busy(*, busy: bool) -> list[Series]:
+    """Idle 1-GPU pods a (GPU 0) and b (GPU 1) on n1, as `turning_busy`: b's GPU at 95 % from BUSY_AFTER s after the
+    measurement (when `busy`)."""
+    def samples(busy_after: bool) -> list[tuple[float, float]]:
+        return [(float(AHEAD - after), 95.0 if busy_after and after >= BUSY_AFTER else 1.0)
+                for after in range(-7200, AHEAD + 1, 15)]
+
+    return [Series("DCGM_FI_DEV_GPU_UTIL", {"gpu": str(i), "UUID": f"GPU-n1-{i}", "Hostname": "n1",
+                                            "namespace": "team-a", "pod": name, "container": "main"},
+                   samples(busy and name == "b"))
+            for i, name in enumerate(("a", "b"))]
+
+
+@pytest.mark.prometheus
+@pytest.mark.parametrize(
+    ("busy", "results", "evicted", "rechecked", "verdicts"),
+    [
+        # One query reads both victims after the last dry run: b turned busy meanwhile, so neither goes.
+        pytest.param(True, [evictor.Result.SKIPPED, evictor.Result.NOT_IDLE], [], ['pod=~"a|b"'],
+                     {"idle": 1, "not-idle": 1}, id="second-victim-turned-busy-one-query-none-evicted"),
+        # Both idle: one query for both before the first eviction, then b alone again right before its own call.
+        pytest.param(False, [evictor.Result.EVICTED, evictor.Result.EVICTED], ["a", "b"], ['pod=~"a|b"', 'pod="b"'],
+                     {"idle": 3}, id="both-idle-one-query-then-each-later-call-read-again"),
+    ],
+)
+async def test_a_demands_victims_are_rechecked_in_one_query_behind_a_slow_api(
+    fake: tuple[FakeApi, client.ApiClient], prometheus_factory: StartPrometheus, busy: bool,
+    results: list[evictor.Result], evicted: list[str], rechecked: list[str], verdicts: dict[str, int],
+) -> None:
+    """A 2-GPU pending pod needs both idle 1-GPU pods of n1: one transaction. Each API call takes 8 s of the store's
+    time, so by the re-check (after two live reads and two dry runs) b's busy samples are in the store."""
+    api, api_client = fake
+    measured_at = float(int(time.time()) // 300 * 300)
+    registry = prometheus_client.CollectorRegistry()
+    cycle, dcgm = await _behind_a_slow_api(api_client, prometheus_factory(two_turning_busy(busy=busy),
+                                                                         now=measured_at + AHEAD),
+                                           lambda config: _two_candidates(config, gpus=2, nodes=1),
+                                           measured_at=measured_at, registry=registry)
+    assert [(o.eviction.pod, o.result) for o in cycle.outcomes] == [
+        ("team-a/a", results[0]), ("team-a/b", results[1])]
+    assert [e["metadata"]["name"] for e in api.evictions] == evicted
+    rechecks = [q for _, q in dcgm.asked if utilisation_promql.RECHECK in q]
+    assert [next(m for m in ('pod=~"a|b"', 'pod="a"', 'pod="b"') if m in q) for q in rechecks] == rechecked
+    told = {v: registry.get_sample_value("gpu_steward_reclaim_rechecks_total", {"verdict": v})
+            for v in ("idle", "not-idle", "failed")}
+    assert {v: n for v, n in told.items() if n} == verdicts

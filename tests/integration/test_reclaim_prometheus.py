@@ -672,3 +672,20 @@ async def test_a_first_cycle_whose_reads_all_time_out_leaves_no_trace(
     assert warm[3:] == cold[3:]  # the hour's 12 parts read back 6 a cycle after the failed one
     assert [v["team-a/idle"] for v in warm[3:]] == ["evict"] * 7
     assert kept.left_closed is True  # Prometheus 2.x, asked again after the failed probe
+
+
+async def test_one_recheck_query_reads_exactly_the_victims_named(prometheus_factory: StartPrometheus) -> None:
+    """The re-check of a demand's victims is one query naming them in one regex: Prometheus anchors it, and a name's
+    `.` is escaped, so neither a longer name (`b-1`, `ab`) nor a name the dot would match (`web-0Xx`) is read."""
+    names = ("web-0.x", "web-0Xx", "b", "b-1", "ab")
+    server = prometheus_factory([Series(UTIL, dcgm(str(i), pod=name), every_minute(1.0, start=600))
+                                 for i, name in enumerate(names)])
+    config = settings.Prometheus(url=server.url)
+    client = prometheus.Client(config)
+    try:
+        answer = await client.instant(utilisation_promql.newest(["web-0.x", "b"], config=config, kinds=("gpu",)))
+    finally:
+        client.close()
+    read = sorted((row["metric"].get("pod", ""), row["metric"][utilisation_promql.RECHECK]) for row in answer.series)
+    assert read == [("", "now"), ("b", "gpu_last"), ("b", "gpu_value"), ("web-0.x", "gpu_last"),
+                    ("web-0.x", "gpu_value")]

@@ -82,7 +82,8 @@ class DcgmStandIn:
         """The answer to `utilisation_promql.newest`: the store's time, and each named pod's newest sample (5 s old)."""
         tag = utilisation_promql.RECHECK
         rows: list[prometheus.Series] = [{"metric": {tag: "now"}, "value": [at, repr(at)]}]
-        named = set(re.findall(r'[{,]pod="([^"]+)"', promql))
+        named = {name.replace("\\\\", "")  # one name, or several in one regex of escaped names
+                 for names in re.findall(r'[{,]pod=~?"([^"]+)"', promql) for name in names.split("|")}
         for (namespace, pod, node), util in self.pods.items():
             if pod not in named:
                 continue

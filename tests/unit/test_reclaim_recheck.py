@@ -157,7 +157,7 @@ def test_judge(pod: snapshot.Pod, rows: list[dict[str, Any]], idle: bool, reason
 
 
 def test_newest_query_is_one_small_query_scoped_to_the_pod() -> None:
-    query = utilisation_promql.newest("p", config=CONFIG.prometheus, kinds=("gpu",))
+    query = utilisation_promql.newest(["p"], config=CONFIG.prometheus, kinds=("gpu",))
     assert query == (
         'label_replace(vector(time()), "gpu_steward_recheck", "now", "", "") or '
         'label_replace(DCGM_FI_DEV_GPU_UTIL{GPU_I_PROFILE="",pod="p"}, "gpu_steward_recheck", "gpu_value", "", "") or '
@@ -176,9 +176,42 @@ def test_judge_compares_short_host_names_when_told() -> None:
         True, "re-check: still idle (2 device(s) at most 1.0%, newest samples at most 10s old) < 5%")
 
 
+@pytest.mark.parametrize(
+    ("pods", "matcher"),
+    [
+        # Adversarial first: a name's `.` is a regex wildcard unless escaped (`a.x` must not read pod `aXx`).
+        pytest.param(["web-0.x", "b"], r'pod=~"b|web-0\\.x"', id="several-names-one-regex-dot-escaped"),
+        pytest.param(["b", "a", "b"], 'pod=~"a|b"', id="several-names-sorted-once-each"),
+        pytest.param(["p", "p"], 'pod="p"', id="one-name-is-matched-exactly"),
+    ],
+)
+def test_newest_query_reads_a_demands_victims_in_one_query(pods: list[str], matcher: str) -> None:
+    """One re-check query for all of a transaction's victims (each judged on the rows of its own namespace, name
+    and node); the real Prometheus' answer to the regex is in tests/integration/test_evictor.py."""
+    query = utilisation_promql.newest(pods, config=CONFIG.prometheus, kinds=("gpu",))
+    assert query.count(f'DCGM_FI_DEV_GPU_UTIL{{GPU_I_PROFILE="",{matcher}}}') == 2
+    assert query.count(f'DCGM_FI_DEV_GPU_UTIL{{GPU_I_PROFILE="",exported_{matcher}}}') == 2
+
+
 def test_newest_query_carries_the_scope_matchers() -> None:
     """A shared store: the re-check reads only this cluster's series, and the client's scope check passes it."""
     config = settings_loader.load(overrides={"prometheus": {"scope_matchers": ['cluster="a"']}}).prometheus
-    query = utilisation_promql.newest("p", config=config, kinds=("gpu",))
+    query = utilisation_promql.newest(["p", "q"], config=config, kinds=("gpu",))
     assert query.count('DCGM_FI_DEV_GPU_UTIL{cluster="a",GPU_I_PROFILE="",') == 4
     assert not dcgm.unscoped(query, config=config)
+
+
+def test_newest_query_of_mig_instances_alone_reads_the_ratio_metric_in_percent() -> None:
+    """A MIG victim's re-check asks only for MIG instances, and DCGM's ratio metric scaled to percent (as the
+    measurement reads it: a 0.5 ratio must not look idle under a 5 % threshold)."""
+    query = utilisation_promql.newest(["p"], config=CONFIG.prometheus, kinds=("mig",))
+    assert query == (
+        'label_replace(vector(time()), "gpu_steward_recheck", "now", "", "") or '
+        'label_replace(DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!="",pod="p"} * 100, "gpu_steward_recheck", '
+        '"mig_value", "", "") or '
+        'label_replace(timestamp(DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!="",pod="p"}), "gpu_steward_recheck", '
+        '"mig_last", "", "") or '
+        'label_replace(DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!="",exported_pod="p"} * 100, "gpu_steward_recheck", '
+        '"mig_value", "", "") or '
+        'label_replace(timestamp(DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!="",exported_pod="p"}), '
+        '"gpu_steward_recheck", "mig_last", "", "")')
