@@ -1037,6 +1037,7 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
     setup = Setup(bin_dir, tuple(nodes), tuple(pods), tuple(plan), burst_pods(pods, gpus=int(gpus * BURST_GPU_SHARE)),
                   gated_min_gpus, args.drain_seconds)
     arms: dict[str, dict[str, Any]] = {}
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="placement-trace-") as tmp:
         for arm in args.arms:
             workdir = (args.logs or pathlib.Path(tmp)) / arm
@@ -1058,6 +1059,8 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
         "arrival_rate": args.arrival_rate, "time_compression": args.time_compression,
         "drain_seconds": args.drain_seconds,
         "burst_pods": len(setup.burst), "arms": arms, "goals": verdicts, "table": lines,
+        "load_average": {"before": [round(x, 2) for x in load_before],
+                         "after": [round(x, 2) for x in os.getloadavg()]},
     }, indent=2))
     picture(args.picture, arms, title=f"Mean NVLink domains spanned per multi-GPU pod - {args.trace}, "
             f"{len(nodes)} nodes, {len(pods)} pods")
