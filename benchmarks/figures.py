@@ -139,7 +139,11 @@ def _quiet_cycle(result: Result) -> str:
 
 # Each section: its title (the README links to its anchor) and what was run.
 PLACEMENT = ("Placement", "`benchmarks/placement_trace.py`: the Alibaba openb trace through the real kube-scheduler "
-             "1.37.2 on 200 kwok nodes, placement at release, two slices of the trace.")
+             "1.37.2 on 200 kwok nodes, release by nomination (issue 28), two slices of the trace, on a loaded "
+             "machine: load average 9-12 during pods 0-1999, 5-9 during pods 2000-3999 (from the runs' logs; these "
+             "files predate the script recording it).")
+PLACEMENT_PINS = ("Placement with pins", "The same replay with the pin design before issue 28, on a quieter machine "
+                  "(RESULTS.md), kept for comparison.")
 RELEASE_CHURN = ("Release churn", "`benchmarks/release_churn.py`: release by nomination (issue 28) under the same "
                  "churn as below: 800 mixed pods through 20 x 8-GPU nodes of the real control plane while nodes are "
                  "cordoned, deleted and created again; each rate against kube-scheduler alone.")
@@ -154,31 +158,32 @@ CYCLE = ("Descheduler cost", "`benchmarks/reclaim_cycle.py --prometheus`: a real
          "history, the store's time advancing a minute a cycle.")
 
 
-def _placement_rows() -> list[Figure]:
+def _placement_rows(section: tuple[str, str], design: str) -> list[Figure]:
     rows = []
     for part in ("0-2000", "2000-4000"):
-        source = f"placement_trace_release_{part}.json"
+        source = f"placement_trace_{design}_{part}.json"
         for arm in ("gpu-steward", "default", "binpack"):
-            rows.append(Figure(PLACEMENT, f"pods {part}, {arm}: domain-fittable multi-GPU pods in one NVLink domain",
+            rows.append(Figure(section, f"pods {part}, {arm}: domain-fittable multi-GPU pods in one NVLink domain",
                                source, _placement(arm, "one_domain_share")))
-            rows.append(Figure(PLACEMENT, f"pods {part}, {arm}: pods never scheduled", source,
+            rows.append(Figure(section, f"pods {part}, {arm}: pods never scheduled", source,
                                _placement(arm, "never_scheduled")))
-        rows.append(Figure(PLACEMENT, f"pods {part}, gpu-steward: burst bind rate against the default scheduler's",
+        rows.append(Figure(section, f"pods {part}, gpu-steward: burst bind rate against the default scheduler's",
                            source, _placement("gpu-steward", "burst_vs_default")))
         for arm in ("gpu-steward", "default"):
-            rows.append(Figure(PLACEMENT, f"pods {part}, {arm}: create-to-bound wait p99", source,
+            rows.append(Figure(section, f"pods {part}, {arm}: create-to-bound wait p99", source,
                                _placement(arm, "wait_p99_seconds")))
     return rows
 
 
 FIGURES: list[Figure] = [
-    *_placement_rows(),
+    *_placement_rows(PLACEMENT, "nominate"),
     *[Figure(RELEASE_CHURN, f"seed {seed}, {rate}: {what}", source, _release_churn(f"{rate} gpu-steward", key))
       for seed, source in ((1, "release_churn.json"), (2, "release_churn_seed2.json"))
       for rate in ("2/s", "3/s")
       for what, key in (("released pods bound on their planned node", "planned"),
                         ("stuck pods (released, Unschedulable)", "stuck"),
                         ("gangs part-running > 5 s", "gangs"))],
+    *_placement_rows(PLACEMENT_PINS, "release"),
     Figure(CHURN, "seed 1, ~90 % load (2/s): stuck pins", "pin_churn.json", _pin_churn("2/s gpu-steward")),
     Figure(CHURN, "seed 1, ~130 % load (3/s): stuck pins", "pin_churn.json", _pin_churn("3/s gpu-steward")),
     Figure(CHURN, "seed 2, ~90 % load (2/s): stuck pins", "pin_churn_seed2.json", _pin_churn("2/s gpu-steward")),
