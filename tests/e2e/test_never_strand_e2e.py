@@ -59,12 +59,13 @@ def _nodes() -> list[dict[str, Any]]:
 
 def _pinned_copy(pod: dict[str, Any], *, node: str, namespace: str) -> dict[str, Any]:
     """The pod to judge on one node: gates lifted (judged as the scheduler would once they are), no priority
-    fields (filters do not read them; the classes need not exist), pinned to the node (the judge's way to ask one
-    node)."""
+    fields (filters do not read them; the classes need not exist), no `schedulingGroup` (our gang's own PodGroup,
+    which every path lifting our gate makes first: tests/e2e/test_native_gang_release_e2e.py; for one judged pod a
+    gang of one, and filters do not read it), pinned to the node (the judge's way to ask one node)."""
     body = copy.deepcopy(pod)
     body["metadata"] = {**body["metadata"], "name": f"judge-{secrets.token_hex(4)}", "namespace": namespace}
     spec = body["spec"]
-    for field in ("schedulingGates", "priority", "priorityClassName", "preemptionPolicy"):
+    for field in ("schedulingGates", "priority", "priorityClassName", "preemptionPolicy", "schedulingGroup"):
         spec.pop(field, None)
     spec["terminationGracePeriodSeconds"] = 0
     pin = {"key": "metadata.name", "operator": "In", "values": [node]}
