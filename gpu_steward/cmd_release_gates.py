@@ -102,7 +102,7 @@ async def release(config: settings.Settings, *, namespace: str | None, dry_run: 
                 continue
             try:
                 group = gangs.named_pod_group(pod, names=config.names)
-                if f"{key.partition('/')[0]}/{group}" not in ensured and group:
+                if group and f"{key.partition('/')[0]}/{group}" not in ensured:
                     # Un-gated while it is missing, the pod would wait in kube-scheduler's queue for ever.
                     members = gangs.same_pod_group(every, like=pod, names=config.names)
                     ensured.update(await pod_groups.ensure(api, members=members, names=config.names,
