@@ -82,7 +82,7 @@ def read(message: str, *, claims_are_gpus: bool = False) -> Reading | None:
     return Reading(tuple(short), tuple(other))
 
 
-def why_not_a_demand(message: str | None, *, claims_are_gpus: bool = False) -> str | None:
+def why_not_a_demand(message: str | None, *, claims_are_gpus: bool) -> str | None:
     """Why the pod is not a reclaim demand by its scheduler's message, or None (it is one); `claims_are_gpus`: see
     `read`."""
     reading = read(message or "", claims_are_gpus=claims_are_gpus)
