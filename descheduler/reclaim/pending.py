@@ -98,10 +98,10 @@ def _ignored(pod: snapshot.Pod, condition: Mapping[str, Any], *, names: settings
 
 
 def _claims_are_gpus(pod: snapshot.Pod) -> bool:
-    """Every DRA claim kube-scheduler allocates for the pod is for its GPUs: it has no claims of its own, and no
-    extended resource but whole GPUs (any other could be served by a DRA class as well)."""
-    return not (pod.raw.get("spec") or {}).get("resourceClaims") and all(
-        "/" not in name or name == gpu.FULL_GPU for name in pod.requests)
+    """Every DRA claim kube-scheduler allocates for the pod is for its GPUs: it asks no extended resource but whole
+    GPUs (any other could be served by a DRA class as well). A pod with claims of its own never gets here: they are
+    not modelled (`_unevaluated`, checked first)."""
+    return all("/" not in name or name == gpu.FULL_GPU for name in pod.requests)
 
 
 def demands_from_snapshot(cluster: snapshot.Snapshot, *, names: settings.Names = _NAMES) -> list[Demand]:
