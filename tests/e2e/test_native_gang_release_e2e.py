@@ -10,7 +10,9 @@ first, else the members would wait in kube-scheduler's queue for ever
   PodGroup is made, none binds while there is no room and both once there is;
 - `gpu-steward release-gates` (uninstall) on an incomplete gang: the PodGroup is made with minCount = the members
   there are (not the gang's size: they would wait for members never created), and they bind;
-- the webhook's gate lifter (the descheduler gone for good): the same.
+- the webhook's gate lifter (the descheduler gone for good): the same;
+- the observation pass, when the PodGroup of a released gang is deleted while its members wait unbound: past
+  `bind_bound_seconds` it is made again (`PodGroupMissing` on each member), and the gang binds once there is room.
 """
 
 from __future__ import annotations
@@ -70,6 +72,18 @@ def wait_bound(cluster: localcluster.LocalCluster, namespace: str, names: list[s
         raise AssertionError(f"{exc}\n{json.dumps(events, indent=1)}") from None
 
 
+def released_unplaced(cluster: localcluster.LocalCluster, namespace: str, names: list[str],
+                      ) -> dict[str, dict[str, Any]]:
+    """The pods once our gate is off all of `names` (released at the gang's bound: nowhere to nominate them)."""
+    def released() -> dict[str, dict[str, Any]] | None:
+        pods = kube.pods(cluster, namespace)
+        return pods if all(n in pods and NAMES.gate not in kube.gates(pods[n]) for n in names) else None
+
+    pods = kube.poll("released unplaced at its bound", released, timeout_seconds=60)
+    assert not any(pods[n]["spec"].get("nodeName") for n in names)
+    return pods
+
+
 def assert_own_pod_group(cluster: localcluster.LocalCluster, namespace: str, pods: dict[str, dict[str, Any]],
                          names: list[str]) -> str:
     group = pods[names[0]]["spec"]["schedulingGroup"]["podGroupName"]
@@ -110,14 +124,37 @@ def test_a_gang_released_unplaced_at_its_bound_binds_whole_once_there_is_room(
     pool = f"e2e-pool-{secrets.token_hex(3)}"
     names = ["u0", "u1"]
     create(cluster, *(member(n, namespace, "unplaced", 2, pool=pool) for n in names))
+    assert_own_pod_group(cluster, namespace, released_unplaced(cluster, namespace, names), names)
+    cluster.kubectl("label", "node", spare_node, f"e2e-pool={pool}")
+    assert {p["spec"]["nodeName"] for p in wait_bound(cluster, namespace, names).values()} == {spare_node}
 
-    def released() -> dict[str, dict[str, Any]] | None:
-        pods = kube.pods(cluster, namespace)
-        return pods if all(n in pods and NAMES.gate not in kube.gates(pods[n]) for n in names) else None
 
-    pods = kube.poll("released unplaced at its bound", released, timeout_seconds=60)
-    assert_own_pod_group(cluster, namespace, pods, names)
-    assert not any(p["spec"].get("nodeName") for p in pods.values())
+def test_a_pod_group_deleted_while_the_gang_waits_is_made_again_and_the_gang_binds(
+    gpu_cluster: conftest.GpuCluster, webhook: conftest.WebhookServer,
+    descheduler_factory: conftest.StartDescheduler, namespace: str, spare_node: str,
+) -> None:
+    """Without the PodGroup kube-scheduler would hold the members for ever, silently (the facts test): the PodGroup
+    must come back before the room does, or the test times out."""
+    cluster = gpu_cluster.cluster
+    descheduler_factory({"descheduler": {"reclaim": {"enabled": False},
+                                         "gangs": {"gang_max_wait_seconds": 3, "bind_bound_seconds": 3}}})
+    pool = f"e2e-pool-{secrets.token_hex(3)}"
+    names = ["d0", "d1"]
+    create(cluster, *(member(n, namespace, "dropped", 2, pool=pool) for n in names))
+    group = assert_own_pod_group(cluster, namespace, released_unplaced(cluster, namespace, names), names)
+    first = pod_group(cluster, namespace, group)
+    assert first is not None
+    cluster.kubectl("delete", "podgroups.v1beta1.scheduling.k8s.io", group, "-n", namespace, "--wait=true")
+
+    def made_again() -> dict[str, Any] | None:
+        again = pod_group(cluster, namespace, group)
+        return again if again is not None and again["metadata"]["uid"] != first["metadata"]["uid"] else None
+
+    kube.poll(f"PodGroup {group} made again", made_again, timeout_seconds=60)
+    assert_own_pod_group(cluster, namespace, kube.pods(cluster, namespace), names)
+    kube.poll("PodGroupMissing told on every member", lambda: {
+        e["involvedObject"]["name"] for e in kube.events(cluster, namespace, reason="PodGroupMissing")} == set(names),
+        timeout_seconds=30)
     cluster.kubectl("label", "node", spare_node, f"e2e-pool={pool}")
     assert {p["spec"]["nodeName"] for p in wait_bound(cluster, namespace, names).values()} == {spare_node}
 
