@@ -29,9 +29,8 @@ planned for it was taken since the plan, it is held back (`gpu_steward_release_o
 unit, and the next pass, which the newer snapshot has already woken, plans it afresh.
 
 After the releases, every pass checks what earlier releases came to (`outcomes`, level-triggered) and tells each
-outcome once (`_record`: a log line, `gpu_steward_release_outcomes_total{cause}` and an Event on the pod). It acts on
-one only: a gang whose own PodGroup went missing after its release has it made again (`_remake`), on every pass
-until the snapshot shows it. Nothing in gpu-steward deletes, evicts or re-creates a pod to repair a placement.
+outcome once (`_record`: a log line, `gpu_steward_release_outcomes_total{cause}` and an Event on the pod). It never
+acts on one: nothing in gpu-steward deletes, evicts or re-creates a pod to repair a placement.
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ import aiohttp
 import prometheus_client
 from kubernetes_asyncio import client
 
-from common import events, gangs, kube, pod_groups, settings, snapshot, source, timestamps
+from common import events, kube, pod_groups, settings, snapshot, source, timestamps
 from descheduler.release import outcomes, patches, planning
 
 logger = logging.getLogger(__name__)
@@ -79,8 +78,7 @@ class Metrics:
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=registry,
         )
         self.failures = prometheus_client.Counter(
-            "gpu_steward_gang_release_failures", "Releases (and PodGroups made again) stopped by an API error "
-            "(retried).", registry=registry,
+            "gpu_steward_gang_release_failures", "Releases stopped by an API error (retried).", registry=registry
         )
         self.overtaken = prometheus_client.Counter(
             "gpu_steward_release_overtaken", "Releases held back right before their first patch because a node "
@@ -88,8 +86,8 @@ class Metrics:
         )
         self.outcomes = prometheus_client.Counter(
             "gpu_steward_release_outcomes", "Released pods whose release did not go as planned, told once each, by "
-            "cause: placed-elsewhere, split-domains, not-bound, gang-not-bound, gang-spread, pod-group-missing "
-            "(descheduler/release/outcomes.py).", ["cause"], registry=registry,
+            "cause: placed-elsewhere, split-domains, not-bound, gang-not-bound, gang-spread (descheduler/release/"
+            "outcomes.py).", ["cause"], registry=registry,
         )
 
 
@@ -165,27 +163,8 @@ class Controller:
         """Tell every outcome of earlier releases not told yet (`outcomes`); forget those no longer found, so one
         that comes back is told again."""
         found = outcomes.assess(cluster, config=self._config, now=now)
-        missing = {o.gang for o in found if o.cause is outcomes.Cause.POD_GROUP_MISSING and o.gang is not None}
-        await asyncio.gather(*(self._record(o) for o in found if (o.uid, o.cause) not in self._told),
-                             *(self._remake(gang, cluster) for gang in sorted(missing)))
+        await asyncio.gather(*(self._record(o) for o in found if (o.uid, o.cause) not in self._told))
         self._told &= {(o.uid, o.cause) for o in found}
-
-    async def _remake(self, gang: str, cluster: snapshot.Snapshot) -> None:
-        """Make the gang's own PodGroups again, for its present members (`outcomes`: pod-group-missing); a failure is
-        retried on the next pass."""
-        members = [p.raw for p in cluster.pods.values()
-                   if not p.deleting and p.phase not in snapshot.TERMINAL_PHASES
-                   and (found := gangs.identify(p.raw, names=self._config.names, pod_groups=cluster.pod_groups))
-                   is not None and found.key == gang]
-        try:
-            async with self._calls:
-                made = await pod_groups.ensure(self._api, members=members, names=self._config.names,
-                                               timeout_seconds=self._config.kubernetes.request_timeout_seconds)
-        except (kube.ApiError, aiohttp.ClientError, TimeoutError) as exc:
-            self._metrics.failures.inc()
-            logger.warning("gang %s: its PodGroup could not be made again: %s; retrying on the next pass", gang, exc)
-            return
-        logger.info("gang %s: PodGroup %s made again", gang, ", ".join(made))
 
     async def _record(self, outcome: outcomes.Outcome) -> None:
         """The one place a release outcome is told: log line + metric + Event."""

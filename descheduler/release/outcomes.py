@@ -18,13 +18,7 @@ not finished):
 - a gang (`common.gangs`) is judged as a whole, over its present released members: when any of them is `not-bound`,
   every member is reported `gang-not-bound` (a gang whose other members hold their GPUs while one cannot start,
   e.g. a member with a volume claim the model cannot judge) instead of the members' own outcomes; when its members
-  that were nominated are bound on more nodes than their nominations named, each of them is reported `gang-spread`;
-- a gang whose late members name our own PodGroup (`common.gangs`, native binding) while it is missing (deleted after
-  the release, by a user or a cleanup tool): every member is reported `pod-group-missing`, since kube-scheduler holds
-  a pod whose PodGroup does not exist in its queue for ever, with no condition and no Event. This is the one outcome
-  the shell acts on: it makes the PodGroup again (`common.pod_groups.ensure`), our own object, never a pod. Judged
-  only past the bound, so a PodGroup the watch has not shown yet is never taken for a deleted one, and only where
-  PodGroups are read in the version ours are made in.
+  that were nominated are bound on more nodes than their nominations named, each of them is reported `gang-spread`.
 """
 
 from __future__ import annotations
@@ -44,7 +38,6 @@ class Cause(enum.StrEnum):
     NOT_BOUND = "not-bound"
     GANG_NOT_BOUND = "gang-not-bound"
     GANG_SPREAD = "gang-spread"
-    POD_GROUP_MISSING = "pod-group-missing"
 
 
 # The Event each cause is told with: (type, reason).
@@ -54,7 +47,6 @@ EVENTS: dict[Cause, tuple[str, str]] = {
     Cause.NOT_BOUND: ("Warning", "NotBoundInTime"),
     Cause.GANG_NOT_BOUND: ("Warning", "GangNotBoundInTime"),
     Cause.GANG_SPREAD: ("Normal", "GangPlacedElsewhere"),
-    Cause.POD_GROUP_MISSING: ("Warning", "PodGroupMissing"),
 }
 
 
@@ -142,15 +134,6 @@ def _alone(item: _Released, cluster: snapshot.Snapshot, *, bound: float, now: fl
                    f"{where}, not bound {waited:.0f}s after its release (bound: {bound:g}s){old}")
 
 
-def _missing_pod_groups(items: list[_Released], cluster: snapshot.Snapshot, *, names: settings.Names) -> list[str]:
-    """Our own PodGroups (namespace/name) the members name that are not there, where PodGroups are read in the
-    version ours are made in (else none can be told missing)."""
-    if cluster.pod_groups.version != gangs.OWN_POD_GROUP_VERSION:
-        return []
-    named = {f"{i.pod.namespace}/{group}" for i in items if (group := gangs.named_pod_group(i.pod.raw, names=names))}
-    return sorted(key for key in named if key not in cluster.pod_groups)
-
-
 def assess(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float) -> tuple[Outcome, ...]:
     """Every released pod whose release did not go as planned, by pod key; gang members grouped by gang."""
     names, bound = config.names, config.descheduler.gangs.bind_bound_seconds
@@ -170,11 +153,6 @@ def assess(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float)
             found += [o for o in alone.values() if o is not None]
             continue
         late = sorted(k for k, o in alone.items() if o is not None and o.cause is Cause.NOT_BOUND)
-        if late and (missing := _missing_pod_groups(items, cluster, names=names)):
-            message = (f"gang {gang}: its PodGroup {', '.join(missing)} does not exist (deleted after the release); "
-                       f"kube-scheduler holds its {len(late)} unbound member(s) until it does: made again")
-            found += [Outcome(i.pod.key, i.pod.uid, Cause.POD_GROUP_MISSING, message, gang) for i in items]
-            continue
         if late:
             meanwhile = ("none is bound: they wait for room together" if len(late) == len(items)
                          else "the others hold their GPUs meanwhile")

@@ -10,9 +10,12 @@ first, else the members would wait in kube-scheduler's queue for ever
   PodGroup is made, none binds while there is no room and both once there is;
 - `gpu-steward release-gates` (uninstall) on an incomplete gang: the PodGroup is made with minCount = the members
   there are (not the gang's size: they would wait for members never created), and they bind;
-- the webhook's gate lifter (the descheduler gone for good): the same;
-- the observation pass, when the PodGroup of a released gang is deleted while its members wait unbound: past
-  `bind_bound_seconds` it is made again (`PodGroupMissing` on each member), and the gang binds once there is room.
+- the webhook's gate lifter (the descheduler gone for good): the same.
+
+And one fact of Kubernetes the design relies on instead of machinery of its own: a PodGroup its pods still name
+is not deleted while they exist (kube-controller-manager's `scheduling.k8s.io/podgroup-protection` finalizer), so a
+user or a cleanup tool deleting a released gang's PodGroup cannot leave its members held in kube-scheduler's queue
+for ever (a pod naming a PodGroup that does not exist is: tests/e2e/test_native_gang_binding_facts_e2e.py).
 """
 
 from __future__ import annotations
@@ -129,34 +132,27 @@ def test_a_gang_released_unplaced_at_its_bound_binds_whole_once_there_is_room(
     assert {p["spec"]["nodeName"] for p in wait_bound(cluster, namespace, names).values()} == {spare_node}
 
 
-def test_a_pod_group_deleted_while_the_gang_waits_is_made_again_and_the_gang_binds(
+def test_a_pod_group_deleted_while_its_gang_waits_is_kept_by_kubernetes_and_the_gang_binds(
     gpu_cluster: conftest.GpuCluster, webhook: conftest.WebhookServer,
     descheduler_factory: conftest.StartDescheduler, namespace: str, spare_node: str,
 ) -> None:
-    """Without the PodGroup kube-scheduler would hold the members for ever, silently (the facts test): the PodGroup
-    must come back before the room does, or the test times out."""
+    """Control: the deletion is accepted (deletionTimestamp set); what keeps the PodGroup is the protection
+    finalizer, and the members bind on it, all or nothing, once there is room."""
     cluster = gpu_cluster.cluster
-    descheduler_factory({"descheduler": {"reclaim": {"enabled": False},
-                                         "gangs": {"gang_max_wait_seconds": 3, "bind_bound_seconds": 3}}})
+    descheduler_factory({"descheduler": {"reclaim": {"enabled": False}, "gangs": {"gang_max_wait_seconds": 3}}})
     pool = f"e2e-pool-{secrets.token_hex(3)}"
     names = ["d0", "d1"]
     create(cluster, *(member(n, namespace, "dropped", 2, pool=pool) for n in names))
     group = assert_own_pod_group(cluster, namespace, released_unplaced(cluster, namespace, names), names)
-    first = pod_group(cluster, namespace, group)
-    assert first is not None
-    cluster.kubectl("delete", "podgroups.v1beta1.scheduling.k8s.io", group, "-n", namespace, "--wait=true")
-
-    def made_again() -> dict[str, Any] | None:
-        again = pod_group(cluster, namespace, group)
-        return again if again is not None and again["metadata"]["uid"] != first["metadata"]["uid"] else None
-
-    kube.poll(f"PodGroup {group} made again", made_again, timeout_seconds=60)
-    assert_own_pod_group(cluster, namespace, kube.pods(cluster, namespace), names)
-    kube.poll("PodGroupMissing told on every member", lambda: {
-        e["involvedObject"]["name"] for e in kube.events(cluster, namespace, reason="PodGroupMissing")} == set(names),
-        timeout_seconds=30)
+    cluster.kubectl("delete", "podgroups.v1beta1.scheduling.k8s.io", group, "-n", namespace, "--wait=false")
+    kept = pod_group(cluster, namespace, group)
+    assert kept is not None and kept["metadata"].get("deletionTimestamp"), kept
+    assert kept["metadata"].get("finalizers") == ["scheduling.k8s.io/podgroup-protection"]
     cluster.kubectl("label", "node", spare_node, f"e2e-pool={pool}")
     assert {p["spec"]["nodeName"] for p in wait_bound(cluster, namespace, names).values()} == {spare_node}
+    cluster.kubectl("delete", "pod", *names, "-n", namespace, "--grace-period=0")
+    kube.poll(f"PodGroup {group} gone with its pods", lambda: pod_group(cluster, namespace, group) is None,
+              timeout_seconds=60)
 
 
 def test_release_gates_makes_an_incomplete_gangs_pod_group_for_the_members_there_are(

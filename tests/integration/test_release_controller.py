@@ -295,8 +295,7 @@ class StoreSource:
     @property
     def snapshot(self) -> snapshot.Snapshot:
         pods = copy.deepcopy(list(self._server.pods.values()))
-        return snapshot.build(nodes=self._nodes, pods=pods, names=NAMES, taken_at=self._clock(),
-                              pod_groups=copy.deepcopy(list(self._server.pod_groups.values())))
+        return snapshot.build(nodes=self._nodes, pods=pods, names=NAMES, taken_at=self._clock())
 
     @property
     def synced(self) -> bool:
@@ -452,42 +451,6 @@ async def test_a_pod_group_that_exists_already_is_used_and_the_gang_released(
     await make_controller(server, api, config()).reconcile(now=time.time())
     assert [gates_of(p) for p in await gang_pods(api)] == [[]] * 2
     assert [k for _, k in server.patches] == ["pod-group"] + ["nominate"] * 2 + ["ungate"] * 2
-
-
-async def test_a_pod_group_deleted_after_the_release_is_made_again_and_no_pod_touched(
-    fake: tuple[FakeApiServer, client.ApiClient],
-) -> None:
-    """A released gang's own PodGroup deleted while its members wait unbound (a user, a cleanup tool): past the bound
-    every member is told `PodGroupMissing` once, and the PodGroup is made again (members present as minCount, owned
-    by them); a refused create is counted and retried on the next pass; no pod is patched, deleted or re-created."""
-    server, api = fake
-    long_ago = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 600))
-    for name in ("g-0", "g-1"):
-        pod = released(name, planned="gpu-0", node=None, at=long_ago, gang="g")
-        pod["spec"]["schedulingGroup"] = {"podGroupName": "gpu-steward-g"}  # as our webhook names it
-        server.put(pod, notify=False)
-    before = copy.deepcopy(server.pods)
-    registry = prometheus_client.CollectorRegistry()
-    ctl = controller.Controller(config=config(bind_bound_seconds=120), source=StoreSource(server, NODES,
-                                clock=time.time), api=api, metrics=controller.Metrics(registry))
-    server.pod_group_refusal = 403
-    await ctl.reconcile(now=time.time())
-    assert server.pod_groups == {} and registry.get_sample_value("gpu_steward_gang_release_failures_total") == 1
-
-    server.pod_group_refusal = None
-    for _ in range(2):
-        await ctl.reconcile(now=time.time())
-    made = server.pod_groups[f"{NAMESPACE}/gpu-steward-g"]
-    assert made["spec"] == {"schedulingPolicy": {"gang": {"minCount": 2}}}
-    assert [o["name"] for o in made["metadata"]["ownerReferences"]] == ["g-0", "g-1"]
-    assert [k for _, k in server.patches] == ["pod-group"] * 2, "made once it was refused, then seen: no more"
-    told = [(e["involvedObject"]["name"], e["type"], e["reason"]) for e in server.events]
-    assert sorted(told[:2]) == [("g-0", "Warning", "PodGroupMissing"), ("g-1", "Warning", "PodGroupMissing")]
-    assert sorted(told[2:]) == [("g-0", "Warning", "GangNotBoundInTime"), ("g-1", "Warning", "GangNotBoundInTime")], (
-        "once it exists again, the gang is what it was: late")
-    assert "its PodGroup team/gpu-steward-g does not exist" in server.events[0]["message"]
-    assert registry.get_sample_value("gpu_steward_release_outcomes_total", {"cause": "pod-group-missing"}) == 2
-    assert server.pods == before, "no pod changed, deleted or re-created"
 
 
 async def test_restart_mid_release_resumes_from_the_cluster(fake: tuple[FakeApiServer, client.ApiClient]) -> None:
@@ -821,5 +784,5 @@ async def test_outcomes_are_told_once_each_with_an_event_and_a_metric_and_nothin
     counts = {cause.value: registry.get_sample_value("gpu_steward_release_outcomes_total", {"cause": cause.value})
               for cause in outcomes.Cause}
     assert counts == {"placed-elsewhere": 1, "split-domains": None, "not-bound": 1, "gang-not-bound": 2,
-                      "gang-spread": None, "pod-group-missing": None}
+                      "gang-spread": None}
     assert server.pods == before and server.patches == [], "observed only: no pod changed, deleted or re-created"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from common import gangs, settings, snapshot
+from common import settings, snapshot
 from descheduler.release import outcomes
 from tests import builders
 
@@ -31,8 +31,7 @@ def config() -> settings.Settings:
 def released(name: str, *, planned: str | None = "a", node: str | None = None, at: str | None = RECENT,
              one_domain: bool = True, gpus: int = 4, gang: str | None = None, gated: bool = False,
              phase: str | None = None, deleting: bool = False, nominated: str | None = None,
-             pin: str | None = None, raw_record: str | None = None, volume_claim: bool = False,
-             own_group: bool = False) -> dict[str, Any]:
+             pin: str | None = None, raw_record: str | None = None, volume_claim: bool = False) -> dict[str, Any]:
     """A pod our release un-gated at `at` (None: a record without a time), nominated to `planned`."""
     if raw_record is not None:
         record = raw_record
@@ -55,8 +54,6 @@ def released(name: str, *, planned: str | None = "a", node: str | None = None, a
                                                         "values": [pin]}]}]}}}
         if volume_claim:
             spec["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]
-        if own_group and gang:
-            spec["schedulingGroup"] = {"podGroupName": gangs.own_pod_group(gang, None)}
 
     labels = {NAMES.gang_name: gang, NAMES.gang_size: "2"} if gang else None
     return builders.pod(name, namespace="team", gpus=gpus, node=node,
@@ -84,14 +81,8 @@ class Want:
     whole: bool = False  # `says` is the whole message
 
 
-def assess(pods: Sequence[dict[str, Any]], occupancy: snapshot.Occupancy | None = None, *,
-           pod_groups: Sequence[str] = (), pod_group_version: str | None = gangs.OWN_POD_GROUP_VERSION,
-           ) -> dict[str, outcomes.Outcome]:
-    """`pod_groups`: the names of the PodGroups present in namespace team (our own gangs' shape)."""
-    groups = [{"metadata": {"name": name, "namespace": "team"},
-               "spec": {"schedulingPolicy": {"gang": {"minCount": 2}}}} for name in pod_groups]
-    cluster = snapshot.build(nodes=NODES, pods=pods, occupancy=occupancy, names=NAMES, taken_at=NOW,
-                             pod_groups=groups, pod_group_version=pod_group_version)
+def assess(pods: Sequence[dict[str, Any]], occupancy: snapshot.Occupancy | None = None) -> dict[str, outcomes.Outcome]:
+    cluster = snapshot.build(nodes=NODES, pods=pods, occupancy=occupancy, names=NAMES, taken_at=NOW)
     found = outcomes.assess(cluster, config=config(), now=NOW)
     assert len({o.key for o in found}) == len(found), "one outcome per pod"
     return {o.key.split("/")[1]: o for o in found}
@@ -210,56 +201,6 @@ def check(found: Mapping[str, outcomes.Outcome], expected: Mapping[str, Want]) -
 )
 def test_outcomes(pods: list[dict[str, Any]], expected: Mapping[str, Want]) -> None:
     check(assess(pods), expected)
-
-
-OURS = "gpu-steward-g"
-MISSING = Want(C.POD_GROUP_MISSING, "gang team/g: its PodGroup team/gpu-steward-g does not exist (deleted after the "
-                                    "release); kube-scheduler holds its 2 unbound member(s) until it does: made again",
-               "team/g", whole=True)
-
-
-def own_gang(*, at: str = PAST, bound: int = 0) -> list[dict[str, Any]]:
-    """Gang g of 2 in its own PodGroup, released at `at`, its first `bound` members bound."""
-    return [released(f"g-{i}", gang="g", own_group=True, at=at, node="a" if i < bound else None) for i in range(2)]
-
-
-@pytest.mark.parametrize(
-    ("pods", "present", "version", "expected"),
-    [
-        # --- adversarial rows first ---
-        pytest.param(own_gang(), (), gangs.OWN_POD_GROUP_VERSION, {"g-0": MISSING, "g-1": MISSING},
-                     id="own-pod-group-deleted-after-release/held-for-ever-so-made-again"),
-        pytest.param(own_gang(bound=1), (), gangs.OWN_POD_GROUP_VERSION,
-                     {"g-0": dataclasses.replace(MISSING, says="holds its 1 unbound member(s)", whole=False),
-                      "g-1": dataclasses.replace(MISSING, says="holds its 1 unbound member(s)", whole=False)},
-                     id="own-pod-group-deleted-one-member-bound/the-bound-one-told-too"),
-        pytest.param(own_gang(at=RECENT), (), gangs.OWN_POD_GROUP_VERSION, {},
-                     id="own-pod-group-not-in-the-watch-yet/within-the-bound-never-missing"),
-        pytest.param(own_gang(), (), "v1alpha2",
-                     {"g-0": Want(C.GANG_NOT_BOUND, "none is bound", "team/g"),
-                      "g-1": Want(C.GANG_NOT_BOUND, "none is bound", "team/g")},
-                     id="pod-groups-read-in-another-version/cannot-tell-missing"),
-        pytest.param(own_gang(), (), None,
-                     {"g-0": Want(C.GANG_NOT_BOUND, "none is bound", "team/g"),
-                      "g-1": Want(C.GANG_NOT_BOUND, "none is bound", "team/g")},
-                     id="pod-groups-not-served-or-granted/cannot-tell-missing"),
-        pytest.param([released("g-0", gang="g", at=PAST), released("g-1", gang="g", at=PAST)], (),
-                     gangs.OWN_POD_GROUP_VERSION,
-                     {"g-0": Want(C.GANG_NOT_BOUND, "none is bound", "team/g"),
-                      "g-1": Want(C.GANG_NOT_BOUND, "none is bound", "team/g")},
-                     id="gang-without-a-pod-group-of-ours/not-missing"),
-        # --- match / no match ---
-        pytest.param(own_gang(), (OURS,), gangs.OWN_POD_GROUP_VERSION,
-                     {"g-0": Want(C.GANG_NOT_BOUND, "none is bound", "team/g"),
-                      "g-1": Want(C.GANG_NOT_BOUND, "none is bound", "team/g")},
-                     id="own-pod-group-present/just-late"),
-        pytest.param(own_gang(bound=2), (), gangs.OWN_POD_GROUP_VERSION, {},
-                     id="own-pod-group-gone-once-all-bound/nothing-held"),
-    ],
-)
-def test_missing_own_pod_group(pods: list[dict[str, Any]], present: Sequence[str], version: str | None,
-                               expected: Mapping[str, Want]) -> None:
-    check(assess(pods, pod_groups=present, pod_group_version=version), expected)
 
 
 @pytest.mark.parametrize(
