@@ -4,7 +4,8 @@ What is read and kept: descheduler.reclaim.utilisation_parts (the parts of the s
 descheduler.reclaim.utilisation_promql (their queries).
 
 `assess()` fails closed: no series, fewer devices than the pod holds (or, without `prometheus.scope_matchers`,
-more distinct GPUs than it holds: another cluster's series in a shared store), NaN (a part whose every sample is NaN
+more distinct GPUs than it holds: another cluster's series in a shared store; or an idle reading from a series
+without a host label, which could be such a series), NaN (a part whose every sample is NaN
 for the peak; any NaN for the average), a reading above 100 % (a ratio metric read as percent: the unit
 setting is wrong), a window not covered by time (a stretch without a sample longer than
 `reclaim.max_gap_intervals` observed scrape intervals, the first one counted from the window's start on the
@@ -190,6 +191,11 @@ def assess(
         utilisations.append(util)
         by_index.extend(reading.by_index)
     value = max(utilisations)
+    if value < threshold_percent and "" in found.hosts and not prometheus.scope_matchers:
+        # A series without a host is taken for the pod's wherever it comes from (utilisation_parts.same_host).
+        return failed(f"idle, but read partly from series without a {prometheus.labels.hostname[0]} label, which a "
+                      "store shared by several clusters cannot tell from another cluster's same-named pod; set "
+                      "prometheus.scope_matchers (or keep the exporter's host label)")
     verdict = "<" if value < threshold_percent else ">="
     reason = (f"{reclaim.idle_statistic} GPU utilisation {value:.1f}% {verdict} {threshold_percent:g}% "
               f"over {window_seconds}s")

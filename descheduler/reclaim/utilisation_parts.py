@@ -409,7 +409,8 @@ Readings = Mapping[tuple[str, str], PodReading]  # (namespace, pod) -> ...
 
 def same_host(host: str, node: str, *, short_name: bool = False) -> bool:
     """Whether a series' host label names the pod's node: the whole name (`prometheus.hostname_match` exact), or
-    up to the first dot (short-name). A series without a host label is the pod's."""
+    up to the first dot (short-name). A series without a host label is the pod's (without a scope `utilisation.assess`
+    then never finds the pod idle: it could be another cluster's)."""
     return not host or host == node or (short_name and host.split(".")[0] == node.split(".")[0])
 
 

@@ -433,8 +433,19 @@ def mig_series(instance: str = "1", *, value: float = 0.02 * 100, **kwargs: Any)
                      id="other-domains-series-are-not-the-pods"),
         pytest.param([Series(dcgm(host="gpu-01.b.example"), scraped())], pod(node="gpu-01.a.example"), WINDOW, NOW,
                      SHORT_NAME, True, "1.0% < 10%", id="short-name-folds-domains-when-the-operator-says-so"),
-        pytest.param([Series(dcgm(host=""), scraped())], None, WINDOW, NOW, CONFIG, True, "1.0% < 10%",
-                     id="no-host-label"),
+        # a series without a host is taken for the pod's wherever it comes from: in a shared store it may be another
+        # cluster's same-named pod (ours silent), so unscoped it never makes a pod idle; scoped it is judged
+        pytest.param([Series(dcgm(host=""), scraped())], None, WINDOW, NOW, CONFIG, False,
+                     "idle, but read partly from series without a Hostname label, which a store shared by several "
+                     "clusters cannot tell from another cluster's same-named pod; set prometheus.scope_matchers",
+                     id="unscoped-no-host-label-idle-fails-closed"),
+        pytest.param([Series(dcgm(host=""), scraped())], None, WINDOW, NOW, SCOPED, True, "1.0% < 10%",
+                     id="scoped-no-host-label-is-judged"),
+        pytest.param([Series(dcgm(host=""), scraped(value=60.0))], None, WINDOW, NOW, CONFIG, False, "60.0% >= 10%",
+                     id="unscoped-no-host-label-busy-is-busy"),
+        pytest.param([steady(), Series({**dcgm(host=""), "UUID": "GPU-n1-0", "job": "b"}, scraped())], None, WINDOW,
+                     NOW, CONFIG, False, "read partly from series without a Hostname label",
+                     id="unscoped-one-copy-without-host-fails-closed"),
         pytest.param([Series({**dcgm(host=""), "hostname": "n1", "UUID": "GPU-n1-0"}, scraped(busy={NOW - 20: 50.0})),
                       Series(dcgm(), scraped())], pod(full=1), WINDOW, NOW, CONFIG, False, "50.0% >= 10%",
                      id="host-spellings-of-one-node-are-one-device-the-busier-wins"),
