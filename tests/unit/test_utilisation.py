@@ -443,6 +443,8 @@ def mig_series(instance: str = "1", *, value: float = 0.02 * 100, **kwargs: Any)
                      id="scoped-no-host-label-is-judged"),
         pytest.param([Series(dcgm(host=""), scraped(value=60.0))], None, WINDOW, NOW, CONFIG, False, "60.0% >= 10%",
                      id="unscoped-no-host-label-busy-is-busy"),
+        pytest.param([Series(dcgm(host=""), scraped(value=10.0))], None, WINDOW, NOW, CONFIG, False, "10.0% >= 10%",
+                     id="unscoped-no-host-label-at-the-threshold-is-busy-boundary"),
         pytest.param([steady(), Series({**dcgm(host=""), "UUID": "GPU-n1-0", "job": "b"}, scraped())], None, WINDOW,
                      NOW, CONFIG, False, "read partly from series without a Hostname label",
                      id="unscoped-one-copy-without-host-fails-closed"),
