@@ -24,6 +24,12 @@ end. One set of parts serves every window: a window's verdict is derived from th
   exactly on its start, the part's count is then n - 1 or n; until it is known, between n - 1 and n: the
   observed interval from n (shorter: stricter), the gaps from n - 1 (wider: stricter), which fails closed on
   series whose samples sit on the grid. A peak may take such a sample twice (stricter).
+- A window's reading is one fold over its parts in order (`Acc.add`), the state it carries from part to part being
+  the last sample so far. From a part with samples and a last sample (an anchor) on, that state no longer depends
+  on where the window started: each final part's share of the fold after the window's first anchor is kept
+  (`Stretches`, per window and device), so a cycle folds only the parts before the anchor (usually none), the
+  parts not final yet and the live stretch, and a start that moves drops the oldest shares. Exactly the reading a
+  fold from scratch gives (tests/unit/test_utilisation_fold.py).
 
 Devices: the pod, namespace and host (from `prometheus.labels`, a later non-empty spelling wins), with the GPU
 index, the UUID and the MIG instance. A pod's series from its node (the host compared as a whole name, or up to

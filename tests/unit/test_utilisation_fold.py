@@ -140,3 +140,27 @@ def test_the_anchor_is_the_first_part_with_samples_and_a_last_sample(before: par
     parts._kept(cache, judging, needed, 3, (0,))
     (kept,) = cache.stretches[700.0, False, 2.0, True].values()
     assert (kept.first, kept.end) == (expected, 3)
+
+
+@pytest.mark.parametrize(
+    ("first", "end", "keep_from", "expected"),
+    [
+        # adversarial: a part read again after prune may differ (late samples): no share may outlive its part
+        pytest.param(3, 6, 5, (5, 6), id="older-parts-dropped-the-rest-kept"),
+        pytest.param(3, 6, 6, None, id="every-part-dropped"),
+        pytest.param(3, 6, 3, (3, 6), id="nothing-dropped-on-the-boundary"),
+        pytest.param(3, 6, 2, (3, 6), id="nothing-dropped"),
+    ],
+)
+def test_prune_drops_the_shares_of_dropped_parts(first: int, end: int, keep_from: int,
+                                                  expected: tuple[int, int] | None) -> None:
+    cache = parts.Cache()
+    cache._at(("ns", "p", "n1", "0", "GPU-0", ""))
+    stretches = parts.Stretches(first, first * P)
+    judging = parts.Judging(3600.0, 0.0, GRID, False, 2.0, True)
+    for j in range(first + 1, end):
+        stretches.extend((20.0, 20.0, 1.0, (j + 1) * P), j * P, judging)
+    cache.stretches[3600.0, False, 2.0, True] = {(0,): stretches}
+    cache.prune(keep_from)
+    kept = cache.stretches.get((3600.0, False, 2.0, True), {}).get((0,))
+    assert ((kept.first, kept.end) if kept is not None else None) == expected
