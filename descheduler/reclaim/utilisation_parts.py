@@ -261,11 +261,13 @@ class Cache:
                     found.drop_before(keep_from)
             if not shares:
                 del self.stretches[window]
-        seen = {i for part in self.parts.values() for i in range(len(part.n)) if part.n[i] > 0
-                or not math.isnan(part.last[i])}
-        if len(self.keys) < 1000 or len(seen) * 2 >= len(self.keys):
+        if len(self.keys) < 1000:
             return
-        order = sorted(seen)
+        newest_first = [self.parts[j] for j in sorted(self.parts, reverse=True)]  # a live device: one look, not 37
+        order = [i for i in range(len(self.keys)) if any(
+            i < len(part.n) and (part.n[i] > 0 or not math.isnan(part.last[i])) for part in newest_first)]
+        if len(order) * 2 >= len(self.keys):
+            return
         remap = {old: new for new, old in enumerate(order)}
         self._raw, self.stretches = {}, {}
         self.keys = [self.keys[old] for old in order]
