@@ -24,6 +24,12 @@ end. One set of parts serves every window: a window's verdict is derived from th
   exactly on its start, the part's count is then n - 1 or n; until it is known, between n - 1 and n: the
   observed interval from n (shorter: stricter), the gaps from n - 1 (wider: stricter), which fails closed on
   series whose samples sit on the grid. A peak may take such a sample twice (stricter).
+- A window's reading is one fold over its parts in order (`Acc.add`), the state it carries from part to part being
+  the last sample so far. From a part with samples and a last sample (an anchor) on, that state no longer depends
+  on where the window started: each final part's share of the fold after the window's first anchor is kept
+  (`Stretches`, per window and device), so a cycle folds only the parts before the anchor (usually none), the
+  parts not final yet and the live stretch, and a start that moves drops the oldest shares. Exactly the reading a
+  fold from scratch gives (tests/unit/test_utilisation_fold.py).
 
 Devices: the pod, namespace and host (from `prometheus.labels`, a later non-empty spelling wins), with the GPU
 index, the UUID and the MIG instance. A pod's series from its node (the host compared as a whole name, or up to
@@ -148,7 +154,8 @@ class Cache:
         self.pods: dict[tuple[str, str], list[int]] = {}  # (namespace, pod) -> its device indices
         self.keys: list[DeviceKey] = []
         self.parts: dict[int, Part] = {}
-        self.summaries: dict[tuple[int, bool, float, bool | None], tuple[int, list[Acc]]] = {}
+        # (window, average, max_gap_intervals, left_closed) -> a device's copies -> its shares of the window's fold
+        self.stretches: dict[tuple[float, bool, float, bool | None], dict[tuple[int, ...], Stretches]] = {}
         self._raw: dict[tuple[str | None, ...], int | None] = {}  # raw label values -> device (None: no pod)
 
     def _at(self, key: DeviceKey) -> int:
@@ -246,14 +253,23 @@ class Cache:
         over half of it)."""
         for j in [j for j in self.parts if j < keep_from]:
             del self.parts[j]
-        self.summaries = {key: found for key, found in self.summaries.items() if key[0] >= keep_from}
-        seen = {i for part in self.parts.values() for i in range(len(part.n)) if part.n[i] > 0
-                or not math.isnan(part.last[i])}
-        if len(self.keys) < 1000 or len(seen) * 2 >= len(self.keys):
+        for window, shares in list(self.stretches.items()):  # shares of dropped parts (a part read again may differ)
+            for copies, found in list(shares.items()):
+                if found.end <= keep_from:
+                    del shares[copies]
+                elif found.first < keep_from:
+                    found.drop_before(keep_from)
+            if not shares:
+                del self.stretches[window]
+        if len(self.keys) < 1000:
             return
-        order = sorted(seen)
+        newest_first = [self.parts[j] for j in sorted(self.parts, reverse=True)]  # a live device: one look, not 37
+        order = [i for i in range(len(self.keys)) if any(
+            i < len(part.n) and (part.n[i] > 0 or not math.isnan(part.last[i])) for part in newest_first)]
+        if len(order) * 2 >= len(self.keys):
+            return
         remap = {old: new for new, old in enumerate(order)}
-        self._raw, self.summaries = {}, {}
+        self._raw, self.stretches = {}, {}
         self.keys = [self.keys[old] for old in order]
         self.index = {key: i for i, key in enumerate(self.keys)}
         self.pods = {}
@@ -320,8 +336,8 @@ class DeviceReading:
 
 
 class Acc:
-    """A device's stretches so far, folded (see DeviceReading), resumable: a window's kept final parts are
-    folded once and kept (`Cache.summaries`); each cycle adds the newer parts and the live stretch to a copy."""
+    """A device's stretches so far, folded (see DeviceReading), part after part (`add`); a window's final parts
+    are folded once, their shares kept (`Stretches`)."""
 
     __slots__ = ("counted", "lost", "nan", "observed", "on_sample", "peak", "previous", "samples", "total", "worst")
 
@@ -330,13 +346,6 @@ class Acc:
         self.observed, self.worst, self.lost = math.inf, 0.0, 0
         self.peak, self.nan, self.samples = -math.inf, False, False
         self.total, self.counted = 0.0, 0.0
-
-    def copy(self) -> Acc:
-        out = Acc(self.previous, self.on_sample)
-        out.observed, out.worst, out.lost = self.observed, self.worst, self.lost
-        out.peak, out.nan, out.samples = self.peak, self.nan, self.samples
-        out.total, out.counted = self.total, self.counted
-        return out
 
     def add(self, numbers: Numbers, start: float, *, average: bool, left_closed: bool | None, bound: float,
             length: float = 0.0) -> None:
@@ -453,23 +462,6 @@ def gpus(copies: Mapping[int, tuple[str, str, str, str]]) -> list[Gpu]:
     return out
 
 
-def _folded(parts: Sequence[Part | None], copies: Sequence[int]) -> list[Numbers]:
-    """Copies of one device (several indices: host spellings) folded per part."""
-    out = []
-    for part in parts:
-        acc: list[float | None] = [None, None, None, None]
-        for i in copies:
-            n, n_min, value, last = part.get(i) if part is not None else EMPTY
-            if n > 0:
-                for stat, number in (("n", n), ("n_min", n_min), ("peak", value)):
-                    fold(acc, stat, number)
-            if not math.isnan(last):
-                fold(acc, "last", last)
-        out.append((acc[0] or 0.0, math.inf if acc[1] is None else acc[1], NAN if acc[2] is None else acc[2],
-                    NAN if acc[3] is None else acc[3]))
-    return out
-
-
 def device_reading(numbers: Sequence[Numbers], starts: Sequence[float], *, average: bool,
                    left_closed: bool | None = None, bound: float = 2.0) -> DeviceReading:
     """A device's reading from its folded numbers: the part before the window, then each part of the window and
@@ -495,34 +487,118 @@ class Judging:
     left_closed: bool | None = None
 
 
-def _summary(cache: Cache, judging: Judging, needed: range) -> tuple[int, list[Acc]]:
-    """Every device's stretches over the window's final kept parts from its start (the longest run of final
-    parts from the one before the window): (the part after the run, accumulators by device index). Kept in
-    `cache.summaries` and extended as parts turn final; a window whose start moved folds from scratch."""
-    first = needed[0]
-    start = (first + 1) * judging.grid.part
-    key = (first, judging.average, judging.bound, judging.left_closed)
-    end = first
+WIDTH = 7  # numbers a part in `Stretches.columns`: observed, worst, lost, value, counted, samples, previous
+
+
+class Stretches:
+    """One device's shares of the fold (`Acc.add`) over consecutive final parts `first`.. (`WIDTH` numbers each, in
+    one `array('d')`), from an anchor on: a part with samples and a last sample, which sets the state the fold
+    carries (`Acc.previous`) by itself. A share depends only on its part and the state the part before left, so
+    the shares after an anchor are the same for every window start at or before it: a start that moves drops the
+    oldest shares and folds nothing again (`Cache.stretches`). The first row is the anchor's: only its state."""
+
+    __slots__ = ("columns", "first")
+
+    def __init__(self, first: int, state: float) -> None:
+        self.first = first
+        self.columns = array.array("d", (math.inf, 0.0, 0.0, -math.inf, 0.0, 0.0, state))
+
+    @property
+    def end(self) -> int:
+        return self.first + len(self.columns) // WIDTH
+
+    def drop_before(self, j: int) -> None:
+        del self.columns[:(j - self.first) * WIDTH]
+        self.first = j
+
+    def extend(self, numbers: Numbers, start: float, judging: Judging) -> None:
+        """The share of the next part (`numbers`, from `start`), after the state the part before left."""
+        share = Acc(self.columns[-1], True)
+        share.add(numbers, start, average=judging.average, left_closed=judging.left_closed, bound=judging.bound,
+                  length=judging.grid.part)
+        value = share.total if judging.average else NAN if share.nan else share.peak
+        self.columns.extend((share.observed, share.worst, share.lost, value, share.counted, share.samples,
+                             share.previous))
+
+    def into(self, acc: Acc, *, average: bool) -> None:
+        """The shares after the anchor's row, folded into `acc` in the parts' order (the average's sum adds as the
+        fold does: exactly the same number)."""
+        columns = self.columns
+        if len(columns) <= WIDTH:
+            return
+        acc.observed = min(acc.observed, min(columns[WIDTH::WIDTH]))
+        acc.worst = max(acc.worst, max(columns[WIDTH + 1::WIDTH]))
+        acc.lost += int(sum(columns[WIDTH + 2::WIDTH]))
+        values = columns[WIDTH + 3::WIDTH]
+        if average:
+            for value in values:
+                acc.total += value
+            acc.counted += sum(columns[WIDTH + 4::WIDTH])
+        else:
+            numbers = [value for value in values if not math.isnan(value)]
+            acc.nan = acc.nan or len(numbers) < len(values)
+            acc.peak = max(acc.peak, max(numbers, default=-math.inf))
+        acc.samples = acc.samples or any(columns[WIDTH + 5::WIDTH])
+        acc.previous, acc.on_sample = columns[-1], True
+
+
+def numbers_of(part: Part | None, copies: Sequence[int]) -> Numbers:
+    """A device's numbers in a part, its copies folded (see the module's docstring: copies of a device)."""
+    if part is None:
+        return EMPTY
+    if len(copies) == 1:
+        return part.get(copies[0])
+    acc: list[float | None] = [None, None, None, None]
+    for i in copies:
+        n, n_min, value, last = part.get(i)
+        if n > 0:
+            for stat, number in (("n", n), ("n_min", n_min), ("peak", value)):
+                fold(acc, stat, number)
+        if not math.isnan(last):
+            fold(acc, "last", last)
+    return (acc[0] or 0.0, math.inf if acc[1] is None else acc[1], NAN if acc[2] is None else acc[2],
+            NAN if acc[3] is None else acc[3])
+
+
+def _anchored(numbers: Numbers) -> bool:
+    """Whether a part sets the fold's state by itself: samples, and a last sample (see `Acc.add`)."""
+    return numbers[0] > 0 and not math.isnan(numbers[3])
+
+
+def final_end(cache: Cache, needed: range) -> int:
+    """The part after the run of final kept parts from the window's first needed one (the part before it)."""
+    end = needed[0]
     while end in needed and end in cache.parts and cache.parts[end].final:
         end += 1
-    done, accs = cache.summaries.get(key, (first, []))
-    if done > end or end == first:  # the part before the window not final (yet): nothing to keep
-        done, accs = first, []
-    before = cache.parts.get(first)
-    for i in range(len(accs), len(cache.keys)):  # devices seen since: from the start
-        last = before.get(i)[3] if before is not None else NAN
-        accs.append(Acc(last, True) if not math.isnan(last) else Acc(start, False))
-        for j in range(first + 1, done):
-            accs[i].add(cache.parts[j].get(i), j * judging.grid.part, average=judging.average,
-                        left_closed=judging.left_closed, bound=judging.bound, length=judging.grid.part)
-    for j in range(max(done, first + 1), end):
-        part, at = cache.parts[j], j * judging.grid.part
-        for i in range(len(accs)):
-            accs[i].add(part.get(i), at, average=judging.average, left_closed=judging.left_closed,
-                        bound=judging.bound, length=judging.grid.part)
-    if end > first:
-        cache.summaries[key] = (max(done, end), accs)
-    return max(done, end), accs
+    return end
+
+
+def _kept(cache: Cache, judging: Judging, needed: range, end: int, copies: tuple[int, ...]) -> Acc:
+    """A device's fold over the window's final kept parts before `end`: from the part before the window (its last
+    sample) through the parts up to the first anchor, then the shares after it (`Stretches`, kept per window in
+    `Cache.stretches`, extended to `end`)."""
+    first, part = needed[0], judging.grid.part
+    numbers = numbers_of(cache.parts.get(first), copies)
+    acc = Acc(numbers[3], True) if not math.isnan(numbers[3]) else Acc((first + 1) * part, False)
+    anchor = first
+    while not _anchored(numbers):
+        anchor += 1
+        if anchor >= end:
+            return acc
+        numbers = numbers_of(cache.parts[anchor], copies)
+        acc.add(numbers, anchor * part, average=judging.average, left_closed=judging.left_closed,
+                bound=judging.bound, length=part)
+    if anchor >= end:  # the part before the window is not final yet: no part to fold
+        return acc
+    kept = cache.stretches.setdefault((judging.window, judging.average, judging.bound, judging.left_closed), {})
+    stretches = kept.get(copies)
+    if stretches is None or not stretches.first <= anchor < stretches.end or stretches.end > end:
+        stretches = kept[copies] = Stretches(anchor, numbers[3])
+    stretches.drop_before(anchor)
+    for j in range(stretches.end, end):
+        stretches.extend(numbers_of(cache.parts[j], copies), j * part, judging)
+    stretches.into(acc, average=judging.average)
+    return acc
 
 
 def readings(caches: Mapping[str, Cache], lives: Mapping[str, Part], *, pods: Mapping[tuple[str, str], str],
@@ -538,13 +614,13 @@ def readings(caches: Mapping[str, Cache], lives: Mapping[str, Part], *, pods: Ma
     live_start = grid.live_start(judging.now) if short is None else judging.now - judging.window
     starts = [j * grid.part for j in needed[1:]] + [live_start]
     out: dict[tuple[str, str], PodReading] = {}
-    unknown, summaries = {}, {}
+    unknown, ends = {}, {}
     for kind, cache in caches.items():
         missing = [j for j in needed if j not in cache.parts or j in unread.get(kind, ())]
         unknown[kind] = (f"{len(missing)} of the {len(needed)} parts of {grid.part}s the window needs are not read "
                          "from the store yet (the part cache is rebuilt after a start or a leader change) or their "
                          "read failed this cycle") if missing else None
-        summaries[kind] = _summary(cache, judging, needed) if needed and not missing else (0, [])
+        ends[kind] = final_end(cache, needed) if needed and not missing else 0
     for key, node in pods.items():
         hosts: set[str] = set()
         kinds: dict[str, KindReading] = {}
@@ -558,34 +634,31 @@ def readings(caches: Mapping[str, Cache], lives: Mapping[str, Part], *, pods: Ma
             if not identities:
                 continue
             live = lives.get(kind) if short is None else short[0].get(kind)
-            done, accs = summaries[kind]
             devices = {}
             found_gpus = gpus(identities)
-            for device, found in ((gpu.name, list(gpu.copies)) for gpu in found_gpus):
+            for gpu in found_gpus:
                 if unknown[kind] is not None:  # not judged: only whether it is busy anyway (no coverage needed)
                     acc = Acc(NAN, False)
                     for part in [*(cache.parts.get(j) for j in needed), live]:
-                        for i in found:
+                        for i in gpu.copies:
                             n, n_min, value, _ = part.get(i) if part is not None else EMPTY
                             acc.add((n, n_min, value, NAN), 0.0, average=average, left_closed=False, bound=1.0)
-                    devices[device] = acc.reading(max((live.get(i)[3] for i in found), default=NAN)
-                                                  if live is not None else NAN, average=average)
-                elif len(found) == 1 and found[0] < len(accs):
-                    i = found[0]
-                    acc = accs[i].copy()
-                    for j in range(max(done, needed[0] + 1), needed[-1] + 1):
-                        part = cache.parts.get(j)
-                        acc.add(part.get(i) if part is not None else EMPTY, j * grid.part, average=average,
+                    devices[gpu.name] = acc.reading(max((live.get(i)[3] for i in gpu.copies), default=NAN)
+                                                    if live is not None else NAN, average=average)
+                elif short is None:  # the kept fold of the final parts, then the newer parts and the live stretch
+                    end = ends[kind]
+                    acc = _kept(cache, judging, needed, end, gpu.copies)
+                    for j in range(max(end, needed[0] + 1), needed[-1] + 1):
+                        acc.add(numbers_of(cache.parts.get(j), gpu.copies), j * grid.part, average=average,
                                 left_closed=judging.left_closed, bound=judging.bound, length=grid.part)
-                    numbers = live.get(i) if live is not None else EMPTY
+                    numbers = numbers_of(live, gpu.copies)
                     acc.add(numbers, live_start, average=average, left_closed=judging.left_closed,
                             bound=judging.bound)
-                    devices[device] = acc.reading(numbers[3], average=average)
-                else:  # copies under several host spellings, a window not read yet, a short window: part by part
-                    parts = [cache.parts.get(j) for j in needed] + [live] if short is None else [
-                        short[1].get(kind), live]
-                    devices[device] = device_reading(_folded(parts, found), starts, average=average,
-                                                     left_closed=judging.left_closed, bound=judging.bound)
+                    devices[gpu.name] = acc.reading(numbers[3], average=average)
+                else:  # a short window: its stretch and the last sample before it
+                    stretch = [numbers_of(part, gpu.copies) for part in (short[1].get(kind), live)]
+                    devices[gpu.name] = device_reading(stretch, starts, average=average,
+                                                       left_closed=judging.left_closed, bound=judging.bound)
             kinds[kind] = KindReading(devices, unknown[kind], tuple(gpu.name for gpu in found_gpus if gpu.by_index))
         if hosts:
             out[key] = PodReading(tuple(sorted(hosts)), kinds)
