@@ -65,7 +65,11 @@ The DCGM stand-in still serves every GPU, now labelled with the pod its claim ga
 label DRA-allocated GPUs; its `dra_*` labels are left out), so Prometheus has the same load as without --dra; our
 webhook and descheduler read DRA allocations from the claims, not from those series (settings `dra.gpu_device_classes`
 names the class in our arms). The binpack arms' MostAllocated weight on `nvidia.com/gpu` has nothing in allocatable to
-weigh on DRA nodes: not measured with --dra.
+weigh on DRA nodes: not measured with --dra. kube-scheduler binds DRA pods more slowly (it writes each pod's claim and
+its allocation before binding; Kubernetes' DRA documentation warns of it): on this machine the quick run's burst bound
+8.5-10 pods/s with --dra against 34-35 without (load average 5-9), 12.6 with the scheduler's client limit raised from
+qps 50 to 500, so at the replay's arrival rates pods queue that would not queue without DRA, and the never-scheduled
+and wait rows weigh the scheduler's throughput as much as placement.
 
 Measured per arm: for every multi-GPU pod, the NVLink domains its GPUs span and the fewest it could
 have spanned on any node that could hold it (GPUs, cpu, memory) at the moment it was bound; the share
@@ -89,6 +93,8 @@ our webhook gates, domain-fittable on the 8-GPU and P100 nodes) at 20 pods/s, th
 arrival (12.5 s), then a burst of 61 1-GPU pods. Every row of the table is measured; the numbers are small-sample:
 the cluster is full 4-6 s into the replay, so its one-domain share is of the 7-10 4-GPU pods bound before that (no
 2-GPU pod binds until the teardown), and its fragmentation rows average ratios of 2-3 free GPUs (RESULTS.md).
+CI (scripts/test) runs --quick without --dra: `--quick --dra` took 125 s against 99 s for --quick, back to back (load
+average 4.9-6.9), and its small sample is dominated by the scheduler's DRA throughput (above); run it by hand.
 """
 
 from __future__ import annotations
