@@ -60,16 +60,19 @@ N`): kube-scheduler makes each pod's claim and its allocator picks the devices, 
 nothing of NVLink (docs/placement.md). Which GPUs a pod holds is then its claim's allocation
 (`status.extendedResourceClaimStatus.resourceClaimName` -> the ResourceClaim's `status.allocation.devices.results`,
 their `index`), read by the model (`common.dra`, `snapshot.Pod.indices_observed`), not chosen by devicesim: a pod is
-judged, and counted in the fragmentation samples, from the first cluster change at which its claim is seen allocated.
+judged, and counted in the fragmentation samples, from the first cluster change at which its claim is seen allocated;
+devices a claim holds for no pod of the node (a deleted pod's claim not yet deallocated) count as taken, as they are
+for the allocator.
 The DCGM stand-in still serves every GPU, now labelled with the pod its claim gave it (as dcgm-exporter 4.8.4 and later
 label DRA-allocated GPUs; its `dra_*` labels are left out), so Prometheus has the same load as without --dra; our
 webhook and descheduler read DRA allocations from the claims, not from those series (settings `dra.gpu_device_classes`
 names the class in our arms). The binpack arms' MostAllocated weight on `nvidia.com/gpu` has nothing in allocatable to
 weigh on DRA nodes: not measured with --dra. kube-scheduler binds DRA pods more slowly (it writes each pod's claim and
-its allocation before binding; Kubernetes' DRA documentation warns of it): on this machine the quick run's burst bound
-8.5-10 pods/s with --dra against 34-35 without (load average 5-9), 12.6 with the scheduler's client limit raised from
-qps 50 to 500, so at the replay's arrival rates pods queue that would not queue without DRA, and the never-scheduled
-and wait rows weigh the scheduler's throughput as much as placement.
+its allocation before binding; Kubernetes' DRA documentation warns of it): on this machine the default arm's burst
+bound 9.7 (quick) and 8.5 (60 nodes) pods/s with --dra against 35.4 and 34.2 without (load average 5-9), and 12.6 on
+the quick slice with the scheduler's client limit raised from qps 50 to 500, so at the replay's arrival rates pods
+queue that would not queue without DRA, and the never-scheduled and wait rows weigh the scheduler's throughput as much
+as placement.
 
 Measured per arm: for every multi-GPU pod, the NVLink domains its GPUs span and the fewest it could
 have spanned on any node that could hold it (GPUs, cpu, memory) at the moment it was bound; the share
@@ -443,6 +446,9 @@ class Tracker:
     samples: list[tuple[float, Fragmentation]] = dataclasses.field(default_factory=list)
     # At each sample, each node's free GPUs per NVLink domain and free cpu (milli): where the free GPUs were.
     layouts: list[tuple[float, dict[str, tuple[tuple[int, ...], int]]]] = dataclasses.field(default_factory=list)
+    # DRA nodes: devices a claim holds for no pod on the node (a deleted pod's, not yet deallocated), as last seen:
+    # taken all the same for the allocator, so never free here.
+    claimed: dict[str, set[int]] = dataclasses.field(default_factory=dict)
 
     def observe(self, cluster: snapshot.Snapshot, *, now: float) -> list[Binding]:
         """Record pods bound since the last call, in creation order, each judged against the cluster as
@@ -455,7 +461,8 @@ class Tracker:
         held = {node: {k: v for k, v in pods.items() if k in resident and k not in fresh}
                 for node, pods in self.assignments.by_node.items()}
         self.assignments.update(cluster)
-        used = {node: {i for v in pods.values() for i in v} for node, pods in held.items()}
+        self.claimed = claimed_by_others(cluster)
+        used = self._used(held)
         load = {node: [sum(self.requests.get(k, (0, 0))[j] for k in pods) for j in (0, 1)]
                 for node, pods in held.items()}
         out = []
@@ -495,8 +502,15 @@ class Tracker:
                     break
         return best
 
+    def _used(self, by_node: Mapping[str, Mapping[str, tuple[int, ...]]]) -> dict[str, set[int]]:
+        """GPU indices taken per node: those of `by_node`'s pods, and on DRA nodes those `claimed` for no pod."""
+        used = {node: {i for v in pods.values() for i in v} for node, pods in by_node.items()}
+        for node, taken in self.claimed.items():
+            used.setdefault(node, set()).update(taken)
+        return used
+
     def sample(self, *, now: float) -> Fragmentation:
-        used = {node: {i for v in pods.values() for i in v} for node, pods in self.assignments.by_node.items()}
+        used = self._used(self.assignments.by_node)
         frag = fragmentation({n: r.domains for n, r in self.rooms.items()}, used)
         self.samples.append((now, frag))
         cpu = {node: sum(self.requests.get(k, (0, 0))[0] for k in pods)
@@ -507,6 +521,13 @@ class Tracker:
 
     def resident(self) -> int:
         return sum(len(pods) for pods in self.assignments.by_node.values())
+
+
+def claimed_by_others(cluster: snapshot.Snapshot) -> dict[str, set[int]]:
+    """Per DRA node, the GPU indices the model counts as taken but by none of the pods holding the node: devices of
+    claims that outlive their pod (deallocated only once kube-controller-manager sees the pod gone) or tainted."""
+    return {name: set(node.used) - {i for key in (*node.pods, *node.reserved) for i in cluster.pods[key].gpu_indices}
+            for name, node in cluster.nodes.items() if node.dra_gpus}
 
 
 def nominated_to(record: str | None) -> str | None:

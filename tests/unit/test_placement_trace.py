@@ -114,7 +114,8 @@ def test_the_model_reads_each_dra_trace_node_as_its_gpus_in_contiguous_domains_f
     assert not built.problems
 
 
-def _dra_cluster(pods: list[dict[str, Any]], claims: dict[str, tuple[int, ...]]) -> snapshot.Snapshot:
+def _dra_cluster(pods: list[dict[str, Any]], claims: dict[str, tuple[int, ...]],
+                 *extra: dict[str, Any]) -> snapshot.Snapshot:
     """Nodes big and small of ROOMS as --dra nodes; `claims`: pod name -> the devices its claim was allocated."""
     nodes = [pt.TraceNode("big", 64000, 524288, 8, "G2"), pt.TraceNode("small", 8000, 524288, 4, "V100M16")]
     where = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods}
@@ -122,12 +123,33 @@ def _dra_cluster(pods: list[dict[str, Any]], claims: dict[str, tuple[int, ...]])
                                     devices=[(where[name], i) for i in devices], reserved_for=[name], extended=True)
             for name, devices in claims.items()]
     return snapshot.from_list({"kind": "List", "items": [
-        *(pt.trace_node_manifest(n, names=NAMES, dra=True) for n in nodes), *pt.dra_objects(nodes), *pods, *made]},
+        *(pt.trace_node_manifest(n, names=NAMES, dra=True) for n in nodes), *pt.dra_objects(nodes), *pods, *made,
+        *extra]},
         names=NAMES, taken_at=0.0)
 
 
 def _dra_pod(name: str, gpus: int, node: str, second: int) -> dict[str, Any]:
     return _pod(name, gpus, node, second, mutate=builders.with_extended_claim(f"{name}-x"))
+
+
+@pytest.mark.parametrize(
+    ("orphans", "expected"),
+    [
+        # A deleted pod's claim still holds devices 0-1 (the controller has not deallocated it): the allocator cannot
+        # give them, so they are not free before y, nor in the samples.
+        pytest.param(((0, 1), "gone"), ((2, 4), pt.Fragmentation(12, 8, 0, 4)), id="a-deleted-pods-claim-holds-0-1"),
+        pytest.param(((0, 1), None), ((2, 4), pt.Fragmentation(12, 8, 0, 4)), id="allocated-reserved-for-no-pod"),
+        pytest.param(None, ((4, 4), pt.Fragmentation(12, 10, 2, 6)), id="no-other-claim"),
+    ],
+)
+def test_tracker_on_dra_nodes_counts_devices_claimed_for_no_pod_as_taken(
+        orphans: tuple[tuple[int, ...], str | None] | None, expected: tuple[tuple[int, ...], pt.Fragmentation]) -> None:
+    extra = [] if orphans is None else [builders.resource_claim(
+        "gone-x", spec=builders.claim_spec(len(orphans[0])), devices=[("big", i) for i in orphans[0]],
+        reserved_for=[orphans[1]] if orphans[1] else [], extended=True)]
+    tracker = pt.Tracker(rooms=ROOMS, requests={})
+    tracker.observe(_dra_cluster([_dra_pod("y", 2, "big", 1)], {"y": (2, 3)}, *extra), now=1.0)
+    assert (tracker.bindings["default/y"].free_before, tracker.sample(now=1.0)) == expected
 
 
 def test_tracker_on_dra_nodes_judges_the_allocators_devices_once_the_claim_is_seen() -> None:
