@@ -96,8 +96,9 @@ our webhook gates, domain-fittable on the 8-GPU and P100 nodes) at 20 pods/s, th
 arrival (12.5 s), then a burst of 61 1-GPU pods. Every row of the table is measured; the numbers are small-sample:
 the cluster is full 4-6 s into the replay, so its one-domain share is of the 7-10 4-GPU pods bound before that (no
 2-GPU pod binds until the teardown), and its fragmentation rows average ratios of 2-3 free GPUs (RESULTS.md).
-CI (scripts/test) runs --quick without --dra: `--quick --dra` took 125 s against 99 s for --quick, back to back (load
-average 4.9-6.9), and its small sample is dominated by the scheduler's DRA throughput (above); run it by hand.
+CI (scripts/test) runs --quick without --dra: `--quick --dra` took 125 and 134 s against 99 and 93 s for --quick in two
+back-to-back pairs (load average 2.9-6.9), and its small sample is dominated by the scheduler's DRA throughput (above);
+run it by hand.
 """
 
 from __future__ import annotations
