@@ -1,7 +1,7 @@
 """Placement quality on a real trace: the real kube-scheduler alone, bin packing, and gpu-steward.
 
     python benchmarks/placement_trace.py [--nodes N|all] [--pods N] [--trace multigpu50|default]
-        [--skip N] [--time-compression X] [--arrival-rate R] [--arms default,binpack,gpu-steward] [--quick]
+        [--skip N] [--time-compression X] [--arrival-rate R] [--arms default,binpack,gpu-steward] [--dra] [--quick]
         [--out FILE]
 
 One run, three arms one after another, each on a fresh local control plane (kube-apiserver, etcd,
@@ -43,12 +43,36 @@ pods bound per second is the scheduling throughput (it includes the webhook call
 
 GPU indices inside a node: kwok has no device plugin, so `gpu_steward_lab.devicesim.Assignments` (the one
 policy: smallest free NVLink domain that fits, else fewest domains; a pod keeps its indices) assigns
-them in every arm, updated on every cluster change this benchmark sees, and the same object is served
+them in every arm (with --dra, below, kube-scheduler's allocator does, and devicesim reports its choice),
+updated on every cluster change this benchmark sees, and the same object is served
 as DCGM series to a real Prometheus in every arm (same load everywhere). In arm c the webhook reads
 those series like it reads dcgm-exporter in production. Why not let the webhook estimate indices
 itself: its estimate re-places every pod of a node oldest first at each rebuild, while a device
 plugin keeps a pod's GPUs; after departures the two differ (free GPUs per domain (3, 2) versus
 (1, 4) for the same pods), so only the observed series make the webhook see what is measured.
+
+--dra: every trace node's GPUs are DRA devices (`resource.k8s.io/v1`), as with NVIDIA's DRA driver: the node has no
+`nvidia.com/gpu` in its allocatable (nor the `nvidia.com/gpu.count` label), and a ResourceSlice of its own (driver
+`gpu.nvidia.com`, pool = the node) lists its GPUs `gpu-0`.. with the attributes `type: gpu` and `index`, in index order,
+so that each NVLink domain is a run of devices in the slice; one DeviceClass `gpu.nvidia.com` (NVIDIA's selector) has
+`extendedResourceName: nvidia.com/gpu` (all from `gpu_steward_lab.dra_devices`). Pods are unchanged (`nvidia.com/gpu:
+N`): kube-scheduler makes each pod's claim and its allocator picks the devices, first fit in slice order, knowing
+nothing of NVLink (docs/placement.md). Which GPUs a pod holds is then its claim's allocation
+(`status.extendedResourceClaimStatus.resourceClaimName` -> the ResourceClaim's `status.allocation.devices.results`,
+their `index`), read by the model (`common.dra`, `snapshot.Pod.indices_observed`), not chosen by devicesim: a pod is
+judged, and counted in the fragmentation samples, from the first cluster change at which its claim is seen allocated;
+devices a claim holds for no pod of the node (a deleted pod's claim not yet deallocated) count as taken, as they are
+for the allocator.
+The DCGM stand-in still serves every GPU, now labelled with the pod its claim gave it (as dcgm-exporter 4.8.4 and later
+label DRA-allocated GPUs; its `dra_*` labels are left out), so Prometheus has the same load as without --dra; our
+webhook and descheduler read DRA allocations from the claims, not from those series (settings `dra.gpu_device_classes`
+names the class in our arms). The binpack arms' MostAllocated weight on `nvidia.com/gpu` has nothing in allocatable to
+weigh on DRA nodes: not measured with --dra. kube-scheduler binds DRA pods more slowly (it writes each pod's claim and
+its allocation before binding; Kubernetes' DRA documentation warns of it): on this machine the default arm's burst
+bound 9.7 (quick) and 8.5 (60 nodes) pods/s with --dra against 35.4 and 34.2 without (load average 5-9), and 12.6 on
+the quick slice with the scheduler's client limit raised from qps 50 to 500, so at the replay's arrival rates pods
+queue that would not queue without DRA, and the never-scheduled and wait rows weigh the scheduler's throughput as much
+as placement.
 
 Measured per arm: for every multi-GPU pod, the NVLink domains its GPUs span and the fewest it could
 have spanned on any node that could hold it (GPUs, cpu, memory) at the moment it was bound; the share
@@ -64,7 +88,7 @@ pods our release nominated that bound, those bound on another node (the nominate
 throughput; in our arms, the CPU seconds our webhook and descheduler processes used during the replay and the burst
 (from /proc). Prints a table, writes JSON (--out) and a PNG bar chart (--picture), and each arm's wall time by step
 (control plane and nodes, until the feeder and our processes are ready, replay, burst, stop; `phases` in the JSON)
-beside the load average.
+beside the load average. The JSON and the table say `dra` (true: --dra).
 
 --quick (CI): the default scheduler against gpu-steward (unless --arms), each on its own control plane as above,
 20 nodes (102 GPUs) and 150 pods from #1750 of multigpu50 (109 1-GPU, 28 2-GPU and 13 4-GPU pods: 41 pods that
@@ -72,6 +96,9 @@ our webhook gates, domain-fittable on the 8-GPU and P100 nodes) at 20 pods/s, th
 arrival (12.5 s), then a burst of 61 1-GPU pods. Every row of the table is measured; the numbers are small-sample:
 the cluster is full 4-6 s into the replay, so its one-domain share is of the 7-10 4-GPU pods bound before that (no
 2-GPU pod binds until the teardown), and its fragmentation rows average ratios of 2-3 free GPUs (RESULTS.md).
+CI (scripts/test) runs --quick without --dra: `--quick --dra` took 125 and 134 s against 99 and 93 s for --quick in two
+back-to-back pairs (load average 2.9-6.9), and its small sample is dominated by the scheduler's DRA throughput (above);
+run it by hand.
 """
 
 from __future__ import annotations
@@ -102,7 +129,7 @@ from PIL import Image, ImageDraw  # noqa: E402
 
 from common import feeder, gpu, kube, placement, settings, snapshot  # noqa: E402
 from descheduler.release import outcomes  # noqa: E402
-from gpu_steward_lab import demo, devicesim, localcluster, localprometheus, localsteward  # noqa: E402
+from gpu_steward_lab import demo, devicesim, dra_devices, localcluster, localprometheus, localsteward  # noqa: E402
 
 TRACES = ROOT / "benchmarks" / "data" / "alibaba-openb"  # the public traces (benchmarks/data/README.md)
 NODE_FILE = "openb_node_list_gpu_node.csv"
@@ -126,12 +153,16 @@ BURST_MAX_PODS = 400
 BURST_TIMEOUT_SECONDS = 120.0
 CREATE_CONCURRENCY = 32
 API_TIMEOUT_SECONDS = 30.0
+# Deleting a namespace's pods at once (before the burst): the API server deletes them one by one before it answers;
+# seen taking over 30 s for ~300 pods with --dra (60 nodes, load average 9 on 2 cores).
+COLLECTION_TIMEOUT_SECONDS = 180.0
 # --quick (CI's target: about a minute): a baseline against our arm, each on its own control plane, on a slice with
 # 1-, 2- and 4-GPU pods (the first 250 pods hold only 1- and 8-GPU pods: no domain-fittable pod).
 QUICK = {"nodes": "20", "pods": 150, "skip": 1750, "arrival_rate": 20.0, "drain_seconds": 5.0,
          "arms": "default,gpu-steward"}
 GOALS = {"one_domain_share": 0.995, "throughput_ratio": 0.90, "wait_p99_over_default_seconds": 1.0}
 LEASE_NAMESPACE = "gpu-steward"
+GPU_DEVICE_CLASSES = (dra_devices.NVIDIA_DRIVER,)  # --dra: the DeviceClass of dra_objects, in every model we run
 BINPACK_SCHEDULER = {
     "apiVersion": "kubescheduler.config.k8s.io/v1",
     "kind": "KubeSchedulerConfiguration",
@@ -306,9 +337,18 @@ def replay_plan(
     return sorted(actions)
 
 
-def trace_node_manifest(node: TraceNode, *, names: settings.Names) -> dict[str, Any]:
-    return localcluster.gpu_node(node.name, gpus=node.gpus, domains=node.domains, product=node.model, names=names,
-                                 cpu=f"{node.cpu_milli}m", memory=f"{node.memory_mib}Mi")
+def trace_node_manifest(node: TraceNode, *, names: settings.Names, dra: bool = False) -> dict[str, Any]:
+    """The kwok node of a trace node; `dra`: its GPUs are DRA devices (`dra_objects`), not the device plugin's."""
+    manifest = localcluster.gpu_node(node.name, gpus=node.gpus, domains=node.domains, product=node.model, names=names,
+                                     cpu=f"{node.cpu_milli}m", memory=f"{node.memory_mib}Mi")
+    return dra_devices.without_device_plugin(manifest) if dra else manifest
+
+
+def dra_objects(nodes: Sequence[TraceNode]) -> list[dict[str, Any]]:
+    """--dra: NVIDIA's DeviceClass serving `nvidia.com/gpu`, and each node's ResourceSlice listing its GPUs in index
+    order (its NVLink domains contiguous, as `localcluster.NodeGroup.topology` numbers them)."""
+    return [dra_devices.device_class(),
+            *(dra_devices.resource_slice(n.name, n.gpus, product=n.model) for n in nodes)]
 
 
 def pod_manifest(pod: TracePod, *, namespace: str, name: str | None = None) -> dict[str, Any]:
@@ -394,7 +434,8 @@ class Binding:
 
 @dataclasses.dataclass
 class Tracker:
-    """Follows a cluster through its snapshots: GPU indices (devicesim's policy) and one `Binding` per pod.
+    """Follows a cluster through its snapshots: GPU indices (devicesim's: its policy on device-plugin nodes, the
+    claims' allocation on DRA nodes) and one `Binding` per pod.
 
     `rooms`: each node's NVLink domains and cpu/memory; `requests`: each pod's (cpu milli, memory MiB).
     """
@@ -406,6 +447,9 @@ class Tracker:
     samples: list[tuple[float, Fragmentation]] = dataclasses.field(default_factory=list)
     # At each sample, each node's free GPUs per NVLink domain and free cpu (milli): where the free GPUs were.
     layouts: list[tuple[float, dict[str, tuple[tuple[int, ...], int]]]] = dataclasses.field(default_factory=list)
+    # DRA nodes: devices a claim holds for no pod on the node (a deleted pod's, not yet deallocated), as last seen:
+    # taken all the same for the allocator, so never free here.
+    claimed: dict[str, set[int]] = dataclasses.field(default_factory=dict)
 
     def observe(self, cluster: snapshot.Snapshot, *, now: float) -> list[Binding]:
         """Record pods bound since the last call, in creation order, each judged against the cluster as
@@ -418,7 +462,8 @@ class Tracker:
         held = {node: {k: v for k, v in pods.items() if k in resident and k not in fresh}
                 for node, pods in self.assignments.by_node.items()}
         self.assignments.update(cluster)
-        used = {node: {i for v in pods.values() for i in v} for node, pods in held.items()}
+        self.claimed = claimed_by_others(cluster)
+        used = self._used(held)
         load = {node: [sum(self.requests.get(k, (0, 0))[j] for k in pods) for j in (0, 1)]
                 for node, pods in held.items()}
         out = []
@@ -427,7 +472,7 @@ class Tracker:
             indices = self.assignments.by_node.get(node, {}).get(pod.key, ())
             room = self.rooms.get(node)
             if room is None or not indices:
-                continue  # not a trace node, or over-committed: nothing to judge
+                continue  # not a trace node, over-committed, or its claim not seen allocated yet: not judged now
             cpu, memory = self.requests.get(pod.key, (0, 0))
             binding = Binding(pod.key, pod.request.full, node, now, domains_spanned(room.domains, indices),
                               self._fewest(pod.request.full, cpu, memory, used, load),
@@ -458,8 +503,15 @@ class Tracker:
                     break
         return best
 
+    def _used(self, by_node: Mapping[str, Mapping[str, tuple[int, ...]]]) -> dict[str, set[int]]:
+        """GPU indices taken per node: those of `by_node`'s pods, and on DRA nodes those `claimed` for no pod."""
+        used = {node: {i for v in pods.values() for i in v} for node, pods in by_node.items()}
+        for node, taken in self.claimed.items():
+            used.setdefault(node, set()).update(taken)
+        return used
+
     def sample(self, *, now: float) -> Fragmentation:
-        used = {node: {i for v in pods.values() for i in v} for node, pods in self.assignments.by_node.items()}
+        used = self._used(self.assignments.by_node)
         frag = fragmentation({n: r.domains for n, r in self.rooms.items()}, used)
         self.samples.append((now, frag))
         cpu = {node: sum(self.requests.get(k, (0, 0))[0] for k in pods)
@@ -470,6 +522,13 @@ class Tracker:
 
     def resident(self) -> int:
         return sum(len(pods) for pods in self.assignments.by_node.values())
+
+
+def claimed_by_others(cluster: snapshot.Snapshot) -> dict[str, set[int]]:
+    """Per DRA node, the GPU indices the model counts as taken but by none of the pods holding the node: devices of
+    claims that outlive their pod (deallocated only once kube-controller-manager sees the pod gone) or tainted."""
+    return {name: set(node.used) - {i for key in (*node.pods, *node.reserved) for i in cluster.pods[key].gpu_indices}
+            for name, node in cluster.nodes.items() if node.dra_gpus}
 
 
 def nominated_to(record: str | None) -> str | None:
@@ -605,6 +664,7 @@ class Setup:
     burst: tuple[TracePod, ...]
     gated_min_gpus: int = settings.Admission().release_min_gpus  # pods our webhook gates: this many GPUs or more
     drain_seconds: float = DRAIN_SECONDS  # the replay ends this long after the last arrival
+    dra: bool = False  # the nodes' GPUs are DRA devices (--dra)
 
 
 def say(message: str) -> None:
@@ -612,7 +672,8 @@ def say(message: str) -> None:
 
 
 def _settings(kubeconfig: pathlib.Path) -> settings.Settings:
-    return settings.Settings(kubernetes=settings.Kubernetes(kubeconfig=kubeconfig, watch_timeout_seconds=60))
+    return settings.Settings(kubernetes=settings.Kubernetes(kubeconfig=kubeconfig, watch_timeout_seconds=60),
+                             dra=settings.Dra(gpu_device_classes=GPU_DEVICE_CLASSES))
 
 
 async def _serve_devices(tracker: Tracker, live: feeder.Feeder, port: int) -> None:
@@ -648,7 +709,8 @@ async def _create(api: client.ApiClient, manifest: Mapping[str, Any]) -> None:
 async def _delete(api: client.ApiClient, namespace: str, name: str | None = None) -> None:
     path = f"/api/v1/namespaces/{namespace}/pods" + (f"/{name}" if name else "")
     try:
-        await kube.request(api, "DELETE", path, query={"gracePeriodSeconds": 0}, timeout_seconds=API_TIMEOUT_SECONDS)
+        await kube.request(api, "DELETE", path, query={"gracePeriodSeconds": 0},
+                           timeout_seconds=API_TIMEOUT_SECONDS if name else COLLECTION_TIMEOUT_SECONDS)
     except kube.ApiError as exc:
         if exc.status != 404:
             raise
@@ -797,7 +859,8 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
                         "kubernetes": {"watch_timeout_seconds": 60}, "log_level": "DEBUG" if logs else "INFO",
                         "prometheus": {"url": prom.url, "occupancy_refresh_seconds": SCRAPE_SECONDS},
                         "descheduler": {"leader_election": {"lease_namespace": LEASE_NAMESPACE},
-                                        "reclaim": {"enabled": False}}}
+                                        "reclaim": {"enabled": False}},
+                        "dra": {"gpu_device_classes": list(GPU_DEVICE_CLASSES)}}
                     if release_min_gpus is not None:
                         ours["admission"] = {"release_min_gpus": release_min_gpus}
                     config_file = await asyncio.to_thread(
@@ -839,7 +902,10 @@ def run_arm(setup: Setup, *, arm: str, workdir: pathlib.Path, logs: bool = False
     cluster = localcluster.LocalCluster(setup.bin_dir, scheduler_config=scheduler, progress=lambda m: None)
     started = time.monotonic()
     with cluster:
-        cluster.add_nodes([trace_node_manifest(n, names=names) for n in setup.nodes], timeout_seconds=180)
+        cluster.add_nodes([trace_node_manifest(n, names=names, dra=setup.dra) for n in setup.nodes],
+                          timeout_seconds=180)
+        if setup.dra:
+            cluster.apply(dra_objects(setup.nodes))
         namespaces = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
                       for n in (NAMESPACE, BURST_NAMESPACE, LEASE_NAMESPACE)]
         cluster.apply([*namespaces, *demo.priority_classes(settings.Settings())])  # tier classes, same in every arm
@@ -853,7 +919,7 @@ def run_arm(setup: Setup, *, arm: str, workdir: pathlib.Path, logs: bool = False
     say(f"   arm done in {phases['arm_seconds']:.0f} s: " + ", ".join(
         f"{name.removesuffix('_seconds').replace('_', ' ')} {value:.1f} s" for name, value in phases.items()
         if name != "arm_seconds") + f"; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    return {**result, "phases": phases}
+    return {**result, "dra": setup.dra, "phases": phases}
 
 
 # --- reporting --------------------------------------------------------------------------------------
@@ -886,6 +952,7 @@ def table(arms: Mapping[str, Mapping[str, Any]], *, gated_min_gpus: int = 2) -> 
     def row(label: str, get: Any) -> None:
         rows.append((label, *(get(r) for r in arms.values())))
 
+    row("dra (GPUs are DRA devices)", lambda r: json.dumps(bool(r.get("dra"))))
     row("multi-GPU pods bound", lambda r: str(r["placement"]["multi_gpu_pods_bound"]))
     row("  of which domain-fittable", lambda r: str(r["placement"]["fittable_in_one_domain"]))
     row("fittable placed in one domain", lambda r: f"{r['placement']['in_one_domain_of_fittable']} "
@@ -985,6 +1052,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--arrival-rate", type=float, default=12.0, help="pods created per second")
     parser.add_argument("--arms", help=f"comma-separated, from {','.join(ARMS)} (default: all; --quick: "
                                        f"{QUICK['arms']})")
+    parser.add_argument("--dra", action="store_true",
+                        help="the nodes' GPUs are DRA devices (a ResourceSlice per node, a DeviceClass serving "
+                             "nvidia.com/gpu); pods unchanged, their devices read from their claims")
     parser.add_argument("--quick", action="store_true",
                         help=f"small CI run: {QUICK['nodes']} nodes, {QUICK['pods']} pods from #{QUICK['skip']} at "
                              f"{QUICK['arrival_rate']:g}/s, drain {QUICK['drain_seconds']:g} s, arms {QUICK['arms']}")
@@ -1007,7 +1077,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if unknown or not arms:
         parser.error(f"--arms: unknown {unknown}; choose from {', '.join(ARMS)}")
     args.arms = arms
-    suffix = "_quick" if args.quick else ""
+    suffix = ("_quick" if args.quick else "") + ("_dra" if args.dra else "")
     # The picture goes with the JSON (same name): a run told where to write (CI's temporary directory) leaves the
     # tree alone, and a named run never overwrites another's picture.
     args.picture = args.picture or (args.out.with_suffix(".png") if args.out
@@ -1031,11 +1101,12 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
                        drain_seconds=args.drain_seconds)
     say(f"{len(nodes)} nodes ({gpus} GPUs), {len(pods)} pods of {args.trace} from #{args.skip} "
         f"({dict(collections.Counter(p.gpus for p in pods))} by GPUs; skipped {pod_set.skipped}), "
-        f"{args.arrival_rate:g} pods/s, lifetimes / {args.time_compression:g}")
+        f"{args.arrival_rate:g} pods/s, lifetimes / {args.time_compression:g}"
+        + ("; GPUs as DRA devices" if args.dra else ""))
     bin_dir = localcluster.ensure_binaries(progress=lambda line: None)
     gated_min_gpus = args.release_min_gpus or settings.Admission().release_min_gpus
     setup = Setup(bin_dir, tuple(nodes), tuple(pods), tuple(plan), burst_pods(pods, gpus=int(gpus * BURST_GPU_SHARE)),
-                  gated_min_gpus, args.drain_seconds)
+                  gated_min_gpus, args.drain_seconds, args.dra)
     arms: dict[str, dict[str, Any]] = {}
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="placement-trace-") as tmp:
@@ -1052,7 +1123,7 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "command": " ".join(["python", "benchmarks/placement_trace.py", *command]),
-        "trace": args.trace, "skip": args.skip,
+        "trace": args.trace, "skip": args.skip, "dra": args.dra,
         "release_min_gpus": args.release_min_gpus, "gated_min_gpus": gated_min_gpus,
         "nodes": len(nodes), "gpus": gpus, "pods": len(pods),
         "pods_by_gpus": dict(collections.Counter(p.gpus for p in pods)), "skipped": pod_set.skipped,
@@ -1063,7 +1134,7 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
                          "after": [round(x, 2) for x in os.getloadavg()]},
     }, indent=2))
     picture(args.picture, arms, title=f"Mean NVLink domains spanned per multi-GPU pod - {args.trace}, "
-            f"{len(nodes)} nodes, {len(pods)} pods")
+            f"{len(nodes)} nodes, {len(pods)} pods" + (", DRA devices" if args.dra else ""))
     say(f"results: {args.out}\npicture: {args.picture}")
     return 0
 

@@ -6,9 +6,14 @@ packing, gpu-steward), so that only the node choice differs:
 
 * each GPU pod bound to a node gets indices by `common.placement.allocate` (smallest free NVLink
   domain that fits, else the fewest domains), oldest pod first, and keeps them until it ends;
+* on a node whose GPUs are DRA devices (`snapshot.Node.dra_gpus`) there is no device plugin to stand in for:
+  kube-scheduler's allocator chose the devices, and a pod's indices are its claims' allocation as the model reads
+  it (`snapshot.Pod.indices_observed`); a pod whose claim is not seen allocated yet gets none until it is;
 * it serves `/metrics` in dcgm-exporter's format: one `DCGM_FI_DEV_GPU_UTIL` series per GPU with
   `gpu`, `UUID`, `device`, `modelName`, `Hostname` and the `pod`/`namespace`/`container` labels
-  (empty for a free GPU, as dcgm-exporter does).
+  (empty for a free GPU, as dcgm-exporter does). On DRA nodes too: dcgm-exporter 4.8.4 and later label
+  DRA-allocated GPUs with the pod (and `dra_*` labels, left out here: the model reads DRA allocations from the
+  claims, never from these series).
 
 A pod's simulated utilisation (percent) is read from its annotation
 `gpu-steward.io/simulated-gpu-util`: one number for all its GPUs or a comma-separated list, one
@@ -42,6 +47,9 @@ class Assignments:
                 del self.by_node[name]
         for name, node in cluster.nodes.items():
             resident = [p for p in map(cluster.pods.__getitem__, node.pods) if p.holds_gpus and p.request.full]
+            if node.dra_gpus:  # the allocator's choice, read from the claims
+                self.by_node[name] = {p.key: p.gpu_indices for p in resident if p.indices_observed}
+                continue
             held = {k: v for k, v in self.by_node.get(name, {}).items() if k in {p.key for p in resident}}
             for pod in sorted(resident, key=lambda p: (p.created, p.key)):
                 if pod.key in held:

@@ -6,6 +6,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gpu_steward_lab import dra_devices
+
 Mutator = Callable[[dict[str, Any]], None]
 PREFIX = "gpu-steward.io/"
 
@@ -135,44 +137,12 @@ def disruption_budget(name: str, *, namespace: str, match: dict[str, str] | None
 
 # --- DRA (resource.k8s.io/v1) -------------------------------------------------------------------------------
 
-NVIDIA_DRIVER = "gpu.nvidia.com"
-NVIDIA_SELECTOR = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
-
-
-def device_class(name: str = NVIDIA_DRIVER, *, expression: str = NVIDIA_SELECTOR,
-                 extended: str | None = "nvidia.com/gpu") -> dict[str, Any]:
-    """A DeviceClass like NVIDIA's DRA driver's `gpu.nvidia.com` (`extended`: its extendedResourceName)."""
-    spec: dict[str, Any] = {"selectors": [{"cel": {"expression": expression}}]}
-    if extended:
-        spec["extendedResourceName"] = extended
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec}
-
-
-def gpu_device(index: int, *, kind: str = "gpu", clique: str | None = None,
-               mutate: Mutator | None = None) -> dict[str, Any]:
-    """A device as NVIDIA's DRA driver publishes a GPU: name gpu-<index>, attributes type, index, uuid, productName."""
-    attributes: dict[str, Any] = {"type": {"string": kind}, "index": {"int": index},
-                                  "uuid": {"string": f"GPU-{index:08d}"}, "productName": {"string": "NVIDIA H100"}}
-    if clique is not None:
-        attributes["nvlinkDomain"] = {"string": clique}
-    device: dict[str, Any] = {"name": f"gpu-{index}", "attributes": attributes}
-    if mutate:
-        mutate(device)
-    return device
-
-
-def resource_slice(node: str, devices: Sequence[dict[str, Any]] | int, *, driver: str = NVIDIA_DRIVER,
-                   pool: str | None = None, generation: int = 1, count: int = 1, name: str | None = None,
-                   ) -> dict[str, Any]:
-    """A node-local ResourceSlice; `devices`: the devices, or how many GPUs (gpu-0..n-1)."""
-    items = [gpu_device(i) for i in range(devices)] if isinstance(devices, int) else list(devices)
-    return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": name or f"{node}-{driver}-{generation}"},
-        "spec": {"driver": driver, "nodeName": node,
-                 "pool": {"name": pool or node, "generation": generation, "resourceSliceCount": count},
-                 "devices": items},
-    }
+# NVIDIA's DeviceClass, a node's ResourceSlice and its devices: built in the lab, which the benchmarks use too.
+NVIDIA_DRIVER = dra_devices.NVIDIA_DRIVER
+NVIDIA_SELECTOR = dra_devices.NVIDIA_SELECTOR
+device_class = dra_devices.device_class
+gpu_device = dra_devices.gpu_device
+resource_slice = dra_devices.resource_slice
 
 
 def claim_spec(count: int = 1, *, device_class_name: str = NVIDIA_DRIVER, mode: str | None = None,
@@ -238,9 +208,7 @@ def with_extended_claim(claim: str) -> Mutator:
 def dra_node(name: str, *, gpus: int = 8, domains: Sequence[Sequence[int]] | None = None,
              mutate: Mutator | None = None) -> dict[str, Any]:
     """A node whose GPUs are DRA devices: no nvidia.com/gpu in its allocatable (its slice is `resource_slice`)."""
-    def strip(node: dict[str, Any]) -> None:
-        node["status"]["allocatable"].pop("nvidia.com/gpu")
-        node["metadata"]["labels"].pop("nvidia.com/gpu.count")
-        if mutate:
-            mutate(node)
-    return gpu_node(name, gpus=gpus, domains=domains, mutate=strip)
+    node = dra_devices.without_device_plugin(gpu_node(name, gpus=gpus, domains=domains))
+    if mutate:
+        mutate(node)
+    return node

@@ -47,7 +47,7 @@ from typing import Any
 import pytest
 
 from common import settings
-from gpu_steward_lab import localcluster
+from gpu_steward_lab import dra_devices, localcluster
 from tests import builders
 from tests.e2e import conftest
 from tests.support import kube
@@ -115,11 +115,9 @@ class Lab:
     def add_node(self, *, domain_attribute: bool = False, order: Sequence[int] = range(8)) -> str:
         """An 8-GPU DRA node (no `nvidia.com/gpu` in allocatable) with its ResourceSlice listing the GPUs in
         `order`; its name."""
-        node = localcluster.gpu_node(f"dra-facts-{self.group}-{len(self.node_names)}", gpus=8, domains=2,
-                                     product="NVIDIA-H100-80GB-HBM3", names=NAMES, cpu="64", memory="512Gi")
-        for field in ("capacity", "allocatable"):
-            node["status"][field].pop("nvidia.com/gpu")
-        node["metadata"]["labels"].pop("nvidia.com/gpu.count")
+        node = dra_devices.without_device_plugin(localcluster.gpu_node(
+            f"dra-facts-{self.group}-{len(self.node_names)}", gpus=8, domains=2, product="NVIDIA-H100-80GB-HBM3",
+            names=NAMES, cpu="64", memory="512Gi"))
         node["metadata"]["labels"][GROUP_LABEL] = self.group
         (name,) = self.cluster.add_nodes([node])
         devices = {d["attributes"]["index"]["int"]: d for d in _devices(domain_attribute=domain_attribute)}

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from common import settings
-from gpu_steward_lab import localcluster
+from gpu_steward_lab import dra_devices, localcluster
 from tests import builders
 from tests.e2e import conftest
 from tests.e2e.test_dra_e2e import renew  # noqa: F401  (the fixture, used by name)
@@ -49,11 +49,8 @@ WAIT_SECONDS = 90  # a released pod binds in seconds; the descheduler's bound be
 def _nodes(cluster: localcluster.LocalCluster, pool: str) -> list[str]:
     nodes = []
     for i in range(3):
-        node = localcluster.gpu_node(f"{pool}-{i}", gpus=8, domains=2, product="NVIDIA-H100-80GB-HBM3", names=NAMES,
-                                     cpu="64", memory="512Gi")
-        for field in ("capacity", "allocatable"):
-            node["status"][field].pop("nvidia.com/gpu")
-        node["metadata"]["labels"].pop("nvidia.com/gpu.count")
+        node = dra_devices.without_device_plugin(localcluster.gpu_node(
+            f"{pool}-{i}", gpus=8, domains=2, product="NVIDIA-H100-80GB-HBM3", names=NAMES, cpu="64", memory="512Gi"))
         node["metadata"]["labels"][POOL] = pool
         node["spec"]["taints"] = [TAINT]
         nodes.append(node)

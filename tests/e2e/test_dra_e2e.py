@@ -23,7 +23,7 @@ import pytest
 from common import dra, settings, snapshot
 from descheduler import leader, unschedulable
 from descheduler.reclaim import pending
-from gpu_steward_lab import localcluster
+from gpu_steward_lab import dra_devices, localcluster
 from tests import builders
 from tests.e2e import conftest
 from tests.support import kube, prometheus
@@ -41,11 +41,8 @@ def dra_nodes(control_plane: localcluster.LocalCluster) -> Iterator[tuple[str, l
     pool = f"dra-{secrets.token_hex(3)}"
     nodes = []
     for i in range(2):
-        node = localcluster.gpu_node(f"{pool}-{i}", gpus=8, domains=2, product="NVIDIA-H100-80GB-HBM3", names=NAMES,
-                                     cpu="64", memory="512Gi")
-        for field in ("capacity", "allocatable"):
-            node["status"][field].pop("nvidia.com/gpu")
-        node["metadata"]["labels"].pop("nvidia.com/gpu.count")
+        node = dra_devices.without_device_plugin(localcluster.gpu_node(
+            f"{pool}-{i}", gpus=8, domains=2, product="NVIDIA-H100-80GB-HBM3", names=NAMES, cpu="64", memory="512Gi"))
         node["metadata"]["labels"]["e2e.gpu-steward.io/pool"] = pool
         node["spec"]["taints"] = [TAINT]
         nodes.append(node)

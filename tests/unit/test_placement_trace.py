@@ -55,6 +55,116 @@ def test_trace_node_becomes_a_kwok_node_with_our_topology_and_its_own_size() -> 
     assert (topo.source, topo.domains) == (topology.Source.ANNOTATION, ((0, 1, 2, 3), (4, 5, 6, 7)))
 
 
+@pytest.mark.parametrize(
+    ("dra", "allocatable_gpus", "count_label"),
+    [
+        pytest.param(True, None, None, id="dra-no-device-plugin-gpus-no-count-label"),
+        pytest.param(False, "8", "8", id="device-plugin-gpus-in-allocatable"),
+    ],
+)
+def test_trace_node_with_dra_has_no_device_plugin_gpus_and_keeps_its_nvlink_topology(
+        dra: bool, allocatable_gpus: str | None, count_label: str | None) -> None:
+    node = pt.trace_node_manifest(pt.TraceNode("openb-node-0007", 96000, 786432, 8, "G2"), names=NAMES, dra=dra)
+    topo = topology.from_node(node, names=NAMES)
+    got = (node["status"]["allocatable"].get("nvidia.com/gpu"), node["status"]["capacity"].get("nvidia.com/gpu"),
+           node["metadata"]["labels"].get("nvidia.com/gpu.count"), node["status"]["allocatable"]["cpu"])
+    assert got == (allocatable_gpus, allocatable_gpus, count_label, "96000m")
+    assert (topo.source, topo.domains) == (topology.Source.ANNOTATION, ((0, 1, 2, 3), (4, 5, 6, 7)))
+
+
+TRACE_NODES = (pt.TraceNode("g2-8", 96000, 786432, 8, "G2"), pt.TraceNode("v100-4", 32000, 262144, 4, "V100M16"),
+               pt.TraceNode("t4-2", 16000, 131072, 2, "T4"), pt.TraceNode("p100-1", 8000, 65536, 1, "P100"))
+
+
+def test_dra_objects_are_nvidias_class_serving_the_extended_resource_and_a_slice_per_node_in_index_order() -> None:
+    device_class, *slices = pt.dra_objects(TRACE_NODES)
+    assert device_class == {
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && "
+                                                      "device.attributes['gpu.nvidia.com'].type == 'gpu'"}}],
+                 "extendedResourceName": "nvidia.com/gpu"}}
+    got = [(s["kind"], s["spec"]["driver"], s["spec"]["nodeName"], s["spec"]["pool"],
+            [(d["name"], d["attributes"]["index"], d["attributes"]["type"], d["attributes"]["productName"])
+             for d in s["spec"]["devices"]]) for s in slices]
+    pool = {"generation": 1, "resourceSliceCount": 1}
+    assert got == [("ResourceSlice", "gpu.nvidia.com", n.name, {"name": n.name, **pool},
+                    [(f"gpu-{i}", {"int": i}, {"string": "gpu"}, {"string": n.model}) for i in range(n.gpus)])
+                   for n in TRACE_NODES]
+    assert len({s["metadata"]["name"] for s in slices}) == len(TRACE_NODES)
+
+
+@pytest.mark.parametrize(
+    ("node", "domains"),
+    [
+        pytest.param(TRACE_NODES[0], ((0, 1, 2, 3), (4, 5, 6, 7)), id="8-gpu-two-domains-of-4"),
+        pytest.param(TRACE_NODES[1], ((0, 1), (2, 3)), id="4-gpu-two-pairs"),
+        pytest.param(TRACE_NODES[2], ((0,), (1,)), id="t4-a-domain-per-gpu"),
+        pytest.param(TRACE_NODES[3], ((0,),), id="1-gpu"),
+    ],
+)
+def test_the_model_reads_each_dra_trace_node_as_its_gpus_in_contiguous_domains_first_fit_by_index(
+        node: pt.TraceNode, domains: tuple[tuple[int, ...], ...]) -> None:
+    """What our webhook and descheduler (and the tracker) see of a --dra trace node: DRA GPUs, the NVLink domains of
+    the device plugin's node, and the allocator's order the slice's index order (so first fit fills a domain first)."""
+    built = snapshot.from_list({"kind": "List", "items": [
+        pt.trace_node_manifest(node, names=NAMES, dra=True), *pt.dra_objects([node])]}, names=NAMES, taken_at=0.0)
+    got = built.nodes[node.name]
+    assert (got.dra_gpus, got.gpu_count, got.topology.domains, got.device_order) == (
+        True, node.gpus, domains, tuple(range(node.gpus)))
+    assert not built.problems
+
+
+def _dra_cluster(pods: list[dict[str, Any]], claims: dict[str, tuple[int, ...]],
+                 *extra: dict[str, Any]) -> snapshot.Snapshot:
+    """Nodes big and small of ROOMS as --dra nodes; `claims`: pod name -> the devices its claim was allocated."""
+    nodes = [pt.TraceNode("big", 64000, 524288, 8, "G2"), pt.TraceNode("small", 8000, 524288, 4, "V100M16")]
+    where = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods}
+    made = [builders.resource_claim(f"{name}-x", spec=builders.claim_spec(len(devices)),
+                                    devices=[(where[name], i) for i in devices], reserved_for=[name], extended=True)
+            for name, devices in claims.items()]
+    return snapshot.from_list({"kind": "List", "items": [
+        *(pt.trace_node_manifest(n, names=NAMES, dra=True) for n in nodes), *pt.dra_objects(nodes), *pods, *made,
+        *extra]},
+        names=NAMES, taken_at=0.0)
+
+
+def _dra_pod(name: str, gpus: int, node: str, second: int) -> dict[str, Any]:
+    return _pod(name, gpus, node, second, mutate=builders.with_extended_claim(f"{name}-x"))
+
+
+@pytest.mark.parametrize(
+    ("orphans", "expected"),
+    [
+        # A deleted pod's claim still holds devices 0-1 (the controller has not deallocated it): the allocator cannot
+        # give them, so they are not free before y, nor in the samples.
+        pytest.param(((0, 1), "gone"), ((2, 4), pt.Fragmentation(12, 8, 0, 4)), id="a-deleted-pods-claim-holds-0-1"),
+        pytest.param(((0, 1), None), ((2, 4), pt.Fragmentation(12, 8, 0, 4)), id="allocated-reserved-for-no-pod"),
+        pytest.param(None, ((4, 4), pt.Fragmentation(12, 10, 2, 6)), id="no-other-claim"),
+    ],
+)
+def test_tracker_on_dra_nodes_counts_devices_claimed_for_no_pod_as_taken(
+        orphans: tuple[tuple[int, ...], str | None] | None, expected: tuple[tuple[int, ...], pt.Fragmentation]) -> None:
+    extra = [] if orphans is None else [builders.resource_claim(
+        "gone-x", spec=builders.claim_spec(len(orphans[0])), devices=[("big", i) for i in orphans[0]],
+        reserved_for=[orphans[1]] if orphans[1] else [], extended=True)]
+    tracker = pt.Tracker(rooms=ROOMS, requests={})
+    tracker.observe(_dra_cluster([_dra_pod("y", 2, "big", 1)], {"y": (2, 3)}, *extra), now=1.0)
+    assert (tracker.bindings["default/y"].free_before, tracker.sample(now=1.0)) == expected
+
+
+def test_tracker_on_dra_nodes_judges_the_allocators_devices_once_the_claim_is_seen() -> None:
+    """--dra: a pod is judged by its claim's devices. The allocator's first fit gave x devices 3-6 (both domains of
+    big) while 4-7 was free: spanned 2 where 1 was possible; the policy would have said 4-7 (one domain)."""
+    tracker = pt.Tracker(rooms=ROOMS, requests={})
+    pods = [_dra_pod("a", 1, "big", 1), _dra_pod("b", 2, "big", 2), _dra_pod("x", 4, "big", 3)]
+    tracker.observe(_dra_cluster(pods, {"a": (0,), "b": (1, 2)}), now=1.0)
+    assert sorted(tracker.bindings) == ["default/a", "default/b"]  # x bound, its claim not seen allocated: not yet
+    assert tracker.sample(now=1.0) == pt.Fragmentation(12, 9, 1, 5)
+    tracker.observe(_dra_cluster(pods, {"a": (0,), "b": (1, 2), "x": (3, 4, 5, 6)}), now=2.0)
+    assert tracker.bindings["default/x"] == pt.Binding("default/x", 4, "big", 2.0, 2, 1, free_before=(1, 4))
+    assert tracker.sample(now=2.0) == pt.Fragmentation(12, 5, 1, 1)
+
+
 def test_gpu_node_refuses_domains_that_do_not_divide_the_gpus() -> None:
     with pytest.raises(ValueError, match="do not divide"):
         localcluster.gpu_node("n", gpus=6, domains=4, product="X", names=NAMES, cpu="1", memory="1Gi")
@@ -307,6 +417,17 @@ def test_table_reports_the_pods_bound_after_the_replay_apart() -> None:
     assert any(line.startswith("  after the replay (not counted)") and "3: 1/2 in one" in line for line in lines)
 
 
+@pytest.mark.parametrize(("dra", "shown"), [pytest.param(True, "true", id="dra"),
+                                             pytest.param(None, "false", id="device-plugin-or-an-older-result")])
+def test_table_says_whether_the_gpus_were_dra_devices(dra: bool | None, shown: str) -> None:
+    arm = {"placement": pt.placement_summary([]), "fragmentation": pt.fragmentation_summary([]),
+           "pending": {"never_scheduled": 0, "pending_at_end": 0, "pending_pod_seconds": 0.0,
+                       "wait_p50_seconds": 0.1, "wait_p99_seconds": 7.0, "waits": {}},
+           "burst": {"pods_per_second": 50.0}, **({} if dra is None else {"dra": dra})}
+    (line,) = [line for line in pt.table({"default": arm, "gpu-steward": arm}) if line.startswith("dra")]
+    assert line.split()[-2:] == [shown, shown]
+
+
 def test_pending_summary_separates_pods_given_up_from_pods_still_waiting() -> None:
     got = pt.pending_summary(created={"a": 0.0, "b": 1.0, "c": 2.0, "d": 3.0}, deleted={"b": 5.0, "a": 9.0},
                              bound={"a": 0.5, "d": 4.0}, end=10.0)
@@ -402,6 +523,24 @@ def test_our_processes_are_found_by_their_settings_file_and_their_cpu_read(tmp_p
 def test_the_quick_run_and_the_full_run_defaults(argv: list[str], expected: tuple[Any, ...]) -> None:
     args = pt.parse_args(argv)
     assert (args.nodes, args.pods, args.skip, args.arrival_rate, args.drain_seconds, args.arms) == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        pytest.param(["--quick", "--dra", "--arms", "default,gpu-steward"],
+                     (True, "20", 150, 1750, ["default", "gpu-steward"], "placement_trace_quick_dra.json"),
+                     id="dra-quick-with-arms"),
+        pytest.param(["--dra", "--nodes", "60", "--pods", "600", "--skip", "300", "--arms", "gpu-steward"],
+                     (True, "60", 600, 300, ["gpu-steward"], "placement_trace_dra.json"), id="dra-a-slice"),
+        pytest.param(["--quick"], (False, "20", 150, 1750, ["default", "gpu-steward"], "placement_trace_quick.json"),
+                     id="device-plugin-by-default"),
+    ],
+)
+def test_dra_composes_with_the_other_options_and_never_overwrites_a_device_plugin_result(
+        argv: list[str], expected: tuple[Any, ...]) -> None:
+    args = pt.parse_args(argv)
+    assert (args.dra, args.nodes, args.pods, args.skip, args.arms, args.out.name) == expected
 
 
 @pytest.mark.parametrize(
