@@ -148,6 +148,10 @@ PLACEMENT = ("Placement", "`benchmarks/placement_trace.py`: the Alibaba openb tr
 PLACEMENT_QUIET = ("Placement, quieter machine", "The same replay and slices, release by nomination, with nothing "
                    "else running beside the benchmark (its own control plane, 200 kwok nodes and our processes load "
                    "the 2 cores: see each file's load average).")
+PLACEMENT_DRA = ("Placement on DRA GPU nodes", "`benchmarks/placement_trace.py --nodes 60 --pods 600 --arms "
+                 "default,gpu-steward` with `--dra` (each node's GPUs in a ResourceSlice, pods asking `nvidia.com/gpu` "
+                 "through NVIDIA's DeviceClass) and without, back to back on a loaded machine (other runs beside "
+                 "them). Issue 30 asks the DRA run to be within 1 point of the device-plugin run.")
 PLACEMENT_PINS = ("Placement with pins", "The same replay with the pin design before issue 28, on a quieter machine "
                   "(RESULTS.md), kept for comparison.")
 RELEASE_CHURN = ("Release churn", "`benchmarks/release_churn.py`: release by nomination (issue 28) under the same "
@@ -186,9 +190,24 @@ def _placement_rows(section: tuple[str, str], design: str, *, gated_waits: bool 
     return rows
 
 
+def _dra_rows() -> list[Figure]:
+    rows = []
+    for mode, source in (("DRA devices", "placement_trace_dra_nodes60_pods600.json"),
+                         ("device plugin", "placement_trace_device_plugin_nodes60_pods600.json")):
+        for arm in ("gpu-steward", "default"):
+            rows.append(Figure(PLACEMENT_DRA, f"{mode}, {arm}: domain-fittable multi-GPU pods in one NVLink domain",
+                               source, _placement(arm, "one_domain_share")))
+            rows.append(Figure(PLACEMENT_DRA, f"{mode}, {arm}: pods never scheduled", source,
+                               _placement(arm, "never_scheduled")))
+        rows.append(Figure(PLACEMENT_DRA, f"{mode}, gpu-steward: burst bind rate against the default scheduler's",
+                           source, _placement("gpu-steward", "burst_vs_default")))
+    return rows
+
+
 FIGURES: list[Figure] = [
     *_placement_rows(PLACEMENT, "nominate", gated_waits=True),
     *_placement_rows(PLACEMENT_QUIET, "nominate_quiet", gated_waits=True),
+    *_dra_rows(),
     *[Figure(RELEASE_CHURN, f"seed {seed}, {rate}: {what}", source, _release_churn(f"{rate} gpu-steward", key))
       for seed, source in ((1, "release_churn.json"), (2, "release_churn_seed2.json"))
       for rate in ("2/s", "3/s")
