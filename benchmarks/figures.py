@@ -16,7 +16,7 @@ import dataclasses
 import json
 import pathlib
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -168,53 +168,48 @@ CYCLE = ("Descheduler cost", "`benchmarks/reclaim_cycle.py --prometheus`: a real
          "history, the store's time advancing a minute a cycle.")
 
 
-def _placement_rows(section: tuple[str, str], design: str, *, gated_waits: bool = False) -> list[Figure]:
-    """`gated_waits`: the file splits the waits into gated pods and the rest (since issue 28)."""
+def _placement_rows(section: tuple[str, str], runs: Sequence[tuple[str, str]], *,
+                    arms: Sequence[str] = ("gpu-steward", "default", "binpack"),
+                    gated_waits: bool = False) -> list[Figure]:
+    """The rows of placement_trace runs, each (its label, its result file) with `arms`; `gated_waits`: the files
+    split the waits into gated pods and the rest (since issue 28)."""
     rows = []
-    for part in ("0-2000", "2000-4000"):
-        source = f"placement_trace_{design}_{part}.json"
-        for arm in ("gpu-steward", "default", "binpack"):
-            rows.append(Figure(section, f"pods {part}, {arm}: domain-fittable multi-GPU pods in one NVLink domain",
+    for label, source in runs:
+        for arm in arms:
+            rows.append(Figure(section, f"{label}, {arm}: domain-fittable multi-GPU pods in one NVLink domain",
                                source, _placement(arm, "one_domain_share")))
-            rows.append(Figure(section, f"pods {part}, {arm}: pods never scheduled", source,
+            rows.append(Figure(section, f"{label}, {arm}: pods never scheduled", source,
                                _placement(arm, "never_scheduled")))
-        rows.append(Figure(section, f"pods {part}, gpu-steward: burst bind rate against the default scheduler's",
+        rows.append(Figure(section, f"{label}, gpu-steward: burst bind rate against the default scheduler's",
                            source, _placement("gpu-steward", "burst_vs_default")))
         for arm in ("gpu-steward", "default"):
-            rows.append(Figure(section, f"pods {part}, {arm}: create-to-bound wait p99", source,
+            rows.append(Figure(section, f"{label}, {arm}: create-to-bound wait p99", source,
                                _placement(arm, "wait_p99_seconds")))
         if gated_waits:
-            rows.append(Figure(section, f"pods {part}, gpu-steward: gated pods' create-to-bound p50 against the same "
+            rows.append(Figure(section, f"{label}, gpu-steward: gated pods' create-to-bound p50 against the same "
                                "pods under the default scheduler", source,
                                _placement("gpu-steward", "gated_p50_vs_default")))
     return rows
 
 
-def _dra_rows() -> list[Figure]:
-    rows = []
-    for mode, source in (("DRA devices", "placement_trace_dra_nodes60_pods600.json"),
-                         ("device plugin", "placement_trace_device_plugin_nodes60_pods600.json")):
-        for arm in ("gpu-steward", "default"):
-            rows.append(Figure(PLACEMENT_DRA, f"{mode}, {arm}: domain-fittable multi-GPU pods in one NVLink domain",
-                               source, _placement(arm, "one_domain_share")))
-            rows.append(Figure(PLACEMENT_DRA, f"{mode}, {arm}: pods never scheduled", source,
-                               _placement(arm, "never_scheduled")))
-        rows.append(Figure(PLACEMENT_DRA, f"{mode}, gpu-steward: burst bind rate against the default scheduler's",
-                           source, _placement("gpu-steward", "burst_vs_default")))
-    return rows
+def _slices(design: str) -> list[tuple[str, str]]:
+    """The two slices of the 200-node replay, by the design's result files."""
+    return [(f"pods {part}", f"placement_trace_{design}_{part}.json") for part in ("0-2000", "2000-4000")]
 
 
 FIGURES: list[Figure] = [
-    *_placement_rows(PLACEMENT, "nominate", gated_waits=True),
-    *_placement_rows(PLACEMENT_QUIET, "nominate_quiet", gated_waits=True),
-    *_dra_rows(),
+    *_placement_rows(PLACEMENT, _slices("nominate"), gated_waits=True),
+    *_placement_rows(PLACEMENT_QUIET, _slices("nominate_quiet"), gated_waits=True),
+    *_placement_rows(PLACEMENT_DRA, [("DRA devices", "placement_trace_dra_nodes60_pods600.json"),
+                                     ("device plugin", "placement_trace_device_plugin_nodes60_pods600.json")],
+                     arms=("gpu-steward", "default"), gated_waits=True),
     *[Figure(RELEASE_CHURN, f"seed {seed}, {rate}: {what}", source, _release_churn(f"{rate} gpu-steward", key))
       for seed, source in ((1, "release_churn.json"), (2, "release_churn_seed2.json"))
       for rate in ("2/s", "3/s")
       for what, key in (("released pods bound on their planned node", "planned"),
                         ("stuck pods (released, Unschedulable)", "stuck"),
                         ("gangs part-running > 5 s", "gangs"))],
-    *_placement_rows(PLACEMENT_PINS, "release"),
+    *_placement_rows(PLACEMENT_PINS, _slices("release")),
     Figure(CHURN, "seed 1, ~90 % load (2/s): stuck pins", "pin_churn.json", _pin_churn("2/s gpu-steward")),
     Figure(CHURN, "seed 1, ~130 % load (3/s): stuck pins", "pin_churn.json", _pin_churn("3/s gpu-steward")),
     Figure(CHURN, "seed 2, ~90 % load (2/s): stuck pins", "pin_churn_seed2.json", _pin_churn("2/s gpu-steward")),
