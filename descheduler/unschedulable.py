@@ -62,7 +62,7 @@ def _is_gpu(reason: str) -> bool:
     return reason.startswith(INSUFFICIENT) and (resource == gpu.FULL_GPU or resource.startswith(gpu.MIG_PREFIX))
 
 
-def read(message: str, *, claims_are_gpus: bool = False) -> Reading | None:
+def read(message: str, *, claims_are_gpus: bool) -> Reading | None:
     """The scheduler's reasons, split into GPU shortages and the rest; None when not its format.
     `claims_are_gpus`: every DRA claim of the pod is for its GPUs, so `cannot allocate all claims` is a GPU
     shortage (else it is another reason)."""

@@ -212,7 +212,7 @@ def test_kube_scheduler_messages_read_as_demands_or_not(
     gpus_only = kube.poll("gpus-only unschedulable",
                           lambda: unschedulable_message(cluster, plain_namespace, "gpus-only"))
     both = kube.poll("cpu-too unschedulable", lambda: unschedulable_message(cluster, plain_namespace, "cpu-too"))
-    read = unschedulable.read(gpus_only)
+    read = unschedulable.read(gpus_only, claims_are_gpus=False)
     assert read is not None and read.gpu_short and not read.other, gpus_only
     assert unschedulable.why_not_a_demand(gpus_only, claims_are_gpus=False) is None, gpus_only
     said = unschedulable.why_not_a_demand(both, claims_are_gpus=False)

@@ -132,7 +132,7 @@ def test_a_demand_counts_only_if_freeing_gpus_lets_it_run(
 )
 def test_scheduler_message_reading(message: str, gpu_short: tuple[str, ...] | None,
                                    other: tuple[str, ...] | None) -> None:
-    reading = unschedulable.read(message)
+    reading = unschedulable.read(message, claims_are_gpus=False)
     assert (reading.gpu_short, reading.other) == (gpu_short, other) if reading else gpu_short is None
 
 
