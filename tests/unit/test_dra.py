@@ -163,6 +163,81 @@ def test_pod_gpus(mutate: b.Mutator | None, served: bool, count: int, left: str 
     assert (got.count, got.left) == (count, left)
 
 
+def _gpu(count: int | None = None, *, name: str = "gpus", device_class: str = "gpu.nvidia.com") -> dict[str, Any]:
+    return {"name": name, "exactly": {"deviceClassName": device_class, **({"count": count} if count else {})}}
+
+
+TEAM_TEMPLATES = [
+    b.claim_template("four", namespace="team", spec=b.claim_spec(4)),
+    b.claim_template("two", namespace="team", spec=b.claim_spec(2)),
+    b.claim_template("shape", namespace="team", spec={"devices": {"requests": [
+        _gpu(name="a"), _gpu(2, name="b"), _gpu(3, name="nic", device_class="nic.example.com")]}}),
+    b.claim_template("odd", namespace="team", spec={"devices": {"requests": ["gpus"]}}),
+    b.claim_template("nic-choice", namespace="team", spec={"devices": {"requests": [
+        {"name": "nic", "firstAvailable": [{"name": "x", "deviceClassName": "nic.example.com", "count": 1}]},
+        _gpu(2)]}}),
+]
+TEAM_CLAIMS = [
+    b.resource_claim("gen-four", namespace="team", spec=b.claim_spec(4), devices=[("node-a", i) for i in range(4, 8)]),
+    b.resource_claim("gone-gen", namespace="team", spec=b.claim_spec(2), devices=[("node-a", 0), ("node-a", 1)]),
+    b.resource_claim("own", namespace="team", spec=b.claim_spec(1), devices=[("node-b", 0)]),
+    b.resource_claim("ext", namespace="team", extended=True, devices=[("node-c", 2)]),
+]
+
+
+def _on(pool: str, *indices: int) -> tuple[dra.DeviceId, ...]:
+    return tuple(dra.DeviceId("gpu.nvidia.com", pool, f"gpu-{i}") for i in indices)
+
+
+def _entries(*entries: tuple[str, str], generated: dict[str, str] | None = None,
+             extended: str | None = None) -> b.Mutator:
+    """A pod mutator: claim entries (entry name, "template:<name>" or "claim:<name>"), the claims made of them."""
+    def mutate(body: dict[str, Any]) -> None:
+        body["spec"]["resourceClaims"] = [
+            {"name": entry, ("resourceClaimTemplateName" if ref.startswith("template:") else "resourceClaimName"):
+             ref.split(":", 1)[1]} for entry, ref in entries]
+        if generated:
+            body["status"]["resourceClaimStatuses"] = [{"name": e, "resourceClaimName": c}
+                                                        for e, c in generated.items()]
+        if extended:
+            body["status"]["extendedResourceClaimStatus"] = {"resourceClaimName": extended, "requestMappings": []}
+    return mutate
+
+
+@pytest.mark.parametrize(("namespace", "mutate", "expected"), [
+    pytest.param("team", _entries(("a", "template:four"), ("b", "template:two"), generated={"a": "gen-four"}),
+                 dra.PodGpus(count=6, devices=_on("node-a", 4, 5, 6, 7), claims=("team/gen-four",), asks_gpus=True),
+                 id="two-templates-add-up-and-the-made-claim-holds-its-devices"),
+    pytest.param("team", _entries(("a", "claim:absent"), ("b", "template:four")),
+                 dra.PodGpus(count=4, left="claim team/absent not found", asks_gpus=True),
+                 id="a-missing-claim-is-said-and-the-next-entry-still-read"),
+    pytest.param("team", _entries(("a", "template:deleted"), generated={"a": "gone-gen"}),
+                 dra.PodGpus(count=2, devices=_on("node-a", 0, 1), claims=("team/gone-gen",), asks_gpus=True),
+                 id="template-deleted-after-its-claim-was-made-read-from-the-claim"),
+    pytest.param("team", _entries(("a", "template:shape")), dra.PodGpus(count=3, asks_gpus=True),
+                 id="a-count-left-out-is-one-and-requests-of-other-classes-count-none"),
+    pytest.param("team", _entries(("a", "template:odd"), ("b", "template:four")),
+                 dra.PodGpus(count=4, left="claim template team/odd: a request that is no object", asks_gpus=True),
+                 id="an-unreadable-request-is-said-and-the-rest-still-counted"),
+    pytest.param("team", _entries(("a", "template:nic-choice")), dra.PodGpus(count=2, asks_gpus=True),
+                 id="a-first-available-of-other-classes-is-skipped-not-the-end"),
+    pytest.param("team", _entries(("a", "claim:own"), ("b", "template:two")),
+                 dra.PodGpus(count=2, devices=_on("node-b", 0), claims=("team/own",), asks_gpus=True,
+                             left="claim team/own is a ResourceClaim of its own (it may be shared)"),
+                 id="a-claim-of-its-own-is-left-to-kube-scheduler-and-its-devices-held"),
+    pytest.param("team", _entries(extended="ext"),
+                 dra.PodGpus(devices=_on("node-c", 2), claims=("team/ext",), asks_gpus=True),
+                 id="the-schedulers-extended-resource-claim-holds-devices"),
+    pytest.param("other", _entries(("a", "template:four")),
+                 dra.PodGpus(left="claim template other/four not found"),
+                 id="templates-are-read-in-the-pods-namespace"),
+])
+def test_pod_gpus_reads_every_claim_entry(namespace: str, mutate: b.Mutator, expected: dra.PodGpus) -> None:
+    inv = inventory(templates=TEAM_TEMPLATES, claims=TEAM_CLAIMS,
+                    slices=[b.resource_slice(node, 8) for node in ("node-a", "node-b", "node-c")])
+    assert dra.pod_gpus(b.pod("p", namespace=namespace, mutate=mutate), inv) == expected
+
+
 def test_implicit_extended_resource_name_is_a_gpu() -> None:
     pod = b.pod("p", mutate=lambda p: p["spec"]["containers"][0].__setitem__(
         "resources", {"limits": {"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "2", "cpu": "1"}}))
@@ -382,6 +457,34 @@ def test_inventory(objects: dict[str, Any], devices: dict[str, list[tuple[str, i
     got = inventory(**objects)
     assert ({n: [(d.id.device, d.index, d.blocked) for d in found] for n, found in got.devices.items()},
             list(got.problems), got.served) == (devices, problems, True)
+
+
+def _admin_result(claim: dict[str, Any]) -> dict[str, Any]:
+    claim["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    claim["status"]["reservedFor"].append({"resource": "jobs", "name": "j", "uid": "uid-job"})
+    return claim
+
+
+@pytest.mark.parametrize(("claim", "expected"), [
+    pytest.param(b.resource_claim("c", namespace="team", devices=[("n", 0), ("n", 1)], reserved_for=["p"]),
+                 dra.Claim("team", "c", _on("n", 0, 1), ("uid-p",), False), id="allocated-and-reserved"),
+    pytest.param(_admin_result(b.resource_claim("c", devices=[("n", 0), ("n", 1)], reserved_for=["p"])),
+                 dra.Claim("default", "c", _on("n", 1), ("uid-p",), False),
+                 id="an-admin-access-result-holds-nothing-and-only-pods-are-users"),
+    pytest.param(b.resource_claim("c", devices=[("n", 3), ("gone", 0)], extended=True),
+                 dra.Claim("default", "c", _on("n", 3), (), True),
+                 id="the-schedulers-claim-and-a-device-no-slice-lists"),
+])
+def test_claims(claim: dict[str, Any], expected: dra.Claim) -> None:
+    assert inventory(slices=[b.resource_slice("n", 8)], claims=[claim]).claims[expected.key] == expected
+
+
+def test_devices_are_in_index_order_and_an_index_that_is_no_number_is_none() -> None:
+    got = inventory(slices=[b.resource_slice("n", [
+        _device(1), b.gpu_device(9, mutate=lambda d: d["attributes"].update(index={"bool": True})),
+        b.gpu_device(8, mutate=lambda d: d["attributes"].pop("index")), _device(0)])])
+    assert [(d.id.device, d.index) for d in got.devices["n"]] == [
+        ("gpu-0", 0), ("gpu-1", 1), ("gpu-8", None), ("gpu-9", None)]
 
 
 def test_attributes_are_read_by_qualified_name() -> None:
