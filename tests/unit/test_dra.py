@@ -171,7 +171,7 @@ TEAM_TEMPLATES = [
     b.claim_template("four", namespace="team", spec=b.claim_spec(4)),
     b.claim_template("two", namespace="team", spec=b.claim_spec(2)),
     b.claim_template("shape", namespace="team", spec={"devices": {"requests": [
-        _gpu(name="a"), _gpu(2, name="b"), _gpu(3, name="nic", device_class="nic.example.com")]}}),
+        _gpu(3, name="nic", device_class="nic.example.com"), _gpu(name="a"), _gpu(2, name="b")]}}),
     b.claim_template("odd", namespace="team", spec={"devices": {"requests": ["gpus"]}}),
     b.claim_template("nic-choice", namespace="team", spec={"devices": {"requests": [
         {"name": "nic", "firstAvailable": [{"name": "x", "deviceClassName": "nic.example.com", "count": 1}]},
@@ -182,6 +182,9 @@ TEAM_CLAIMS = [
     b.resource_claim("gone-gen", namespace="team", spec=b.claim_spec(2), devices=[("node-a", 0), ("node-a", 1)]),
     b.resource_claim("own", namespace="team", spec=b.claim_spec(1), devices=[("node-b", 0)]),
     b.resource_claim("ext", namespace="team", extended=True, devices=[("node-c", 2)]),
+    b.resource_claim("own-choice", namespace="team", spec={"devices": {"requests": [{"name": "gpus", "firstAvailable": [
+        {"name": "big", "deviceClassName": "gpu.nvidia.com", "count": 2}]}]}}),
+    b.resource_claim("own-pending", namespace="team", spec=b.claim_spec(2)),
 ]
 
 
@@ -225,6 +228,17 @@ def _entries(*entries: tuple[str, str], generated: dict[str, str] | None = None,
                  dra.PodGpus(count=2, devices=_on("node-b", 0), claims=("team/own",), asks_gpus=True,
                              left="claim team/own is a ResourceClaim of its own (it may be shared)"),
                  id="a-claim-of-its-own-is-left-to-kube-scheduler-and-its-devices-held"),
+    pytest.param("team", _entries(("a", "claim:own-choice")),
+                 dra.PodGpus(left="claim team/own-choice request gpus: firstAvailable (the scheduler picks the "
+                             "alternative)", asks_gpus=True),
+                 id="a-claim-of-its-own-says-what-in-it-cannot-be-counted"),
+    pytest.param("team", _entries(("a", "claim:own-pending")),
+                 dra.PodGpus(left="claim team/own-pending is a ResourceClaim of its own (it may be shared)",
+                             asks_gpus=True),
+                 id="a-claim-of-its-own-not-yet-allocated-still-asks-gpus"),
+    pytest.param("team", _entries(("a", "template:deleted"), ("b", "template:two")),
+                 dra.PodGpus(count=2, left="claim template team/deleted not found", asks_gpus=True),
+                 id="a-missing-template-is-said-and-the-next-entry-still-read"),
     pytest.param("team", _entries(extended="ext"),
                  dra.PodGpus(devices=_on("node-c", 2), claims=("team/ext",), asks_gpus=True),
                  id="the-schedulers-extended-resource-claim-holds-devices"),
