@@ -459,6 +459,16 @@ def _device(index: int, **attributes: dict[str, Any]) -> dict[str, Any]:
     pytest.param(dict(slices=[{**b.resource_slice("n", 1), "spec": {**b.resource_slice("n", 1)["spec"],
                                                                       "nodeName": None, "allNodes": True}}]),
                  {}, ["device gpu.nvidia.com/n/gpu-0: no spec.nodeName; not counted"], id="a-device-of-no-node"),
+    pytest.param(dict(slices=[{**b.resource_slice("n", 2), "spec": {**b.resource_slice("n", 2)["spec"],
+                                                                      "nodeName": None, "allNodes": True}}]),
+                 {}, [f"device gpu.nvidia.com/n/gpu-{i}: no spec.nodeName; not counted" for i in (0, 1)],
+                 id="each-device-of-no-node-is-said"),
+    pytest.param(dict(slices=[b.resource_slice("n", list(reversed([b.gpu_device(i) for i in range(12)])))]),
+                 {"n": [(f"gpu-{i}", i, None) for i in range(12)]}, [], id="devices-in-index-order-past-ten"),
+    pytest.param(dict(classes=[{**b.device_class(), "spec": {"selectors": [{"expression": "no cel key"}]}}],
+                      slices=[b.resource_slice("n", 1)]),
+                 {}, ["DeviceClass gpu.nvidia.com: a selector that is no CEL expression"],
+                 id="a-class-selector-without-cel-is-said"),
     pytest.param(dict(classes=[b.device_class(expression="device.driver.startsWith('gpu')")],
                       slices=[b.resource_slice("a", 4, count=2)]), {},
                  ["DeviceClass gpu.nvidia.com: selector \"device.driver.startsWith('gpu')\" not understood (only "
@@ -503,8 +513,8 @@ def test_devices_are_in_index_order_and_an_index_that_is_no_number_is_none() -> 
 
 def test_attributes_are_read_by_qualified_name() -> None:
     got = inventory(slices=[b.resource_slice("n", [_device(
-        0, **{"example.com/rack": {"string": "r1"}, "driverVersion": {"version": "1.2.3"}, "virtual": {"bool": False},
-              "broken": "no-type"})])])
+        0, **{"broken": "no-type", "example.com/rack": {"string": "r1"}, "driverVersion": {"version": "1.2.3"},
+              "virtual": {"bool": False}})])])
     assert dict(got.devices["n"][0].attributes) == {
         "gpu.nvidia.com/type": "gpu", "gpu.nvidia.com/index": 0, "gpu.nvidia.com/uuid": "GPU-00000000",
         "gpu.nvidia.com/productName": "NVIDIA H100", "example.com/rack": "r1", "gpu.nvidia.com/driverVersion": "1.2.3",
