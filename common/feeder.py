@@ -14,7 +14,9 @@ any other failure waits a jittered, doubling backoff and tries again. An optiona
 404 (API not served) or 403 (not granted to us) counts as listed and empty, and is tried again every
 `kubernetes.backoff_max_seconds`, so a cluster that turns the API on later is picked up. Raw objects live in per-kind
 stores; a separate task rebuilds the immutable snapshot off the event loop at most once per
-`kubernetes.rebuild_interval_seconds`, so a reader never waits for a rebuild.
+`kubernetes.rebuild_interval_seconds`, so a reader never waits for a rebuild. A rebuild re-does only what changed
+since the last one (`Builder`, `snapshot.Builder`): a pod event re-parses that pod and re-assembles the nodes it held
+and holds; the result equals a snapshot built from scratch.
 
 Freshness: `snapshot.taken_at` is the oldest of the kinds' last contact with the API server, where
 a kind whose watch stream is open counts as in contact now. A dead feed therefore ages the snapshot

@@ -3,7 +3,8 @@ namespaces, native PodGroups, and which GPU indices each pod holds. Pods that re
 unless the gang controller needs them (`gangs.involved`: e.g. an MPI launcher counted in its gang's size): a gang is
 complete, released and reclaimed with all of its members.
 
-`build()` is pure: the shell (`common.feeder`) gathers raw API objects and DCGM occupancy and calls it;
+`build()` is pure: it builds from raw API objects and DCGM occupancy; `Builder` builds one snapshot after another
+(the shell, `common.feeder`, owns one), re-doing only what changed, with the same result;
 `from_list()` replays the JSON of `kubectl get nodes,pods,priorityclasses,namespaces -A -o json`.
 Where DCGM has not told us a pod's GPU indices, they are estimated with `common.placement`'s policy.
 
