@@ -613,16 +613,10 @@ class Builder:
                   taken_at: float | None, pod_groups: Iterable[Mapping[str, Any]], pod_group_version: str | None,
                   disruption_budgets: Iterable[Mapping[str, Any]], inventory: dra.Inventory) -> Snapshot:
         """The snapshot of what is kept, every mapping in the stores' order (as a from-scratch build gives it)."""
-        parsed: dict[str, tuple[Mapping[str, Any], Pod | _Held]] = {}
-        kept: dict[str, Pod] = {}
+        entries = self._entries
+        parsed = {key: (raw, entries[key]) for key, raw in pods.items() if key in entries}
         indexed = {key: pod for placed in self._indexed.values() for key, pod in placed.items()}
-        for key, raw in pods.items():
-            entry = self._entries.get(key)
-            if entry is None:
-                continue
-            parsed[key] = (raw, entry)
-            if isinstance(entry, Pod):
-                kept[entry.key] = indexed.get(key, entry)
+        kept = {key: indexed.get(key, entry) for key, (_, entry) in parsed.items() if isinstance(entry, Pod)}
         problems = [*inventory.problems]
         if self._pod_problems:
             problems += [self._pod_problems[key] for key in pods if key in self._pod_problems]
