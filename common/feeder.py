@@ -391,9 +391,12 @@ class Feeder:
         old = store.pop(key, None)
         kept = None if deleted else _stored(kind.name, obj, names=self._config.names)
         if kept is not None:
-            store[key] = kept
             if old is not None and _view(kind.name, old) == _view(kind.name, kept):
+                # The same as far as the snapshot reads (a node's heartbeat): keep the object the builder knows, so
+                # that no rebuild parses and assembles that node again.
+                store[key] = old
                 return
+            store[key] = kept
         elif old is None:
             return
         self._dirty = True
