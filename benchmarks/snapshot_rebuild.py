@@ -15,7 +15,9 @@ Rows (each the CPU, `time.process_time()`, of one rebuild as the feeder does it:
   * full            — a build by a new builder (from scratch: the first list; a relist comes close);
   * pod bound       — one gated pending pod un-gated and bound to a node with room (a new object in the store);
   * pod deleted     — one bound pod removed from the store;
-  * gated pod added — one new gated GPU pod in the store.
+  * gated pod added — one new gated GPU pod in the store;
+  * DRA pod bound   — a new 1-GPU pod bound to a DRA node with the claim kube-scheduler allocated for it (a pod and a
+                      claim in the stores; when the DRA nodes are full, a bound DRA pod and its claim gone instead).
 Each event row reports p50 and p90 over `--events` events (each applied to the state the last one left), the load
 average (`os.getloadavg()`) beside every row. Writes JSON to --out. Numbers, never asserts.
 """
@@ -88,7 +90,7 @@ def cluster(*, nodes: int, pods: int, seed: int) -> tuple[Stores, snapshot.Occup
             next_index[node] += gpus
             if node in dra_nodes:
                 claim = f"{name}-gpu"
-                body = builders.pod(name, namespace="train", node=node, phase="Running", created=stamp,
+                body = builders.pod(name, namespace="train", gpus=gpus, node=node, phase="Running", created=stamp,
                                     mutate=builders.with_extended_claim(claim))
                 stores["resourceclaims"][f"train/{claim}"] = builders.resource_claim(
                     claim, namespace="train", extended=True, reserved_for=[name],
@@ -148,8 +150,27 @@ def add_gated(stores: Stores, rng: random.Random, built: snapshot.Snapshot) -> N
     add(stores, gated(f"new-{len(stores['pods'])}-{rng.randrange(10**9)}", gpus=rng.choice(SIZES)))
 
 
+def bind_dra(stores: Stores, rng: random.Random, built: snapshot.Snapshot) -> None:
+    """A new 1-GPU pod bound to a DRA node with a free device, with the claim kube-scheduler allocated for it (else: a
+    bound DRA pod and its claim gone)."""
+    room = sorted(n.name for n in built.nodes.values() if n.dra_gpus and n.free_gpus)
+    if not room:
+        bound = sorted(k for k, p in built.pods.items() if p.dra.claims and p.node_name)
+        key = rng.choice(bound)
+        del stores["pods"][key]
+        stores["resourceclaims"].pop(f"{key}-gpu", None)
+        return
+    node = built.nodes[rng.choice(room)]
+    index = next(i for domain in node.free_by_domain() for i in domain)
+    name = f"dra-{len(stores['pods'])}-{rng.randrange(10**9)}"
+    add(stores, builders.pod(name, namespace="train", gpus=1, node=node.name, phase="Running",
+                             mutate=builders.with_extended_claim(f"{name}-gpu")))
+    stores["resourceclaims"][f"train/{name}-gpu"] = builders.resource_claim(
+        f"{name}-gpu", namespace="train", extended=True, reserved_for=[name], devices=[(node.name, index)])
+
+
 EVENTS: dict[str, Callable[[Stores, random.Random, snapshot.Snapshot], None]] = {
-    "pod bound": bind_one, "pod deleted": delete_one, "gated pod added": add_gated}
+    "pod bound": bind_one, "pod deleted": delete_one, "gated pod added": add_gated, "DRA pod bound": bind_dra}
 
 
 def timed(build: Callable[[], snapshot.Snapshot]) -> tuple[float, snapshot.Snapshot]:
