@@ -474,7 +474,7 @@ class Replay:
         self.wall = wall  # unix seconds of slot 0 in Prometheus' history
         self.evicted: dict[str, int] = {}  # pod -> slot
         self._objects: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # pod -> (node, pod), built once
-        self._previous: snapshot.Snapshot | None = None  # lets the build reuse unchanged parsed pods
+        self._builder: snapshot.Builder | None = None  # re-does only what changed between cycles
 
     def time(self, slot: int) -> float:
         return self.wall + slot * self.trace.step
@@ -493,9 +493,11 @@ class Replay:
         pods += [self._object(f"want-{i}", None, since=0, priority=PREEMPTOR_PRIORITY, class_name=None)[1]
                  for i in range(pending)]
         classes = [builders.priority_class(VICTIM_CLASS, VICTIM_PRIORITY, annotations=class_annotations(rule))]
-        self._previous = snapshot.build(nodes=[node for node, _ in objects], pods=pods, priority_classes=classes,
-                                        names=config.names, taken_at=self.time(slot), previous=self._previous)
-        return self._previous
+        if self._builder is None:
+            self._builder = snapshot.Builder(names=config.names)
+        return self._builder.build(nodes={snapshot.node_name(node): node for node, _ in objects},
+                                   pods={snapshot.pod_key(pod): pod for pod in pods}, priority_classes=classes,
+                                   taken_at=self.time(slot))
 
     def _object(self, name: str, node: str | None, *, since: int, priority: int,
                 class_name: str | None) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -14,7 +14,9 @@ any other failure waits a jittered, doubling backoff and tries again. An optiona
 404 (API not served) or 403 (not granted to us) counts as listed and empty, and is tried again every
 `kubernetes.backoff_max_seconds`, so a cluster that turns the API on later is picked up. Raw objects live in per-kind
 stores; a separate task rebuilds the immutable snapshot off the event loop at most once per
-`kubernetes.rebuild_interval_seconds`, so a reader never waits for a rebuild.
+`kubernetes.rebuild_interval_seconds`, so a reader never waits for a rebuild. A rebuild re-does only what changed
+since the last one (`Builder`, `snapshot.Builder`): a pod event re-parses that pod and re-assembles the nodes it held
+and holds; the result equals a snapshot built from scratch.
 
 Freshness: `snapshot.taken_at` is the oldest of the kinds' last contact with the API server, where
 a kind whose watch stream is open counts as in contact now. A dead feed therefore ages the snapshot
@@ -225,6 +227,7 @@ class Feeder:
         self._dirty = False
         self._synced = False
         self._snapshot = snapshot.EMPTY
+        self._builder = Builder(names=config.names, gpu_classes=config.dra.gpu_device_classes)
         self._subscribers: set[asyncio.Event] = set()
 
     # --- what readers see -------------------------------------------------------------------------
@@ -388,9 +391,12 @@ class Feeder:
         old = store.pop(key, None)
         kept = None if deleted else _stored(kind.name, obj, names=self._config.names)
         if kept is not None:
-            store[key] = kept
             if old is not None and _view(kind.name, old) == _view(kind.name, kept):
+                # The same as far as the snapshot reads (a node's heartbeat): keep the object the builder knows, so
+                # that no rebuild parses and assembles that node again.
+                store[key] = old
                 return
+            store[key] = kept
         elif old is None:
             return
         self._dirty = True
@@ -473,22 +479,19 @@ class Feeder:
     async def _rebuild(self) -> float:
         """Build and publish a snapshot; returns how long the build took (seconds)."""
         # Shallow copies: stores are only ever given new dicts, never mutated ones, so the worker
-        # thread reads a consistent set while the watches go on.
-        stores = {name: list(store.values()) for name, store in self._stores.items()}
+        # thread reads a consistent set while the watches go on (and the builder keeps them until the next build).
+        stores = {name: dict(store) for name, store in self._stores.items()}
         occupancy, taken_at = self._occupancy, self._taken_at()
         started = time.perf_counter()
         # Claims are what a pod's DRA GPUs are read from: without them (not served, not granted) none is counted.
         served = not ({"resourceslices", "resourceclaims", "deviceclasses"} & self._not_served)
         built = await asyncio.to_thread(
-            _build,
+            self._builder.build,
             stores=stores,
-            gpu_classes=self._config.dra.gpu_device_classes,
             served=served,
             pod_group_version=None if "podgroups" in self._not_served else self._paths["podgroups"].split("/")[3],
             occupancy=occupancy,
-            names=self._config.names,
             taken_at=taken_at,
-            previous=self._snapshot,
         )
         took = time.perf_counter() - started
         self._metrics.rebuild_seconds.observe(took)
@@ -510,18 +513,37 @@ class Feeder:
         return -1.0 if age is None else age
 
 
-def _build(*, stores: Mapping[str, list[dict[str, Any]]], gpu_classes: tuple[str, ...], served: bool,
-           pod_group_version: str | None, occupancy: snapshot.Occupancy | None, names: settings.Names,
-           taken_at: float | None, previous: snapshot.Snapshot) -> snapshot.Snapshot:
-    """The DRA inventory, then the snapshot (in a worker thread)."""
-    inventory = dra.build(device_classes=stores["deviceclasses"], slices=stores["resourceslices"],
-                          claims=stores["resourceclaims"], templates=stores["resourceclaimtemplates"],
-                          taint_rules=stores["devicetaintrules"], gpu_classes=gpu_classes, served=served)
-    return snapshot.build(nodes=stores["nodes"], pods=stores["pods"], priority_classes=stores["priorityclasses"],
-                          namespaces=stores["namespaces"], pod_groups=stores["podgroups"],
-                          pod_group_version=pod_group_version,
-                          disruption_budgets=stores["poddisruptionbudgets"], occupancy=occupancy, names=names,
-                          taken_at=taken_at, previous=previous, inventory=inventory)
+DRA_KINDS = ("deviceclasses", "resourceslices", "resourceclaims", "resourceclaimtemplates", "devicetaintrules")
+
+
+class Builder:
+    """The feeder's stores to a snapshot, in a worker thread: the DRA inventory (built again only when a DRA object
+    changed), then the snapshot (`snapshot.Builder`: only what changed is done again). Pure; one build at a time."""
+
+    def __init__(self, *, names: settings.Names, gpu_classes: tuple[str, ...]) -> None:
+        self._snapshots = snapshot.Builder(names=names)
+        self._gpu_classes = gpu_classes
+        self._dra_objects: tuple[Any, ...] | None = None  # the DRA objects and `served` the inventory was built from
+        self._inventory = dra.EMPTY
+
+    def build(self, *, stores: Mapping[str, Mapping[str, dict[str, Any]]], served: bool,
+              pod_group_version: str | None, occupancy: snapshot.Occupancy | None,
+              taken_at: float | None) -> snapshot.Snapshot:
+        """`stores`: kind -> key -> object (copies: kept until the next build)."""
+        lists = {name: list(stores[name].values()) for name in DRA_KINDS}
+        objects = (served, *(obj for name in DRA_KINDS for obj in (len(lists[name]), *lists[name])))
+        if self._dra_objects is None or len(objects) != len(self._dra_objects) or any(
+                a is not b and a != b for a, b in zip(objects, self._dra_objects, strict=True)):
+            self._inventory = dra.build(
+                device_classes=lists["deviceclasses"], slices=lists["resourceslices"], claims=lists["resourceclaims"],
+                templates=lists["resourceclaimtemplates"], taint_rules=lists["devicetaintrules"],
+                gpu_classes=self._gpu_classes, served=served)
+            self._dra_objects = objects
+        return self._snapshots.build(
+            nodes=stores["nodes"], pods=stores["pods"], priority_classes=stores["priorityclasses"].values(),
+            namespaces=stores["namespaces"].values(), pod_groups=stores["podgroups"].values(),
+            pod_group_version=pod_group_version, disruption_budgets=stores["poddisruptionbudgets"].values(),
+            occupancy=occupancy, taken_at=taken_at, inventory=self._inventory)
 
 
 def _checked(name: str, event: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:

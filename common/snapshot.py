@@ -3,7 +3,8 @@ namespaces, native PodGroups, and which GPU indices each pod holds. Pods that re
 unless the gang controller needs them (`gangs.involved`: e.g. an MPI launcher counted in its gang's size): a gang is
 complete, released and reclaimed with all of its members.
 
-`build()` is pure: the shell (`common.feeder`) gathers raw API objects and DCGM occupancy and calls it;
+`build()` is pure: it builds from raw API objects and DCGM occupancy; `Builder` builds one snapshot after another
+(the shell, `common.feeder`, owns one), re-doing only what changed, with the same result;
 `from_list()` replays the JSON of `kubectl get nodes,pods,priorityclasses,namespaces -A -o json`.
 Where DCGM has not told us a pod's GPU indices, they are estimated with `common.placement`'s policy.
 
@@ -398,176 +399,343 @@ def build(
     occupancy: Occupancy | None = None,
     names: settings.Names,
     taken_at: float | None,
-    previous: Snapshot | None = None,
     pod_groups: Iterable[Mapping[str, Any]] = (),
     pod_group_version: str | None = gangs.POD_GROUP_VERSIONS[0],
     disruption_budgets: Iterable[Mapping[str, Any]] = (),
     inventory: dra.Inventory = dra.EMPTY,
 ) -> Snapshot:
-    """`previous`: the last snapshot built from the same stores; unchanged objects are reused. `inventory`: the
+    """A snapshot from scratch (`Builder` builds one after another, re-doing only what changed). `inventory`: the
     cluster's DRA GPUs (`dra.build`): a node without a device plugin's GPUs offers its GPU devices, and which of
     them are taken, and by whom, is read from the claims' allocations. `pod_group_version`: the PodGroup API version
-    `pod_groups` were read from (None: not served or not granted to us; `gangs.identify` says so)."""
-    nodes, namespaces = list(nodes), list(namespaces)  # each read twice below
-    problems: list[str] = list(inventory.problems)
-    # A pod's parse depends on the inventory only through its claims or a renamed extended resource.
-    dra_same = previous is not None and previous.dra == inventory
-    renaming = any(name != gpu.FULL_GPU for name in inventory.extended)
-    kept: dict[str, Pod] = {}
-    parsed: dict[str, tuple[Mapping[str, Any], Pod | _Held]] = {}
-    earlier = previous.parsed if previous is not None else {}
-    held: dict[str, list[Mapping[str, int]]] = {}  # node -> request vectors of every pod holding it
-    for raw in pods:
-        meta = raw.get("metadata") or {}
-        key = f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
-        hit = earlier.get(key)
-        if hit is not None and hit[0] is raw and (dra_same or not (renaming or _claims(raw))):
-            entry = hit[1]
-        else:
-            try:
-                entry = _parse(raw, names=names, inventory=inventory)
-            except (gpu.QuantityError, ValueError, TypeError) as exc:
-                problems.append(f"pod {key} skipped: {exc}")
+    `pod_groups` were read from (None: not served or not granted to us; `gangs.identify` says so). An object listed
+    twice (the same node name, the same pod namespace/name) counts once: the last one."""
+    return Builder(names=names).build(
+        nodes={node_name(raw): raw for raw in nodes}, pods={pod_key(raw): raw for raw in pods},
+        priority_classes=priority_classes, namespaces=namespaces, occupancy=occupancy, taken_at=taken_at,
+        pod_groups=pod_groups, pod_group_version=pod_group_version, disruption_budgets=disruption_budgets,
+        inventory=inventory)
+
+
+def pod_key(raw: Mapping[str, Any]) -> str:
+    """The key a pod object has in a snapshot (and in `Builder.build`'s `pods`): namespace/name."""
+    meta = raw.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+
+
+def node_name(raw: Mapping[str, Any]) -> str:
+    return str((raw.get("metadata") or {}).get("name") or "")
+
+
+Entry = Pod | _Held  # a pod's parse (`_parse`)
+
+
+class Builder:
+    """Builds a snapshot from the stores after each change, re-doing only what the change touched; each result equals
+    a from-scratch `build` of the same objects. Pure (no I/O, no clock); one build at a time.
+
+    What it keeps from the last build, and what makes it do a part again:
+    - a pod's parse: again when the store holds a new object under its key (the feeder replaces, never mutates, a
+      changed object), or when the DRA inventory changed and the pod asks devices through claims (every pod when the
+      extended resource names GPU classes serve changed);
+    - a node's parse: again when its object is a new one, or its number of DRA GPU devices changed;
+    - a node's `Node` and its GPU pods' indices: again when its object, any pod holding it (or that held it), its
+      DCGM occupancy, its DRA devices, their order, the claims holding them or their taints, whether a DeviceClass
+      serves `nvidia.com/gpu`, or the required anti-affinity terms covering it changed;
+    - the anti-affinity terms: again when a pod that has such terms changed, a node's labels, or the namespaces.
+    PriorityClasses, namespaces, PodGroups and PodDisruptionBudgets are read again each build (few, cheap).
+    A build that raises leaves nothing kept: the next one starts from scratch."""
+
+    def __init__(self, *, names: settings.Names) -> None:
+        self._names = names
+        self._forget()
+
+    def _forget(self) -> None:
+        self._first = True
+        self._pods: Mapping[str, Mapping[str, Any]] = {}  # the pods' objects at the last build, by key
+        self._entries: dict[str, Entry] = {}  # each pod's parse, by key
+        self._pod_problems: dict[str, str] = {}  # pods skipped, by key
+        self._claiming: set[str] = set()  # keys of pods asking devices through claims
+        self._holders: dict[str, dict[str, Entry]] = {}  # node -> the parses of the pods holding it, by key
+        self._uids: dict[str, str] = {}  # uid -> key of the GPU pods and gang members (`Pod`)
+        self._nodes: Mapping[str, Mapping[str, Any]] = {}  # the nodes' objects at the last build, by name
+        self._node_parses: dict[str, _NodeParse | None] = {}
+        self._built: dict[str, Node] = {}  # GPU nodes
+        self._node_problems: dict[str, tuple[str, ...]] = {}
+        self._indexed: dict[str, dict[str, Pod]] = {}  # GPU node -> its GPU pods with their GPU indices, by key
+        self._occupancy: Occupancy = {}
+        self._inventory = dra.EMPTY
+        self._claimed: dict[str, dict[int, str]] = {}
+        self._blocked: dict[str, frozenset[int]] = {}
+        self._namespaces: list[Mapping[str, Any]] = []
+        self._terms: dict[tuple[str, str], list[antiaffinity.Term]] = {}
+
+    def build(
+        self,
+        *,
+        nodes: Mapping[str, Mapping[str, Any]],
+        pods: Mapping[str, Mapping[str, Any]],
+        priority_classes: Iterable[Mapping[str, Any]] = (),
+        namespaces: Iterable[Mapping[str, Any]] = (),
+        occupancy: Occupancy | None = None,
+        taken_at: float | None,
+        pod_groups: Iterable[Mapping[str, Any]] = (),
+        pod_group_version: str | None = gangs.POD_GROUP_VERSIONS[0],
+        disruption_budgets: Iterable[Mapping[str, Any]] = (),
+        inventory: dra.Inventory = dra.EMPTY,
+    ) -> Snapshot:
+        """`nodes`: node objects by name; `pods`: pod objects by `pod_key`; the rest as `build` takes them. The
+        mappings are kept until the next build: hand over copies, not a store that changes."""
+        try:
+            return self._build(nodes=nodes, pods=pods, priority_classes=priority_classes, namespaces=list(namespaces),
+                               occupancy=occupancy or {}, taken_at=taken_at, pod_groups=pod_groups,
+                               pod_group_version=pod_group_version, disruption_budgets=disruption_budgets,
+                               inventory=inventory)
+        except BaseException:
+            self._forget()  # a half-updated state: the next build starts from scratch
+            raise
+
+    def _build(self, *, nodes: Mapping[str, Mapping[str, Any]], pods: Mapping[str, Mapping[str, Any]],
+               priority_classes: Iterable[Mapping[str, Any]], namespaces: list[Mapping[str, Any]],
+               occupancy: Occupancy, taken_at: float | None, pod_groups: Iterable[Mapping[str, Any]],
+               pod_group_version: str | None, disruption_budgets: Iterable[Mapping[str, Any]],
+               inventory: dra.Inventory) -> Snapshot:
+        first, was = self._first, self._inventory
+        dra_same = not first and (was is inventory or was == inventory)
+        dirty: set[str] = set(nodes) | set(self._nodes) if first else set()  # nodes to assemble again
+        terms_dirty = first or len(namespaces) != len(self._namespaces) or any(
+            a is not b for a, b in zip(namespaces, self._namespaces, strict=False))
+
+        # Pods: parse again the new objects (and those the inventory's change concerns).
+        changed = [key for key, raw in pods.items() if self._pods.get(key) is not raw]
+        changed += [key for key in self._pods if key not in pods]
+        if not dra_same and not first:
+            changed += list(pods) if _renamed(was) != _renamed(inventory) else list(self._claiming)
+        for key in dict.fromkeys(changed):
+            terms_dirty |= self._reparse(key, pods.get(key), inventory=inventory, dirty=dirty)
+
+        # Nodes: parse again the new objects, or the ones whose DRA devices changed.
+        for name in {name for name, raw in nodes.items() if self._nodes.get(name) is not raw} | (
+                set(self._nodes) - set(nodes)):
+            dirty.add(name)
+            old, raw = self._nodes.get(name), nodes.get(name)
+            terms_dirty |= _labels(old) != _labels(raw)
+        if not dra_same:
+            if (gpu.FULL_GPU in was.extended) != (gpu.FULL_GPU in inventory.extended):
+                dirty |= set(nodes)
+            dirty |= {name for name in nodes if was.devices.get(name) != inventory.devices.get(name)
+                      or was.order.get(name) != inventory.order.get(name)}
+        for name in dirty:
+            raw = nodes.get(name)
+            devices = len(inventory.devices.get(name, ()))
+            own = self._node_parses.get(name)
+            if raw is None:
+                self._node_parses.pop(name, None)
+            elif (self._nodes.get(name) is not raw or name not in self._node_parses
+                  or (own.devices if own is not None else 0) != devices):
+                self._node_parses[name] = _parse_node(raw, names=self._names, devices=devices)
+
+        # What a node reads of the rest of the cluster: DCGM occupancy, the claims holding its DRA devices.
+        if occupancy is not self._occupancy:
+            dirty |= {name for name in set(occupancy) | set(self._occupancy)
+                      if occupancy.get(name) != self._occupancy.get(name)}
+        claimed, blocked = _claimed(inventory, self._uids) if inventory.devices else ({}, {})
+        dirty |= {name for name in set(claimed) | set(self._claimed)
+                  if claimed.get(name) != self._claimed.get(name) or blocked.get(name) != self._blocked.get(name)}
+        namespace_labels = {(ns.get("metadata") or {}).get("name") or "": (ns.get("metadata") or {}).get("labels")
+                            or {} for ns in namespaces}
+        if terms_dirty:
+            self._terms = _terms(((key, self._entries[key]) for key in pods if key in self._entries),
+                                 labels_of={name: _labels(raw) for name, raw in nodes.items()},
+                                 namespaces=namespace_labels)
+            dirty |= {name for name, node in self._built.items() if name in nodes
+                      and node.anti_affinity != _covering(self._terms, _labels(nodes[name]))}
+
+        # Assemble the nodes that changed; the others are kept as they were.
+        before: dict[str, Pod] = {}
+        for name in dirty:
+            before.update(self._indexed.pop(name, {}))
+            self._built.pop(name, None)
+            self._node_problems.pop(name, None)
+        for name in dirty:
+            own = self._node_parses.get(name)
+            if own is None:
                 continue
-        parsed[key] = (raw, entry)
-        if isinstance(entry, Pod):
-            kept[entry.key] = entry
-        if entry.held_on:
-            held.setdefault(entry.held_on, []).append(entry.requests)
+            holders = self._holders.get(name, {})
+            resident = [e for e in holders.values() if isinstance(e, Pod) and e.request.any]
+            node, problems, indexed = _assemble(
+                name=name, raw=nodes[name], own=own, resident=resident, holders=holders,
+                observed=occupancy.get(name, {}), claimed=claimed.get(name, {}),
+                blocked=blocked.get(name, frozenset()), terms=self._terms, inventory=inventory, before=before)
+            self._built[name], self._indexed[name] = node, indexed
+            if problems:
+                self._node_problems[name] = problems
 
-    labels_of = {(n.get("metadata") or {}).get("name") or "": (n.get("metadata") or {}).get("labels") or {}
-                 for n in nodes}
-    ports_on, terms_on = _held_ports_and_terms(parsed, labels_of, namespaces)
+        self._first, self._pods, self._nodes, self._occupancy = False, pods, nodes, occupancy
+        self._inventory, self._claimed, self._blocked, self._namespaces = inventory, claimed, blocked, namespaces
+        return self._snapshot(nodes=nodes, pods=pods, priority_classes=priority_classes,
+                              namespace_labels=namespace_labels, taken_at=taken_at, pod_groups=pod_groups,
+                              pod_group_version=pod_group_version, disruption_budgets=disruption_budgets,
+                              inventory=inventory)
 
-    by_node: dict[str, list[Pod]] = {}
-    for pod in kept.values():
-        if pod.request.any and pod.held_on:
-            by_node.setdefault(pod.held_on, []).append(pod)
+    def _reparse(self, key: str, raw: Mapping[str, Any] | None, *, inventory: dra.Inventory, dirty: set[str]) -> bool:
+        """Forget the pod's last parse and parse `raw` (None: it is gone); the nodes it held and holds are `dirty`.
+        Returns whether either parse has required anti-affinity terms."""
+        terms = False
+        self._pod_problems.pop(key, None)
+        self._claiming.discard(key)
+        old = self._entries.pop(key, None)
+        if old is not None:
+            terms = bool(old.anti_affinity)
+            if old.held_on is not None:
+                dirty.add(old.held_on)
+                self._holders[old.held_on].pop(key, None)
+            if isinstance(old, Pod) and self._uids.get(old.uid) == key:
+                del self._uids[old.uid]
+        if raw is None:
+            return terms
+        if _claims(raw):
+            self._claiming.add(key)
+        try:
+            entry = _parse(raw, names=self._names, inventory=inventory)
+        except (gpu.QuantityError, ValueError, TypeError) as exc:
+            self._pod_problems[key] = f"pod {key} skipped: {exc}"
+            return terms
+        self._entries[key] = entry
+        if entry.held_on is not None:
+            dirty.add(entry.held_on)
+            self._holders.setdefault(entry.held_on, {})[key] = entry
+        if isinstance(entry, Pod) and entry.uid:
+            self._uids[entry.uid] = key
+        return terms or bool(entry.anti_affinity)
 
-    built_nodes: dict[str, Node] = {}
-    parsed_nodes: dict[str, tuple[Mapping[str, Any], _NodeParse | None]] = {}
-    earlier_nodes = previous.parsed_nodes if previous is not None else {}
-    claimed_on, blocked_on = _claimed(inventory, {p.uid: p.key for p in kept.values() if p.uid})
-    for raw in nodes:
-        meta = raw.get("metadata") or {}
-        name = meta.get("name") or ""
-        was = earlier_nodes.get(name)
-        devices = len(inventory.devices.get(name, ()))
-        reuse = was is not None and was[0] is raw and (was[1].devices if was[1] is not None else 0) == devices
-        own = was[1] if reuse and was is not None else _parse_node(raw, names=names, devices=devices)
-        parsed_nodes[name] = (raw, own)
-        if own is None:
-            continue
-        if devices and not own.dra_gpus:
-            problems.append(f"node {name}: {devices} DRA GPU devices beside a device plugin's {gpu.FULL_GPU}; "
-                            "only the device plugin's are counted")
-        topo = own.topology
-        problems += [f"node {name}: {p}" for p in topo.problems]
-        # Bound pods first (oldest first), then the ones not bound yet: estimated indices go to the former.
-        resident = sorted(by_node.get(name, []), key=lambda p: (p.reserved, p.created, p.key))
-        # On a DRA node the claims' allocations say exactly which devices each pod holds; devices taken by a
-        # claim of no pod we hold, or tainted, are taken all the same (`blocked`).
-        observed = (occupancy or {}).get(name, {})
-        blocked: frozenset[int] = frozenset()
-        if own.dra_gpus:  # a claim still held by a pod that no longer holds the node (finished) is taken too
-            here = {p.key for p in resident}
-            claimed = claimed_on.get(name, {})
-            observed = {i: key for i, key in claimed.items() if key in here}
-            blocked = blocked_on.get(name, frozenset()) | {i for i, key in claimed.items() if key not in here}
-        # Indices the topology names but no device has (labels that disagree with the slices) are never free.
-        absent = frozenset(i for d in topo.domains for i in d) - _indices(inventory.devices.get(name, ())) \
-            if own.dra_gpus else frozenset()
-        indices, used, seen = _assign_indices(topo.domains, resident, observed, blocked | absent)
-        for pod in resident:
-            before = previous.pods.get(pod.key) if previous is not None else None
-            if (before is not None and before.raw is pod.raw and before.gpu_indices == indices[pod.key]
-                    and before.indices_observed == (pod.key in seen) and before.dra == pod.dra
-                    and before.request == pod.request):
-                kept[pod.key] = before
-            else:
-                kept[pod.key] = dataclasses.replace(
-                    pod, gpu_indices=indices[pod.key], indices_observed=pod.key in seen
-                )
-        mig_used: dict[str, int] = {}
-        for pod in resident:
-            for profile, count in pod.request.mig.items():
-                mig_used[profile] = mig_used.get(profile, 0) + count
-        holders = held.get(name, [])
-        built_nodes[name] = Node(
-            name=name,
-            labels=meta.get("labels") or {},
-            annotations=meta.get("annotations") or {},
-            topology=topo,
-            allocatable=own.allocatable,
-            schedulable=own.schedulable,
-            taints=own.taints,
-            used=frozenset(used),
-            requested_full=sum(p.request.full for p in resident) + len(blocked),
-            mig_used=mig_used,
-            pods=tuple(p.key for p in resident if not p.reserved),
-            resources=own.resources,
-            requested={**resources.add(*holders, {gpu.FULL_GPU: len(blocked)} if blocked else {}),
-                       resources.PODS: len(holders)},
-            reserved=tuple(p.key for p in resident if p.reserved),
-            host_ports=frozenset(ports_on.get(name, ())),
-            anti_affinity=tuple(t for (key, value), found in terms_on.items()
-                                if (meta.get("labels") or {}).get(key) == value for t in found),
-            dra_gpus=own.dra_gpus,
-            extended_gpus=not own.dra_gpus or gpu.FULL_GPU in inventory.extended,
-            device_order=inventory.order.get(name) if own.dra_gpus else None,
+    def _snapshot(self, *, nodes: Mapping[str, Mapping[str, Any]], pods: Mapping[str, Mapping[str, Any]],
+                  priority_classes: Iterable[Mapping[str, Any]], namespace_labels: Mapping[str, Mapping[str, str]],
+                  taken_at: float | None, pod_groups: Iterable[Mapping[str, Any]], pod_group_version: str | None,
+                  disruption_budgets: Iterable[Mapping[str, Any]], inventory: dra.Inventory) -> Snapshot:
+        """The snapshot of what is kept, every mapping in the stores' order (as a from-scratch build gives it)."""
+        entries = self._entries
+        parsed = {key: (raw, entries[key]) for key, raw in pods.items() if key in entries}
+        indexed = {key: pod for placed in self._indexed.values() for key, pod in placed.items()}
+        kept = {key: indexed.get(key, entry) for key, (_, entry) in parsed.items() if isinstance(entry, Pod)}
+        problems = [*inventory.problems]
+        if self._pod_problems:
+            problems += [self._pod_problems[key] for key in pods if key in self._pod_problems]
+        problems += [p for name in nodes for p in self._node_problems.get(name, ())]
+        built = Snapshot(
+            nodes={name: self._built[name] for name in nodes if name in self._built},
+            pods=kept,
+            priority_classes={pc.name: pc for pc in map(_priority_class, priority_classes)},
+            namespaces=dict(namespace_labels),
+            taken_at=taken_at,
+            pod_groups=gangs.PodGroups({group.key: group for group in map(gangs.pod_group, pod_groups)},
+                                       pod_group_version),
+            problems=tuple(problems),
+            parsed=parsed,
+            disruption_budgets={b.key: b for b in map(disruption_budget, disruption_budgets)},
+            parsed_nodes={name: (raw, self._node_parses.get(name)) for name, raw in nodes.items()},
+            dra=inventory,
         )
+        # Derived views are computed here, where the shell builds (off the request path), not on first use.
+        _ = built.nodes_by_gpu_state
+        return built
 
-    built = Snapshot(
-        nodes=built_nodes,
-        pods=kept,
-        priority_classes={pc.name: pc for pc in map(_priority_class, priority_classes)},
-        namespaces={
-            (ns.get("metadata") or {}).get("name", ""): (ns.get("metadata") or {}).get("labels") or {}
-            for ns in namespaces
-        },
-        taken_at=taken_at,
-        pod_groups=gangs.PodGroups({group.key: group for group in map(gangs.pod_group, pod_groups)},
-                                   pod_group_version),
-        problems=tuple(problems),
-        parsed=parsed,
-        disruption_budgets={b.key: b for b in map(disruption_budget, disruption_budgets)},
-        parsed_nodes=parsed_nodes,
-        dra=inventory,
+
+def _assemble(*, name: str, raw: Mapping[str, Any], own: _NodeParse, resident: Sequence[Pod],
+              holders: Mapping[str, Entry], observed: Mapping[int, str], claimed: Mapping[int, str],
+              blocked: frozenset[int], terms: Mapping[tuple[str, str], Sequence[antiaffinity.Term]],
+              inventory: dra.Inventory, before: Mapping[str, Pod]) -> tuple[Node, tuple[str, ...], dict[str, Pod]]:
+    """One GPU node as the pods holding it leave it (`resident`: its GPU pods), with its problems and its GPU pods
+    with their indices (`before`: their last ones, kept when equal)."""
+    meta = raw.get("metadata") or {}
+    problems: list[str] = []
+    if inventory.devices.get(name) and not own.dra_gpus:
+        problems.append(f"node {name}: {len(inventory.devices[name])} DRA GPU devices beside a device plugin's "
+                        f"{gpu.FULL_GPU}; only the device plugin's are counted")
+    topo = own.topology
+    problems += [f"node {name}: {p}" for p in topo.problems]
+    # Bound pods first (oldest first), then the ones not bound yet: estimated indices go to the former.
+    resident = sorted(resident, key=lambda p: (p.reserved, p.created, p.key))
+    # On a DRA node the claims' allocations say exactly which devices each pod holds; devices taken by a claim of
+    # no pod we hold, or tainted, are taken all the same (`blocked`).
+    if own.dra_gpus:  # a claim still held by a pod that no longer holds the node (finished) is taken too
+        here = {p.key for p in resident}
+        observed = {i: key for i, key in claimed.items() if key in here}
+        blocked = blocked | {i for i, key in claimed.items() if key not in here}
+    else:
+        blocked = frozenset()
+    # Indices the topology names but no device has (labels that disagree with the slices) are never free.
+    absent = frozenset(i for d in topo.domains for i in d) - _indices(inventory.devices.get(name, ())) \
+        if own.dra_gpus else frozenset()
+    indices, used, seen = _assign_indices(topo.domains, resident, observed, blocked | absent)
+    placed: dict[str, Pod] = {}
+    for pod in resident:
+        was = before.get(pod.key)
+        if (was is not None and was.raw is pod.raw and was.gpu_indices == indices[pod.key]
+                and was.indices_observed == (pod.key in seen) and was.dra == pod.dra and was.request == pod.request):
+            placed[pod.key] = was
+        else:
+            placed[pod.key] = dataclasses.replace(pod, gpu_indices=indices[pod.key], indices_observed=pod.key in seen)
+    mig_used: dict[str, int] = {}
+    for pod in resident:
+        for profile, count in pod.request.mig.items():
+            mig_used[profile] = mig_used.get(profile, 0) + count
+    node = Node(
+        name=name,
+        labels=meta.get("labels") or {},
+        annotations=meta.get("annotations") or {},
+        topology=topo,
+        allocatable=own.allocatable,
+        schedulable=own.schedulable,
+        taints=own.taints,
+        used=frozenset(used),
+        requested_full=sum(p.request.full for p in resident) + len(blocked),
+        mig_used=mig_used,
+        pods=tuple(p.key for p in resident if not p.reserved),
+        resources=own.resources,
+        requested={**resources.add(*(e.requests for e in holders.values()),
+                                   {gpu.FULL_GPU: len(blocked)} if blocked else {}),
+                   resources.PODS: len(holders)},
+        reserved=tuple(p.key for p in resident if p.reserved),
+        host_ports=frozenset(port for e in holders.values() for port in e.host_ports),
+        anti_affinity=_covering(terms, meta.get("labels") or {}),
+        dra_gpus=own.dra_gpus,
+        extended_gpus=not own.dra_gpus or gpu.FULL_GPU in inventory.extended,
+        device_order=inventory.order.get(name) if own.dra_gpus else None,
     )
-    # Derived views are computed here, where the shell builds (off the request path), not on first use.
-    _ = built.nodes_by_gpu_state
-    return built
+    return node, tuple(problems), placed
 
 
-def _held_ports_and_terms(
-    parsed: Mapping[str, tuple[Mapping[str, Any], Pod | _Held]],
-    labels_of: Mapping[str, Mapping[str, str]],
-    namespaces: Iterable[Mapping[str, Any]],
-) -> tuple[dict[str, set[hostports.HostPort]], dict[tuple[str, str], list[antiaffinity.Term]]]:
-    """Host ports used per node, and the required anti-affinity terms of pods holding nodes by the topology pair
-    (key, value) they cover, from every pod that holds a node (GPU nodes or not: a zone spans both)."""
-    ports_on: dict[str, set[hostports.HostPort]] = {}
+def _labels(raw: Mapping[str, Any] | None) -> Mapping[str, str]:
+    return ((raw or {}).get("metadata") or {}).get("labels") or {}
+
+
+def _renamed(inventory: dra.Inventory) -> frozenset[str]:
+    """The extended resource names GPU classes serve other than `nvidia.com/gpu`: a pod's parse reads them."""
+    return frozenset(name for name in inventory.extended if name != gpu.FULL_GPU)
+
+
+def _covering(terms: Mapping[tuple[str, str], Sequence[antiaffinity.Term]], labels: Mapping[str, str],
+              ) -> tuple[antiaffinity.Term, ...]:
+    """The terms covering a node with these labels."""
+    return tuple(t for (key, value), found in terms.items() if labels.get(key) == value for t in found)
+
+
+def _terms(entries: Iterable[tuple[str, Entry]], *, labels_of: Mapping[str, Mapping[str, str]],
+           namespaces: Mapping[str, Mapping[str, str]]) -> dict[tuple[str, str], list[antiaffinity.Term]]:
+    """The required anti-affinity terms of pods holding nodes by the topology pair (key, value) they cover, from
+    every pod that holds a node (GPU nodes or not: a zone spans both)."""
     terms_on: dict[tuple[str, str], list[antiaffinity.Term]] = {}
-    namespace_labels: dict[str, Mapping[str, str]] | None = None
-    for key, (_, entry) in parsed.items():  # not sorted: every pod of the cluster passes here
-        node = entry.held_on
-        if node is None:
+    for key, entry in entries:  # not sorted: every pod of the cluster passes here
+        if entry.held_on is None or not entry.anti_affinity:
             continue
-        if entry.host_ports:
-            ports_on.setdefault(node, set()).update(entry.host_ports)
-        if not entry.anti_affinity:
-            continue
-        if namespace_labels is None:
-            namespace_labels = {(ns.get("metadata") or {}).get("name") or "": (ns.get("metadata") or {}).get(
-                "labels") or {} for ns in namespaces}
         for raw_term in entry.anti_affinity:
             term = antiaffinity.resolve(raw_term, owner=key, owner_namespace=entry.namespace,
-                                        node_labels=labels_of.get(node, {}), namespaces=namespace_labels)
+                                        node_labels=labels_of.get(entry.held_on, {}), namespaces=namespaces)
             if term is not None:
                 terms_on.setdefault((term.topology_key, term.topology_value), []).append(term)
-    for terms in terms_on.values():
-        terms.sort(key=lambda t: t.owner)  # the first refusing term is the reason given: the same every build
-    return ports_on, terms_on
+    for found in terms_on.values():
+        found.sort(key=lambda t: t.owner)  # the first refusing term is the reason given: the same every build
+    return terms_on
 
 
 def _claimed(inventory: dra.Inventory, key_of: Mapping[str, str],

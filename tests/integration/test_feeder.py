@@ -324,6 +324,20 @@ async def test_node_heartbeats_do_not_rebuild(fake_api: FakeApi, running: Runnin
     assert running.metric("gpu_steward_feeder_snapshot_rebuilds_total") == rebuilds + 1
 
 
+async def test_a_node_heartbeat_leaves_its_node_as_built(fake_api: FakeApi, running: Running) -> None:
+    """The store keeps the object the builder knows while what the snapshot reads is the same: the next rebuild
+    (here for a new pod) neither parses nor assembles the node again."""
+    seed(fake_api)
+    await running.until(lambda: running.feeder.synced, "synced")
+    before = running.feeder.snapshot.nodes["gpu-2"]
+    heartbeat = builders.gpu_node("gpu-2", gpus=4)
+    heartbeat["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-11-21T10:00:10Z"
+    fake_api.put("nodes", heartbeat)
+    fake_api.put("pods", builders.pod("late", gpus=1))
+    await running.until(lambda: "default/late" in running.feeder.snapshot.pods, "the new pod")
+    assert running.feeder.snapshot.nodes["gpu-2"] is before
+
+
 async def test_synced_only_after_every_kind_is_listed(fake_api: FakeApi, api_client: client.ApiClient) -> None:
     seed(fake_api)
     fake_api.hold[PATHS["priorityclasses"]] = asyncio.Event()

@@ -365,12 +365,12 @@ def test_a_rebuild_reads_a_claim_allocated_since_the_last_build() -> None:
     """The pod object is the same; its claim is allocated in between: the rebuild must not reuse the old parse."""
     pod = b.pod("p", node="n", phase="Running", mutate=b.with_claim_template("four", generated="p-gpus"))
     objects: dict[str, Any] = {"slices": [b.resource_slice("n", 8)], "templates": TEMPLATES}
-    first = snapshot.build(nodes=[b.dra_node("n", domains=TWO_DOMAINS)], pods=[pod], names=NAMES, taken_at=0.0,
-                           inventory=inventory(**objects, claims=[b.resource_claim("p-gpus", spec=b.claim_spec(4))]))
-    second = snapshot.build(nodes=[b.dra_node("n", domains=TWO_DOMAINS)], pods=[pod], names=NAMES, taken_at=0.0,
-                            previous=first, inventory=inventory(**objects, claims=[b.resource_claim(
-                                "p-gpus", spec=b.claim_spec(4), devices=[("n", i) for i in (4, 5, 6, 7)],
-                                reserved_for=["p"])]))
+    builder = snapshot.Builder(names=NAMES)
+    stores = {"nodes": {"n": b.dra_node("n", domains=TWO_DOMAINS)}, "pods": {"default/p": pod}}
+    first = builder.build(**stores, taken_at=0.0,
+                          inventory=inventory(**objects, claims=[b.resource_claim("p-gpus", spec=b.claim_spec(4))]))
+    second = builder.build(**stores, taken_at=0.0, inventory=inventory(**objects, claims=[b.resource_claim(
+        "p-gpus", spec=b.claim_spec(4), devices=[("n", i) for i in (4, 5, 6, 7)], reserved_for=["p"])]))
     got = [(s.pods["default/p"].gpu_indices, s.pods["default/p"].indices_observed, len(s.pods["default/p"].dra.devices))
            for s in (first, second)]
     assert got == [((0, 1, 2, 3), False, 0), ((4, 5, 6, 7), True, 4)]

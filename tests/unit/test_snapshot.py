@@ -422,18 +422,25 @@ def test_static_source_from_file() -> None:
     assert loaded.snapshot.age(5_000.0) == 0.0
 
 
-def test_rebuild_from_previous_reuses_unchanged_pods_and_equals_a_cold_build():
+def test_a_builder_reuses_unchanged_pods_and_equals_a_cold_build():
     names = settings.Names()
     nodes = [builders.gpu_node(f"n{i}", gpus=8, domains=[range(4), range(4, 8)]) for i in range(3)]
     pods = [builders.pod(f"p{j}", gpus=1, node=f"n{j % 3}", phase="Running") for j in range(9)]
-    first = snapshot.build(nodes=nodes, pods=pods, names=names, taken_at=0.0)
+    builder = snapshot.Builder(names=names)
+    first = _keep_building(builder, nodes, pods)
     pods[4] = builders.pod("p4", gpus=3, node="n1", phase="Running")  # replaced, as the feeder does
     del pods[0]
-    warm = snapshot.build(nodes=nodes, pods=pods, names=names, taken_at=0.0, previous=first)
+    warm = _keep_building(builder, nodes, pods)
     cold = snapshot.build(nodes=nodes, pods=pods, names=names, taken_at=0.0)
     assert (warm.pods, warm.nodes) == (cold.pods, cold.nodes)
     assert warm.pods["default/p8"] is first.pods["default/p8"]
     assert warm.pods["default/p4"].request.full == 3 and "default/p0" not in warm.pods
+
+
+def _keep_building(builder: snapshot.Builder, nodes: Sequence[Mapping[str, Any]],
+                   pods: Sequence[Mapping[str, Any]]) -> snapshot.Snapshot:
+    return builder.build(nodes={n["metadata"]["name"]: n for n in nodes}, pods={snapshot.pod_key(p): p for p in pods},
+                         taken_at=0.0)
 
 
 def _replace_node(nodes: list[dict[str, Any]], name: str) -> None:
@@ -460,7 +467,8 @@ def test_rebuild_reparses_only_nodes_whose_object_changed(
     nodes = [*(builders.gpu_node(f"n{i}", gpus=8, domains=[range(4), range(4, 8)]) for i in range(3)),
              builders.gpu_node("cpu", gpus=0, topology="none")]
     pods = [builders.pod(f"p{j}", gpus=1, node=f"n{j % 3}", phase="Running") for j in range(6)]
-    first = _build(nodes, pods)
+    builder = snapshot.Builder(names=NAMES)
+    _keep_building(builder, nodes, pods)
     for name in replaced:
         _replace_node(nodes, name)
     calls = {"gpu": 0, "topology": 0, "resources": 0}
@@ -475,7 +483,7 @@ def test_rebuild_reparses_only_nodes_whose_object_changed(
     monkeypatch.setattr(gpu, "node_allocatable", counted("gpu", gpu.node_allocatable))
     monkeypatch.setattr(topology, "from_node", counted("topology", topology.from_node))
     monkeypatch.setattr(resources, "node_allocatable", counted("resources", resources.node_allocatable))
-    warm = _build(nodes, pods, previous=first if previous else None)
+    warm = _keep_building(builder if previous else snapshot.Builder(names=NAMES), nodes, pods)
     # topology.from_node reads the node's GPU count itself: count only build's own reads of it.
     calls["gpu"] -= calls["topology"]
     assert calls == parsed
