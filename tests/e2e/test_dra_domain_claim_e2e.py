@@ -128,6 +128,9 @@ def test_one_domain_claims_keep_every_pod_in_one_domain_and_the_8_gpu_pod_runs(
         claim = _own_claim(control_plane, namespace, pods[name])
         requests = claim["spec"]["devices"]["requests"]
         assert [s["name"] for s in requests[0]["firstAvailable"]] == ["domain", "any"], requests
+    # On the fragmented node (device 1 taken) first fit gives 0, 2, 3, 4: four-b got the free domain by its claim.
+    results = _own_claim(control_plane, namespace, pods["four-b"])["status"]["allocation"]["devices"]["results"]
+    assert {r["request"] for r in results} == {"gpus/domain"}, results
     claim = _record(pods["four-b"]).claim
     control_plane.kubectl("delete", "pod", "four-b", "-n", namespace, "--wait=true")
     kube.poll(f"claim {claim} deleted with its pod", lambda: control_plane.kubectl(
