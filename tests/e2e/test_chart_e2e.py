@@ -588,7 +588,8 @@ def test_uninstall_removes_the_tls_secret_and_the_leases(release: Release) -> No
 def test_with_one_domain_claims_the_uninstall_hook_makes_a_pods_claim_and_no_other(release: Release) -> None:
     """`settings.dra.domain_claims`: the hook's ServiceAccount, RBAC and the chart's `<fullname>-claim-writes` policy
     (applied as rendered, without the Job) let `gpu-steward release-gates` make a pod's claim of its own before it
-    lifts our gate, and refuse it a claim no pod owns."""
+    lifts our gate, and refuse it a claim no pod owns; the webhook's and the descheduler's ServiceAccounts, under
+    their ClusterRoles as rendered with the setting, may make a pod-owned claim and no other (server-side dry runs)."""
     cluster = release.cluster
     on = {"releaseGates": {"enabled": True}, "settings": {"dra": {"domain_claims": True}}}
     rendered = helm.template(helm.local_values(release.port, **on), release=RELEASE, namespace=NAMESPACE,
@@ -596,7 +597,12 @@ def test_with_one_domain_claims_the_uninstall_hook_makes_a_pods_claim_and_no_oth
                                     "--show-only", "templates/pod-writes-policy.yaml"])
     installed_policy = helm.template(helm.local_values(release.port), release=RELEASE, namespace=NAMESPACE,
                                      extra=["--show-only", "templates/pod-writes-policy.yaml"])
-    hook_objects = [o for o in rendered if o["kind"] != "Job"]
+    lifters = (f"{PREFIX}-webhook", f"{PREFIX}-descheduler")  # their ClusterRoles, as rendered with the setting
+    roles = [o for o in helm.template(helm.local_values(release.port, **on), release=RELEASE, namespace=NAMESPACE)
+             if o["kind"] == "ClusterRole" and o["metadata"]["name"] in lifters]
+    installed_roles = [o for o in helm.template(helm.local_values(release.port), release=RELEASE, namespace=NAMESPACE)
+                       if o["kind"] == "ClusterRole" and o["metadata"]["name"] in lifters]
+    hook_objects = [o for o in rendered if o["kind"] != "Job"] + roles
     assert f"{PREFIX}-claim-writes" in {o["metadata"]["name"] for o in hook_objects}
     name, claim = f"own-{secrets.token_hex(3)}", f"own-{secrets.token_hex(3)}-gpus-0a1b2c3d"
     template = builders.claim_template("t4", namespace=TEAM, spec=builders.claim_spec(4))
@@ -623,6 +629,17 @@ def test_with_one_domain_claims_the_uninstall_hook_makes_a_pods_claim_and_no_oth
 
         said = kube.poll("the claim policy binds the hook's ServiceAccount", refused, timeout_seconds=30)
         assert "may only create ResourceClaims that a pod owns" in said, said
+        owned = release.workdir / f"{name}-owned-claim.json"
+        uid = cluster.kubectl_json("get", "pod", name, "-n", TEAM)["metadata"]["uid"]
+        owned.write_text(json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {
+            "name": f"owned-{name}", "namespace": TEAM, "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid, "controller": True}]},
+            "spec": template["spec"]["spec"]}))
+        for component in ("webhook", "descheduler"):  # the other lifters: a pod-owned claim, and no other
+            account = as_service_account(cluster, component, release.workdir)
+            helm._kubectl(account, "create", "--dry-run=server", "-f", str(owned))
+            with pytest.raises(helm.HelmError, match="may only create ResourceClaims that a pod owns"):
+                helm._kubectl(account, "create", "--dry-run=server", "-f", str(stray))
         done = subprocess.run([sys.executable, "-m", "gpu_steward", "release-gates", "-n", TEAM, "--kubeconfig",
                                str(hook)], capture_output=True, text=True, timeout=120,
                               env={**os.environ, "PYTHONPATH": str(conftest.REPO)})
@@ -633,10 +650,10 @@ def test_with_one_domain_claims_the_uninstall_hook_makes_a_pods_claim_and_no_oth
             ("Pod", owner["metadata"]["uid"])]
         assert kube.gates(owner) == []
     finally:
-        cluster.apply(installed_policy)
+        cluster.apply([*installed_policy, *installed_roles])
         cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=json.dumps(
-            {"apiVersion": "v1", "kind": "List", "items": [o for o in hook_objects
-                                                            if not o["kind"].startswith("ValidatingAdmission")]}),
+            {"apiVersion": "v1", "kind": "List", "items": [o for o in hook_objects if o not in roles
+                                                            and not o["kind"].startswith("ValidatingAdmission")]}),
             check=False)
         for kind, objects in (("pod", name), ("resourceclaimtemplate", "t4")):
             cluster.kubectl("delete", kind, objects, "-n", TEAM, "--ignore-not-found", check=False)
