@@ -56,11 +56,6 @@ class Domain:
         return f"device.attributes['{self.driver}'].index in [{', '.join(map(str, self.indices))}]"
 
 
-def key(prefix: str) -> str:
-    """The annotation recording the rewrite (`Record`), under the configured prefix."""
-    return f"{prefix}{dra.RECORD_SUFFIX}"
-
-
 def claim_name(pod: Mapping[str, Any], *, entry: str, request_uid: str) -> str:
     """`<pod name or generateName>-<entry>-<8 hex of the request uid>`, a valid object name."""
     meta = pod.get("metadata") or {}

@@ -253,3 +253,14 @@ def test_without_a_plan_the_claim_is_the_templates_request() -> None:
 def test_judge_an_existing_claim(owner: dict[str, Any] | None, why: str | None) -> None:
     claim = {"metadata": {"name": RECORD.claim, **({"ownerReferences": [owner]} if owner else {})}}
     assert domain_claim.judge(claim=claim, pod=b.pod("p")) == why
+
+
+@pytest.mark.parametrize(("annotations", "found"), [
+    pytest.param({"example.com/domain-claim": "{not json"}, None, id="unreadable-record-ignored"),
+    pytest.param({"example.com/domain-claim": '{"entry": "gpus", "claim": ""}'}, None, id="partial-record-ignored"),
+    pytest.param({"example.com/other-claim": RECORD.text()}, None, id="another-annotation-ignored"),
+    pytest.param({settings.Names(prefix="example.com/").domain_claim: RECORD.text()}, RECORD,
+                 id="found-under-a-configured-prefix"),
+])
+def test_the_record_is_read_under_any_prefix(annotations: dict[str, str], found: dra.Record | None) -> None:
+    assert dra.recorded(b.pod("p", annotations=annotations)) == found
