@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,7 +35,6 @@ from common import dra
 API_VERSION = "resource.k8s.io/v1"
 DOMAIN, ANY = "domain", "any"  # the sub-requests of a release's claim
 MAX_NAME = 253
-_UNSAFE = re.compile(r"[^a-z0-9.-]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,33 +57,22 @@ class Domain:
 def claim_name(pod: Mapping[str, Any], *, entry: str, request_uid: str) -> str:
     """`<pod name or generateName>-<entry>-<8 hex of the request uid>`, a valid object name."""
     meta = pod.get("metadata") or {}
-    base = str(meta.get("name") or meta.get("generateName") or "pod").rstrip("-.")
-    tail = f"-{entry}-{re.sub('[^0-9a-f]', '', request_uid.lower())[:8]}"
-    return _UNSAFE.sub("-", (base[: MAX_NAME - len(tail)] + tail).lower()).strip("-.")
+    tail = f"-{entry}-{request_uid[:8]}"  # the uid is a UUID: 8 lower-case hex digits first
+    base = str(meta.get("name") or meta.get("generateName") or "")[: MAX_NAME - len(tail)].rstrip("-.")
+    return (base or "pod") + tail
 
 
-def _template_request(devices: Mapping[str, Any], classes: Mapping[str, dra.GpuClass]) -> tuple[
-        Mapping[str, Any] | None, str]:
-    """The template's one request a sub-request can copy, or why there is none."""
+def _template_request(devices: Mapping[str, Any]) -> tuple[Mapping[str, Any] | None, str]:
+    """The template's one request a sub-request can copy, or why there is none. Called once the model counted its GPUs
+    (`dra.requests_count`): a request it counts is `exactly` a GPU class, ExactCount, without adminAccess."""
     requests = [r for r in devices.get("requests") or () if isinstance(r, Mapping)]
     if len(requests) != 1:
         return None, f"{len(requests)} requests in its template (one is rewritten)"
     if devices.get("constraints"):
         return None, "its template has constraints of its own"
-    request = requests[0]
-    if request.get("firstAvailable") or "exactly" not in request:
-        return None, f"request {request.get('name')} is firstAvailable (the scheduler picks the alternative)"
-    exactly = request["exactly"]
-    if exactly.get("deviceClassName") not in classes:
-        return None, f"request {request.get('name')} asks class {exactly.get('deviceClassName')}, not a GPU class"
-    if exactly.get("selectors"):
-        return None, f"request {request.get('name')} has selectors of its own"
-    if exactly.get("adminAccess"):
-        return None, f"request {request.get('name')} asks adminAccess"
-    mode = exactly.get("allocationMode") or dra.EXACT_COUNT
-    if mode != dra.EXACT_COUNT:
-        return None, f"request {request.get('name')} is allocationMode {mode}"
-    return request, ""
+    if requests[0]["exactly"].get("selectors"):
+        return None, f"request {requests[0].get('name')} has selectors of its own"
+    return requests[0], ""
 
 
 def plan(
@@ -116,11 +103,7 @@ def plan(
     namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
     gpu_entries = []
     for entry in entries:
-        if entry.get("resourceClaimName"):
-            spec = inventory.specs.get(f"{namespace}/{entry['resourceClaimName']}") or {}
-            if dra.requests_count(spec, inventory.classes, "")[0]:
-                return Plan(None, f"claim {entry['resourceClaimName']} is a ResourceClaim of its own (the user's "
-                                  "or another controller's)")
+        if entry.get("resourceClaimName"):  # no GPUs: the model leaves a pod naming a GPU claim (`claims.left`)
             continue
         template = inventory.templates.get(f"{namespace}/{entry.get('resourceClaimTemplateName')}")
         if template is not None and dra.requests_count(template, inventory.classes, "")[0]:
@@ -128,7 +111,7 @@ def plan(
     if len(gpu_entries) != 1:
         return Plan(None, f"{len(gpu_entries)} claim entries ask GPUs (one is rewritten)")
     entry, template = gpu_entries[0]
-    request, why = _template_request(template, inventory.classes)
+    request, why = _template_request(template)
     if request is None:
         return Plan(None, why)
     count = int(request["exactly"].get("count") or 1)

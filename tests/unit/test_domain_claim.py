@@ -44,7 +44,8 @@ TEMPLATES = [
 def _cluster(*objects: dict[str, Any]) -> snapshot.Snapshot:
     items = [b.device_class(), *(b.dra_node(f"dra-{i}", domains=TWO_DOMAINS) for i in range(2)),
              *(b.resource_slice(f"dra-{i}", 8) for i in range(2)), *b.tier_classes(), *TEMPLATES,
-             b.resource_claim("users", spec=b.claim_spec(4)), *objects]
+             b.resource_claim("users", spec=b.claim_spec(4)),
+             b.resource_claim("nic", spec=b.claim_spec(1, device_class_name="nic.example.com")), *objects]
     return snapshot.from_list({"kind": "List", "items": items}, names=NAMES, taken_at=0.0)
 
 
@@ -56,6 +57,14 @@ def two_entries(body: dict[str, Any]) -> None:
 def named(body: dict[str, Any]) -> None:
     body["metadata"]["name"] = ""
     body["metadata"]["generateName"] = "train-7f9c-"
+
+
+def and_a_nic(body: dict[str, Any]) -> None:
+    body["spec"]["resourceClaims"].append({"name": "nic", "resourceClaimName": "nic"})
+
+
+def in_team(body: dict[str, Any]) -> None:
+    body["metadata"]["namespace"] = "team"
 
 
 def plus_extended(body: dict[str, Any]) -> None:
@@ -94,10 +103,16 @@ def plus_extended(body: dict[str, Any]) -> None:
                  id="no-request-uid-kept"),
     pytest.param(b.with_claim_template("four"), True, UID, "claim entry gpus made claim p-gpus-0a1b2c3d of its own "
                  "from template four (4 GPUs): release creates it for the planned NVLink domain", id="four-rewritten"),
+    pytest.param(b.both(b.with_claim_template("teams"), in_team), True, UID, "claim entry gpus made claim "
+                 "p-gpus-0a1b2c3d of its own from template teams (4 GPUs): release creates it for the planned NVLink "
+                 "domain", id="template-of-the-pods-namespace-rewritten"),
+    pytest.param(b.both(b.with_claim_template("four"), and_a_nic), True, UID, "claim entry gpus made claim "
+                 "p-gpus-0a1b2c3d of its own from template four (4 GPUs): release creates it for the planned NVLink "
+                 "domain", id="beside-a-claim-of-no-gpus-rewritten"),
 ])
 def test_plan(mutate: b.Mutator, for_release: bool, uid: str, reason: str) -> None:
     pod = b.pod("p", mutate=mutate)
-    cluster = _cluster()
+    cluster = _cluster(b.claim_template("teams", namespace="team", spec=b.claim_spec(4)))
     claims = dra.pod_gpus(pod, cluster.dra)
     extended = int(((pod["spec"]["containers"][0].get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu", 0))
     got = domain_claim.plan(pod=pod, inventory=cluster.dra, claims=claims, extended_gpus=extended,
@@ -119,6 +134,7 @@ def test_plan_is_off_by_default() -> None:
                  id="generate-name-pod-has-no-name-at-admission"),
     pytest.param({"name": "a" * 300}, "a" * (253 - len("-gpus-0a1b2c3d")) + "-gpus-0a1b2c3d", id="long-name-cut"),
     pytest.param({}, "pod-gpus-0a1b2c3d", id="no-name-at-all"),
+    pytest.param({"name": "a" * 238 + "." + "b" * 20}, "a" * 238 + "-gpus-0a1b2c3d", id="cut-at-a-dot-no-dot-left"),
 ])
 def test_claim_name(meta: dict[str, Any], name: str) -> None:
     assert domain_claim.claim_name({"metadata": meta}, entry="gpus", request_uid=UID) == name
