@@ -87,8 +87,12 @@ async def _lift(api: client.ApiClient, *, config: settings.Settings, pod: Mappin
     namespace, _, name = key.partition("/")
     try:
         made = await claims.ensure(api, pod=pod, domain=None, timeout_seconds=config.kubernetes.request_timeout_seconds)
-        if made:
-            logger.info("%s: %s", key, made)
+    except (kube.ApiError, aiohttp.ClientError, TimeoutError) as exc:  # its template gone (404) included
+        logger.warning("gate of %s not lifted: its claim of its own not made: %s; retried next time", key, exc)
+        return False
+    if made:
+        logger.info("%s: %s", key, made)
+    try:
         await kube.request(api, "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", body=[record, *ungate],
                            content_type="application/json-patch+json",
                            timeout_seconds=config.kubernetes.request_timeout_seconds)
