@@ -123,7 +123,7 @@ def decide(
     notes.append(f"gate {config.names.gate} {'added' if gate.add else 'not added'}: {gate.reason}")
     if claims.count:
         sizes = [len(d) for n in cluster.nodes.values() for d in n.topology.domains]
-        own = domain_claim.plan(pod=pod, inventory=cluster.dra, claims=claims,
+        own = domain_claim.plan(pod=pod, namespace=ns, inventory=cluster.dra, claims=claims,
                                 extended_gpus=request.full - claims.count, for_release=gate.for_release,
                                 enabled=config.dra.domain_claims, domain_sizes=sizes, request_uid=request_uid)
         if own.record is not None:

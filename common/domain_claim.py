@@ -62,22 +62,23 @@ def claim_name(pod: Mapping[str, Any], *, entry: str, request_uid: str) -> str:
     return (base or "pod") + tail
 
 
-def _template_request(devices: Mapping[str, Any]) -> tuple[Mapping[str, Any] | None, str]:
-    """The template's one request a sub-request can copy, or why there is none. Called once the model counted its GPUs
+def _not_copied(devices: Mapping[str, Any]) -> str | None:
+    """Why the template's request cannot be copied into sub-requests, or None. Called once the model counted its GPUs
     (`dra.requests_count`): a request it counts is `exactly` a GPU class, ExactCount, without adminAccess."""
     requests = [r for r in devices.get("requests") or () if isinstance(r, Mapping)]
     if len(requests) != 1:
-        return None, f"{len(requests)} requests in its template (one is rewritten)"
+        return f"{len(requests)} requests in its template (one is rewritten)"
     if devices.get("constraints"):
-        return None, "its template has constraints of its own"
+        return "its template has constraints of its own"
     if requests[0]["exactly"].get("selectors"):
-        return None, f"request {requests[0].get('name')} has selectors of its own"
-    return requests[0], ""
+        return f"request {requests[0].get('name')} has selectors of its own"
+    return None
 
 
 def plan(
     *,
     pod: Mapping[str, Any],
+    namespace: str,
     inventory: dra.Inventory,
     claims: dra.PodGpus,
     extended_gpus: int,
@@ -86,9 +87,10 @@ def plan(
     domain_sizes: Sequence[int],
     request_uid: str,
 ) -> Plan:
-    """Whether the webhook rewrites the pod's GPU claim entry to a claim of its own, and why (not). `claims`: what
-    the DRA model makes of its claims; `extended_gpus`: GPUs it asks as extended resources; `for_release`: gated
-    by us to be placed at release; `domain_sizes`: the GPU counts of the cluster's NVLink domains."""
+    """Whether the webhook rewrites the pod's (in `namespace`) GPU claim entry to a claim of its own, and why (not).
+    `claims`: what the DRA model makes of its claims; `extended_gpus`: GPUs it asks as extended resources;
+    `for_release`: gated by us to be placed at release; `domain_sizes`: the GPU counts of the cluster's NVLink
+    domains."""
     if not enabled:
         return Plan(None, "one-domain claims are off (dra.domain_claims)")
     if not for_release:
@@ -100,21 +102,18 @@ def plan(
     if not request_uid:
         return Plan(None, "no admission request uid to name the claim by")
     entries = [e for e in (pod.get("spec") or {}).get("resourceClaims") or () if isinstance(e, Mapping)]
-    namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
     gpu_entries = []
-    for entry in entries:
-        if entry.get("resourceClaimName"):  # no GPUs: the model leaves a pod naming a GPU claim (`claims.left`)
-            continue
+    for entry in entries:  # a claim the pod names asks no GPUs here: the model leaves a pod naming a GPU claim
         template = inventory.templates.get(f"{namespace}/{entry.get('resourceClaimTemplateName')}")
         if template is not None and dra.requests_count(template, inventory.classes, "")[0]:
             gpu_entries.append((entry, template))
     if len(gpu_entries) != 1:
         return Plan(None, f"{len(gpu_entries)} claim entries ask GPUs (one is rewritten)")
     entry, template = gpu_entries[0]
-    request, why = _template_request(template)
-    if request is None:
+    why = _not_copied(template)
+    if why:
         return Plan(None, why)
-    count = int(request["exactly"].get("count") or 1)
+    count = int(template["requests"][0]["exactly"].get("count") or 1)
     if count < 2:
         return Plan(None, f"{count} GPU: always in one domain")
     if not any(size >= count for size in domain_sizes):

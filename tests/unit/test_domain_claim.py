@@ -27,6 +27,9 @@ def _template(name: str, **exactly: Any) -> dict[str, Any]:
 
 TEMPLATES = [
     _template("four"), _template("two", count=2), _template("one", count=1), _template("sixteen", count=16),
+    b.claim_template("bare", spec={"devices": {"requests": [{"name": "gpus", "exactly": {
+        "deviceClassName": "gpu.nvidia.com"}}]}}),  # no count: ExactCount of 1
+    b.claim_template("nics", spec=b.claim_spec(2, device_class_name="nic.example.com")),
     _template("picky", selectors=[{"cel": {"expression": "device.attributes['gpu.nvidia.com'].index < 4"}}]),
     b.claim_template("bound", spec={"devices": {**b.claim_spec(4)["devices"], "constraints": [
         {"requests": ["gpus"], "matchAttribute": "gpu.nvidia.com/nvlinkDomain"}]}}),
@@ -57,6 +60,14 @@ def two_entries(body: dict[str, Any]) -> None:
 def named(body: dict[str, Any]) -> None:
     body["metadata"]["name"] = ""
     body["metadata"]["generateName"] = "train-7f9c-"
+
+
+def and_nics(body: dict[str, Any]) -> None:
+    body["spec"]["resourceClaims"].append({"name": "nics", "resourceClaimTemplateName": "nics"})
+
+
+def no_namespace(body: dict[str, Any]) -> None:
+    del body["metadata"]["namespace"]  # the request says it (`plan` is given it)
 
 
 def and_a_nic(body: dict[str, Any]) -> None:
@@ -95,6 +106,17 @@ def plus_extended(body: dict[str, Any]) -> None:
     pytest.param(plus_extended, True, UID, "2 GPUs asked as an extended resource: that claim is kube-scheduler's",
                  id="extended-resource-gpus-too-kept"),
     pytest.param(b.with_claim_template("one"), True, UID, "1 GPU: always in one domain", id="one-gpu-kept"),
+    pytest.param(b.with_claim_template("bare"), True, UID, "1 GPU: always in one domain",
+                 id="no-count-is-one-gpu-kept"),
+    pytest.param(b.with_claim_template("two"), True, UID, "claim entry gpus made claim p-gpus-0a1b2c3d of its own "
+                 "from template two (2 GPUs): release creates it for the planned NVLink domain",
+                 id="two-gpus-rewritten"),
+    pytest.param(b.both(b.with_claim_template("four"), and_nics), True, UID, "claim entry gpus made claim "
+                 "p-gpus-0a1b2c3d of its own from template four (4 GPUs): release creates it for the planned NVLink "
+                 "domain", id="beside-a-template-of-no-gpus-rewritten"),
+    pytest.param(b.both(b.with_claim_template("four"), no_namespace), True, UID, "claim entry gpus made claim "
+                 "p-gpus-0a1b2c3d of its own from template four (4 GPUs): release creates it for the planned NVLink "
+                 "domain", id="namespace-from-the-request-rewritten"),
     pytest.param(b.with_claim_template("sixteen"), True, UID, "16 GPUs fit no NVLink domain of the cluster "
                  "(largest 4)", id="larger-than-any-domain-kept"),
     pytest.param(b.with_claim_template("four"), False, UID, "not placed at release by us: whatever places it, not "
@@ -115,18 +137,22 @@ def test_plan(mutate: b.Mutator, for_release: bool, uid: str, reason: str) -> No
     cluster = _cluster(b.claim_template("teams", namespace="team", spec=b.claim_spec(4)))
     claims = dra.pod_gpus(pod, cluster.dra)
     extended = int(((pod["spec"]["containers"][0].get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu", 0))
-    got = domain_claim.plan(pod=pod, inventory=cluster.dra, claims=claims, extended_gpus=extended,
-                            for_release=for_release, enabled=True, domain_sizes=(4, 4), request_uid=uid)
+    namespace = pod["metadata"].get("namespace", "default")
+    got = domain_claim.plan(pod=pod, namespace=namespace, inventory=cluster.dra, claims=claims,
+                            extended_gpus=extended, for_release=for_release, enabled=True, domain_sizes=(4, 4),
+                            request_uid=uid)
     assert (got.reason, got.record is not None) == (reason, reason.startswith("claim entry")), got
 
 
-def test_plan_is_off_by_default() -> None:
+def test_plan_is_off_by_default_and_needs_a_domain() -> None:
     pod = b.pod("p", mutate=b.with_claim_template("four"))
     cluster = _cluster()
-    got = domain_claim.plan(pod=pod, inventory=cluster.dra, claims=dra.pod_gpus(pod, cluster.dra), extended_gpus=0,
-                            for_release=True, enabled=settings.Settings().dra.domain_claims, domain_sizes=(4,),
-                            request_uid=UID)
-    assert got == domain_claim.Plan(None, "one-domain claims are off (dra.domain_claims)")
+    claims = dra.pod_gpus(pod, cluster.dra)
+    got = [domain_claim.plan(pod=pod, namespace="default", inventory=cluster.dra, claims=claims, extended_gpus=0,
+                             for_release=True, enabled=enabled, domain_sizes=sizes, request_uid=UID)
+           for enabled, sizes in ((settings.Settings().dra.domain_claims, (4,)), (True, ()))]
+    assert got == [domain_claim.Plan(None, "one-domain claims are off (dra.domain_claims)"),
+                   domain_claim.Plan(None, "4 GPUs fit no NVLink domain of the cluster (largest 0)")]
 
 
 @pytest.mark.parametrize(("meta", "name"), [
@@ -164,6 +190,9 @@ def kueue(body: dict[str, Any]) -> None:
     pytest.param(kueue, ON, {"name": "gpus", "resourceClaimTemplateName": "four"}, None, id="kueue-gated-pod-kept"),
     pytest.param(b.with_claim_template("four"), settings.Settings(), {"name": "gpus", "resourceClaimTemplateName":
                  "four"}, "one-domain claim: one-domain claims are off (dra.domain_claims)", id="setting-off-kept"),
+    pytest.param(b.both(b.with_claim_template("four"), and_a_nic), ON, {"name": "gpus", "resourceClaimName":
+                 "p-gpus-0a1b2c3d"}, "one-domain claim: claim entry gpus made claim p-gpus-0a1b2c3d",
+                 id="only-the-gpu-entry-rewritten"),
     pytest.param(b.both(b.with_claim_template("four"), named), ON,
                  {"name": "gpus", "resourceClaimName": "train-7f9c-gpus-0a1b2c3d"},
                  "one-domain claim: claim entry gpus made claim train-7f9c-gpus-0a1b2c3d of its own from template four",
@@ -173,7 +202,9 @@ def test_webhook_rewrites_the_claim_entry(mutate: b.Mutator, config: settings.Se
                                           note: str | None) -> None:
     pod = b.pod("p", annotations={NAMES.placement: "strict"}, mutate=mutate)
     outcome, after = _admitted(pod, config)
-    assert after["spec"]["resourceClaims"] == [entry]
+    others = [e for e in pod["spec"]["resourceClaims"] if e["name"] != "gpus"]
+    assert after["spec"]["resourceClaims"] == [entry, *others]
+    assert after["metadata"]["annotations"][NAMES.placement] == "strict"
     rewritten = "resourceClaimName" in entry
     record = after["metadata"]["annotations"].get(NAMES.domain_claim)
     assert (json.loads(record) if record else None) == (
@@ -252,9 +283,10 @@ def test_the_claim_for_a_planned_domain_asks_it_first_then_the_templates_request
 
 def test_without_a_plan_the_claim_is_the_templates_request() -> None:
     template = b.claim_template("four", spec=b.claim_spec(4))
-    template["spec"]["metadata"] = {"labels": {"team": "a"}}
+    template["spec"]["metadata"] = {"labels": {"team": "a"}, "annotations": {"note": "b"}}
     made = domain_claim.body(pod=b.pod("p"), record=RECORD, template=template, domain=None)
-    assert (made["spec"], made["metadata"]["labels"]) == (b.claim_spec(4), {"team": "a"})
+    assert (made["spec"], made["metadata"]["labels"], made["metadata"]["annotations"]) == (
+        b.claim_spec(4), {"team": "a"}, {"note": "b"})
 
 
 @pytest.mark.parametrize(("owner", "why"), [
