@@ -281,6 +281,11 @@ def test_the_claim_for_a_planned_domain_asks_it_first_then_the_templates_request
     }
 
 
+def test_the_claim_is_made_in_the_pods_namespace() -> None:
+    made = domain_claim.body(pod=b.pod("p", namespace="team"), record=RECORD, template=TEMPLATES[0], domain=None)
+    assert made["metadata"]["namespace"] == "team"
+
+
 def test_without_a_plan_the_claim_is_the_templates_request() -> None:
     template = b.claim_template("four", spec=b.claim_spec(4))
     template["spec"]["metadata"] = {"labels": {"team": "a"}, "annotations": {"note": "b"}}
@@ -297,9 +302,13 @@ def test_without_a_plan_the_claim_is_the_templates_request() -> None:
     pytest.param(None, "claim p-gpus-0a1b2c3d exists with no owner, not this pod: not ours, kube-scheduler allocates "
                  "it as it is", id="made-by-hand-not-ours"),
     pytest.param({"kind": "Pod", "name": "p", "uid": "uid-p"}, None, id="ours-made-before-a-restart-used-as-it-is"),
+    pytest.param([{"kind": "Job", "name": "j", "uid": "u"}, {"kind": "Pod", "name": "p", "uid": "uid-old"}],
+                 "claim p-gpus-0a1b2c3d exists with Job j, Pod p, not this pod: not ours, kube-scheduler allocates it "
+                 "as it is", id="several-owners-none-this-pod-not-ours"),
 ])
-def test_judge_an_existing_claim(owner: dict[str, Any] | None, why: str | None) -> None:
-    claim = {"metadata": {"name": RECORD.claim, **({"ownerReferences": [owner]} if owner else {})}}
+def test_judge_an_existing_claim(owner: Any, why: str | None) -> None:
+    owners = owner if isinstance(owner, list) else [owner] if owner else []
+    claim = {"metadata": {"name": RECORD.claim, **({"ownerReferences": owners} if owners else {})}}
     assert domain_claim.judge(claim=claim, pod=b.pod("p")) == why
 
 
