@@ -2,9 +2,10 @@
 
 Runs in every webhook replica beside the server, every `descheduler.gangs.resync_seconds`, on the replica's own
 snapshot and Lease watch: one JSON patch per due pod removes our gate (only ours, guarded by a `test`) and writes
-why into `gpu-steward.io/release`. Replicas racing on the same pod are harmless: the loser's `test` fails (422) or
-the pod is gone (404). Each lift is a log line and `gpu_steward_admission_gates_lifted_total`. Needs `patch` on pods
-(the chart grants it to the webhook).
+why into `gpu-steward.io/release`, once the pod's claim of its own, if it has one, is made (`claims.ensure`).
+Replicas racing on the same pod are harmless: the loser's `test` fails (422) or the pod is gone (404). Each lift is
+a log line and `gpu_steward_admission_gates_lifted_total`. Needs `patch` on pods (the chart grants it to the
+webhook).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import prometheus_client
 from kubernetes_asyncio import client
 
 from admission import orphaned_gates
-from common import gangs, gate_patch, kube, label_values, pod_groups, settings, snapshot, source
+from common import claims, gangs, gate_patch, kube, label_values, pod_groups, settings, snapshot, source
 
 logger = logging.getLogger(__name__)
 TOLERATED = (404, 409, 422)  # gone, changed, or lifted by another replica first
@@ -84,6 +85,13 @@ async def _lift(api: client.ApiClient, *, config: settings.Settings, pod: Mappin
     stamp = datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     record = gate_patch.annotate(pod, key=config.names.release, value=label_values.stamp(stamp, why))
     namespace, _, name = key.partition("/")
+    try:
+        made = await claims.ensure(api, pod=pod, domain=None, timeout_seconds=config.kubernetes.request_timeout_seconds)
+    except (kube.ApiError, aiohttp.ClientError, TimeoutError) as exc:  # its template gone (404) included
+        logger.warning("gate of %s not lifted: its claim of its own not made: %s; retried next time", key, exc)
+        return False
+    if made:
+        logger.info("%s: %s", key, made)
     try:
         await kube.request(api, "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", body=[record, *ungate],
                            content_type="application/json-patch+json",

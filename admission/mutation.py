@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from admission import affinity, gating, patches, scoring, tiers
-from common import gpu, label_values, resources, settings, snapshot
+from common import domain_claim, gpu, label_values, resources, settings, snapshot
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 
@@ -22,7 +22,7 @@ MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     patch: list[dict[str, Any]]  # RFC 6902 operations; empty => nothing to change
-    changes: tuple[str, ...]  # kinds of mutation made: tier, affinity-preferred, gate, decision
+    changes: tuple[str, ...]  # kinds of mutation made: tier, affinity-preferred, gate, domain-claim, decision
     record: str  # the decision record (also written to the decision annotation when anything changed)
     warnings: tuple[str, ...]  # returned to the client as AdmissionResponse warnings
     skipped: str | None  # why the pod was left alone entirely (None: it was considered)
@@ -62,9 +62,11 @@ def decide(
     config: settings.Settings,
     now: float,
     controller_seen_at: float | None = None,
+    request_uid: str = "",
 ) -> Outcome:
     """`controller_seen_at`: when the descheduler's leader Lease was last seen renewed, on the same clock as `now`
-    (None: not seen; no pod is then gated for release)."""
+    (None: not seen; no pod is then gated for release). `request_uid`: the admission request's uid, which names a
+    claim of the pod's own (`common.domain_claim`; "": none is made)."""
     # kube-apiserver sends decoded Pods; anything else is left alone (a patch into it might not apply).
     if not isinstance(pod, Mapping) or not all(isinstance(pod.get(k), Mapping) for k in ("metadata", "spec")):
         return _skip("request object is not a pod with metadata and a spec",
@@ -119,6 +121,15 @@ def decide(
         mutated["spec"]["schedulingGates"] = [*(pod["spec"].get("schedulingGates") or []), {"name": config.names.gate}]
         changes.append("gate")
     notes.append(f"gate {config.names.gate} {'added' if gate.add else 'not added'}: {gate.reason}")
+    if claims.count:
+        sizes = [len(d) for n in cluster.nodes.values() for d in n.topology.domains]
+        own = domain_claim.plan(pod=pod, namespace=ns, inventory=cluster.dra, claims=claims,
+                                extended_gpus=request.full - claims.count, for_release=gate.for_release,
+                                enabled=config.dra.domain_claims, domain_sizes=sizes, request_uid=request_uid)
+        if own.record is not None:
+            domain_claim.rewrite(mutated, record=own.record, annotation=config.names.domain_claim)
+            changes.append("domain-claim")
+        notes.append(f"one-domain claim: {own.reason}")
     # A snapshot never synced does not know which PodGroup API is served: no PodGroup named.
     served = cluster.pod_groups.version if cluster.taken_at is not None else None
     if pod_group := gating.native_binding(mutated, gate=gate, config=config, served=served):

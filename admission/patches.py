@@ -22,6 +22,7 @@ OWNED: tuple[tuple[str, str], ...] = (
     ("spec", "affinity"),
     ("spec", "schedulingGates"),
     ("spec", "schedulingGroup"),  # our gang's own PodGroup (`gating.native_binding`), only at creation
+    ("spec", "resourceClaims"),  # a claim entry pointed at the pod's own claim (`common.domain_claim`), at creation
 )
 _MISSING = object()
 

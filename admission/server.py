@@ -38,6 +38,7 @@ class Decide(Protocol):
         config: settings.Settings,
         now: float,
         controller_seen_at: float | None,
+        request_uid: str,
     ) -> mutation.Outcome: ...
 
 
@@ -120,6 +121,7 @@ def _run_engine(app: web.Application, request: review.Request, pod: Mapping[str,
         config=app[CONFIG],
         now=app[CLOCK](),
         controller_seen_at=app[CONTROLLER](),
+        request_uid=request.uid,
     )
     took = app[TIMER]() - started
     if took > budget:

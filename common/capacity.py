@@ -170,9 +170,11 @@ class Room:
         return max(0, self.free.get(gpu.FULL_GPU, 0))
 
     def place(self, requests: Mapping[str, int], request: gpu.GpuRequest, *,
-              one_domain: bool = True) -> placement.Allocation | str:
+              one_domain: bool = True, first_fit: bool = True) -> placement.Allocation | str:
         """Where the pod's GPUs would land here, or why it does not fit now. `one_domain`: refuse to span
-        NVLink domains when the pod could fit one domain of this node (it should wait for one instead)."""
+        NVLink domains when the pod could fit one domain of this node (it should wait for one instead).
+        `first_fit`: on a node whose DRA allocator's order is known, predict its first fit; False for a pod whose
+        claim of its own asks one domain first (`dra.PodGpus.domain_claim`): the policy's domain is what it gets."""
         for profile, count in sorted(request.mig.items()):
             free = self.free.get(gpu.MIG_PREFIX + profile, 0)
             if free < count:
@@ -184,7 +186,8 @@ class Room:
             return short
         if not request.full:
             return placement.Allocation((), ())
-        allocation = placement.allocate(self.domains, request.full, first_fit=self.node.device_order)
+        allocation = placement.allocate(self.domains, request.full,
+                                        first_fit=self.node.device_order if first_fit else None)
         if allocation is None:
             return f"needs {request.full} GPU, free indices do not suffice"
         topo = self.node.topology
@@ -202,7 +205,8 @@ class Room:
     def place_pod(self, pod: snapshot.Pod, *, one_domain: bool = True) -> placement.Allocation | str:
         """`place` for a snapshot pod whose filters have been checked (`never_pod`): also refuses it when a
         host port it wants was taken here since (by a pod placed earlier in the plan)."""
-        return _port_clash(pod, self.ports) or self.place(pod.requests, pod.request, one_domain=one_domain)
+        return _port_clash(pod, self.ports) or self.place(pod.requests, pod.request, one_domain=one_domain,
+                                                          first_fit=not pod.dra.domain_claim)
 
     def take_pod(self, pod: snapshot.Pod, allocation: placement.Allocation) -> None:
         self.take(pod.requests, allocation, ports=pod.host_ports)
@@ -226,14 +230,15 @@ def place_pod(pod: snapshot.Pod, room: Room, *, one_domain: bool = True) -> plac
     why = fit.why_not(pod.raw.get("spec") or {}, room.node) or refuses(pod, room.node, ports=room.ports)
     if why:
         return why
-    return room.place(pod.requests, pod.request, one_domain=one_domain)
+    return room.place(pod.requests, pod.request, one_domain=one_domain, first_fit=not pod.dra.domain_claim)
 
 
-def score(room: Room, gpus: int, cfg: settings.Scoring) -> nvlink_score.NodeScore | None:
+def score(room: Room, gpus: int, cfg: settings.Scoring, *, first_fit: bool = True) -> nvlink_score.NodeScore | None:
     """The brief's NVLink score of the node as this room leaves it, for a pod of `gpus` whole GPUs (None: it
-    asks for none, or they do not fit)."""
+    asks for none, or they do not fit). `first_fit`: as in `Room.place`."""
     if gpus <= 0:
         return None
     node = room.node
     return nvlink_score.score(gpus, name=node.name, free=room.domains, free_gpus=room.free_gpus,
-                              gpu_count=node.gpu_count, topo=node.topology, cfg=cfg, first_fit=node.device_order)
+                              gpu_count=node.gpu_count, topo=node.topology, cfg=cfg,
+                              first_fit=node.device_order if first_fit else None)

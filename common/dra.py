@@ -31,6 +31,7 @@ Pure: plain dicts in, frozen dataclasses out; no I/O, no clock.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -41,6 +42,7 @@ IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
 BLOCKING_TAINTS = frozenset({"NoSchedule", "NoExecute"})
 EXACT_COUNT = "ExactCount"
 ALL = "All"
+RECORD_SUFFIX = "domain-claim"  # the pod annotation `<prefix>domain-claim` (`Record`), found by its suffix
 
 _TERM = re.compile(
     r"""^\s*device\.(?:driver|attributes\[\s*(['"])([^'"]+)\1\s*\]\.([A-Za-z_][A-Za-z0-9_]*))\s*==\s*"""
@@ -98,6 +100,35 @@ class Claim:
 
 
 @dataclasses.dataclass(frozen=True)
+class Record:
+    """A pod's claim of its own (`common.domain_claim`): the webhook rewrote claim entry `entry` from template
+    `template` to the pod-specific claim `claim`, which whatever lifts our gate creates."""
+
+    entry: str
+    claim: str
+    template: str
+
+    def text(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
+
+
+def recorded(pod: Mapping[str, Any]) -> Record | None:
+    """The pod's `Record`, if it carries one that reads (under any prefix: the model is given no names)."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    for name, value in annotations.items():
+        if isinstance(name, str) and name.endswith("/" + RECORD_SUFFIX) and isinstance(value, str):
+            try:
+                raw = json.loads(value)
+            except ValueError:
+                return None
+            fields = ("entry", "claim", "template")
+            if isinstance(raw, Mapping) and all(isinstance(raw.get(f), str) and raw.get(f) for f in fields):
+                return Record(raw["entry"], raw["claim"], raw["template"])
+            return None
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
 class PodGpus:
     """A pod's GPUs through its resource claims: `count` asked of GPU classes (exact counts; extended-resource
     requests are counted from the pod's resources, `extended_gpus`); `devices` the GPU devices allocated to its
@@ -109,6 +140,9 @@ class PodGpus:
     left: str | None = None
     claims: tuple[str, ...] = ()  # namespace/name of its claims holding GPU devices
     asks_gpus: bool = False  # some claim asks a GPU class (counted or not): a GPU pod for tiers and gangs
+    # Its claim of its own (`Record`) is still to be made, or asks one NVLink domain first: its devices are where
+    # the claim says, not the allocator's first fit.
+    domain_claim: bool = False
 
     @property
     def any(self) -> bool:
@@ -126,6 +160,7 @@ class Inventory:
     devices: Mapping[str, tuple[Device, ...]] = dataclasses.field(default_factory=dict)  # node -> GPU devices
     claims: Mapping[str, Claim] = dataclasses.field(default_factory=dict)  # ns/name -> claims holding GPUs
     specs: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)  # ns/name -> claim spec
+    owners: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)  # ns/name -> owner pods' uids
     templates: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)  # ns/name -> claim spec
     problems: tuple[str, ...] = ()
     served: bool = False  # the cluster serves resource.k8s.io/v1 (else nothing here is known)
@@ -274,9 +309,12 @@ def build(
     gpu_ids = {d.id for found in devices.values() for d in found}
     held: dict[str, Claim] = {}
     specs: dict[str, Mapping[str, Any]] = {}
+    owners: dict[str, frozenset[str]] = {}
     for raw in claims:
         claim = _claim(raw, gpu_ids)
         specs[claim.key] = (raw.get("spec") or {}).get("devices") or {}
+        owners[claim.key] = frozenset(str(o.get("uid")) for o in (raw.get("metadata") or {}).get("ownerReferences")
+                                      or () if isinstance(o, Mapping) and o.get("kind") == "Pod")
         if claim.devices:
             held[claim.key] = claim
     return Inventory(
@@ -286,6 +324,7 @@ def build(
                if len({name for name, _ in found}) == 1 and all(i is not None for _, i in found)},
         claims=held,
         specs=specs,
+        owners=owners,
         templates={_key(t): ((t.get("spec") or {}).get("spec") or {}).get("devices") or {} for t in templates},
         problems=tuple(problems),
         served=served,
@@ -315,14 +354,24 @@ def _claim(raw: Mapping[str, Any], gpu_ids: set[DeviceId]) -> Claim:
                  annotations.get("resource.kubernetes.io/extended-resource-claim") == "true")
 
 
-def _requests_count(devices: Mapping[str, Any], classes: Mapping[str, GpuClass], where: str,
-                    ) -> tuple[int, str | None]:
-    """GPUs a claim spec asks (exact counts of GPU classes), or why it cannot be told (a GPU class is concerned)."""
+def requests_count(devices: Mapping[str, Any], classes: Mapping[str, GpuClass], where: str, *,
+                   own: bool = False) -> tuple[int, str | None]:
+    """GPUs a claim spec asks (exact counts of GPU classes), or why it cannot be told (a GPU class is concerned).
+    `own`: a pod's claim of its own (`Record`), whose `firstAvailable` alternatives all ask the same count."""
     count = 0
     for request in devices.get("requests") or ():
         if not isinstance(request, Mapping):
             return 0, f"{where}: a request that is no object"
         name = request.get("name")
+        if own and request.get("firstAvailable"):
+            counts = {requests_count({"requests": [{"exactly": s}]}, classes, where) for s in request["firstAvailable"]
+                      if isinstance(s, Mapping)}
+            if len(counts) == 1:
+                asked, why = counts.pop()
+                count += asked
+                if why:
+                    return 0, why
+                continue
         if request.get("firstAvailable"):
             if any(isinstance(s, Mapping) and s.get("deviceClassName") in classes
                    for s in request["firstAvailable"]):
@@ -352,16 +401,33 @@ def pod_gpus(pod: Mapping[str, Any], inventory: Inventory) -> PodGpus:
         return PodGpus(left="spec.resourceClaims, and resource.k8s.io/v1 not read (not served, or not granted)")
     generated = {s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or ()
                  if isinstance(s, Mapping)}
-    count, left, names, asks = 0, None, [], False
+    count, left, names, asks, pending = 0, None, [], False, False
+    record = recorded(pod)
+    uid = str(meta.get("uid") or "")
     for entry in entries:
         own = entry.get("name")
+        if record is not None and (own, entry.get("resourceClaimName")) == (record.entry, record.claim):
+            key = f"{namespace}/{record.claim}"
+            mine = key in inventory.specs and uid in inventory.owners.get(key, frozenset())
+            if mine or key not in inventory.specs:
+                where = f"claim {key}" if mine else f"claim template {namespace}/{record.template} (of claim {key})"
+                devices = inventory.specs[key] if mine else inventory.templates.get(f"{namespace}/{record.template}")
+                if devices is None:
+                    left = left or f"claim template {namespace}/{record.template} not found (for claim {key})"
+                    continue
+                asked, why = requests_count(devices, inventory.classes, where, own=True)
+                left, count, asks = left or why, count + asked, True
+                pending = pending or not mine or any(isinstance(r, Mapping) and r.get("firstAvailable")
+                                                     for r in devices.get("requests") or ())
+                names.append(key)
+                continue
         if entry.get("resourceClaimName"):
             key = f"{namespace}/{entry['resourceClaimName']}"
             devices = inventory.specs.get(key)
             if devices is None:
                 left = left or f"claim {key} not found"
                 continue
-            asked, why = _requests_count(devices, inventory.classes, f"claim {key}")
+            asked, why = requests_count(devices, inventory.classes, f"claim {key}")
             if asked or why:
                 # A claim made by hand may be shared by several pods: its devices free only when all are gone.
                 left = left or why or f"claim {key} is a ResourceClaim of its own (it may be shared)"
@@ -377,7 +443,7 @@ def pod_gpus(pod: Mapping[str, Any], inventory: Inventory) -> PodGpus:
         if devices is None:
             left = left or f"claim template {key} not found"
             continue
-        asked, why = _requests_count(devices, inventory.classes, f"claim template {key}")
+        asked, why = requests_count(devices, inventory.classes, f"claim template {key}")
         left = left or why
         count += asked
         asks = asks or bool(asked or why)
@@ -388,7 +454,8 @@ def pod_gpus(pod: Mapping[str, Any], inventory: Inventory) -> PodGpus:
         names.append(f"{namespace}/{extended}")
     held = tuple(sorted(d for n in names for d in (inventory.claims[n].devices if n in inventory.claims else ())))
     return PodGpus(count=count, devices=held, left=left,
-                   claims=tuple(n for n in names if n in inventory.claims), asks_gpus=asks or bool(held))
+                   claims=tuple(n for n in names if n in inventory.claims), asks_gpus=asks or bool(held),
+                   domain_claim=pending)
 
 
 

@@ -88,6 +88,12 @@ class Names(Model):
         return f"{self.prefix}release"
 
     @property
+    def domain_claim(self) -> str:
+        """Pod annotation: the claim entry the webhook rewrote to a claim of the pod's own (`common.domain_claim`);
+        the DRA model finds it under any prefix by its suffix (`dra.RECORD_SUFFIX`)."""
+        return f"{self.prefix}domain-claim"
+
+    @property
     def nvlink_domains(self) -> str:
         return f"{self.prefix}nvlink-domains"
 
@@ -802,6 +808,14 @@ class Dra(Model):
         description="DeviceClasses whose devices are whole GPUs (NVIDIA's DRA driver: gpu.nvidia.com). A node "
                     "without a device plugin's nvidia.com/gpu has as many GPUs as ResourceSlice devices these "
                     "classes select; a pod's claims on them count as GPUs. Empty: DRA devices are never GPUs.",
+    )
+    domain_claims: bool = pydantic.Field(
+        default=False,
+        description="Give a pod placed at release that asks 2 or more GPUs through one claim template a claim of its "
+                    "own (the webhook names it at CREATE; whatever lifts our gate creates it, owned by the pod), whose "
+                    "first alternative is the planned NVLink domain's devices: kube-scheduler's allocator otherwise "
+                    "takes the first free devices in the slice's order, whatever their domain (docs/placement.md). "
+                    "The webhook's and the uninstall hook's ServiceAccounts then need resourceclaims create.",
     )
 
 

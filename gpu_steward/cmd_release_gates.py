@@ -10,7 +10,9 @@ since it was read fails the patch (it is then read again) instead of removing an
 Gang members released this way are scheduled one by one, without the all-or-nothing guarantee, except those
 naming their gang's own PodGroup (`descheduler.gangs.native_binding`): that PodGroup is created first (without it
 kube-scheduler would hold them for ever), and kube-scheduler binds them all-or-nothing (a pod whose PodGroup cannot
-be made is not released, and counts as failed).
+be made is not released, and counts as failed). A pod whose claim entry the webhook pointed at a claim of its own
+(`settings.dra.domain_claims`) gets that claim first, made from its template (a pod whose claim cannot be made is not
+released, and counts as failed).
 Running it again finds nothing to do. Exit code: 0 when every gated pod was released (or was gone),
 1 when any could not be, 2 on bad arguments or configuration.
 """
@@ -83,7 +85,7 @@ class _ListError(Exception):
 
 
 async def release(config: settings.Settings, *, namespace: str | None, dry_run: bool) -> Result:
-    from common import kube, pod_groups  # the Kubernetes client is slow to import; `--help` never needs it
+    from common import claims, kube, pod_groups  # the Kubernetes client is slow to import; `--help` never needs it
 
     gate = config.names.gate
     timeout = config.kubernetes.request_timeout_seconds
@@ -107,6 +109,8 @@ async def release(config: settings.Settings, *, namespace: str | None, dry_run: 
                     members = gangs.same_pod_group(every, like=pod, names=config.names)
                     ensured.update(await pod_groups.ensure(api, members=members, names=config.names,
                                                            timeout_seconds=timeout))
+                # Un-gated while its claim of its own is missing, the pod would wait for ever too.
+                await claims.ensure(api, pod=pod, domain=None, timeout_seconds=timeout)
                 outcome = await release_pod(api, pod, gate=gate, timeout_seconds=timeout)
             except (kube.ApiError, aiohttp.ClientError, TimeoutError, OSError) as exc:
                 result.failed[key] = str(exc) or type(exc).__name__

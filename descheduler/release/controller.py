@@ -45,7 +45,7 @@ import aiohttp
 import prometheus_client
 from kubernetes_asyncio import client
 
-from common import events, kube, pod_groups, settings, snapshot, source, timestamps
+from common import claims, domain_claim, events, kube, pod_groups, settings, snapshot, source, timestamps
 from descheduler.release import outcomes, patches, planning
 
 logger = logging.getLogger(__name__)
@@ -98,6 +98,12 @@ def _release_kind(decision: planning.Decision) -> str:
         return {planning.ORPHANED: "orphaned", planning.UNPLACED: "unplaced"}.get(
             decision.event_reason or "", "invalid")
     return "resumed" if decision.action is planning.Action.RESUME else "released"
+
+
+def _domain(cluster: snapshot.Snapshot, member: planning.MemberStatus) -> domain_claim.Domain | None:
+    """The NVLink domain planned for the member on its DRA node, for its claim of its own (None: not planned)."""
+    devices = cluster.dra.devices.get(member.node or "") or ()
+    return domain_claim.Domain(devices[0].id.driver, member.domain) if devices and member.domain else None
 
 
 async def _all(calls: Iterable[Awaitable[object]]) -> None:
@@ -252,6 +258,14 @@ class Controller:
             else:
                 await _all(self._patch(key, body, content_type=MERGE_PATCH, status=True)
                            for key, body in bodies.items())
+
+        # A pod's claim of its own is made before any member is un-gated (un-gated without it, a pod waits for ever);
+        # a failure stops the release here, retried on the next pass.
+        for member in decision.members:
+            if member.key in decision.ungate and (made := await claims.ensure(
+                    self._api, pod=cluster.pods[member.key].raw, domain=_domain(cluster, member),
+                    timeout_seconds=self._config.kubernetes.request_timeout_seconds)):
+                logger.info("%s: %s", member.key, made)
 
         # Every release is recorded on the pod in the same patch that un-gates it: when, where it was nominated and
         # why (what `outcomes` checks); then one short Event per released pod says where and why.

@@ -28,6 +28,9 @@ class Layout:
     why: str = ""  # a gang of one: its score and what decided
     short: str = ""  # a gang of one: its score and what is left, for its Event
     apart: str = "no single node or NVLink clique could hold the gang: fewest nodes"  # why several unrelated nodes
+    # pod key -> the GPU indices of the one NVLink domain its GPUs are planned in (its claim of its own asks it
+    # first: `common.domain_claim`); absent where it spans domains or the node's topology is not known
+    domains: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
     def describe(self, *, short: bool = False) -> str:
         used = sorted(set(self.nodes.values()))
@@ -49,6 +52,12 @@ class Layout:
 
 
 Rooms = Mapping[str, capacity.Room]
+
+
+def _domain(room: capacity.Room, choice: placement.Allocation) -> tuple[int, ...]:
+    """The indices of the one NVLink domain `choice` is in; () when it spans several or the topology is unknown."""
+    topo = room.node.topology
+    return tuple(topo.domains[choice.domains[0]]) if choice.spanned == 1 and topo.known else ()
 NOWHERE = placement.Allocation((), ())  # taken when a pod's GPU indices are not known: its requests still count
 
 
@@ -119,14 +128,16 @@ def _preferred_nodes(raw: Mapping[str, Any]) -> frozenset[str]:
 Scores = dict[tuple[object, ...], "nvlink_score.NodeScore | None"]
 
 
-def _score(room: capacity.Room, need: int, scoring: settings.Scoring, scores: Scores) -> nvlink_score.NodeScore | None:
+def _score(room: capacity.Room, need: int, scoring: settings.Scoring, scores: Scores, *,
+           first_fit: bool = True) -> nvlink_score.NodeScore | None:
     """`capacity.score`, once per GPU state (the score reads only the sizes of the node's free and whole domains,
-    and where the DRA allocator's order is known, it and which indices are free: its first fit)."""
-    topo, order = room.node.topology, room.node.device_order
+    and where the DRA allocator's order is known and predicted (`first_fit`), it and which indices are free)."""
+    topo = room.node.topology
+    order = room.node.device_order if first_fit else None
     key = (need, tuple(map(len, room.domains)), room.free_gpus, room.node.gpu_count, topo.known,
            tuple(map(len, topo.domains)), (order, tuple(map(tuple, room.domains))) if order is not None else None)
     if key not in scores:
-        scores[key] = capacity.score(room, need, scoring)
+        scores[key] = capacity.score(room, need, scoring, first_fit=first_fit)
     return scores[key]
 
 
@@ -138,7 +149,7 @@ def _evaluate(pod: snapshot.Pod, room: capacity.Room, scoring: settings.Scoring,
     if not isinstance(choice, placement.Allocation):
         return choice
     need, name = pod.request.full, room.node.name
-    score = _score(room, need, scoring, scores)
+    score = _score(room, need, scoring, scores, first_fit=not pod.dra.domain_claim)
     points = score.score if score is not None else 0.0
     domain_left = min((len(room.domains[d]) for d in choice.domains), default=0) - need
     left = f"{room.free_gpus - need} GPUs left free there"
@@ -182,9 +193,10 @@ def _greedy(
     rooms: Rooms,
     allowed: frozenset[str],
     contested: Mapping[str, int] = {},
-) -> tuple[dict[str, str], dict[str, capacity.Room], list[str]] | None:
+) -> tuple[dict[str, str], dict[str, capacity.Room], list[str], dict[str, tuple[int, ...]]] | None:
     trial: dict[str, capacity.Room] = {}
     nodes: dict[str, str] = {}
+    domains: dict[str, tuple[int, ...]] = {}
     spanning: list[str] = []
     order = sorted(members, key=lambda p: (-p.request.full, -sum(p.request.mig.values()), p.key))
     for pod in order:
@@ -206,11 +218,13 @@ def _greedy(
         _, name, choice = best
         if name not in trial:
             trial[name] = rooms[name].copy()
+        if domain := _domain(trial[name], choice):
+            domains[pod.key] = domain
         trial[name].take_pod(pod, choice)
         nodes[pod.key] = name
         if choice.spanned > 1:
             spanning.append(pod.key)
-    return nodes, trial, sorted(spanning)
+    return nodes, trial, sorted(spanning), domains
 
 
 def place(
@@ -233,7 +247,8 @@ def place(
         _, name, choice, why, short = found
         room = rooms[name].copy()
         room.take_pod(pod, choice)
-        return Layout({pod.key: name}, None, (pod.key,) if choice.spanned > 1 else (), why, short), {name: room}
+        return Layout({pod.key: name}, None, (pod.key,) if choice.spanned > 1 else (), why, short,
+                      domains={pod.key: d} if (d := _domain(room, choice)) else {}), {name: room}
     everyone = frozenset.intersection(*(candidates[p.key] for p in members)) & usable if members else usable
     cliques: dict[str, set[str]] = {}
     for name in usable:
@@ -246,7 +261,7 @@ def place(
         result = _greedy(members, candidates, rooms, nodes, contested)
         if result is None:
             continue
-        assigned, trial, spanning = result
+        assigned, trial, spanning, domains = result
         used = sorted(set(assigned.values()))
         held = {rooms[n].node.topology.clique for n in used}
         clique = next(iter(held)) if len(held) == 1 else None
@@ -254,7 +269,7 @@ def place(
         leftover = sum(trial[n].free_gpus for n in used)
         rank = (0 if together else 1, len(used), leftover, sum(contested.get(n, 0) for n in used), ",".join(used))
         if best is None or rank < best[0]:
-            best = (rank, Layout(assigned, clique, tuple(spanning)), trial)
+            best = (rank, Layout(assigned, clique, tuple(spanning), domains=domains), trial)
     return None if best is None else (best[1], best[2])
 
 

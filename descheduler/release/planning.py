@@ -131,6 +131,7 @@ class MemberStatus:
     node: str | None  # bound node, else its nomination (anyone's), else the planned node (RELEASE), else None
     nominated: bool = False  # already nominated (by anyone): kept, never overwritten
     one_domain: bool = False  # planned inside one NVLink domain (what `outcomes` checks once it is bound)
+    domain: tuple[int, ...] = ()  # the GPU indices of that NVLink domain, where known (its claim asks it first)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,10 +196,12 @@ def place(members: Sequence[snapshot.Pod], *, cluster: snapshot.Snapshot,
 # --- the planner ---------------------------------------------------------------------------------
 
 
-def _member(pod: snapshot.Pod, *, gate: str, node: str | None = None, one_domain: bool = False) -> MemberStatus:
+def _member(pod: snapshot.Pod, *, gate: str, node: str | None = None, one_domain: bool = False,
+            domain: tuple[int, ...] = ()) -> MemberStatus:
     nominated = patches.nominated(pod.raw)
     return MemberStatus(pod.key, pod.uid, gate in pod.scheduling_gates, pod.request,
-                        pod.node_name or nominated or node, nominated is not None, one_domain and not nominated)
+                        pod.node_name or nominated or node, nominated is not None, one_domain and not nominated,
+                        domain if one_domain and not nominated else ())
 
 
 def _present(pod: snapshot.Pod) -> bool:
@@ -404,7 +407,8 @@ def plan(cluster: snapshot.Snapshot, *, config: settings.Settings, now: float,
             rooms.update(trial)
             touched.update(trial)
             members = tuple(_member(p, gate=gate, node=chosen.nodes.get(p.key),
-                                    one_domain=p.key in chosen.nodes and p.key not in chosen.spanning)
+                                    one_domain=p.key in chosen.nodes and p.key not in chosen.spanning,
+                                    domain=chosen.domains.get(p.key, ()))
                             for p in gang.members)
             decisions.append(gang.decide(Action.RELEASE, chosen.describe() + gang.unplaced(), "Normal", RELEASED,
                                          members=members, summary=chosen.describe(short=True) + gang.unplaced()))

@@ -622,3 +622,29 @@ def test_kubernetes_below_the_floor_is_refused() -> None:
     with pytest.raises(helm.HelmError) as caught:
         helm.template({}, release=RELEASE, namespace=NAMESPACE, kube_version="1.29.9")
     assert "kubeVersion" in str(caught.value) or "incompatible" in str(caught.value), caught.value
+
+
+CLAIMS = (("resource.k8s.io",), ("resourceclaims",), ("create",))  # a pod's claim of its own (common/claims.py)
+
+
+@pytest.mark.parametrize(("dra", "made"), [
+    pytest.param({"gpu_device_classes": [], "domain_claims": True}, False, id="no-gpu-classes-no-claims"),
+    pytest.param({}, False, id="off-by-default"),
+    pytest.param({"domain_claims": True}, True, id="on"),
+])
+def test_only_one_domain_claims_let_the_gate_lifters_create_claims(dra: dict[str, Any], made: bool) -> None:
+    objects = helm.template({"settings": {"dra": dra}}, release=RELEASE, namespace=NAMESPACE)
+    lifters = {f"{PREFIX}-webhook": [CLAIMS], f"{PREFIX}-descheduler": [CLAIMS], f"{PREFIX}-release-gates": [
+        (("resource.k8s.io",), ("resourceclaimtemplates",), ("get",)),
+        (("resource.k8s.io",), ("resourceclaims",), ("create", "get"))]}
+    for name, rules in lifters.items():
+        got = [r for r in _rules(objects, "ClusterRole", name) if r[0] == ("resource.k8s.io",) and "list" not in r[2]]
+        assert got == (rules if made else []), name
+    policies = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
+                and o["metadata"]["name"] == f"{PREFIX}-claim-writes"]
+    assert len(policies) == int(made)
+    if made:
+        users = policies[0]["spec"]["matchConditions"][0]["expression"]
+        accounts = (f"'system:serviceaccount:{NAMESPACE}:{PREFIX}-{c}'" for c in ("webhook", "release-gates",
+                                                                                  "descheduler"))
+        assert users == f"request.userInfo.username in [{', '.join(accounts)}]"

@@ -21,6 +21,7 @@ import os
 import pathlib
 import secrets
 import ssl
+import subprocess
 import sys
 import time
 import urllib.request
@@ -30,12 +31,13 @@ from typing import Any
 import pytest
 import yaml
 
-from common import gate_patch, gpu, settings
+from common import dra, gate_patch, gpu, settings
 from common import kube as kube_api
 from descheduler import policy
 from gpu_steward_lab import localcluster
+from tests import builders
 from tests.chart import helm
-from tests.e2e import test_reclaim_e2e
+from tests.e2e import conftest, test_reclaim_e2e
 from tests.support import kube, prometheus
 
 pytestmark = pytest.mark.e2e
@@ -581,3 +583,79 @@ def test_uninstall_removes_the_tls_secret_and_the_leases(release: Release) -> No
     left = cluster.kubectl("get", "secret,lease", "-n", NAMESPACE, "-o", "name", check=False).stdout.split()
     assert f"secret/{PREFIX}-webhook-tls" not in left
     assert not [name for name in lease_names if f"lease.coordination.k8s.io/{name}" in left], left
+
+
+def test_with_one_domain_claims_the_uninstall_hook_makes_a_pods_claim_and_no_other(release: Release) -> None:
+    """`settings.dra.domain_claims`: the hook's ServiceAccount, RBAC and the chart's `<fullname>-claim-writes` policy
+    (applied as rendered, without the Job) let `gpu-steward release-gates` make a pod's claim of its own before it
+    lifts our gate, and refuse it a claim no pod owns; the webhook's and the descheduler's ServiceAccounts, under
+    their ClusterRoles as rendered with the setting, may make a pod-owned claim and no other (server-side dry runs)."""
+    cluster = release.cluster
+    on = {"releaseGates": {"enabled": True}, "settings": {"dra": {"domain_claims": True}}}
+    rendered = helm.template(helm.local_values(release.port, **on), release=RELEASE, namespace=NAMESPACE,
+                             extra=["--show-only", "templates/release-gates.yaml",
+                                    "--show-only", "templates/pod-writes-policy.yaml"])
+    installed_policy = helm.template(helm.local_values(release.port), release=RELEASE, namespace=NAMESPACE,
+                                     extra=["--show-only", "templates/pod-writes-policy.yaml"])
+    lifters = (f"{PREFIX}-webhook", f"{PREFIX}-descheduler")  # their ClusterRoles, as rendered with the setting
+    roles = [o for o in helm.template(helm.local_values(release.port, **on), release=RELEASE, namespace=NAMESPACE)
+             if o["kind"] == "ClusterRole" and o["metadata"]["name"] in lifters]
+    installed_roles = [o for o in helm.template(helm.local_values(release.port), release=RELEASE, namespace=NAMESPACE)
+                       if o["kind"] == "ClusterRole" and o["metadata"]["name"] in lifters]
+    hook_objects = [o for o in rendered if o["kind"] != "Job"] + roles
+    assert f"{PREFIX}-claim-writes" in {o["metadata"]["name"] for o in hook_objects}
+    name, claim = f"own-{secrets.token_hex(3)}", f"own-{secrets.token_hex(3)}-gpus-0a1b2c3d"
+    template = builders.claim_template("t4", namespace=TEAM, spec=builders.claim_spec(4))
+    cluster.apply([builders.device_class(), template, *hook_objects])
+    try:
+        pod = kube.pod(name, namespace=TEAM, gates=[NAMES.gate],
+                       annotations={NAMES.domain_claim: dra.Record("gpus", claim, "t4").text()})
+        pod["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimName": claim}]
+        pod["spec"]["containers"][0].setdefault("resources", {})["claims"] = [{"name": "gpus"}]
+        create(cluster, pod)
+        hook = as_service_account(cluster, "release-gates", release.workdir)
+        stray = release.workdir / f"{name}-stray-claim.json"
+        stray.write_text(json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                     "metadata": {"name": f"stray-{name}", "namespace": TEAM},
+                                     "spec": template["spec"]["spec"]}))
+
+        def refused() -> str | None:
+            try:
+                helm._kubectl(hook, "create", "--dry-run=server", "-f", str(stray))
+            except helm.HelmError as error:
+                assert "ValidatingAdmissionPolicy" in str(error), error  # refused by the policy, not RBAC
+                return str(error)
+            return None
+
+        said = kube.poll("the claim policy binds the hook's ServiceAccount", refused, timeout_seconds=30)
+        assert "may only create ResourceClaims that a pod owns" in said, said
+        owned = release.workdir / f"{name}-owned-claim.json"
+        uid = cluster.kubectl_json("get", "pod", name, "-n", TEAM)["metadata"]["uid"]
+        owned.write_text(json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {
+            "name": f"owned-{name}", "namespace": TEAM, "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid, "controller": True}]},
+            "spec": template["spec"]["spec"]}))
+        for component in ("webhook", "descheduler"):  # the other lifters: a pod-owned claim, and no other
+            account = as_service_account(cluster, component, release.workdir)
+            helm._kubectl(account, "create", "--dry-run=server", "-f", str(owned))
+            with pytest.raises(helm.HelmError, match="may only create ResourceClaims that a pod owns"):
+                helm._kubectl(account, "create", "--dry-run=server", "-f", str(stray))
+        done = subprocess.run([sys.executable, "-m", "gpu_steward", "release-gates", "-n", TEAM, "--kubeconfig",
+                               str(hook)], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(conftest.REPO)})
+        assert done.returncode == 0, done.stdout + done.stderr
+        made = cluster.kubectl_json("get", "resourceclaim", claim, "-n", TEAM)
+        owner = cluster.kubectl_json("get", "pod", name, "-n", TEAM)
+        assert [(o["kind"], o["uid"]) for o in made["metadata"]["ownerReferences"]] == [
+            ("Pod", owner["metadata"]["uid"])]
+        assert kube.gates(owner) == []
+    finally:
+        cluster.apply([*installed_policy, *installed_roles])
+        cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=json.dumps(
+            {"apiVersion": "v1", "kind": "List", "items": [o for o in hook_objects if o not in roles
+                                                            and not o["kind"].startswith("ValidatingAdmission")]}),
+            check=False)
+        for kind, objects in (("pod", name), ("resourceclaimtemplate", "t4")):
+            cluster.kubectl("delete", kind, objects, "-n", TEAM, "--ignore-not-found", check=False)
+        cluster.kubectl("delete", "validatingadmissionpolicy,validatingadmissionpolicybinding",
+                        f"{PREFIX}-claim-writes", "--ignore-not-found", check=False)

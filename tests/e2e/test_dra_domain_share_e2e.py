@@ -14,7 +14,8 @@ asserted: kube-scheduler's choice among equally scored nodes is random. Seen (20
 without us 3 of 4 in one domain (the first 4-GPU pod got 0, 2, 3, 4 on the fragmented node) and every pod ran;
 with us 4 of 4, but the 8-GPU pod never ran: the fragmented node takes no 4-GPU pod in one domain under first
 fit (its lowest free devices are 0, 2, 3, 4), so both 4-GPU pods took empty nodes and none was left whole. Only a
-claim that selects the free domain (docs/placement.md, designed, not built) would keep both.
+claim that asks the free domain first keeps both (`settings.dra.domain_claims`, off here: measured with it in
+tests/e2e/test_dra_domain_claim_e2e.py).
 """
 
 from __future__ import annotations

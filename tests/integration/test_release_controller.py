@@ -28,7 +28,7 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from common import kube, settings, snapshot, timestamps
+from common import dra, kube, settings, snapshot, timestamps
 from descheduler.release import controller, outcomes, planning
 from tests import builders
 
@@ -176,6 +176,32 @@ class FakeApiServer:
         self.pod_group_refusal: int | None = None  # the status every PodGroup create is answered with (None: 201)
         self.app.router.add_post("/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups", self._create_pod_group)
         self.app.router.add_get("/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups/{name}", self._pod_group)
+        self.claims: dict[str, Json] = {}  # namespace/name -> ResourceClaim
+        self.templates: dict[str, Json] = {}  # namespace/name -> ResourceClaimTemplate
+        resource = "/apis/resource.k8s.io/v1/namespaces/{ns}"
+        self.app.router.add_get(resource + "/resourceclaims/{name}", self._claim)
+        self.app.router.add_get(resource + "/resourceclaimtemplates/{name}", self._template)
+        self.app.router.add_post(resource + "/resourceclaims", self._create_claim)
+
+    async def _claim(self, request: web.Request) -> web.Response:
+        found = self.claims.get(f"{request.match_info['ns']}/{request.match_info['name']}")
+        return web.json_response(found or {"kind": "Status", "code": 404}, status=200 if found else 404)
+
+    async def _template(self, request: web.Request) -> web.Response:
+        found = self.templates.get(f"{request.match_info['ns']}/{request.match_info['name']}")
+        return web.json_response(found or {"kind": "Status", "code": 404}, status=200 if found else 404)
+
+    async def _create_claim(self, request: web.Request) -> web.Response:
+        """A claim's create; a server-side dry run (`dryRun=All`) stores nothing."""
+        body = await request.json()
+        key = f"{request.match_info['ns']}/{body['metadata']['name']}"
+        dry = request.query.get("dryRun") == "All"
+        self.patches.append((key, "claim-dry-run" if dry else "claim"))
+        if key in self.claims:
+            return web.json_response({"kind": "Status", "code": 409}, status=409)
+        if not dry:
+            self.claims[key] = body
+        return web.json_response(body, status=201)
 
     async def _create_pod_group(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -786,3 +812,45 @@ async def test_outcomes_are_told_once_each_with_an_event_and_a_metric_and_nothin
     assert counts == {"placed-elsewhere": 1, "split-domains": None, "not-bound": 1, "gang-not-bound": 2,
                       "gang-spread": None}
     assert server.pods == before and server.patches == [], "observed only: no pod changed, deleted or re-created"
+
+
+def with_own_claim(name: str, *, gpus: int) -> Json:
+    """A gated single pod whose claim entry our webhook pointed at a claim of its own (`common.domain_claim`)."""
+    pod = single(name, gpus=gpus)
+    record = dra.Record("gpus", f"{name}-gpus-0a1b2c3d", "t4")
+    pod["metadata"].setdefault("annotations", {})[NAMES.domain_claim] = record.text()
+    pod["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimName": record.claim}]
+    return pod
+
+
+async def test_a_pods_claim_of_its_own_is_made_before_its_gate_is_lifted(
+    fake: tuple[FakeApiServer, client.ApiClient],
+) -> None:
+    """Un-gated before its claim exists, a pod waits for ever with no gate (docs/placement.md): while its template is
+    missing nothing is lifted; once it is there the claim is made (dry run, then create) from it, owned by the pod,
+    and only then is the gate removed. A restart after the create finds the claim and uses it as it is."""
+    server, api = fake
+    server.put(with_own_claim("own", gpus=16))  # fits no node: released unplaced at its bound, the template's request
+    ctl = make_controller(server, api, config(max_wait_seconds=60))
+    await ctl.reconcile(now=time.time() + 61)
+    assert gates_of(server.pods[f"{NAMESPACE}/own"]) == [GATE], "template missing: nothing lifted"
+    assert [k for _, k in server.patches] == []
+
+    server.templates[f"{NAMESPACE}/t4"] = builders.claim_template("t4", namespace=NAMESPACE,
+                                                                 spec=builders.claim_spec(4))
+    await ctl.reconcile(now=time.time() + 62)
+    stored = server.pods[f"{NAMESPACE}/own"]
+    assert gates_of(stored) == []
+    assert [k for _, k in server.patches] == ["claim-dry-run", "claim", "ungate"]
+    assert server.reasons("own") == [planning.UNPLACED]
+    claim = server.claims[f"{NAMESPACE}/own-gpus-0a1b2c3d"]
+    assert (claim["metadata"]["ownerReferences"][0]["uid"], claim["spec"]) == (
+        stored["metadata"]["uid"], builders.claim_spec(4))
+
+    del server.patches[:]
+    server.put(with_own_claim("again", gpus=16))
+    server.claims[f"{NAMESPACE}/again-gpus-0a1b2c3d"] = {"metadata": {
+        "name": "again-gpus-0a1b2c3d", "ownerReferences": [{"kind": "Pod", "name": "again", "uid": "uid-again"}]}}
+    await make_controller(server, api, config(max_wait_seconds=60)).reconcile(now=time.time() + 61)
+    assert gates_of(server.pods[f"{NAMESPACE}/again"]) == []
+    assert [k for _, k in server.patches] == ["ungate"], "the claim made before the restart is used as it is"
