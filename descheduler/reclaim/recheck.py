@@ -9,7 +9,7 @@ device its newest sample and that sample's time, and the store's time. Judged at
 - busy: any device's newest sample at or above the pod's idle threshold -> not idle (no freshness needed: not
   idle is the safe answer);
 - missing: no sample of the pod from its own node (hosts compared as the measurement compares them,
-  `utilisation_window.same_host`: no host label is the pod's), or fewer devices than the pod holds (a whole-GPU
+  `utilisation_parts.same_host`: no host label is the pod's), or fewer devices than the pod holds (a whole-GPU
   request is read on MIG-instance series where it has no whole-GPU ones: the MIG `single` strategy; the kinds
   asked are the measurement's, `utilisation.kinds_needed`), or an answer without the store's time -> not idle;
 - stale: a device's newest sample older than `reclaim.max_sample_age_seconds` at the store's time -> not idle;
@@ -29,8 +29,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from common import dcgm, settings, snapshot
+from descheduler.reclaim import utilisation_parts as parts
 from descheduler.reclaim import utilisation_promql as promql
-from descheduler.reclaim import utilisation_window as window
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +70,7 @@ def _devices(
         if (dcgm.pick(metric, labels.namespace), dcgm.pick(metric, labels.pod)) != (pod.namespace, pod.name):
             continue
         host = dcgm.pick(metric, labels.hostname)
-        if not window.same_host(host, pod.node_name or "", short_name=short_name):  # as the measurement reads it
+        if not parts.same_host(host, pod.node_name or "", short_name=short_name):  # as the measurement reads it
             elsewhere.add(host)
             continue
         own.append((kind, stat, metric, row))

@@ -193,7 +193,7 @@ def assess(
         by_index.extend(reading.by_index)
     value = max(utilisations)
     if value < threshold_percent and "" in found.hosts and not prometheus.scope_matchers:
-        # A series without a host is taken for the pod's wherever it comes from (utilisation_window.same_host).
+        # A series without a host is taken for the pod's wherever it comes from (utilisation_parts.same_host).
         return failed(f"idle, but read partly from series without a {prometheus.labels.hostname[0]} label, which a "
                       "store shared by several clusters cannot tell from another cluster's same-named pod; set "
                       "prometheus.scope_matchers (or keep the exporter's host label)")

@@ -18,6 +18,7 @@ import array
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 BOUNDARY = 1e-3  # seconds: Prometheus keeps milliseconds; a last sample this close to a part's start is on it
 NAN = math.nan
@@ -118,21 +119,25 @@ class Stretches:
     one `array('d')`), from an anchor on: a part with samples and a last sample, which sets the state the fold
     carries (`Acc.previous`) by itself. A share depends only on its part and the state the part before left, so
     the shares after an anchor are the same for every window start at or before it: a start that moves drops the
-    oldest shares and folds nothing again (`Cache.stretches`). The first row is the anchor's: only its state."""
+    oldest shares and folds nothing again (`Cache.stretches`). The first row is the anchor's: only its state. The
+    shares' sum (`summary`) is kept until they change: a cycle whose window start and final parts stay adds one
+    summary, not every share."""
 
-    __slots__ = ("columns", "first")
+    __slots__ = ("_summary", "columns", "first")
 
     def __init__(self, first: int, state: float) -> None:
         self.first = first
         self.columns = array.array("d", (math.inf, 0.0, 0.0, -math.inf, 0.0, 0.0, state))
+        self._summary: Summary | None = None
 
     @property
     def end(self) -> int:
         return self.first + len(self.columns) // WIDTH
 
     def drop_before(self, j: int) -> None:
-        del self.columns[:(j - self.first) * WIDTH]
-        self.first = j
+        if j > self.first:
+            del self.columns[:(j - self.first) * WIDTH]
+            self.first, self._summary = j, None
 
     def extend(self, numbers: Numbers, start: float, *, average: bool, left_closed: bool | None, bound: float,
                length: float) -> None:
@@ -143,24 +148,56 @@ class Stretches:
         value = share.total if average else NAN if share.nan else share.peak
         self.columns.extend((share.observed, share.worst, share.lost, value, share.counted, share.samples,
                              share.previous))
+        self._summary = None
+
+    def summary(self) -> Summary | None:
+        """The shares after the anchor's row, summed (None: none): the smallest observed, the largest worst, lost,
+        whether a peak is NaN, the largest other peak, whether any has samples, counted, and the values added one
+        after the other from 0.0 (the average's sum, `into`)."""
+        if self._summary is None and len(self.columns) > WIDTH:
+            columns = self.columns
+            values = columns[WIDTH + 3::WIDTH]
+            numbers = [value for value in values if not math.isnan(value)]
+            total = 0.0
+            for value in values:
+                total += value
+            self._summary = Summary(min(columns[WIDTH::WIDTH]), max(columns[WIDTH + 1::WIDTH]),
+                                    int(sum(columns[WIDTH + 2::WIDTH])), len(numbers) < len(values),
+                                    max(numbers, default=-math.inf), any(columns[WIDTH + 5::WIDTH]),
+                                    sum(columns[WIDTH + 4::WIDTH]), total)
+        return self._summary
 
     def into(self, acc: Acc, *, average: bool) -> None:
         """The shares after the anchor's row, folded into `acc` in the parts' order (the average's sum adds as the
-        fold does: exactly the same number)."""
-        columns = self.columns
-        if len(columns) <= WIDTH:
+        fold does: exactly the same number; the kept sum from 0.0 where the fold so far has added nothing)."""
+        found = self.summary()
+        if found is None:
             return
-        acc.observed = min(acc.observed, min(columns[WIDTH::WIDTH]))
-        acc.worst = max(acc.worst, max(columns[WIDTH + 1::WIDTH]))
-        acc.lost += int(sum(columns[WIDTH + 2::WIDTH]))
-        values = columns[WIDTH + 3::WIDTH]
+        acc.observed = min(acc.observed, found.observed)
+        acc.worst = max(acc.worst, found.worst)
+        acc.lost += found.lost
         if average:
-            for value in values:
-                acc.total += value
-            acc.counted += sum(columns[WIDTH + 4::WIDTH])
+            if acc.total == 0.0 and math.copysign(1.0, acc.total) > 0:
+                acc.total = found.total
+            else:
+                for value in self.columns[WIDTH + 3::WIDTH]:
+                    acc.total += value
+            acc.counted += found.counted
         else:
-            numbers = [value for value in values if not math.isnan(value)]
-            acc.nan = acc.nan or len(numbers) < len(values)
-            acc.peak = max(acc.peak, max(numbers, default=-math.inf))
-        acc.samples = acc.samples or any(columns[WIDTH + 5::WIDTH])
-        acc.previous, acc.on_sample = columns[-1], True
+            acc.nan = acc.nan or found.nan
+            acc.peak = max(acc.peak, found.peak)
+        acc.samples = acc.samples or found.samples
+        acc.previous, acc.on_sample = self.columns[-1], True
+
+
+class Summary(NamedTuple):
+    """`Stretches.summary`: its shares summed."""
+
+    observed: float
+    worst: float
+    lost: int
+    nan: bool
+    peak: float
+    samples: bool
+    counted: float
+    total: float  # the values added one after the other from 0.0

@@ -26,10 +26,18 @@ end. One set of parts serves every window: a window's verdict is derived from th
   series whose samples sit on the grid. A peak may take such a sample twice (stricter).
 
 A window's reading folds its parts (descheduler.reclaim.utilisation_fold) per device of a pod
-(descheduler.reclaim.utilisation_window: which series are one GPU). Storage is compact: one index per series'
-identity (namespace, pod, host, GPU index, UUID, MIG instance), and per part four `array('d')` columns; copies of
-a GPU fold per part (`numbers_of`): the most samples, the newest time, the higher peak (a NaN peak stays: not
-idle), the fewest samples for the average.
+(descheduler.reclaim.utilisation_window).
+
+Devices: the pod, namespace and host (from `prometheus.labels`, a later non-empty spelling wins), with the GPU
+index, the UUID and the MIG instance. A pod's series from its node (the host compared as a whole name, or up to the
+first dot with `prometheus.hostname_match: short-name`; no host label: the pod's) are one GPU (`gpus`; kept per pod
+and node by `Cache.devices` until the pod has another series) when they carry the same UUID; a copy without UUID is
+the GPU of the one UUID seen with its host and index, else a GPU of its own identified by host and index (the
+reading says so); a copy with neither is a device of its own. Copies of a GPU (two scrape jobs, one dropping `UUID`
+or `gpu`; the same GPU under two host spellings) fold per part: the most samples, the newest time, the higher peak
+(a NaN peak stays: not idle), the fewest samples for the average. A device that moves to another pod is another
+device (its series are another pod's). Storage is compact: one index per series' identity, and per part four
+`array('d')` columns.
 """
 
 from __future__ import annotations
@@ -124,6 +132,11 @@ def device_key(metric: Mapping[str, str], labels: settings.PrometheusLabels) -> 
             metric.get(labels.uuid, ""), metric.get(labels.mig_instance, ""))
 
 
+def _names(labels: settings.PrometheusLabels) -> tuple[str, ...]:
+    """The labels a series' device key is read from, every spelling (`Cache._row`)."""
+    return (*labels.namespace, *labels.pod, *labels.hostname, labels.gpu, labels.uuid, labels.mig_instance)
+
+
 def _value(point: Any) -> tuple[float, float] | None:
     try:
         return float(point[0]), float(point[1])
@@ -143,6 +156,8 @@ class Cache:
         # (window, average, max_gap_intervals, left_closed) -> a device's copies -> its shares of the window's fold
         self.stretches: dict[tuple[float, bool, float, bool | None], dict[tuple[int, ...], folding.Stretches]] = {}
         self._raw: dict[tuple[str | None, ...], int | None] = {}  # raw label values -> device (None: no pod)
+        # (namespace, pod), node, short_name -> the pod's series indices then, their hosts, its devices (`devices`)
+        self._devices: dict[tuple[tuple[str, str], str, bool], tuple[int, tuple[str, ...], tuple[Gpu, ...]]] = {}
 
     def _at(self, key: DeviceKey) -> int:
         found = self.index.get(key)
@@ -152,15 +167,32 @@ class Cache:
             self.pods.setdefault(key[:2], []).append(found)
         return found
 
-    def _row(self, metric: Mapping[str, str], labels: settings.PrometheusLabels) -> int | None:
-        """A row's device index (None: no pod): keyed by its raw label values first, so that the spellings are
-        picked once per series, not once per row."""
-        names = (*labels.namespace, *labels.pod, *labels.hostname, labels.gpu, labels.uuid, labels.mig_instance)
+    def _row(self, metric: Mapping[str, str], labels: settings.PrometheusLabels, names: tuple[str, ...]) -> int | None:
+        """A row's device index (None: no pod): keyed by its raw label values (`names`: `_names(labels)`) first, so
+        that the spellings are picked once per series, not once per row."""
         raw = tuple(map(metric.get, names))
-        if raw not in self._raw:
+        found = self._raw.get(raw, -1)
+        if found == -1:
             key = device_key(metric, labels)
-            self._raw[raw] = self._at(key) if key is not None else None
-        return self._raw[raw]
+            found = self._raw[raw] = self._at(key) if key is not None else None
+        return found
+
+    def devices(self, pod: tuple[str, str], node: str, *, short_name: bool) -> tuple[tuple[str, ...], tuple[Gpu, ...]]:
+        """The host spellings of a pod's series and its devices (`gpus`) among the series from its node
+        (`same_host`). Kept until the pod has another series (its indices only grow until `prune` renumbers them)."""
+        indices = self.pods.get(pod, ())
+        memo = (pod, node, short_name)
+        found = self._devices.get(memo)
+        if found is None or found[0] != len(indices):
+            hosts: set[str] = set()
+            identities: dict[int, tuple[str, str, str, str]] = {}
+            for i in indices:
+                _, _, host, index, uuid, mig = self.keys[i]
+                hosts.add(host)
+                if same_host(host, node, short_name=short_name):
+                    identities[i] = (host, index, uuid, mig)
+            found = self._devices[memo] = (len(indices), tuple(hosts), tuple(gpus(identities)) if identities else ())
+        return found[1], found[2]
 
     def fetch(self, grid: Grid, *, window: float, now: float) -> list[tuple[int, int]]:
         """The kept parts to read this cycle for windows up to `window`, as runs (first, last part index) of at
@@ -173,9 +205,10 @@ class Cache:
              labels: settings.PrometheusLabels) -> Part:
         """The live stretch from its instant answers (`stat` -> vector)."""
         folded: dict[int, list[float | None]] = {}
+        names = _names(labels)
         for stat, rows in answers.items():
             for row in rows:
-                i = self._row(row.get("metric") or {}, labels)
+                i = self._row(row.get("metric") or {}, labels, names)
                 point = _value(row.get("value"))
                 if i is not None and point is not None:
                     fold(folded.setdefault(i, [None, None, None, None]), stat, point[1])
@@ -188,9 +221,10 @@ class Cache:
         parts kept final. `live`: this cycle's live stretch (a device reporting there reports later);
         `left_closed`: see `device_reading` (a sample on a part's start is not counted as the part's)."""
         folded: dict[int, dict[int, list[float | None]]] = {j: {} for j in range(first, last + 1)}
+        names = _names(labels)
         for stat, rows in answers.items():
             for row in rows:
-                i = self._row(row.get("metric") or {}, labels)
+                i = self._row(row.get("metric") or {}, labels, names)
                 if i is None:
                     continue
                 for raw in row.get("values") or ():
@@ -255,7 +289,7 @@ class Cache:
         if len(order) * 2 >= len(self.keys):
             return
         remap = {old: new for new, old in enumerate(order)}
-        self._raw, self.stretches = {}, {}
+        self._raw, self.stretches, self._devices = {}, {}, {}
         self.keys = [self.keys[old] for old in order]
         self.index = {key: i for i, key in enumerate(self.keys)}
         self.pods = {}
@@ -264,6 +298,52 @@ class Cache:
         for j, part in self.parts.items():
             kept = {remap[old]: list(part.get(old)) for old in order if old < len(part.n)}
             self.parts[j] = Part(kept, final=part.final)
+
+
+def same_host(host: str, node: str, *, short_name: bool = False) -> bool:
+    """Whether a series' host label names the pod's node: the whole name (`prometheus.hostname_match` exact), or
+    up to the first dot (short-name). A series without a host label is the pod's (without a scope `utilisation.assess`
+    then never finds the pod idle: it could be another cluster's)."""
+    return not host or host == node or (short_name and host.split(".")[0] == node.split(".")[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class Gpu:
+    """One physical device of a pod: its name in readings and reasons, and its copies (series indices)."""
+
+    name: str
+    copies: tuple[int, ...]
+    by_index: bool  # identified by host and GPU index (no UUID), or by nothing at all
+
+
+def gpus(copies: Mapping[int, tuple[str, str, str, str]]) -> list[Gpu]:
+    """A pod's devices from its series' identities (index -> (host, GPU index, UUID, MIG instance)), see the
+    module's docstring: one device per UUID (with its MIG instance); a UUID-less copy joins the one UUID seen with
+    its host and index, else is a device of host and index; a copy with neither is a device of its own."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    uuids: dict[tuple[str, str, str], set[str]] = {}  # (host, index, MIG instance) -> UUIDs seen there
+    for host, index, uuid, mig in copies.values():
+        if uuid and index:
+            uuids.setdefault((host, index, mig), set()).add(uuid)
+    for i, (host, index, uuid, mig) in sorted(copies.items()):
+        seen = uuids.get((host, index, mig), set()) if index else set()
+        if not uuid and len(seen) == 1:
+            uuid = next(iter(seen))
+        key: tuple[str, ...] = (("uuid", uuid, mig) if uuid else ("index", host, index, mig) if index
+                                else ("none", str(i)))
+        groups.setdefault(key, []).append(i)
+    out = []
+    for key, found in sorted(groups.items()):
+        by, *identity = key
+        instance = f" MIG instance {identity[-1]}" if by != "none" and identity[-1] else ""
+        if by == "uuid":
+            name = f"{identity[0]}{instance}"
+        elif by == "index":
+            name = f"GPU {identity[1]}{instance} on {identity[0] or 'no host'}"
+        else:
+            name = f"series {identity[0]} (no UUID, no GPU index)"
+        out.append(Gpu(name, tuple(found), by != "uuid"))
+    return out
 
 
 def runs(parts: Iterable[int]) -> list[tuple[int, int]]:

@@ -3,14 +3,8 @@
 Which parts a window takes, and when it is unknown: descheduler.reclaim.utilisation_parts; how a device's parts
 fold into its reading: descheduler.reclaim.utilisation_fold.
 
-Devices: the pod, namespace and host (from `prometheus.labels`, a later non-empty spelling wins), with the GPU
-index, the UUID and the MIG instance. A pod's series from its node (the host compared as a whole name, or up to
-the first dot with `prometheus.hostname_match: short-name`; no host label: the pod's) are one GPU (`gpus`) when
-they carry the same UUID; a copy without UUID is the GPU of the one UUID seen with its host and index, else a GPU
-of its own identified by host and index (the reading says so); a copy with neither is a device of its own.
-Copies of a GPU (two scrape jobs, one dropping `UUID` or `gpu`; the same GPU under two host spellings) fold per
-part: the most samples, the newest time, the higher peak (a NaN peak stays: not idle), the fewest samples for
-the average. A device that moves to another pod is another device (its series are another pod's).
+Which series are one device of a pod (`utilisation_parts.gpus`), kept per pod by the parts' cache
+(`Cache.devices`): descheduler.reclaim.utilisation_parts.
 """
 
 from __future__ import annotations
@@ -50,52 +44,6 @@ class PodReading:
 
 
 Readings = Mapping[tuple[str, str], PodReading]  # (namespace, pod) -> ...
-
-
-def same_host(host: str, node: str, *, short_name: bool = False) -> bool:
-    """Whether a series' host label names the pod's node: the whole name (`prometheus.hostname_match` exact), or
-    up to the first dot (short-name). A series without a host label is the pod's (without a scope `utilisation.assess`
-    then never finds the pod idle: it could be another cluster's)."""
-    return not host or host == node or (short_name and host.split(".")[0] == node.split(".")[0])
-
-
-@dataclasses.dataclass(frozen=True)
-class Gpu:
-    """One physical device of a pod: its name in readings and reasons, and its copies (series indices)."""
-
-    name: str
-    copies: tuple[int, ...]
-    by_index: bool  # identified by host and GPU index (no UUID), or by nothing at all
-
-
-def gpus(copies: Mapping[int, tuple[str, str, str, str]]) -> list[Gpu]:
-    """A pod's devices from its series' identities (index -> (host, GPU index, UUID, MIG instance)), see the
-    module's docstring: one device per UUID (with its MIG instance); a UUID-less copy joins the one UUID seen with
-    its host and index, else is a device of host and index; a copy with neither is a device of its own."""
-    groups: dict[tuple[str, ...], list[int]] = {}
-    uuids: dict[tuple[str, str, str], set[str]] = {}  # (host, index, MIG instance) -> UUIDs seen there
-    for host, index, uuid, mig in copies.values():
-        if uuid and index:
-            uuids.setdefault((host, index, mig), set()).add(uuid)
-    for i, (host, index, uuid, mig) in sorted(copies.items()):
-        seen = uuids.get((host, index, mig), set()) if index else set()
-        if not uuid and len(seen) == 1:
-            uuid = next(iter(seen))
-        key: tuple[str, ...] = (("uuid", uuid, mig) if uuid else ("index", host, index, mig) if index
-                                else ("none", str(i)))
-        groups.setdefault(key, []).append(i)
-    out = []
-    for key, found in sorted(groups.items()):
-        by, *identity = key
-        instance = f" MIG instance {identity[-1]}" if by != "none" and identity[-1] else ""
-        if by == "uuid":
-            name = f"{identity[0]}{instance}"
-        elif by == "index":
-            name = f"GPU {identity[1]}{instance} on {identity[0] or 'no host'}"
-        else:
-            name = f"series {identity[0]} (no UUID, no GPU index)"
-        out.append(Gpu(name, tuple(found), by != "uuid"))
-    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +107,7 @@ def readings(caches: Mapping[str, parts.Cache], lives: Mapping[str, parts.Part],
     """Each pod's reading over window (now - window, now] ((namespace, pod) -> its node). `short`: a window
     shorter than the live stretch, read as a stretch of its own (per kind: the stretch, and the last sample
     before it), exactly from now - window; no kept part is needed. `short_name`: hosts compared up to the first
-    dot (`same_host`)."""
+    dot (`utilisation_parts.same_host`)."""
     grid, average = judging.grid, judging.average
     needed = grid.needed(judging.window, judging.now) if short is None else range(0)
     live_start = grid.live_start(judging.now) if short is None else judging.now - judging.window
@@ -176,17 +124,12 @@ def readings(caches: Mapping[str, parts.Cache], lives: Mapping[str, parts.Part],
         hosts: set[str] = set()
         kinds: dict[str, KindReading] = {}
         for kind, cache in caches.items():
-            identities: dict[int, tuple[str, str, str, str]] = {}
-            for i in cache.pods.get(key, ()):
-                _, _, host, index, uuid, mig = cache.keys[i]
-                hosts.add(host)
-                if same_host(host, node, short_name=short_name):
-                    identities[i] = (host, index, uuid, mig)
-            if not identities:
+            spellings, found_gpus = cache.devices(key, node, short_name=short_name)
+            hosts.update(spellings)
+            if not found_gpus:
                 continue
             live = lives.get(kind) if short is None else short[0].get(kind)
             devices = {}
-            found_gpus = gpus(identities)
             for gpu in found_gpus:
                 if unknown[kind] is not None:  # not judged: only whether it is busy anyway (no coverage needed)
                     acc = folding.Acc(NAN, False)

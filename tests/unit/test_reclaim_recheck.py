@@ -80,7 +80,7 @@ def gpu(index: str, value: float, *, age: float = 10.0, kind: str = "gpu", host:
         pytest.param(victim(), [now(), *gpu("0", 1.0, host="n8"), *gpu("1", 1.0, host="n9")], False,
                      "re-check: only 0 of its 2 device(s) report a newest sample on n1 (samples from n8, n9, not its "
                      "node) (missing)", id="samples-from-two-other-nodes-both-said"),
-        # A series without a host label is the pod's, as the measurement reads it (utilisation_window.same_host).
+        # A series without a host label is the pod's, as the measurement reads it (utilisation_parts.same_host).
         pytest.param(victim(), [now(), *gpu("0", 1.0, host=""), *gpu("1", 1.0)], True,
                      "re-check: still idle (2 device(s) at most 1.0%, newest samples at most 10s old) < 5%",
                      id="a-series-without-host-label-is-the-pods"),

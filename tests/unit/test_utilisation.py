@@ -891,7 +891,7 @@ def test_a_part_added_to_a_devices_stretches(previous: float, parts: list[tuple[
      pytest.param("n10", "n1", True, False, id="a-prefix-is-not-the-name")],
 )
 def test_same_host(host: str, node: str, short_name: bool, same: bool) -> None:
-    assert utilisation_window.same_host(host, node, short_name=short_name) is same
+    assert utilisation_parts.same_host(host, node, short_name=short_name) is same
 
 
 @pytest.mark.parametrize(
@@ -920,4 +920,57 @@ def test_same_host(host: str, node: str, short_name: bool, same: bool) -> None:
     ],
 )
 def test_gpus(copies: dict[int, tuple[str, str, str, str]], expected: list[tuple[str, tuple[int, ...], bool]]) -> None:
-    assert [(g.name, g.copies, g.by_index) for g in utilisation_window.gpus(copies)] == expected
+    assert [(g.name, g.copies, g.by_index) for g in utilisation_parts.gpus(copies)] == expected
+
+
+def _fresh_devices(cache: utilisation_parts.Cache, pod: tuple[str, str], node: str,
+                   short_name: bool) -> tuple[set[str], list[tuple[str, tuple[int, ...], bool]]]:
+    """`Cache.devices` worked out from scratch (the path it keeps)."""
+    identities = {i: cache.keys[i][2:] for i in cache.pods.get(pod, ())
+                  if utilisation_parts.same_host(cache.keys[i][2], node, short_name=short_name)}
+    return ({cache.keys[i][2] for i in cache.pods.get(pod, ())},
+            [(g.name, g.copies, g.by_index) for g in utilisation_parts.gpus(identities)] if identities else [])
+
+
+@pytest.mark.parametrize(
+    ("steps", "node", "short_name"),
+    [
+        # adversarial: a second scrape path of the pod's GPU shows up after its devices were worked out
+        pytest.param([[("n1", "0", "GPU-a")], [("n1", "", "GPU-a")]], "n1", False, id="copy-added-later-joins"),
+        pytest.param([[("n1", "0", "GPU-a")], [("n1", "1", "")]], "n1", False, id="device-added-later-counts"),
+        pytest.param([[("n1", "0", "GPU-a")], [("n1.b", "0", "GPU-b")]], "n1", False,
+                     id="other-host-added-later-is-a-spelling-not-a-device"),
+        pytest.param([[("n1", "0", "GPU-a")], [("n1.b", "0", "GPU-b")]], "n1", True, id="short-name-takes-it"),
+        pytest.param([[], [("n1", "0", "GPU-a")]], "n1", False, id="first-series-after-none"),
+        pytest.param([[("n1", "0", "GPU-a")], []], "n1", False, id="nothing-new-same-answer"),
+    ],
+)
+def test_kept_devices_are_those_worked_out_from_scratch(steps: list[list[tuple[str, str, str]]], node: str,
+                                                         short_name: bool) -> None:
+    cache = utilisation_parts.Cache()
+    pod = ("team-a", "p")
+    cache._at(("team-a", "other", "n1", "0", "GPU-z", ""))  # another pod's series: never the pod's device
+    for step in steps:
+        for host, index, uuid in step:
+            cache._at(("team-a", "p", host, index, uuid, ""))
+        hosts, found = cache.devices(pod, node, short_name=short_name)
+        assert (set(hosts), [(g.name, g.copies, g.by_index) for g in found]) == _fresh_devices(
+            cache, pod, node, short_name)
+    # the same pod judged on another node (a memo per node): its series from n1 are no devices there
+    assert cache.devices(pod, "n2", short_name=short_name)[1] == ()
+
+
+def test_kept_devices_follow_the_renumbering_of_prune() -> None:
+    cache = utilisation_parts.Cache()
+    for j in range(3):
+        rows = {"n": [{"metric": dcgm(str(i), pod_name=f"p{j}"), "values": [[(j + 1) * P, "20"]]} for i in range(600)]}
+        cache.store(GRID, rows, first=j, last=j, now=1e9, live=utilisation_parts.Part({}),
+                    labels=CONFIG.prometheus.labels)
+    before = cache.devices(("team-a", "p2"), "n1", short_name=False)[1]
+    assert before[0].copies[0] >= 1200
+    cache.prune(2)
+    after = cache.devices(("team-a", "p2"), "n1", short_name=False)[1]
+    assert [g.name for g in after] == [g.name for g in before]
+    assert [(g.name, g.copies) for g in after] == [(g.name, g.copies) for g in utilisation_parts.gpus(
+        {i: cache.keys[i][2:] for i in cache.pods[("team-a", "p2")]})]
+    assert after[0].copies[0] < 600

@@ -69,7 +69,7 @@ def _from_scratch(cache: parts.Cache, live: parts.Part, judging: window.Judging,
     out = {}
     for pod in pods:
         identities = {i: cache.keys[i][2:] for i in cache.pods.get(pod, ())}
-        for gpu in window.gpus(identities):
+        for gpu in parts.gpus(identities):
             numbers = [parts.numbers_of(cache.parts.get(j), gpu.copies) for j in needed]
             numbers.append(parts.numbers_of(live, gpu.copies))
             out[pod, gpu.name] = _key(folding.device_reading(numbers, starts, average=judging.average,
