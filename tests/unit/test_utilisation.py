@@ -642,12 +642,18 @@ def test_a_gpu_that_changes_pod_is_a_new_device_measured_from_its_own_start() ->
     assert "or from its start to the first" in verdicts["b"]
 
 
-def test_prune_drops_old_parts_and_compacts_the_device_index() -> None:
+def _three_pods_of_600_gpus() -> utilisation_parts.Cache:
+    """Parts 0-2, each of another pod's 600 GPUs: prune(2) keeps a third of the devices, renumbered."""
     cache = utilisation_parts.Cache()
     for j in range(3):
         rows = {"n": [{"metric": dcgm(str(i), pod_name=f"p{j}"), "values": [[(j + 1) * P, "20"]]} for i in range(600)]}
         cache.store(GRID, rows, first=j, last=j, now=1e9, live=utilisation_parts.Part({}),
                     labels=CONFIG.prometheus.labels)
+    return cache
+
+
+def test_prune_drops_old_parts_and_compacts_the_device_index() -> None:
+    cache = _three_pods_of_600_gpus()
     assert len(cache.keys) == 1800
     cache.prune(2)
     assert sorted(cache.parts) == [2] and len(cache.keys) == 600
@@ -961,11 +967,7 @@ def test_kept_devices_are_those_worked_out_from_scratch(steps: list[list[tuple[s
 
 
 def test_kept_devices_follow_the_renumbering_of_prune() -> None:
-    cache = utilisation_parts.Cache()
-    for j in range(3):
-        rows = {"n": [{"metric": dcgm(str(i), pod_name=f"p{j}"), "values": [[(j + 1) * P, "20"]]} for i in range(600)]}
-        cache.store(GRID, rows, first=j, last=j, now=1e9, live=utilisation_parts.Part({}),
-                    labels=CONFIG.prometheus.labels)
+    cache = _three_pods_of_600_gpus()
     before = cache.devices(("team-a", "p2"), "n1", short_name=False)[1]
     assert before[0].copies[0] >= 1200
     cache.prune(2)
