@@ -6,7 +6,9 @@
 - `search`: for one member of a demand, the node with the cheapest minimal victim set;
 - `allowance`: what a cycle may still evict — the limits and the PodDisruptionBudgets (all or none);
 - `planner`: orchestration — screening, units, demands in order, limits — into a `Plan`;
-- `utilisation`, `utilisation_promql`, `utilisation_parts`: is a pod idle, from per-GPU parts of the store's time;
+- `utilisation`, `utilisation_promql`, `utilisation_parts`, `utilisation_fold`, `utilisation_window`: is a pod idle,
+  from per-GPU parts of the store's time (their queries, the kept parts, a device's fold over a window's parts, each
+  pod's devices over a window);
 - `idle_learning`: idle windows learned per workload;
 - the I/O shell: `loop` (one reclaim cycle), `measurement` (reads and keeps the parts), `idle_history`.
 

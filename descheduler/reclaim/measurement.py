@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import prometheus_client
 
 from common import dcgm, prometheus, settings, snapshot
-from descheduler.reclaim import utilisation, utilisation_parts, utilisation_promql
+from descheduler.reclaim import utilisation, utilisation_parts, utilisation_promql, utilisation_window
 
 logger = logging.getLogger(__name__)
 KEEP_SECONDS = 3600.0  # a window no pod was measured over for this long (store time) no longer keeps its parts
@@ -172,12 +172,12 @@ class _Found:
 
     def readings(self, pods: Mapping[tuple[str, str], str], *, window: int) -> utilisation.Readings | str:
         """The pods' readings over `window`, or why none (a short window's queries failed)."""
-        judging = utilisation_parts.Judging(window, self.now, self.grid, self.average, self.bound,
+        judging = utilisation_window.Judging(window, self.now, self.grid, self.average, self.bound,
                                             self.left_closed.left_closed)
         short = self.shorts.get(window)
         if isinstance(short, str):
             return short
-        return utilisation_parts.readings(self.caches, self.lives, pods=pods, judging=judging, unread=self.unread,
+        return utilisation_window.readings(self.caches, self.lives, pods=pods, judging=judging, unread=self.unread,
                                           short=short, short_name=self.short_name)
 
 

@@ -10,7 +10,8 @@ priority first). Cost: GPUs freed, then pods evicted, then the highest priority 
 
 Exact, without a search of every node: nodes that cannot hold the member even with every eligible unit evicted
 are screened out (by count, then the capacity model), the rest are searched by a lower bound of their cost;
-untouched nodes are screened once per cycle for each kind of member (`Index.untouched`).
+untouched nodes are screened once per cycle for each kind of member by counts, and checked exactly only once a search
+reaches them (`Index.untouched`).
 
 The pods holding nodes rule a member out where kube-scheduler's filters that read them would (`Index.refuses`):
 a host port in use or an existing pod's required anti-affinity that selects it (`capacity.refuses`), and the
@@ -26,7 +27,7 @@ import collections
 import dataclasses
 import heapq
 import itertools
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from typing import Any
 
 from common import antiaffinity, capacity, fit, gpu, placement, snapshot
@@ -145,13 +146,14 @@ def _needs(request: gpu.GpuRequest) -> dict[str, int]:
 
 def _option(
     node: snapshot.Node, member: pending.Member, units: Sequence[gang_units.Unit], free: Mapping[str, int],
-    cluster: snapshot.Snapshot, state: NodeState,
+    cluster: snapshot.Snapshot, state: NodeState, *, exact: bool = True,
 ) -> Option | str | None:
     """The node's option if evicting all of `units` lets the member fit; else why not (None: too few
     devices by count). Bound: any victim set frees at least each kind's shortfall in GPUs, needs at
     least the fewest units covering it, and so evicts at least the that-many-th lowest priority.
     Counts suffice for the bound; the exact check is the capacity model's (NVLink domains and actual
-    indices, CPU, memory, pod slots and every other resource on this node)."""
+    indices, CPU, memory, pod slots and every other resource on this node: `_unplaceable`), left to the
+    caller when not `exact`."""
     request = member.request
     short = fewest = 0
     for kind, need in _needs(request).items():
@@ -164,21 +166,29 @@ def _option(
         if not covered or covered[-1] < deficit:
             return None
         short, fewest = short + deficit, max(fewest, bisect.bisect_left(covered, deficit) + 1)
-    freed = {p.key for u in units for p in u.on(node.name)}
-    placed = _room(node, cluster, state, freed).place(member.requests, request)
-    if isinstance(placed, str):
-        return f"{node.name}: {placed} even after evicting every eligible idle pod"
+    unplaceable = _unplaceable(node, member, units, cluster, state) if exact else None
+    if unplaceable:
+        return unplaceable
     # No shortfall: the empty set costs (0, 0, 0) and any other at least one GPU more.
     floor = sorted(u.priority for u in units)[fewest - 1] if fewest else 0
     return Option((short, fewest, floor, node.name), tuple(units), free)
 
 
+def _unplaceable(node: snapshot.Node, member: pending.Member, units: Sequence[gang_units.Unit],
+                 cluster: snapshot.Snapshot, state: NodeState) -> str | None:
+    """Why the member does not fit on the node even once all of `units` are evicted (None: it fits)."""
+    freed = {p.key for u in units for p in u.on(node.name)}
+    placed = _room(node, cluster, state, freed).place(member.requests, member.request)
+    return f"{node.name}: {placed} even after evicting every eligible idle pod" if isinstance(placed, str) else None
+
+
 def _screen(
     index: Index, name: str, member: pending.Member, priority: int, *,
-    state: NodeState | None = None, taken: Set[str] = frozenset(),
+    state: NodeState | None = None, taken: Set[str] = frozenset(), exact: bool = True,
 ) -> Option | str | None:
     """The node's option for a member of `priority`, or why it cannot hold it (None: nothing to say).
-    `state` None: a node no demand of this cycle has touched, read straight from the snapshot."""
+    `state` None: a node no demand of this cycle has touched, read straight from the snapshot. `exact`: see
+    `_option`."""
     request = member.request
     node = index.cluster.nodes[name]
     if request.full and node.allocatable.mig:
@@ -189,7 +199,7 @@ def _screen(
     room = index.fresh(name) if state is None else _room(node, index.cluster, state)  # read, never changed
     state = state or NodeState()
     free = {"": room.free_gpus, **{p: room.free.get(gpu.MIG_PREFIX + p, 0) for p in request.mig}}
-    found = _option(node, member, allowed, free, index.cluster, state)
+    found = _option(node, member, allowed, free, index.cluster, state, exact=exact)
     if found is None and idle_here:
         return _short(name, request, idle_here, present, allowed)
     if found is None and name in index.protected:
@@ -217,7 +227,8 @@ class Index:
         # Priorities between two of these floors let the same units go: they share screenings.
         self._floors = sorted({u.minimum_preemptable for units in by_node.values() for u in units})
         self._fits: dict[tuple[Any, ...], list[str]] = {}
-        self._untouched: dict[tuple[Any, ...], list[Option]] = {}
+        # options by bound, and each node's exact check once the search reached it (`untouched`)
+        self._untouched: dict[tuple[Any, ...], tuple[list[Option], dict[str, bool]]] = {}
         self._rooms: dict[str, capacity.Room] = {}
         self._own: dict[str, tuple[antiaffinity.Occupied, ...]] = {}
 
@@ -281,10 +292,13 @@ class Index:
             maybe = here if maybe is None else maybe & here
         return set(self.cluster.nodes) if maybe is None else maybe
 
-    def untouched(self, member: pending.Member, priority: int, *, evicting: bool) -> list[Option]:
-        """Options of the member's nodes as the snapshot has them, cheapest bound first: valid for every
-        node no demand has touched, so computed once per (allowed nodes, request, idle units the
-        priority may take). Not `evicting` (the budget is spent): only nodes that hold it as they are."""
+    def untouched(self, member: pending.Member, priority: int, *, evicting: bool,
+                  skip: Set[str] = frozenset()) -> Iterator[Option]:
+        """Options of the member's nodes as the snapshot has them (but those in `skip`), cheapest bound first:
+        valid for every node no demand has touched, so their bounds are counted once per (allowed nodes, request,
+        idle units the priority may take), and each node's exact check (`_unplaceable`) is made once, when a search
+        first reaches it (most searches stop after the first few nodes). Not `evicting` (the budget is spent): only
+        nodes that hold it as they are."""
         request = member.request
         shape = self.shape(member)
         key = (shape, request.full, tuple(sorted(request.mig.items())), tuple(sorted(member.requests.items())),
@@ -294,13 +308,22 @@ class Index:
             maybe = self._may_hold(request, evicting=evicting)
             options = []
             for name in self.nodes_for(member):
-                found = _screen(self, name, member, priority) if name in maybe else None
+                found = _screen(self, name, member, priority, exact=False) if name in maybe else None
                 if isinstance(found, Option):
                     options.append(found)
-            kept = sorted(options)
+            kept = (sorted(options), {})
             if shape is not None:
                 self._untouched[key] = kept
-        return kept
+        candidates, fits = kept
+        for option in candidates:
+            if option.node in skip:
+                continue
+            fit_here = fits.get(option.node)
+            if fit_here is None:
+                fit_here = fits[option.node] = _unplaceable(self.cluster.nodes[option.node], member, option.units,
+                                                            self.cluster, NodeState()) is None
+            if fit_here:
+                yield option
 
 
 def best_node(
@@ -327,8 +350,8 @@ def best_node(
 
     spent = budget.spent()
     fresh = [o for o in map(screen_node, touched.intersection(names)) if isinstance(o, Option)]
-    untouched = index.untouched(member, demand.priority, evicting=spent is None)
-    options = heapq.merge(sorted(fresh), (o for o in untouched if o.node not in touched))
+    untouched = index.untouched(member, demand.priority, evicting=spent is None, skip=touched)
+    options = heapq.merge(sorted(fresh), untouched)
     best: Choice | None = None
     failures = [spent] if spent else []
     for option in options:

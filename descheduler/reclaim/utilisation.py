@@ -27,14 +27,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from common import settings, snapshot
-from descheduler.reclaim import utilisation_parts as parts
+from descheduler.reclaim import utilisation_fold as folding
 from descheduler.reclaim import utilisation_promql as promql
+from descheduler.reclaim import utilisation_window as window
 
 KINDS = promql.KINDS
 PERCENT_CEILING = 100.5  # above this a "percent" reading is a unit error, not a busy GPU (DCGM rounds)
 
-Readings = parts.Readings
-KindReading = parts.KindReading
+Readings = window.Readings
+KindReading = window.KindReading
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +77,7 @@ def kinds_needed(pods: Iterable[snapshot.Pod], nodes: Mapping[str, snapshot.Node
     return kinds
 
 
-def coverage(device: parts.DeviceReading, *, window_seconds: int,
+def coverage(device: folding.DeviceReading, *, window_seconds: int,
              config: settings.Reclaim) -> tuple[str | None, float]:
     """Why one device's samples do not cover the window in time (or None), and its observed scrape interval.
 
@@ -118,7 +119,7 @@ def failed(reason: str) -> Assessment:
     return Assessment(False, None, reason)
 
 
-def _kind_reading(found: parts.PodReading, kind: str, pod: snapshot.Pod) -> tuple[str, parts.KindReading | None]:
+def _kind_reading(found: window.PodReading, kind: str, pod: snapshot.Pod) -> tuple[str, window.KindReading | None]:
     """What a pod's `kind` of request is measured by, and the kind it comes from: a whole-GPU request with
     no whole-GPU series but MIG-instance ones is the MIG `single` strategy."""
     reading = found.kinds.get(kind)

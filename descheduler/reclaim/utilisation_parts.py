@@ -1,4 +1,4 @@
-"""Per-device utilisation by parts of the store's time: the grid, the kept parts, a window's reading. Pure.
+"""Per-device utilisation by parts of the store's time: the grid and the kept parts. Pure.
 
 The grid: part j holds the samples of (j·P, (j+1)·P] in the store's time (P = `reclaim.part_seconds`). Per
 device and part the store is asked for a few numbers (descheduler.reclaim.utilisation_promql): samples `n`, `peak` (or
@@ -24,22 +24,20 @@ end. One set of parts serves every window: a window's verdict is derived from th
   exactly on its start, the part's count is then n - 1 or n; until it is known, between n - 1 and n: the
   observed interval from n (shorter: stricter), the gaps from n - 1 (wider: stricter), which fails closed on
   series whose samples sit on the grid. A peak may take such a sample twice (stricter).
-- A window's reading is one fold over its parts in order (`Acc.add`), the state it carries from part to part being
-  the last sample so far. From a part with samples and a last sample (an anchor) on, that state no longer depends
-  on where the window started: each final part's share of the fold after the window's first anchor is kept
-  (`Stretches`, per window and device), so a cycle folds only the parts before the anchor (usually none), the
-  parts not final yet and the live stretch, and a start that moves drops the oldest shares. Exactly the reading a
-  fold from scratch gives (tests/unit/test_utilisation_fold.py).
+
+A window's reading folds its parts (descheduler.reclaim.utilisation_fold) per device of a pod
+(descheduler.reclaim.utilisation_window).
 
 Devices: the pod, namespace and host (from `prometheus.labels`, a later non-empty spelling wins), with the GPU
-index, the UUID and the MIG instance. A pod's series from its node (the host compared as a whole name, or up to
-the first dot with `prometheus.hostname_match: short-name`; no host label: the pod's) are one GPU (`gpus`) when
-they carry the same UUID; a copy without UUID is the GPU of the one UUID seen with its host and index, else a GPU
-of its own identified by host and index (the reading says so); a copy with neither is a device of its own.
-Copies of a GPU (two scrape jobs, one dropping `UUID` or `gpu`; the same GPU under two host spellings) fold per
-part: the most samples, the newest time, the higher peak (a NaN peak stays: not idle), the fewest samples for
-the average. A device that moves to another pod is another device (its series are another pod's). Storage is
-compact: one index per series' identity, and per part four `array('d')` columns.
+index, the UUID and the MIG instance. A pod's series from its node (the host compared as a whole name, or up to the
+first dot with `prometheus.hostname_match: short-name`; no host label: the pod's) are one GPU (`gpus`; kept per pod
+and node by `Cache.devices` until the pod has another series) when they carry the same UUID; a copy without UUID is
+the GPU of the one UUID seen with its host and index, else a GPU of its own identified by host and index (the
+reading says so); a copy with neither is a device of its own. Copies of a GPU (two scrape jobs, one dropping `UUID`
+or `gpu`; the same GPU under two host spellings) fold per part: the most samples, the newest time, the higher peak
+(a NaN peak stays: not idle), the fewest samples for the average. A device that moves to another pod is another
+device (its series are another pod's). Storage is compact: one index per series' identity, and per part four
+`array('d')` columns.
 """
 
 from __future__ import annotations
@@ -47,13 +45,13 @@ from __future__ import annotations
 import array
 import dataclasses
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from common import dcgm, settings
+from descheduler.reclaim import utilisation_fold as folding
 
 DeviceKey = tuple[str, str, str, str, str, str]  # namespace, pod, host, GPU index, UUID, MIG instance
-BOUNDARY = 1e-3  # seconds: Prometheus keeps milliseconds; a last sample this close to a part's start is on it
 NAN = math.nan
 PARTS_PER_QUERY = 4  # a range query reads at most this many parts: each query stays small whatever the rebuild
 
@@ -86,10 +84,6 @@ class Grid:
         return range(self.start(window, now) // self.part - 1, self.live_start(now) // self.part)
 
 
-Numbers = tuple[float, float, float, float]  # n, n_min, value (peak or sum), last
-EMPTY: Numbers = (0.0, math.inf, NAN, NAN)  # no sample; a value NaN with n > 0 is a NaN reading
-
-
 class Part:
     """One part's (or the live stretch's) numbers for every device index, in compact columns; a device beyond
     the columns' length has no sample. `final`: read again no more (see the module's docstring)."""
@@ -107,9 +101,9 @@ class Part:
             self.value[i], self.last[i] = NAN if value is None else value, NAN if last is None else last
         self.final = final
 
-    def get(self, i: int) -> Numbers:
+    def get(self, i: int) -> folding.Numbers:
         if i >= len(self.n):
-            return EMPTY
+            return folding.EMPTY
         return self.n[i], self.n_min[i], self.value[i], self.last[i]
 
 
@@ -138,6 +132,11 @@ def device_key(metric: Mapping[str, str], labels: settings.PrometheusLabels) -> 
             metric.get(labels.uuid, ""), metric.get(labels.mig_instance, ""))
 
 
+def _names(labels: settings.PrometheusLabels) -> tuple[str, ...]:
+    """The labels a series' device key is read from, every spelling (`Cache._row`)."""
+    return (*labels.namespace, *labels.pod, *labels.hostname, labels.gpu, labels.uuid, labels.mig_instance)
+
+
 def _value(point: Any) -> tuple[float, float] | None:
     try:
         return float(point[0]), float(point[1])
@@ -155,8 +154,10 @@ class Cache:
         self.keys: list[DeviceKey] = []
         self.parts: dict[int, Part] = {}
         # (window, average, max_gap_intervals, left_closed) -> a device's copies -> its shares of the window's fold
-        self.stretches: dict[tuple[float, bool, float, bool | None], dict[tuple[int, ...], Stretches]] = {}
+        self.stretches: dict[tuple[float, bool, float, bool | None], dict[tuple[int, ...], folding.Stretches]] = {}
         self._raw: dict[tuple[str | None, ...], int | None] = {}  # raw label values -> device (None: no pod)
+        # (namespace, pod), node, short_name -> the pod's series indices then, their hosts, its devices (`devices`)
+        self._devices: dict[tuple[tuple[str, str], str, bool], tuple[int, tuple[str, ...], tuple[Gpu, ...]]] = {}
 
     def _at(self, key: DeviceKey) -> int:
         found = self.index.get(key)
@@ -166,15 +167,32 @@ class Cache:
             self.pods.setdefault(key[:2], []).append(found)
         return found
 
-    def _row(self, metric: Mapping[str, str], labels: settings.PrometheusLabels) -> int | None:
-        """A row's device index (None: no pod): keyed by its raw label values first, so that the spellings are
-        picked once per series, not once per row."""
-        names = (*labels.namespace, *labels.pod, *labels.hostname, labels.gpu, labels.uuid, labels.mig_instance)
+    def _row(self, metric: Mapping[str, str], labels: settings.PrometheusLabels, names: tuple[str, ...]) -> int | None:
+        """A row's device index (None: no pod): keyed by its raw label values (`names`: `_names(labels)`) first, so
+        that the spellings are picked once per series, not once per row."""
         raw = tuple(map(metric.get, names))
-        if raw not in self._raw:
+        found = self._raw.get(raw, -1)
+        if found == -1:
             key = device_key(metric, labels)
-            self._raw[raw] = self._at(key) if key is not None else None
-        return self._raw[raw]
+            found = self._raw[raw] = self._at(key) if key is not None else None
+        return found
+
+    def devices(self, pod: tuple[str, str], node: str, *, short_name: bool) -> tuple[tuple[str, ...], tuple[Gpu, ...]]:
+        """The host spellings of a pod's series and its devices (`gpus`) among the series from its node
+        (`same_host`). Kept until the pod has another series (its indices only grow until `prune` renumbers them)."""
+        indices = self.pods.get(pod, ())
+        memo = (pod, node, short_name)
+        found = self._devices.get(memo)
+        if found is None or found[0] != len(indices):
+            hosts: set[str] = set()
+            identities: dict[int, tuple[str, str, str, str]] = {}
+            for i in indices:
+                _, _, host, index, uuid, mig = self.keys[i]
+                hosts.add(host)
+                if same_host(host, node, short_name=short_name):
+                    identities[i] = (host, index, uuid, mig)
+            found = self._devices[memo] = (len(indices), tuple(hosts), tuple(gpus(identities)) if identities else ())
+        return found[1], found[2]
 
     def fetch(self, grid: Grid, *, window: float, now: float) -> list[tuple[int, int]]:
         """The kept parts to read this cycle for windows up to `window`, as runs (first, last part index) of at
@@ -187,9 +205,10 @@ class Cache:
              labels: settings.PrometheusLabels) -> Part:
         """The live stretch from its instant answers (`stat` -> vector)."""
         folded: dict[int, list[float | None]] = {}
+        names = _names(labels)
         for stat, rows in answers.items():
             for row in rows:
-                i = self._row(row.get("metric") or {}, labels)
+                i = self._row(row.get("metric") or {}, labels, names)
                 point = _value(row.get("value"))
                 if i is not None and point is not None:
                     fold(folded.setdefault(i, [None, None, None, None]), stat, point[1])
@@ -202,9 +221,10 @@ class Cache:
         parts kept final. `live`: this cycle's live stretch (a device reporting there reports later);
         `left_closed`: see `device_reading` (a sample on a part's start is not counted as the part's)."""
         folded: dict[int, dict[int, list[float | None]]] = {j: {} for j in range(first, last + 1)}
+        names = _names(labels)
         for stat, rows in answers.items():
             for row in rows:
-                i = self._row(row.get("metric") or {}, labels)
+                i = self._row(row.get("metric") or {}, labels, names)
                 if i is None:
                     continue
                 for raw in row.get("values") or ():
@@ -223,7 +243,7 @@ class Cache:
             end = (j + 1) * grid.part
             previous = Part(folded[j - 1]) if j - 1 in folded else before
             part.final = now - end >= grid.late or not any(
-                short(part.get(i), previous.get(i) if previous else EMPTY, end=end, part=grid.part,
+                short(part.get(i), previous.get(i) if previous else folding.EMPTY, end=end, part=grid.part,
                       after=self._after(i, j, folded, live, part=grid.part, left_closed=left_closed),
                       left_closed=left_closed)
                 for i in reporting)
@@ -269,7 +289,7 @@ class Cache:
         if len(order) * 2 >= len(self.keys):
             return
         remap = {old: new for new, old in enumerate(order)}
-        self._raw, self.stretches = {}, {}
+        self._raw, self.stretches, self._devices = {}, {}, {}
         self.keys = [self.keys[old] for old in order]
         self.index = {key: i for i, key in enumerate(self.keys)}
         self.pods = {}
@@ -278,142 +298,6 @@ class Cache:
         for j, part in self.parts.items():
             kept = {remap[old]: list(part.get(old)) for old in order if old < len(part.n)}
             self.parts[j] = Part(kept, final=part.final)
-
-
-def runs(parts: Iterable[int]) -> list[tuple[int, int]]:
-    """Consecutive part indices as (first, last) runs, newest first."""
-    out: list[tuple[int, int]] = []
-    for j in sorted(parts, reverse=True):
-        if out and out[-1][0] == j + 1:
-            out[-1] = (j, out[-1][1])
-        else:
-            out.append((j, j))
-    return out
-
-
-def _on_start(previous: float, start: float, n: float, left_closed: bool | None) -> int:
-    """1 where a part's count may hold the last sample before it (on its start, ranges closed on the left)."""
-    return int(n > 0 and left_closed is not False and abs(previous - start) <= BOUNDARY)
-
-
-def short(numbers: Numbers, previous: Numbers, *, end: float, part: int, after: float,
-          left_closed: bool | None = None) -> bool:
-    """Whether a device that reports later looks short of samples in a part ending at `end`: fewer samples than
-    its spacing (the smaller of this part's and the next stretch's, `after`) implies, or none within one spacing
-    of the part's end (a late sample may still arrive). A device with no sample up to the part's end started
-    later: not short."""
-    n, _, _, last = numbers
-    start = previous[3]
-    n -= _on_start(start, end - part, n, left_closed)
-    if n == 0 and math.isnan(start):
-        return False
-    own = (last - start) / n if n > 0 and not math.isnan(start) and not math.isnan(last) else NAN
-    spacings = [s for s in (after, own) if not math.isnan(s) and s > 0]
-    if not spacings:
-        return True  # reports later, and nothing to read a spacing from: read it again
-    interval = min(spacings)
-    newest = last if n > 0 and not math.isnan(last) else start
-    if end - newest >= interval:
-        return True
-    return not math.isnan(own) and n < round((last - start) / interval)
-
-
-@dataclasses.dataclass(frozen=True)
-class DeviceReading:
-    """One device over a window, from its stretches (each part's samples split its stretch, from the last sample
-    before it, or the window's start on the grid where the series started later, to its own last, into between
-    n_lo and n_hi stretches): `observed`, the smallest mean stretch (span / n_hi; inf: none); `worst`, the
-    largest span / (n_lo + b - 1) (b = `max_gap_intervals`: every stretch but one at least the interval I, the
-    longest is at most b I exactly when this is at most I); its newest sample (NaN: none within the store's
-    lookback); parts with samples whose last sample the store did not find (`lost`); and its value: the peak,
-    or the average (None: no sample)."""
-
-    observed: float
-    worst: float
-    newest: float
-    lost: int
-    value: float | None
-
-
-class Acc:
-    """A device's stretches so far, folded (see DeviceReading), part after part (`add`); a window's final parts
-    are folded once, their shares kept (`Stretches`)."""
-
-    __slots__ = ("counted", "lost", "nan", "observed", "on_sample", "peak", "previous", "samples", "total", "worst")
-
-    def __init__(self, previous: float, on_sample: bool) -> None:
-        self.previous, self.on_sample = previous, on_sample
-        self.observed, self.worst, self.lost = math.inf, 0.0, 0
-        self.peak, self.nan, self.samples = -math.inf, False, False
-        self.total, self.counted = 0.0, 0.0
-
-    def add(self, numbers: Numbers, start: float, *, average: bool, left_closed: bool | None, bound: float,
-            length: float = 0.0) -> None:
-        """One part of `length` seconds (0: the live stretch) starting at `start`; `left_closed`: see
-        `device_reading`. A part of the window without a sample of its own holds a stretch of at least its length
-        (longer than `bound` intervals exactly when length / bound > I)."""
-        n, n_min, value, last = numbers
-        on_start = n > 0 and self.on_sample and left_closed is not False and abs(self.previous - start) <= BOUNDARY
-        n_lo = n - 1 if on_start else n
-        n_hi = n_lo if on_start and left_closed else n
-        if n_lo <= 0 and length > 0:
-            self.worst = max(self.worst, length / bound)
-        if n <= 0:
-            return
-        if math.isnan(last):
-            self.lost += 1
-        else:
-            span = last - self.previous
-            if span > 0:
-                if n_hi > 0:
-                    self.observed = min(self.observed, span / n_hi)
-                room = n_lo + bound - 1
-                self.worst = max(self.worst, span / room if room > 0 else math.inf)
-            self.previous, self.on_sample = last, True
-        self.samples = True
-        if average:
-            self.total += value
-            self.counted += n_min - on_start
-        elif math.isnan(value):
-            self.nan = True
-        else:
-            self.peak = max(self.peak, value)
-
-    def reading(self, newest: float, *, average: bool) -> DeviceReading:
-        if not self.samples:
-            value = None
-        elif average:
-            value = self.total / self.counted if self.counted > 0 else NAN
-        else:
-            value = NAN if self.nan else self.peak
-        return DeviceReading(self.observed, self.worst, newest, self.lost, value)
-
-
-@dataclasses.dataclass(frozen=True)
-class KindReading:
-    """A pod's devices of one kind over a window (copies folded); `unknown`: why the window cannot be judged
-    yet (parts not read, or not read this cycle), else None."""
-
-    devices: Mapping[str, DeviceReading]
-    unknown: str | None = None
-    by_index: tuple[str, ...] = ()  # devices identified by host and GPU index: their series carry no UUID
-
-    @property
-    def util(self) -> float | None:
-        """The pod's reading: its busiest device's (a NaN stays)."""
-        values = [d.value for d in self.devices.values() if d.value is not None]
-        if not values:
-            return None
-        return NAN if any(math.isnan(v) for v in values) else max(values)
-
-
-@dataclasses.dataclass(frozen=True)
-class PodReading:
-    hosts: tuple[str, ...]  # every host spelling its series carry
-    kinds: Mapping[str, KindReading]  # of the series from the pod's node
-
-
-Readings = Mapping[tuple[str, str], PodReading]  # (namespace, pod) -> ...
 
 
 def same_host(host: str, node: str, *, short_name: bool = False) -> bool:
@@ -462,90 +346,48 @@ def gpus(copies: Mapping[int, tuple[str, str, str, str]]) -> list[Gpu]:
     return out
 
 
-def device_reading(numbers: Sequence[Numbers], starts: Sequence[float], *, average: bool,
-                   left_closed: bool | None = None, bound: float = 2.0) -> DeviceReading:
-    """A device's reading from its folded numbers: the part before the window, then each part of the window and
-    the live stretch, with each one's start (`starts`, one fewer). `left_closed`: whether the store's ranges
-    include their left end (Prometheus 2.x; None: not known yet); `bound`: `max_gap_intervals`."""
-    before = numbers[0][3]
-    acc = Acc(before, True) if not math.isnan(before) else Acc(starts[0], False)
-    for k, (found, start) in enumerate(zip(numbers[1:], starts, strict=True)):
-        length = starts[k + 1] - start if k + 1 < len(starts) else 0.0
-        acc.add(found, start, average=average, left_closed=left_closed, bound=bound, length=length)
-    return acc.reading(numbers[-1][3], average=average)
-
-
-@dataclasses.dataclass(frozen=True)
-class Judging:
-    """What a window's reading depends on besides the data."""
-
-    window: float
-    now: float
-    grid: Grid
-    average: bool
-    bound: float  # max_gap_intervals
-    left_closed: bool | None = None
-
-
-WIDTH = 7  # numbers a part in `Stretches.columns`: observed, worst, lost, value, counted, samples, previous
-
-
-class Stretches:
-    """One device's shares of the fold (`Acc.add`) over consecutive final parts `first`.. (`WIDTH` numbers each, in
-    one `array('d')`), from an anchor on: a part with samples and a last sample, which sets the state the fold
-    carries (`Acc.previous`) by itself. A share depends only on its part and the state the part before left, so
-    the shares after an anchor are the same for every window start at or before it: a start that moves drops the
-    oldest shares and folds nothing again (`Cache.stretches`). The first row is the anchor's: only its state."""
-
-    __slots__ = ("columns", "first")
-
-    def __init__(self, first: int, state: float) -> None:
-        self.first = first
-        self.columns = array.array("d", (math.inf, 0.0, 0.0, -math.inf, 0.0, 0.0, state))
-
-    @property
-    def end(self) -> int:
-        return self.first + len(self.columns) // WIDTH
-
-    def drop_before(self, j: int) -> None:
-        del self.columns[:(j - self.first) * WIDTH]
-        self.first = j
-
-    def extend(self, numbers: Numbers, start: float, judging: Judging) -> None:
-        """The share of the next part (`numbers`, from `start`), after the state the part before left."""
-        share = Acc(self.columns[-1], True)
-        share.add(numbers, start, average=judging.average, left_closed=judging.left_closed, bound=judging.bound,
-                  length=judging.grid.part)
-        value = share.total if judging.average else NAN if share.nan else share.peak
-        self.columns.extend((share.observed, share.worst, share.lost, value, share.counted, share.samples,
-                             share.previous))
-
-    def into(self, acc: Acc, *, average: bool) -> None:
-        """The shares after the anchor's row, folded into `acc` in the parts' order (the average's sum adds as the
-        fold does: exactly the same number)."""
-        columns = self.columns
-        if len(columns) <= WIDTH:
-            return
-        acc.observed = min(acc.observed, min(columns[WIDTH::WIDTH]))
-        acc.worst = max(acc.worst, max(columns[WIDTH + 1::WIDTH]))
-        acc.lost += int(sum(columns[WIDTH + 2::WIDTH]))
-        values = columns[WIDTH + 3::WIDTH]
-        if average:
-            for value in values:
-                acc.total += value
-            acc.counted += sum(columns[WIDTH + 4::WIDTH])
+def runs(parts: Iterable[int]) -> list[tuple[int, int]]:
+    """Consecutive part indices as (first, last) runs, newest first."""
+    out: list[tuple[int, int]] = []
+    for j in sorted(parts, reverse=True):
+        if out and out[-1][0] == j + 1:
+            out[-1] = (j, out[-1][1])
         else:
-            numbers = [value for value in values if not math.isnan(value)]
-            acc.nan = acc.nan or len(numbers) < len(values)
-            acc.peak = max(acc.peak, max(numbers, default=-math.inf))
-        acc.samples = acc.samples or any(columns[WIDTH + 5::WIDTH])
-        acc.previous, acc.on_sample = columns[-1], True
+            out.append((j, j))
+    return out
 
 
-def numbers_of(part: Part | None, copies: Sequence[int]) -> Numbers:
+def _on_start(previous: float, start: float, n: float, left_closed: bool | None) -> int:
+    """1 where a part's count may hold the last sample before it (on its start, ranges closed on the left)."""
+    return int(n > 0 and left_closed is not False and abs(previous - start) <= folding.BOUNDARY)
+
+
+def short(numbers: folding.Numbers, previous: folding.Numbers, *, end: float, part: int, after: float,
+          left_closed: bool | None = None) -> bool:
+    """Whether a device that reports later looks short of samples in a part ending at `end`: fewer samples than
+    its spacing (the smaller of this part's and the next stretch's, `after`) implies, or none within one spacing
+    of the part's end (a late sample may still arrive). A device with no sample up to the part's end started
+    later: not short."""
+    n, _, _, last = numbers
+    start = previous[3]
+    n -= _on_start(start, end - part, n, left_closed)
+    if n == 0 and math.isnan(start):
+        return False
+    own = (last - start) / n if n > 0 and not math.isnan(start) and not math.isnan(last) else NAN
+    spacings = [s for s in (after, own) if not math.isnan(s) and s > 0]
+    if not spacings:
+        return True  # reports later, and nothing to read a spacing from: read it again
+    interval = min(spacings)
+    newest = last if n > 0 and not math.isnan(last) else start
+    if end - newest >= interval:
+        return True
+    return not math.isnan(own) and n < round((last - start) / interval)
+
+
+def numbers_of(part: Part | None, copies: Sequence[int]) -> folding.Numbers:
     """A device's numbers in a part, its copies folded (see the module's docstring: copies of a device)."""
     if part is None:
-        return EMPTY
+        return folding.EMPTY
     if len(copies) == 1:
         return part.get(copies[0])
     acc: list[float | None] = [None, None, None, None]
@@ -558,108 +400,3 @@ def numbers_of(part: Part | None, copies: Sequence[int]) -> Numbers:
             fold(acc, "last", last)
     return (acc[0] or 0.0, math.inf if acc[1] is None else acc[1], NAN if acc[2] is None else acc[2],
             NAN if acc[3] is None else acc[3])
-
-
-def _anchored(numbers: Numbers) -> bool:
-    """Whether a part sets the fold's state by itself: samples, and a last sample (see `Acc.add`)."""
-    return numbers[0] > 0 and not math.isnan(numbers[3])
-
-
-def final_end(cache: Cache, needed: range) -> int:
-    """The part after the run of final kept parts from the window's first needed one (the part before it)."""
-    end = needed[0]
-    while end in needed and end in cache.parts and cache.parts[end].final:
-        end += 1
-    return end
-
-
-def _kept(cache: Cache, judging: Judging, needed: range, end: int, copies: tuple[int, ...]) -> Acc:
-    """A device's fold over the window's final kept parts before `end`: from the part before the window (its last
-    sample) through the parts up to the first anchor, then the shares after it (`Stretches`, kept per window in
-    `Cache.stretches`, extended to `end`)."""
-    first, part = needed[0], judging.grid.part
-    numbers = numbers_of(cache.parts.get(first), copies)
-    acc = Acc(numbers[3], True) if not math.isnan(numbers[3]) else Acc((first + 1) * part, False)
-    anchor = first
-    while not _anchored(numbers):
-        anchor += 1
-        if anchor >= end:
-            return acc
-        numbers = numbers_of(cache.parts[anchor], copies)
-        acc.add(numbers, anchor * part, average=judging.average, left_closed=judging.left_closed,
-                bound=judging.bound, length=part)
-    if anchor >= end:  # the part before the window is not final yet: no part to fold
-        return acc
-    kept = cache.stretches.setdefault((judging.window, judging.average, judging.bound, judging.left_closed), {})
-    stretches = kept.get(copies)
-    if stretches is None or not stretches.first <= anchor < stretches.end or stretches.end > end:
-        stretches = kept[copies] = Stretches(anchor, numbers[3])
-    stretches.drop_before(anchor)
-    for j in range(stretches.end, end):
-        stretches.extend(numbers_of(cache.parts[j], copies), j * part, judging)
-    stretches.into(acc, average=judging.average)
-    return acc
-
-
-def readings(caches: Mapping[str, Cache], lives: Mapping[str, Part], *, pods: Mapping[tuple[str, str], str],
-             judging: Judging, unread: Mapping[str, Collection[int]],
-             short: tuple[Mapping[str, Part], Mapping[str, Part]] | None = None,
-             short_name: bool = False) -> dict[tuple[str, str], PodReading]:
-    """Each pod's reading over window (now - window, now] ((namespace, pod) -> its node). `short`: a window
-    shorter than the live stretch, read as a stretch of its own (per kind: the stretch, and the last sample
-    before it), exactly from now - window; no kept part is needed. `short_name`: hosts compared up to the first
-    dot (`same_host`)."""
-    grid, average = judging.grid, judging.average
-    needed = grid.needed(judging.window, judging.now) if short is None else range(0)
-    live_start = grid.live_start(judging.now) if short is None else judging.now - judging.window
-    starts = [j * grid.part for j in needed[1:]] + [live_start]
-    out: dict[tuple[str, str], PodReading] = {}
-    unknown, ends = {}, {}
-    for kind, cache in caches.items():
-        missing = [j for j in needed if j not in cache.parts or j in unread.get(kind, ())]
-        unknown[kind] = (f"{len(missing)} of the {len(needed)} parts of {grid.part}s the window needs are not read "
-                         "from the store yet (the part cache is rebuilt after a start or a leader change) or their "
-                         "read failed this cycle") if missing else None
-        ends[kind] = final_end(cache, needed) if needed and not missing else 0
-    for key, node in pods.items():
-        hosts: set[str] = set()
-        kinds: dict[str, KindReading] = {}
-        for kind, cache in caches.items():
-            identities: dict[int, tuple[str, str, str, str]] = {}
-            for i in cache.pods.get(key, ()):
-                _, _, host, index, uuid, mig = cache.keys[i]
-                hosts.add(host)
-                if same_host(host, node, short_name=short_name):
-                    identities[i] = (host, index, uuid, mig)
-            if not identities:
-                continue
-            live = lives.get(kind) if short is None else short[0].get(kind)
-            devices = {}
-            found_gpus = gpus(identities)
-            for gpu in found_gpus:
-                if unknown[kind] is not None:  # not judged: only whether it is busy anyway (no coverage needed)
-                    acc = Acc(NAN, False)
-                    for part in [*(cache.parts.get(j) for j in needed), live]:
-                        for i in gpu.copies:
-                            n, n_min, value, _ = part.get(i) if part is not None else EMPTY
-                            acc.add((n, n_min, value, NAN), 0.0, average=average, left_closed=False, bound=1.0)
-                    devices[gpu.name] = acc.reading(max((live.get(i)[3] for i in gpu.copies), default=NAN)
-                                                    if live is not None else NAN, average=average)
-                elif short is None:  # the kept fold of the final parts, then the newer parts and the live stretch
-                    end = ends[kind]
-                    acc = _kept(cache, judging, needed, end, gpu.copies)
-                    for j in range(max(end, needed[0] + 1), needed[-1] + 1):
-                        acc.add(numbers_of(cache.parts.get(j), gpu.copies), j * grid.part, average=average,
-                                left_closed=judging.left_closed, bound=judging.bound, length=grid.part)
-                    numbers = numbers_of(live, gpu.copies)
-                    acc.add(numbers, live_start, average=average, left_closed=judging.left_closed,
-                            bound=judging.bound)
-                    devices[gpu.name] = acc.reading(numbers[3], average=average)
-                else:  # a short window: its stretch and the last sample before it
-                    stretch = [numbers_of(part, gpu.copies) for part in (short[1].get(kind), live)]
-                    devices[gpu.name] = device_reading(stretch, starts, average=average,
-                                                       left_closed=judging.left_closed, bound=judging.bound)
-            kinds[kind] = KindReading(devices, unknown[kind], tuple(gpu.name for gpu in found_gpus if gpu.by_index))
-        if hosts:
-            out[key] = PodReading(tuple(sorted(hosts)), kinds)
-    return out

@@ -661,3 +661,39 @@ def test_fast_search_decides_as_the_plain_one(seed: int, most_nodes: int, monkey
     fast = decide()
     monkeypatch.setattr(search, "best_node", reference_best_node)
     assert fast == decide()
+
+
+
+def _untouched_both_ways(seed: int, monkeypatch: pytest.MonkeyPatch) -> int:
+    """A random plan in which every `Index.untouched` answer is compared with the former path's, which screened
+    every node exactly before sorting; returns how many options were compared."""
+    rng = random.Random(seed)
+    nodes, pods, assessments, gated = random_cluster(rng, most_nodes=rng.choice([7, 40]))
+    lazy = search.Index.untouched
+    compared = []
+
+    def both(index: search.Index, member: reclaim.Member, priority: int, *, evicting: bool,
+             skip: frozenset[str] | set[str] = frozenset()) -> Any:
+        new = list(lazy(index, member, priority, evicting=evicting, skip=skip))
+        maybe = index._may_hold(member.request, evicting=evicting)
+        screened = (search._screen(index, name, member, priority) if name in maybe else None
+                    for name in index.nodes_for(member))
+        old = [o for o in sorted(o for o in screened if isinstance(o, search.Option)) if o.node not in skip]
+        assert [(o.bound, o.units, o.free) for o in new] == [(o.bound, o.units, o.free) for o in old], seed
+        compared.append(len(old))
+        return iter(new)
+
+    def demands(cluster: snapshot.Snapshot) -> list[reclaim.Demand]:
+        gang_pods = [cluster.pods[f"team-b/{g['metadata']['name']}"] for g in gated]
+        return reclaim.demands_from_snapshot(cluster) + ([reclaim.gang_demand("team-b/g", gang_pods)] if gated else [])
+
+    with monkeypatch.context() as patch:
+        patch.setattr(search.Index, "untouched", both)
+        run(nodes, pods, assessments, demands=demands)
+    return sum(compared)
+
+
+def test_untouched_options_checked_when_reached_are_those_checked_up_front(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Index.untouched` checks a node's capacity exactly only when a search reaches its option: the options it
+    yields, in order, are those the former path kept, on random clusters (and they are not all empty)."""
+    assert sum(_untouched_both_ways(seed, monkeypatch) for seed in range(120)) > 200

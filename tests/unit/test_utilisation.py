@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from common import dra, gpu, settings, settings_loader, snapshot
-from descheduler.reclaim import utilisation, utilisation_parts, utilisation_promql
+from descheduler.reclaim import utilisation, utilisation_fold, utilisation_parts, utilisation_promql, utilisation_window
 from tests import builders
 
 P = 300
@@ -161,9 +161,9 @@ class Run:
                 cache.store(grid, store.parts(kind, first, last, stats), first=first, last=last, now=now,
                             live=lives[kind], labels=config.prometheus.labels, left_closed=self.left_closed)
         self.reads.append(read)
-        judging = utilisation_parts.Judging(window, now, grid, reclaim.idle_statistic == "average",
+        judging = utilisation_window.Judging(window, now, grid, reclaim.idle_statistic == "average",
                                             reclaim.max_gap_intervals, self.left_closed)
-        self.readings = utilisation_parts.readings(self.caches, lives, pods=pods, judging=judging, unread=unread,
+        self.readings = utilisation_window.readings(self.caches, lives, pods=pods, judging=judging, unread=unread,
                                                    short=short if grid.short(window, now) else None,
                                                    short_name=config.prometheus.hostname_match == "short-name")
 
@@ -542,7 +542,7 @@ def test_samples_on_part_boundaries(samples: list[tuple[float, float]], store_le
 def test_a_part_whose_last_sample_is_beyond_the_lookback_fails_closed() -> None:
     """The store's lookback shorter than a part: a part's samples without its last sample is no reading."""
     numbers = [(0.0, math.inf, math.nan, NOW - 600.0), (20.0, 20.0, 1.0, math.nan), (20.0, 20.0, 1.0, NOW - 5)]
-    device = utilisation_parts.device_reading(numbers, [NOW - 600, NOW - 300], average=False)
+    device = utilisation_fold.device_reading(numbers, [NOW - 600, NOW - 300], average=False)
     reason, _ = utilisation.coverage(device, window_seconds=600, config=CONFIG.descheduler.reclaim)
     assert reason is not None and "no last sample within the store's lookback" in reason
 
@@ -642,12 +642,18 @@ def test_a_gpu_that_changes_pod_is_a_new_device_measured_from_its_own_start() ->
     assert "or from its start to the first" in verdicts["b"]
 
 
-def test_prune_drops_old_parts_and_compacts_the_device_index() -> None:
+def _three_pods_of_600_gpus() -> utilisation_parts.Cache:
+    """Parts 0-2, each of another pod's 600 GPUs: prune(2) keeps a third of the devices, renumbered."""
     cache = utilisation_parts.Cache()
     for j in range(3):
         rows = {"n": [{"metric": dcgm(str(i), pod_name=f"p{j}"), "values": [[(j + 1) * P, "20"]]} for i in range(600)]}
         cache.store(GRID, rows, first=j, last=j, now=1e9, live=utilisation_parts.Part({}),
                     labels=CONFIG.prometheus.labels)
+    return cache
+
+
+def test_prune_drops_old_parts_and_compacts_the_device_index() -> None:
+    cache = _three_pods_of_600_gpus()
     assert len(cache.keys) == 1800
     cache.prune(2)
     assert sorted(cache.parts) == [2] and len(cache.keys) == 600
@@ -759,7 +765,7 @@ def test_a_device_that_appears_after_the_summary_was_kept_reads_as_folded_afresh
 E = NOW  # a part's end; the part is (E - 300, E]
 
 
-def numbers(n: float, last: float) -> utilisation_parts.Numbers:
+def numbers(n: float, last: float) -> utilisation_fold.Numbers:
     return (n, n, 1.0, last)
 
 
@@ -780,7 +786,7 @@ def numbers(n: float, last: float) -> utilisation_parts.Numbers:
         pytest.param(numbers(20, E), E - 300, 15.0, True, True, id="prometheus-2-one-short-once-the-start-is-off"),
     ],
 )
-def test_short_of_samples(found: utilisation_parts.Numbers, before: float, after: float, left_closed: bool | None,
+def test_short_of_samples(found: utilisation_fold.Numbers, before: float, after: float, left_closed: bool | None,
                           expected: bool) -> None:
     """A kept part is read again while a GPU that reports later looks short of samples in it (late samples)."""
     previous = (1.0, 1.0, 1.0, before)
@@ -821,7 +827,7 @@ J = int(E) // P - 1  # the part ending at E
     ],
 )
 def test_spacing_in_the_part_after(mine: float, following: list[float | None] | None,
-                                   kept: utilisation_parts.Numbers | None, live: utilisation_parts.Numbers | None,
+                                   kept: utilisation_fold.Numbers | None, live: utilisation_fold.Numbers | None,
                                    left_closed: bool | None, expected: float) -> None:
     """`Cache._after`: a GPU's spacing in the part after the one ending at E (its last sample `mine`): from this
     read, else the kept part, else the live stretch."""
@@ -841,7 +847,7 @@ def test_spacing_in_the_part_after(mine: float, following: list[float | None] | 
      pytest.param(5.0, 0.0, math.nan, id="only-the-sample-on-the-start-counted-once-is-no-average")],
 )
 def test_average_reading(total: float, counted: float, expected: float) -> None:
-    acc = utilisation_parts.Acc(NOW, True)
+    acc = utilisation_fold.Acc(NOW, True)
     acc.samples, acc.total, acc.counted = True, total, counted
     value = acc.reading(NOW, average=True).value
     assert value is not None and (math.isnan(value), 0.0 if math.isnan(value) else value) == (
@@ -866,13 +872,13 @@ def test_average_reading(total: float, counted: float, expected: float) -> None:
                      id="average-counts-the-sample-on-the-start-once"),
     ],
 )
-def test_a_part_added_to_a_devices_stretches(previous: float, parts: list[tuple[utilisation_parts.Numbers, float,
+def test_a_part_added_to_a_devices_stretches(previous: float, parts: list[tuple[utilisation_fold.Numbers, float,
                                                                                    float]],
                                              left_closed: bool | None, bound: float, average: bool,
                                              expected: tuple[float, float, int, float]) -> None:
     """`Acc.add`: a part's samples split its stretch from the last sample before it (counted once when it sits
     on the part's start and the store's ranges include their left end)."""
-    acc = utilisation_parts.Acc(previous, True)
+    acc = utilisation_fold.Acc(previous, True)
     for found, start, length in parts:
         acc.add(found, start, average=average, left_closed=left_closed, bound=bound, length=length)
     assert (acc.observed, acc.worst, acc.lost, acc.counted) == pytest.approx(expected)
@@ -921,3 +927,52 @@ def test_same_host(host: str, node: str, short_name: bool, same: bool) -> None:
 )
 def test_gpus(copies: dict[int, tuple[str, str, str, str]], expected: list[tuple[str, tuple[int, ...], bool]]) -> None:
     assert [(g.name, g.copies, g.by_index) for g in utilisation_parts.gpus(copies)] == expected
+
+
+def _fresh_devices(cache: utilisation_parts.Cache, pod: tuple[str, str], node: str,
+                   short_name: bool) -> tuple[set[str], list[tuple[str, tuple[int, ...], bool]]]:
+    """`Cache.devices` worked out from scratch (the path it keeps)."""
+    identities = {i: cache.keys[i][2:] for i in cache.pods.get(pod, ())
+                  if utilisation_parts.same_host(cache.keys[i][2], node, short_name=short_name)}
+    return ({cache.keys[i][2] for i in cache.pods.get(pod, ())},
+            [(g.name, g.copies, g.by_index) for g in utilisation_parts.gpus(identities)] if identities else [])
+
+
+@pytest.mark.parametrize(
+    ("steps", "node", "short_name"),
+    [
+        # adversarial: a second scrape path of the pod's GPU shows up after its devices were worked out
+        pytest.param([[("n1", "0", "GPU-a")], [("n1", "", "GPU-a")]], "n1", False, id="copy-added-later-joins"),
+        pytest.param([[("n1", "0", "GPU-a")], [("n1", "1", "")]], "n1", False, id="device-added-later-counts"),
+        pytest.param([[("n1", "0", "GPU-a")], [("n1.b", "0", "GPU-b")]], "n1", False,
+                     id="other-host-added-later-is-a-spelling-not-a-device"),
+        pytest.param([[("n1", "0", "GPU-a")], [("n1.b", "0", "GPU-b")]], "n1", True, id="short-name-takes-it"),
+        pytest.param([[], [("n1", "0", "GPU-a")]], "n1", False, id="first-series-after-none"),
+        pytest.param([[("n1", "0", "GPU-a")], []], "n1", False, id="nothing-new-same-answer"),
+    ],
+)
+def test_kept_devices_are_those_worked_out_from_scratch(steps: list[list[tuple[str, str, str]]], node: str,
+                                                         short_name: bool) -> None:
+    cache = utilisation_parts.Cache()
+    pod = ("team-a", "p")
+    cache._at(("team-a", "other", "n1", "0", "GPU-z", ""))  # another pod's series: never the pod's device
+    for step in steps:
+        for host, index, uuid in step:
+            cache._at(("team-a", "p", host, index, uuid, ""))
+        hosts, found = cache.devices(pod, node, short_name=short_name)
+        assert (set(hosts), [(g.name, g.copies, g.by_index) for g in found]) == _fresh_devices(
+            cache, pod, node, short_name)
+    # the same pod judged on another node (a memo per node): its series from n1 are no devices there
+    assert cache.devices(pod, "n2", short_name=short_name)[1] == ()
+
+
+def test_kept_devices_follow_the_renumbering_of_prune() -> None:
+    cache = _three_pods_of_600_gpus()
+    before = cache.devices(("team-a", "p2"), "n1", short_name=False)[1]
+    assert before[0].copies[0] >= 1200
+    cache.prune(2)
+    after = cache.devices(("team-a", "p2"), "n1", short_name=False)[1]
+    assert [g.name for g in after] == [g.name for g in before]
+    assert [(g.name, g.copies) for g in after] == [(g.name, g.copies) for g in utilisation_parts.gpus(
+        {i: cache.keys[i][2:] for i in cache.pods[("team-a", "p2")]})]
+    assert after[0].copies[0] < 600

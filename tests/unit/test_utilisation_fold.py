@@ -1,4 +1,4 @@
-"""The kept shares of a window's fold (utilisation_parts.Stretches) against the plain fold, part after part.
+"""The kept shares of a window's fold (utilisation_fold.Stretches) against the plain fold, part after part.
 
 A reading built from kept shares, cycle after cycle, as the window's start moves (by no part, one or several), parts
 turn final, windows of several lengths share a cache and prune drops old parts, must be exactly the reading
@@ -16,7 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from descheduler.reclaim import utilisation_fold as folding
 from descheduler.reclaim import utilisation_parts as parts
+from descheduler.reclaim import utilisation_window as window
 
 P = 300
 GRID = parts.Grid(part=P, settle=120.0, late=900.0, budget=100)
@@ -24,7 +26,7 @@ START = 1_800_000_000.0  # on the grid
 NAN = math.nan
 
 
-def _numbers(rng: random.Random, j: int) -> parts.Numbers:
+def _numbers(rng: random.Random, j: int) -> folding.Numbers:
     """A device's numbers in part j: (j P, (j + 1) P]; its last sample on the part's end (the next part's start),
     inside it, missing, or none at all (no sample: the last one from before, or none within the lookback)."""
     end = (j + 1) * P
@@ -55,11 +57,11 @@ def _cache(rng: random.Random) -> tuple[parts.Cache, dict[tuple[str, str], str]]
     return cache, pods
 
 
-def _key(reading: parts.DeviceReading) -> tuple[str, ...]:
+def _key(reading: folding.DeviceReading) -> tuple[str, ...]:
     return tuple(repr(v) for v in dataclasses.astuple(reading))  # NaN equal to NaN, 0.0 unequal to -0.0
 
 
-def _from_scratch(cache: parts.Cache, live: parts.Part, judging: parts.Judging,
+def _from_scratch(cache: parts.Cache, live: parts.Part, judging: window.Judging,
                   pods: dict[tuple[str, str], str]) -> dict[tuple[tuple[str, str], str], tuple[str, ...]]:
     grid = judging.grid
     needed = grid.needed(judging.window, judging.now)
@@ -70,7 +72,7 @@ def _from_scratch(cache: parts.Cache, live: parts.Part, judging: parts.Judging,
         for gpu in parts.gpus(identities):
             numbers = [parts.numbers_of(cache.parts.get(j), gpu.copies) for j in needed]
             numbers.append(parts.numbers_of(live, gpu.copies))
-            out[pod, gpu.name] = _key(parts.device_reading(numbers, starts, average=judging.average,
+            out[pod, gpu.name] = _key(folding.device_reading(numbers, starts, average=judging.average,
                                                            left_closed=judging.left_closed, bound=judging.bound))
     return out
 
@@ -92,12 +94,12 @@ def _run(seed: int) -> int:
                 old = now - (j + 1) * P >= GRID.late
                 cache.parts[j] = _part(rng, j, devices, final=old or rng.random() < 0.7)
         live = _part(rng, longest[-1] + 1, devices, final=False)
-        for window in rng.sample(windows, k=len(windows)):
-            judging = parts.Judging(window, now, GRID, average, bound, left_closed)
-            found = parts.readings({"gpu": cache}, {"gpu": live}, pods=pods, judging=judging, unread={})
+        for seconds in rng.sample(windows, k=len(windows)):
+            judging = window.Judging(seconds, now, GRID, average, bound, left_closed)
+            found = window.readings({"gpu": cache}, {"gpu": live}, pods=pods, judging=judging, unread={})
             got = {(pod, name): _key(device) for pod, reading in found.items()
                    for name, device in reading.kinds["gpu"].devices.items()}
-            assert got == _from_scratch(cache, live, judging, pods), (seed, window, now)
+            assert got == _from_scratch(cache, live, judging, pods), (seed, seconds, now)
             compared += len(got)
         cache.prune(longest[0])
     return compared
@@ -126,7 +128,7 @@ def test_the_random_cycles_reach_the_cases() -> None:
         pytest.param((20.0, 20.0, 1.0, P), (0.0, math.inf, NAN, P), 0, id="before-anchor-then-an-empty-part"),
     ],
 )
-def test_the_anchor_is_the_first_part_with_samples_and_a_last_sample(before: parts.Numbers, first: parts.Numbers,
+def test_the_anchor_is_the_first_part_with_samples_and_a_last_sample(before: folding.Numbers, first: folding.Numbers,
                                                                      expected: int) -> None:
     """Kept shares start after the anchor (`Stretches.first`): the part before the window if it anchors, else the
     first window part that does."""
@@ -134,10 +136,10 @@ def test_the_anchor_is_the_first_part_with_samples_and_a_last_sample(before: par
     cache._at(("ns", "p", "n1", "0", "GPU-0", ""))
     cache.parts = {j: parts.Part({0: numbers}, final=True) for j, numbers in ((0, before), (1, first))}
     cache.parts[2] = parts.Part({0: (20.0, 20.0, 1.0, 3 * P)}, final=True)
-    judging = parts.Judging(700.0, 3 * P + 130.0, GRID, False, 2.0, True)
+    judging = window.Judging(700.0, 3 * P + 130.0, GRID, False, 2.0, True)
     needed = GRID.needed(judging.window, judging.now)
     assert list(needed) == [0, 1, 2]
-    parts._kept(cache, judging, needed, 3, (0,))
+    window._kept(cache, judging, needed, 3, (0,))
     (kept,) = cache.stretches[700.0, False, 2.0, True].values()
     assert (kept.first, kept.end) == (expected, 3)
 
@@ -156,10 +158,10 @@ def test_prune_drops_the_shares_of_dropped_parts(first: int, end: int, keep_from
                                                   expected: tuple[int, int] | None) -> None:
     cache = parts.Cache()
     cache._at(("ns", "p", "n1", "0", "GPU-0", ""))
-    stretches = parts.Stretches(first, first * P)
-    judging = parts.Judging(3600.0, 0.0, GRID, False, 2.0, True)
+    stretches = folding.Stretches(first, first * P)
     for j in range(first + 1, end):
-        stretches.extend((20.0, 20.0, 1.0, (j + 1) * P), j * P, judging)
+        stretches.extend((20.0, 20.0, 1.0, (j + 1) * P), j * P, average=False, left_closed=True, bound=2.0,
+                         length=P)
     cache.stretches[3600.0, False, 2.0, True] = {(0,): stretches}
     cache.prune(keep_from)
     kept = cache.stretches.get((3600.0, False, 2.0, True), {}).get((0,))
