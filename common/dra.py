@@ -63,7 +63,6 @@ class DeviceId:
 @dataclasses.dataclass(frozen=True)
 class Device:
     id: DeviceId
-    node: str
     index: int | None  # the driver's `index` attribute (NVIDIA: the GPU's index on its node), if published
     attributes: Mapping[str, Any]  # qualified name -> value (int, bool or str)
     blocked: str | None = None  # why no new claim can get it (a NoSchedule/NoExecute taint), None: it can
@@ -302,7 +301,7 @@ def build(
                 (why for selector, why in rules if _selects(selector, device_id)), None)
             index = attributes.get(f"{driver}/index")
             index = index if isinstance(index, int) and not isinstance(index, bool) else None
-            by_node.setdefault(str(node), []).append(Device(device_id, str(node), index, attributes, blocked))
+            by_node.setdefault(str(node), []).append(Device(device_id, index, attributes, blocked))
             listed.setdefault(str(node), []).append((str((raw.get("metadata") or {}).get("name") or ""), index))
     devices = {node: tuple(sorted(found, key=lambda d: (d.index is None, d.index or 0, d.id)))
                for node, found in by_node.items()}
