@@ -569,22 +569,6 @@ def test_descheduler_releases_a_gang_reclaims_an_idle_pod_and_aggregates_events_
     assert forbidden == []
 
 
-def test_uninstall_removes_the_tls_secret_and_the_leases(release: Release) -> None:
-    """Last in this module: the Secret (the CA's private key) and the Leases belong to the release (rendered
-    empty, filled in at run time), so uninstall deletes them."""
-    cluster = release.cluster
-    lease_names = [NAMES_SETTINGS.descheduler.leader_election.lease_name,
-                   NAMES_SETTINGS.descheduler.reclaim.cooldown_lease_name]
-    assert set(release.secret()) == {"ca.crt", "ca.key", "tls.crt", "tls.key"}  # filled in by the webhook
-    for name in lease_names:
-        cluster.kubectl("get", "lease", name, "-n", NAMESPACE)
-    release.webhook.stop()
-    helm.uninstall(kubeconfig=cluster.kubeconfig, release=RELEASE, namespace=NAMESPACE)
-    left = cluster.kubectl("get", "secret,lease", "-n", NAMESPACE, "-o", "name", check=False).stdout.split()
-    assert f"secret/{PREFIX}-webhook-tls" not in left
-    assert not [name for name in lease_names if f"lease.coordination.k8s.io/{name}" in left], left
-
-
 def test_with_one_domain_claims_the_uninstall_hook_makes_a_pods_claim_and_no_other(release: Release) -> None:
     """`settings.dra.domain_claims`: the hook's ServiceAccount, RBAC and the chart's `<fullname>-claim-writes` policy
     (applied as rendered, without the Job) let `gpu-steward release-gates` make a pod's claim of its own before it
@@ -659,3 +643,19 @@ def test_with_one_domain_claims_the_uninstall_hook_makes_a_pods_claim_and_no_oth
             cluster.kubectl("delete", kind, objects, "-n", TEAM, "--ignore-not-found", check=False)
         cluster.kubectl("delete", "validatingadmissionpolicy,validatingadmissionpolicybinding",
                         f"{PREFIX}-claim-writes", "--ignore-not-found", check=False)
+
+
+def test_uninstall_removes_the_tls_secret_and_the_leases(release: Release) -> None:
+    """Last in this module: the Secret (the CA's private key) and the Leases belong to the release (rendered
+    empty, filled in at run time), so uninstall deletes them."""
+    cluster = release.cluster
+    lease_names = [NAMES_SETTINGS.descheduler.leader_election.lease_name,
+                   NAMES_SETTINGS.descheduler.reclaim.cooldown_lease_name]
+    assert set(release.secret()) == {"ca.crt", "ca.key", "tls.crt", "tls.key"}  # filled in by the webhook
+    for name in lease_names:
+        cluster.kubectl("get", "lease", name, "-n", NAMESPACE)
+    release.webhook.stop()
+    helm.uninstall(kubeconfig=cluster.kubeconfig, release=RELEASE, namespace=NAMESPACE)
+    left = cluster.kubectl("get", "secret,lease", "-n", NAMESPACE, "-o", "name", check=False).stdout.split()
+    assert f"secret/{PREFIX}-webhook-tls" not in left
+    assert not [name for name in lease_names if f"lease.coordination.k8s.io/{name}" in left], left
