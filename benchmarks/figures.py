@@ -148,6 +148,9 @@ PLACEMENT = ("Placement", "`benchmarks/placement_trace.py`: the Alibaba openb tr
 PLACEMENT_QUIET = ("Placement, quieter machine", "The same replay and slices, release by nomination, with nothing "
                    "else running beside the benchmark (its own control plane, 200 kwok nodes and our processes load "
                    "the 2 cores: see each file's load average).")
+PLACEMENT_PER_CHANGE = ("Placement, snapshot rebuilt per change", "The first slice again on a quieter machine, after "
+                        "the snapshot became incremental (a watch event re-parses its pod and re-assembles its nodes "
+                        "only: `benchmarks/snapshot_rebuild.py`); nothing else running beside the benchmark.")
 PLACEMENT_DRA = ("Placement on DRA GPU nodes", "`benchmarks/placement_trace.py --nodes 60 --pods 600 --arms "
                  "default,gpu-steward` with `--dra` (each node's GPUs in a ResourceSlice, pods asking `nvidia.com/gpu` "
                  "through NVIDIA's DeviceClass) and without, back to back on a loaded machine (other runs beside "
@@ -200,6 +203,8 @@ def _slices(design: str) -> list[tuple[str, str]]:
 FIGURES: list[Figure] = [
     *_placement_rows(PLACEMENT, _slices("nominate"), gated_waits=True),
     *_placement_rows(PLACEMENT_QUIET, _slices("nominate_quiet"), gated_waits=True),
+    *_placement_rows(PLACEMENT_PER_CHANGE, [("pods 0-1999", "placement_trace_per_change_quiet_0-2000.json")],
+                     gated_waits=True),
     *_placement_rows(PLACEMENT_DRA, [("DRA devices", "placement_trace_dra_nodes60_pods600.json"),
                                      ("device plugin", "placement_trace_device_plugin_nodes60_pods600.json")],
                      arms=("gpu-steward", "default"), gated_waits=True),
