@@ -24,7 +24,10 @@ from common import settings, snapshot
 from gpu_steward_lab import dra_devices, localcluster
 from tests import builders
 from tests.e2e import conftest
-from tests.e2e.test_dra_e2e import renew  # noqa: F401  (the fixture, used by name)
+from tests.e2e.test_dra_e2e import (
+    _claim_of,
+    renew,  # noqa: F401  (the fixture, used by name)
+)
 from tests.support import kube
 
 pytestmark = pytest.mark.e2e
@@ -66,13 +69,6 @@ def _pod(name: str, *, namespace: str, pool: str, gpus: int = 0, template: str |
         body["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": template}]
         body["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpus"}]
     return body
-
-
-def _claim_of(pod: dict[str, Any]) -> str:
-    status = pod.get("status") or {}
-    extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
-    made = [s["resourceClaimName"] for s in status.get("resourceClaimStatuses") or () if s.get("resourceClaimName")]
-    return str(extended or (made[0] if made else ""))
 
 
 def _devices(cluster: localcluster.LocalCluster, namespace: str, pod: dict[str, Any]) -> tuple[int, ...]:
