@@ -26,7 +26,7 @@ async def ensure(
 ) -> str | None:
     """Create the pod's own claim (`dra.recorded`) from its template, asking `domain` first when planned: a server-side
     dry run, then the create. One there already is used as it is (`domain_claim.judge` says whose it is). What it did,
-    for the log and the release record; None when the pod has no claim of its own. Raises `kube.ApiError` when the
+    for the log; None when the pod has no claim of its own. Raises `kube.ApiError` when the
     claim could not be made sure of (its template is gone: 404): the caller then lifts no gate."""
     record = dra.recorded(pod)
     if record is None:
