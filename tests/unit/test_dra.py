@@ -185,7 +185,24 @@ TEAM_CLAIMS = [
     b.resource_claim("own-choice", namespace="team", spec={"devices": {"requests": [{"name": "gpus", "firstAvailable": [
         {"name": "big", "deviceClassName": "gpu.nvidia.com", "count": 2}]}]}}),
     b.resource_claim("own-pending", namespace="team", spec=b.claim_spec(2)),
+    {**b.resource_claim("p-a-mine", namespace="team", devices=[("node-a", 0), ("node-a", 1)], spec={"devices": {
+        "requests": [{"name": "gpus", "firstAvailable": [{"name": "domain", "deviceClassName": "gpu.nvidia.com",
+                                                          "count": 2},
+                                                         {"name": "any", "deviceClassName": "gpu.nvidia.com",
+                                                          "count": 2}]}]}})} | {"metadata": {
+        "name": "p-a-mine", "namespace": "team", "ownerReferences": [{"kind": "Pod", "name": "p", "uid": "uid-p"}]}},
+    b.resource_claim("p-a-job", namespace="team", spec=b.claim_spec(2)) | {"metadata": {
+        "name": "p-a-job", "namespace": "team", "ownerReferences": [{"kind": "Job", "name": "p", "uid": "uid-p"}]}},
 ]
+TEAM_TEMPLATES.append(b.claim_template("admin2", namespace="team", spec=b.claim_spec(2, admin=True)))
+
+
+def _own(claim: str, template: str, *more: tuple[str, str]) -> b.Mutator:
+    """A pod mutator: entry "a" points at `claim`, its claim of its own made from `template` (our record says so)."""
+    def mutate(body: dict[str, Any]) -> None:
+        _entries(("a", f"claim:{claim}"), *more)(body)
+        body["metadata"].setdefault("annotations", {})[NAMES.domain_claim] = dra.Record("a", claim, template).text()
+    return mutate
 
 
 def _on(pool: str, *indices: int) -> tuple[dra.DeviceId, ...]:
@@ -239,6 +256,21 @@ def _entries(*entries: tuple[str, str], generated: dict[str, str] | None = None,
     pytest.param("team", _entries(("a", "template:deleted"), ("b", "template:two")),
                  dra.PodGpus(count=2, left="claim template team/deleted not found", asks_gpus=True),
                  id="a-missing-template-is-said-and-the-next-entry-still-read"),
+    pytest.param("team", _own("p-a-new", "shape", ("b", "template:two")),
+                 dra.PodGpus(count=5, asks_gpus=True, domain_claim=True),
+                 id="own-claim-not-made-yet-counted-from-its-template-and-the-next-entry-read"),
+    pytest.param("team", _own("p-a-mine", "two"),
+                 dra.PodGpus(count=2, devices=_on("node-a", 0, 1), claims=("team/p-a-mine",), asks_gpus=True,
+                             domain_claim=True),
+                 id="own-claim-made-asks-its-domain-first-and-holds-its-devices"),
+    pytest.param("team", _own("p-a-job", "two"),
+                 dra.PodGpus(left="claim team/p-a-job is a ResourceClaim of its own (it may be shared)",
+                             asks_gpus=True),
+                 id="a-claim-of-that-name-owned-by-no-pod-is-not-ours"),
+    pytest.param("team", _own("p-a-new", "admin2"),
+                 dra.PodGpus(left="claim template team/admin2 (of claim team/p-a-new) request gpus: adminAccess",
+                             asks_gpus=True, domain_claim=True),
+                 id="own-claim-whose-template-cannot-be-counted-says-which"),
     pytest.param("team", _entries(extended="ext"),
                  dra.PodGpus(devices=_on("node-c", 2), claims=("team/ext",), asks_gpus=True),
                  id="the-schedulers-extended-resource-claim-holds-devices"),
