@@ -14,7 +14,8 @@ any other failure waits a jittered, doubling backoff and tries again. An optiona
 404 (API not served) or 403 (not granted to us) counts as listed and empty, and is tried again every
 `kubernetes.backoff_max_seconds`, so a cluster that turns the API on later is picked up. Raw objects live in per-kind
 stores; a separate task rebuilds the immutable snapshot off the event loop at most once per
-`kubernetes.rebuild_interval_seconds`, so a reader never waits for a rebuild. A rebuild re-does only what changed
+`kubernetes.rebuild_interval_seconds`, so a reader never waits for a rebuild; the first change after a quiet spell is
+rebuilt at once, those during the pause after a rebuild together at its end. A rebuild re-does only what changed
 since the last one (`Builder`, `snapshot.Builder`): a pod event re-parses that pod and re-assembles the nodes it held
 and holds; the result equals a snapshot built from scratch.
 
@@ -38,6 +39,7 @@ it before reading `feeder.snapshot`, so bursts of events coalesce into one wake-
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import random
@@ -225,6 +227,7 @@ class Feeder:
         self._streaming: set[str] = set()  # kinds whose watch stream is open right now
         self._occupancy: snapshot.Occupancy | None = None
         self._dirty = False
+        self._wake = asyncio.Event()  # set by `_changed`: a change after a quiet spell is published at once
         self._synced = False
         self._snapshot = snapshot.EMPTY
         self._builder = Builder(names=config.names, gpu_classes=config.dra.gpu_device_classes)
@@ -318,7 +321,7 @@ class Feeder:
             self._stores[kind.name] = {}
             self._listed.add(kind.name)
             self._not_served.add(kind.name)
-            self._dirty = True
+            self._changed()
         self._contact[kind.name] = self._clock()  # in contact now, not only after the wait: it blinds no snapshot
         self._streaming.add(kind.name)
         try:
@@ -358,7 +361,7 @@ class Feeder:
         self._listed.add(kind.name)
         self._not_served.discard(kind.name)
         self._contact[kind.name] = self._clock()
-        self._dirty = True
+        self._changed()
         self._metrics.relists.labels(kind.name).inc()
         logger.debug("%s: listed %d at resourceVersion %s", kind.name, len(items), resource_version)
         return resource_version
@@ -399,7 +402,7 @@ class Feeder:
             store[key] = kept
         elif old is None:
             return
-        self._dirty = True
+        self._changed()
 
     def _lease_path(self) -> tuple[str, dict[str, kube.QueryValue]]:
         election = self._config.descheduler.leader_election
@@ -451,7 +454,7 @@ class Feeder:
                 occupancy, problems = dcgm.parse_occupancy(result, labels=cfg.labels)
                 if occupancy != self._occupancy:
                     self._occupancy = occupancy
-                    self._dirty = True
+                    self._changed()
                 logger.debug(
                     "occupancy: %d series, %d GPUs attributed, %d series unused%s",
                     len(result),
@@ -461,20 +464,30 @@ class Feeder:
                 )
             await asyncio.sleep(cfg.occupancy_refresh_seconds)
 
+    def _changed(self) -> None:
+        self._dirty = True
+        self._wake.set()
+
     async def _publish(self) -> None:
         """Rebuild when something changed, else only move `taken_at`; at most once per interval.
 
-        After a rebuild the pause is at least as long as the rebuild took: under constant churn in a
-        big cluster rebuilding then takes at most half of a core (and of the GIL the webhook needs).
+        The first change after a quiet spell is rebuilt at once (a lone gated pod is released without waiting out
+        an interval); changes that come while a rebuild's pause runs are batched into one rebuild at its end. The
+        pause after a rebuild is at least as long as the rebuild took: under constant churn in a big cluster
+        rebuilding then takes at most half of a core (and of the GIL the webhook needs).
         """
+        interval = self._config.kubernetes.rebuild_interval_seconds
         while True:
-            pause = self._config.kubernetes.rebuild_interval_seconds
+            self._wake.clear()  # before looking: a change from here on wakes the wait below
             if self._dirty and len(self._listed) == len(self._kinds):
                 self._dirty = False
-                pause = max(pause, await self._rebuild())
-            elif self._snapshot.taken_at != (taken_at := self._taken_at()):
+                await asyncio.sleep(max(interval, await self._rebuild()))
+                continue
+            if self._snapshot.taken_at != (taken_at := self._taken_at()):
                 self._snapshot = dataclasses.replace(self._snapshot, taken_at=taken_at)
-            await asyncio.sleep(pause)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self._wake.wait()
 
     async def _rebuild(self) -> float:
         """Build and publish a snapshot; returns how long the build took (seconds)."""

@@ -365,7 +365,8 @@ class Kubernetes(Model):
         default=500, ge=1, description="Objects per list page (`limit`); bounds each response's size."
     )
     rebuild_interval_seconds: Seconds = pydantic.Field(
-        default=0.25, le=5, description="Snapshot rebuilds are batched: at most one per this interval."
+        default=0.25, le=5, description="Snapshot rebuilds are batched: at most one per this interval (the first "
+        "change after a quiet spell is rebuilt at once; those during the pause after a rebuild wait for its end)."
     )
     context: str | None = pydantic.Field(
         default=None, description="Context of the kubeconfig to use; unset: its current context (not in-cluster)."

@@ -324,6 +324,39 @@ async def test_node_heartbeats_do_not_rebuild(fake_api: FakeApi, running: Runnin
     assert running.metric("gpu_steward_feeder_snapshot_rebuilds_total") == rebuilds + 1
 
 
+async def test_a_change_after_a_quiet_spell_is_published_at_once_and_a_burst_in_one_rebuild(
+        fake_api: FakeApi, api_client: client.ApiClient) -> None:
+    """Leading edge: a lone change (a gated pod) does not wait out the interval; the changes that come while the
+    pause after that rebuild runs are batched into one rebuild at its end."""
+    interval = 2.0
+    config = CONFIG.model_copy(update={"kubernetes": CONFIG.kubernetes.model_copy(
+        update={"rebuild_interval_seconds": interval})})
+    registry, clock = prometheus_client.CollectorRegistry(), Clock()
+    fed = feeder.Feeder(config=config, api=api_client, prometheus=None, registry=registry, clock=clock)
+    run = Running(fed, registry, clock, fed.subscribe())
+    seed(fake_api)
+    task = asyncio.create_task(fed.run())
+    try:
+        await run.until(lambda: fed.synced, "synced")
+        clock.now += 1  # the quiet spell: once the publisher moves taken_at, it waits for the next change
+        await run.until(lambda: fed.snapshot.taken_at == clock.now, "taken_at moved (the publisher is idle)")
+        rebuilds = run.metric("gpu_steward_feeder_snapshot_rebuilds_total")
+        loop = asyncio.get_running_loop()
+        put_at = loop.time()
+        fake_api.put("pods", builders.pod("lone", namespace="team-a", gpus=2))
+        await run.until(lambda: "team-a/lone" in fed.snapshot.pods, "the lone change published")
+        # Under the old trailing batch this took up to a whole interval after an idle check; a margin of half of it.
+        assert loop.time() - put_at < interval / 2, "the lone change waited for the interval"
+        for i in range(3):
+            fake_api.put("pods", builders.pod(f"burst-{i}", namespace="team-a", gpus=1))
+        await run.until(lambda: "team-a/burst-2" in fed.snapshot.pods, "the burst published")
+        assert run.metric("gpu_steward_feeder_snapshot_rebuilds_total") == rebuilds + 2, "one for the lone, one burst"
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
 async def test_a_node_heartbeat_leaves_its_node_as_built(fake_api: FakeApi, running: Running) -> None:
     """The store keeps the object the builder knows while what the snapshot reads is the same: the next rebuild
     (here for a new pod) neither parses nor assembles the node again."""
