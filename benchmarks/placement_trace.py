@@ -160,7 +160,8 @@ COLLECTION_TIMEOUT_SECONDS = 180.0
 # 1-, 2- and 4-GPU pods (the first 250 pods hold only 1- and 8-GPU pods: no domain-fittable pod).
 QUICK = {"nodes": "20", "pods": 150, "skip": 1750, "arrival_rate": 20.0, "drain_seconds": 5.0,
          "arms": "default,gpu-steward"}
-GOALS = {"one_domain_share": 0.995, "throughput_ratio": 0.90, "wait_p99_over_default_seconds": 1.0}
+GOALS = {"one_domain_share": 0.995, "throughput_ratio": 0.90, "wait_p99_over_default_seconds": 1.0,
+         "gated_p50_over_default": 2.0}
 LEASE_NAMESPACE = "gpu-steward"
 GPU_DEVICE_CLASSES = (dra_devices.NVIDIA_DRIVER,)  # --dra: the DeviceClass of dra_objects, in every model we run
 BINPACK_SCHEDULER = {
@@ -619,7 +620,20 @@ def pending_summary(
         "never_scheduled_pods": sorted(never),
         "never_scheduled_gated": sum(1 for k in never if k in gated),
         "waits": split,
+        "gated_waits": {k: bound[k] - t for k, t in created.items() if k in bound and k in gated},
     }
+
+
+def same_pods_gated(arms: Mapping[str, Mapping[str, Any]], *, arm: str) -> dict[str, Any] | None:
+    """The gated pods' create-to-bound p50 in `arm` and under the default scheduler over the same pods: those
+    bound in both arms (a pod only one arm placed, after a long wait or never, compares with nothing). None: a
+    result without per-pod waits (before 2026-12-05)."""
+    ours, theirs = (arms.get(a, {}).get("pending", {}).get("gated_waits") for a in (arm, "default"))
+    if ours is None or theirs is None:
+        return None
+    both = sorted(ours.keys() & theirs.keys())
+    return {"pods": len(both), "wait_p50_seconds": _quantile([ours[k] for k in both], 0.5),
+            "default_wait_p50_seconds": _quantile([theirs[k] for k in both], 0.5)}
 
 
 def goals(arms: Mapping[str, Mapping[str, Any]], *, arm: str = "gpu-steward") -> list[dict[str, Any]]:
@@ -649,6 +663,12 @@ def goals(arms: Mapping[str, Mapping[str, Any]], *, arm: str = "gpu-steward") ->
         bound = GOALS["wait_p99_over_default_seconds"]
         out.append({"goal": f"create-to-bound p99 within {bound:g} s of the default arm's",
                     "met": mine_p99 <= default_p99 + bound, "value": {arm: mine_p99, "default": default_p99}})
+    same = same_pods_gated(arms, arm=arm)
+    if same is not None and same["default_wait_p50_seconds"]:
+        ratio = same["wait_p50_seconds"] / same["default_wait_p50_seconds"]
+        out.append({"goal": f"gated pods' create-to-bound p50 <= {GOALS['gated_p50_over_default']:g}x the same pods' "
+                    "under the default scheduler", "met": ratio <= GOALS["gated_p50_over_default"],
+                    "value": {"ratio": ratio, **same}})
     return out
 
 
@@ -975,6 +995,9 @@ def table(arms: Mapping[str, Mapping[str, Any]], *, gated_min_gpus: int = 2) -> 
     smaller = "1-GPU pods" if gated_min_gpus == 2 else f"pods under {gated_min_gpus} GPUs"
     for kind, label in (("gated", f"  gated pods ({gated_min_gpus}+ GPUs)"), ("not_gated", f"  {smaller}")):
         row(label, lambda r, k=kind: _waits(r["pending"].get("waits", {}).get(k)))
+    same = {name: same_pods_gated(arms, arm=name) for name in arms}
+    rows.append(("  gated, bound here and in default: p50", *(
+        "-" if s is None else f"{_fmt(s['wait_p50_seconds'])} ({s['pods']})" for s in same.values())))
     row("nominations missed (of nominated)", lambda r: f"{r.get('nominations_missed', {}).get('pods', 0)} "
         f"({r.get('nominations_missed', {}).get('nominated', 0)})")
     row("burst pods bound / s", lambda r: _fmt(r["burst"]["pods_per_second"], ".1f"))

@@ -555,3 +555,46 @@ def test_dra_composes_with_the_other_options_and_never_overwrites_a_device_plugi
 )
 def test_the_picture_goes_beside_the_json(argv: list[str], expected: str) -> None:
     assert str(pt.parse_args(argv).picture) == expected
+
+
+def _gated(waits: dict[str, float]) -> dict[str, Any]:
+    return {"placement": {"one_domain_share": 1.0}, "pending": {"never_scheduled": 0, "wait_p99_seconds": 1.0,
+                                                                "gated_waits": waits},
+            "burst": {"pods_per_second": 50.0}}
+
+
+@pytest.mark.parametrize(
+    ("ours", "default", "expected"),
+    [
+        pytest.param({"a": 0.3, "b": 0.5, "c": 0.7}, {"a": 0.2, "b": 0.25, "c": 0.3}, (3, 0.5, 0.25, True),
+                     id="twice-is-met"),
+        pytest.param({"a": 0.3, "b": 0.6, "c": 0.7}, {"a": 0.2, "b": 0.25, "c": 0.3}, (3, 0.6, 0.25, False),
+                     id="over-twice-is-missed"),
+        # Pods only our arm bound (they waited for room the default scheduler never found) compare with nothing.
+        pytest.param({"a": 0.3, "b": 0.5, "c": 0.7, "late": 30.0, "later": 40.0}, {"a": 0.2, "b": 0.25, "c": 0.3},
+                     (3, 0.5, 0.25, True), id="pods-bound-in-one-arm-only-are-left-out"),
+        pytest.param({"a": 0.4}, {"b": 0.3}, (0, None, None, None), id="no-pod-bound-in-both"),
+    ],
+)
+def test_gated_waits_compare_the_same_pods(ours: dict[str, float], default: dict[str, float],
+                                           expected: tuple[Any, ...]) -> None:
+    arms = {"default": _gated(default), "gpu-steward": _gated(ours)}
+    same = pt.same_pods_gated(arms, arm="gpu-steward")
+    assert same is not None
+    pods, p50, base, met = expected
+    assert (same["pods"], same["wait_p50_seconds"], same["default_wait_p50_seconds"]) == (
+        pods, p50 if p50 is None else pytest.approx(p50), base if base is None else pytest.approx(base))
+    goal = [g for g in pt.goals(arms) if "same pods" in g["goal"]]
+    assert [g["met"] for g in goal] == ([] if met is None else [met])
+
+
+def test_a_result_without_per_pod_waits_has_no_same_pods_comparison() -> None:
+    arm = _gated({})
+    del arm["pending"]["gated_waits"]
+    assert pt.same_pods_gated({"default": arm, "gpu-steward": _gated({"a": 1.0})}, arm="gpu-steward") is None
+
+
+def test_pending_summary_keeps_each_gated_pods_wait() -> None:
+    got = pt.pending_summary(created={"g1": 0.0, "g2": 1.0, "s1": 0.0}, deleted={}, bound={"g1": 2.0, "s1": 0.5},
+                             end=10.0, gated={"g1", "g2"})
+    assert got["gated_waits"] == {"g1": pytest.approx(2.0)}
