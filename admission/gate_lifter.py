@@ -86,7 +86,8 @@ async def _lift(api: client.ApiClient, *, config: settings.Settings, pod: Mappin
     record = gate_patch.annotate(pod, key=config.names.release, value=label_values.stamp(stamp, why))
     namespace, _, name = key.partition("/")
     try:
-        made = await claims.ensure(api, pod=pod, domain=None, timeout_seconds=config.kubernetes.request_timeout_seconds)
+        made = await claims.ensure(api, pod=pod, names=config.names, domain=None,
+                                   timeout_seconds=config.kubernetes.request_timeout_seconds)
     except (kube.ApiError, aiohttp.ClientError, TimeoutError) as exc:  # its template gone (404) included
         logger.warning("gate of %s not lifted: its claim of its own not made: %s; retried next time", key, exc)
         return False

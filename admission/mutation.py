@@ -81,7 +81,7 @@ def decide(
         return _skip(f"unreadable GPU request: {exc}", f"gpu-steward: {exc}; pod unchanged")
     try:
         # DRA GPUs (resource claims of a GPU DeviceClass) count as whole GPUs (`snapshot.gpu_requests`).
-        request, requests, claims = snapshot.gpu_requests(pod, cluster.dra)
+        request, requests, claims = snapshot.gpu_requests(pod, cluster.dra, names=config.names)
     except resources.QuantityError as exc:  # the API server rejects it after admission anyway
         return _skip(f"unreadable resource request: {exc}", f"gpu-steward: {exc}; pod unchanged")
     gpu_pod = request.any or claims.any

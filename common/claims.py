@@ -14,21 +14,23 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from common import domain_claim, dra, kube
+from common import domain_claim, dra, kube, settings
 
 
 async def ensure(
     api: client.ApiClient,
     *,
     pod: Mapping[str, Any],
+    names: settings.Names,
     domain: domain_claim.Domain | None,
     timeout_seconds: float,
 ) -> str | None:
-    """Create the pod's own claim (`dra.recorded`) from its template, asking `domain` first when planned: a server-side
-    dry run, then the create. One there already is used as it is (`domain_claim.judge` says whose it is). What it did,
-    for the log; None when the pod has no claim of its own. Raises `kube.ApiError` when the
-    claim could not be made sure of (its template is gone: 404): the caller then lifts no gate."""
-    record = dra.recorded(pod)
+    """Create the pod's own claim (`dra.recorded`, in our annotation `names.domain_claim`) from its template, asking
+    `domain` first when planned: a server-side dry run, then the create. One there already is used as it is
+    (`domain_claim.judge` says whose it is). What it did, for the log; None when the pod has no claim of its own.
+    Raises `kube.ApiError` when the claim could not be made sure of (its template is gone: 404): the caller then
+    lifts no gate."""
+    record = dra.recorded(pod, annotation=names.domain_claim)
     if record is None:
         return None
     namespace = str((pod.get("metadata") or {}).get("namespace") or "default")

@@ -42,7 +42,6 @@ IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
 BLOCKING_TAINTS = frozenset({"NoSchedule", "NoExecute"})
 EXACT_COUNT = "ExactCount"
 ALL = "All"
-RECORD_SUFFIX = "domain-claim"  # the pod annotation `<prefix>domain-claim` (`Record`), found by its suffix
 
 _TERM = re.compile(
     r"""^\s*device\.(?:driver|attributes\[\s*(['"])([^'"]+)\1\s*\]\.([A-Za-z_][A-Za-z0-9_]*))\s*==\s*"""
@@ -100,8 +99,9 @@ class Claim:
 
 @dataclasses.dataclass(frozen=True)
 class Record:
-    """A pod's claim of its own (`common.domain_claim`): the webhook rewrote claim entry `entry` from template
-    `template` to the pod-specific claim `claim`, which whatever lifts our gate creates."""
+    """A pod's claim of its own (`common.domain_claim`), in our pod annotation `settings.Names.domain_claim`: the
+    webhook rewrote claim entry `entry` from template `template` to the pod-specific claim `claim`, which whatever
+    lifts our gate creates."""
 
     entry: str
     claim: str
@@ -111,19 +111,19 @@ class Record:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
 
 
-def recorded(pod: Mapping[str, Any]) -> Record | None:
-    """The pod's `Record`, if it carries one that reads (under any prefix: the model is given no names)."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    for name, value in annotations.items():
-        if isinstance(name, str) and name.endswith("/" + RECORD_SUFFIX) and isinstance(value, str):
-            try:
-                raw = json.loads(value)
-            except ValueError:
-                return None
-            fields = ("entry", "claim", "template")
-            if isinstance(raw, Mapping) and all(isinstance(raw.get(f), str) and raw.get(f) for f in fields):
-                return Record(raw["entry"], raw["claim"], raw["template"])
-            return None
+def recorded(pod: Mapping[str, Any], *, annotation: str) -> Record | None:
+    """The pod's `Record`, if it carries one that reads under `annotation`, our configured key
+    (`settings.Names.domain_claim`): another product's `<its prefix>domain-claim` is not ours."""
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(annotation)
+    if not isinstance(value, str):
+        return None
+    try:
+        raw = json.loads(value)
+    except ValueError:
+        return None
+    fields = ("entry", "claim", "template")
+    if isinstance(raw, Mapping) and all(isinstance(raw.get(f), str) and raw.get(f) for f in fields):
+        return Record(raw["entry"], raw["claim"], raw["template"])
     return None
 
 
@@ -388,8 +388,9 @@ def requests_count(devices: Mapping[str, Any], classes: Mapping[str, GpuClass], 
     return count, None
 
 
-def pod_gpus(pod: Mapping[str, Any], inventory: Inventory) -> PodGpus:
-    """What the pod asks of DRA GPUs and holds (see `PodGpus`). Pure; reads the pod's claims in the inventory."""
+def pod_gpus(pod: Mapping[str, Any], inventory: Inventory, *, annotation: str) -> PodGpus:
+    """What the pod asks of DRA GPUs and holds (see `PodGpus`). Pure; reads the pod's claims in the inventory, and
+    its claim of its own in `annotation` (`recorded`)."""
     spec, status = pod.get("spec") or {}, pod.get("status") or {}
     meta = pod.get("metadata") or {}
     namespace = str(meta.get("namespace") or "default")
@@ -401,7 +402,7 @@ def pod_gpus(pod: Mapping[str, Any], inventory: Inventory) -> PodGpus:
     generated = {s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or ()
                  if isinstance(s, Mapping)}
     count, left, names, asks, pending = 0, None, [], False, False
-    record = recorded(pod)
+    record = recorded(pod, annotation=annotation)
     uid = str(meta.get("uid") or "")
     for entry in entries:
         own = entry.get("name")

@@ -90,7 +90,7 @@ class Names(Model):
     @property
     def domain_claim(self) -> str:
         """Pod annotation: the claim entry the webhook rewrote to a claim of the pod's own (`common.domain_claim`);
-        the DRA model finds it under any prefix by its suffix (`dra.RECORD_SUFFIX`)."""
+        read under this key alone (`dra.recorded`): another product's `<its prefix>domain-claim` is not ours."""
         return f"{self.prefix}domain-claim"
 
     @property

@@ -275,7 +275,7 @@ class _Held:
 
 
 def _parse(raw: Mapping[str, Any], *, names: settings.Names, inventory: dra.Inventory = dra.EMPTY) -> Pod | _Held:
-    counted = gpu_requests(raw, inventory)
+    counted = gpu_requests(raw, inventory, names=names)
     request, requests, claims = counted
     if request.any or claims.any or gangs.involved(raw, names=names):
         return _pod(raw, counted=counted)
@@ -286,12 +286,12 @@ def _parse(raw: Mapping[str, Any], *, names: settings.Names, inventory: dra.Inve
 Counted = tuple[gpu.GpuRequest, dict[str, int], dra.PodGpus]
 
 
-def gpu_requests(raw: Mapping[str, Any], inventory: dra.Inventory) -> Counted:
+def gpu_requests(raw: Mapping[str, Any], inventory: dra.Inventory, *, names: settings.Names) -> Counted:
     """The pod's GPU request and request vector with its DRA GPUs counted as whole GPUs (`gpu.FULL_GPU`): the exact
-    counts its claims ask of GPU classes, and extended resources a GPU class serves under another name. Raises
-    QuantityError for a malformed quantity."""
+    counts its claims ask of GPU classes (its claim of its own read in our annotation, `names.domain_claim`), and
+    extended resources a GPU class serves under another name. Raises QuantityError for a malformed quantity."""
     request, requests = gpu.pod_request(raw), resources.pod_requests(raw)
-    claimed = dra.pod_gpus(raw, inventory) if inventory.served else dra.NONE
+    claimed = dra.pod_gpus(raw, inventory, annotation=names.domain_claim) if inventory.served else dra.NONE
     renamed = dra.extended_gpus(requests, inventory)
     extra = claimed.count + sum(renamed.values())
     if not extra:
@@ -312,7 +312,7 @@ def _pod(raw: Mapping[str, Any], *, counted: Counted | None = None) -> Pod:
     """`counted`: its `gpu_requests` (default: without DRA GPUs)."""
     meta = raw.get("metadata") or {}
     spec = raw.get("spec") or {}
-    request, requests, claimed = counted or gpu_requests(raw, dra.EMPTY)
+    request, requests, claimed = counted or (gpu.pod_request(raw), resources.pod_requests(raw), dra.NONE)
     owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")] or meta.get("ownerReferences") or []
     return Pod(
         namespace=meta.get("namespace") or "default",

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
                               config=config, now=now, controller_seen_at=now if args.controller == "alive" else None)
     # The webhook scores only as far as its preferred terms need; explain shows every node.
     try:
-        request, requests, _ = snapshot.gpu_requests(pod, cluster.dra)  # DRA claims' GPUs counted
+        request, requests, _ = snapshot.gpu_requests(pod, cluster.dra, names=config.names)  # DRA claims' GPUs counted
         gpus = request.full
     except (gpu.QuantityError, resources.QuantityError):
         gpus, requests = 0, {}

@@ -110,7 +110,7 @@ async def release(config: settings.Settings, *, namespace: str | None, dry_run: 
                     ensured.update(await pod_groups.ensure(api, members=members, names=config.names,
                                                            timeout_seconds=timeout))
                 # Un-gated while its claim of its own is missing, the pod would wait for ever too.
-                await claims.ensure(api, pod=pod, domain=None, timeout_seconds=timeout)
+                await claims.ensure(api, pod=pod, names=config.names, domain=None, timeout_seconds=timeout)
                 outcome = await release_pod(api, pod, gate=gate, timeout_seconds=timeout)
             except (kube.ApiError, aiohttp.ClientError, TimeoutError, OSError) as exc:
                 result.failed[key] = str(exc) or type(exc).__name__

@@ -263,8 +263,8 @@ class Controller:
         # a failure stops the release here, retried on the next pass.
         for member in decision.members:
             if member.key in decision.ungate and (made := await claims.ensure(
-                    self._api, pod=cluster.pods[member.key].raw, domain=_domain(cluster, member),
-                    timeout_seconds=self._config.kubernetes.request_timeout_seconds)):
+                    self._api, pod=cluster.pods[member.key].raw, names=self._config.names,
+                    domain=_domain(cluster, member), timeout_seconds=self._config.kubernetes.request_timeout_seconds)):
                 logger.info("%s: %s", member.key, made)
 
         # Every release is recorded on the pod in the same patch that un-gates it: when, where it was nominated and

@@ -78,7 +78,7 @@ def claims_webhook(control_plane: localcluster.LocalCluster, webhook_stopped: co
 
 
 def _record(pod: dict[str, Any]) -> dra.Record:
-    record = dra.recorded(pod)
+    record = dra.recorded(pod, annotation=NAMES.domain_claim)
     assert record is not None, pod["metadata"].get("annotations")
     return record
 
@@ -101,7 +101,7 @@ def _wait_routed(cluster: localcluster.LocalCluster, namespace: str, lease: Call
         lease()
         done = cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(probe),
                                check=False)
-        if done.returncode == 0 and dra.recorded(json.loads(done.stdout)):
+        if done.returncode == 0 and dra.recorded(json.loads(done.stdout), annotation=NAMES.domain_claim):
             return
         time.sleep(0.2)
     raise AssertionError(f"our webhook does not rewrite claim entries: {done.stdout or done.stderr}")

@@ -44,12 +44,12 @@ TEMPLATES = [
 ]
 
 
-def _cluster(*objects: dict[str, Any]) -> snapshot.Snapshot:
+def _cluster(*objects: dict[str, Any], names: settings.Names = NAMES) -> snapshot.Snapshot:
     items = [b.device_class(), *(b.dra_node(f"dra-{i}", domains=TWO_DOMAINS) for i in range(2)),
              *(b.resource_slice(f"dra-{i}", 8) for i in range(2)), *b.tier_classes(), *TEMPLATES,
              b.resource_claim("users", spec=b.claim_spec(4)),
              b.resource_claim("nic", spec=b.claim_spec(1, device_class_name="nic.example.com")), *objects]
-    return snapshot.from_list({"kind": "List", "items": items}, names=NAMES, taken_at=0.0)
+    return snapshot.from_list({"kind": "List", "items": items}, names=names, taken_at=0.0)
 
 
 def two_entries(body: dict[str, Any]) -> None:
@@ -135,7 +135,7 @@ def plus_extended(body: dict[str, Any]) -> None:
 def test_plan(mutate: b.Mutator, for_release: bool, uid: str, reason: str) -> None:
     pod = b.pod("p", mutate=mutate)
     cluster = _cluster(b.claim_template("teams", namespace="team", spec=b.claim_spec(4)))
-    claims = dra.pod_gpus(pod, cluster.dra)
+    claims = dra.pod_gpus(pod, cluster.dra, annotation=NAMES.domain_claim)
     extended = int(((pod["spec"]["containers"][0].get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu", 0))
     namespace = pod["metadata"].get("namespace", "default")
     got = domain_claim.plan(pod=pod, namespace=namespace, inventory=cluster.dra, claims=claims,
@@ -147,7 +147,7 @@ def test_plan(mutate: b.Mutator, for_release: bool, uid: str, reason: str) -> No
 def test_plan_is_off_by_default_and_needs_a_domain() -> None:
     pod = b.pod("p", mutate=b.with_claim_template("four"))
     cluster = _cluster()
-    claims = dra.pod_gpus(pod, cluster.dra)
+    claims = dra.pod_gpus(pod, cluster.dra, annotation=NAMES.domain_claim)
     got = [domain_claim.plan(pod=pod, namespace="default", inventory=cluster.dra, claims=claims, extended_gpus=0,
                              for_release=True, enabled=enabled, domain_sizes=sizes, request_uid=UID)
            for enabled, sizes in ((settings.Settings().dra.domain_claims, (4,)), (True, ()))]
@@ -252,7 +252,7 @@ def test_the_model_counts_a_rewritten_pod(objects: Any, count: int, left: str | 
     templates = [] if objects == "no-template" else TEMPLATES
     inventory = dra.build(device_classes=[b.device_class()], slices=[], claims=[] if objects == "no-template"
                           else objects, templates=templates, gpu_classes=("gpu.nvidia.com",))
-    got = dra.pod_gpus(pod, inventory)
+    got = dra.pod_gpus(pod, inventory, annotation=NAMES.domain_claim)
     assert (got.count, got.left, got.domain_claim) == (count, left, pending)
 
 
@@ -312,12 +312,41 @@ def test_judge_an_existing_claim(owner: Any, why: str | None) -> None:
     assert domain_claim.judge(claim=claim, pod=b.pod("p")) == why
 
 
-@pytest.mark.parametrize(("annotations", "found"), [
-    pytest.param({"example.com/domain-claim": "{not json"}, None, id="unreadable-record-ignored"),
-    pytest.param({"example.com/domain-claim": '{"entry": "gpus", "claim": ""}'}, None, id="partial-record-ignored"),
-    pytest.param({"example.com/other-claim": RECORD.text()}, None, id="another-annotation-ignored"),
-    pytest.param({settings.Names(prefix="example.com/").domain_claim: RECORD.text()}, RECORD,
-                 id="found-under-a-configured-prefix"),
+EXAMPLE = settings.Names(prefix="example.com/")
+
+
+@pytest.mark.parametrize(("names", "annotations", "found"), [
+    pytest.param(NAMES, {NAMES.domain_claim: "{not json"}, None, id="unreadable-record-ignored"),
+    pytest.param(NAMES, {NAMES.domain_claim: '{"entry": "gpus", "claim": ""}'}, None, id="partial-record-ignored"),
+    pytest.param(NAMES, {"gpu-steward.io/other-claim": RECORD.text()}, None, id="another-annotation-ignored"),
+    pytest.param(NAMES, {NAMES.domain_claim: RECORD.text()}, RECORD, id="found-under-the-default-prefix"),
+    pytest.param(EXAMPLE, {EXAMPLE.domain_claim: RECORD.text()}, RECORD, id="found-under-a-configured-prefix"),
+    pytest.param(NAMES, {"other.example/domain-claim": RECORD.text()}, None,
+                 id="another-products-domain-claim-not-ours"),
+    pytest.param(EXAMPLE, {NAMES.domain_claim: RECORD.text()}, None,
+                 id="the-default-prefix-not-ours-when-another-is-configured"),
+    pytest.param(NAMES, {"other.example/domain-claim": "{not json", NAMES.domain_claim: RECORD.text()}, RECORD,
+                 id="ours-read-beside-another-products-unreadable-one"),
 ])
-def test_the_record_is_read_under_any_prefix(annotations: dict[str, str], found: dra.Record | None) -> None:
-    assert dra.recorded(b.pod("p", annotations=annotations)) == found
+def test_the_record_is_read_under_our_key_only(names: settings.Names, annotations: dict[str, str],
+                                               found: dra.Record | None) -> None:
+    assert dra.recorded(b.pod("p", annotations=annotations), annotation=names.domain_claim) == found
+
+
+@pytest.mark.parametrize(("names", "expected"), [
+    pytest.param(EXAMPLE, (4, None, True), id="read-by-the-names-that-wrote-it"),
+    pytest.param(NAMES, (0, "claim default/p-gpus-0a1b2c3d not found", False),
+                 id="not-read-by-the-default-names"),
+])
+def test_a_record_written_under_a_configured_prefix(names: settings.Names,
+                                                    expected: tuple[int, str | None, bool]) -> None:
+    """The webhook writes the record under its configured prefix; the model reads it only by the same names."""
+    config = settings.Settings(names=EXAMPLE, dra=settings.Dra(domain_claims=True))
+    _, after = _admitted(b.pod("p", annotations={EXAMPLE.placement: "strict"},
+                               mutate=b.with_claim_template("four")), config)
+    assert EXAMPLE.domain_claim in after["metadata"]["annotations"], after["metadata"]
+    cluster = _cluster(after, names=names)
+    claims = snapshot.gpu_requests(after, cluster.dra, names=names)[2]
+    assert (claims.count, claims.left, claims.domain_claim) == expected
+    parsed = cluster.pods.get("default/p")
+    assert (parsed.dra if parsed else None) == (claims if claims.any else None), "the snapshot reads it by its names"

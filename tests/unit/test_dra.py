@@ -159,7 +159,8 @@ CLAIMS = [b.resource_claim("shared", spec=b.claim_spec(1))]
     pytest.param(None, True, 0, None, id="no-claims"),
 ])
 def test_pod_gpus(mutate: b.Mutator | None, served: bool, count: int, left: str | None) -> None:
-    got = dra.pod_gpus(b.pod("p", mutate=mutate), inventory(templates=TEMPLATES, claims=CLAIMS, served=served))
+    got = dra.pod_gpus(b.pod("p", mutate=mutate), inventory(templates=TEMPLATES, claims=CLAIMS, served=served),
+                       annotation=NAMES.domain_claim)
     assert (got.count, got.left) == (count, left)
 
 
@@ -197,11 +198,12 @@ TEAM_CLAIMS = [
 TEAM_TEMPLATES.append(b.claim_template("admin2", namespace="team", spec=b.claim_spec(2, admin=True)))
 
 
-def _own(claim: str, template: str, *more: tuple[str, str]) -> b.Mutator:
-    """A pod mutator: entry "a" points at `claim`, its claim of its own made from `template` (our record says so)."""
+def _own(claim: str, template: str, *more: tuple[str, str], key: str = NAMES.domain_claim) -> b.Mutator:
+    """A pod mutator: entry "a" points at `claim`, its claim of its own made from `template` (a record says so, in
+    the annotation `key`: ours by default)."""
     def mutate(body: dict[str, Any]) -> None:
         _entries(("a", f"claim:{claim}"), *more)(body)
-        body["metadata"].setdefault("annotations", {})[NAMES.domain_claim] = dra.Record("a", claim, template).text()
+        body["metadata"].setdefault("annotations", {})[key] = dra.Record("a", claim, template).text()
     return mutate
 
 
@@ -281,13 +283,56 @@ def _entries(*entries: tuple[str, str], generated: dict[str, str] | None = None,
 def test_pod_gpus_reads_every_claim_entry(namespace: str, mutate: b.Mutator, expected: dra.PodGpus) -> None:
     inv = inventory(templates=TEAM_TEMPLATES, claims=TEAM_CLAIMS,
                     slices=[b.resource_slice(node, 8) for node in ("node-a", "node-b", "node-c")])
-    assert dra.pod_gpus(b.pod("p", namespace=namespace, mutate=mutate), inv) == expected
+    assert dra.pod_gpus(b.pod("p", namespace=namespace, mutate=mutate), inv, annotation=NAMES.domain_claim) == expected
+
+
+EXAMPLE = settings.Names(prefix="example.com/")
+OTHERS = "other.example/domain-claim"  # another product's annotation, of our suffix
+
+
+def _beside(key: str, value: str, mutate: b.Mutator) -> b.Mutator:
+    """`mutate`, with the annotation `key` set to `value` first (earlier in the pod's annotations)."""
+    def both(body: dict[str, Any]) -> None:
+        body["metadata"]["annotations"] = {key: value}
+        mutate(body)
+    return both
+
+
+# Only our configured annotation (`settings.Names.domain_claim`) says a claim entry is a claim of the pod's own: read
+# by another key, the entry is a claim the pod names (not made yet: not found; made: left to kube-scheduler).
+@pytest.mark.parametrize(("names", "mutate", "expected"), [
+    pytest.param(NAMES, _own("p-a-new", "two"), dra.PodGpus(count=2, asks_gpus=True, domain_claim=True),
+                 id="ours-under-the-default-prefix-read"),
+    pytest.param(EXAMPLE, _own("p-a-new", "two", key=EXAMPLE.domain_claim),
+                 dra.PodGpus(count=2, asks_gpus=True, domain_claim=True), id="ours-under-a-configured-prefix-read"),
+    pytest.param(NAMES, _own("p-a-new", "two", key=OTHERS), dra.PodGpus(left="claim team/p-a-new not found"),
+                 id="another-products-domain-claim-not-ours"),
+    pytest.param(NAMES, _own("p-a-mine", "two", key=OTHERS),
+                 dra.PodGpus(devices=_on("node-a", 0, 1), claims=("team/p-a-mine",), asks_gpus=True,
+                             left="claim team/p-a-mine request gpus: firstAvailable (the scheduler picks the "
+                             "alternative)"),
+                 id="another-products-record-of-a-made-claim-not-ours"),
+    pytest.param(EXAMPLE, _own("p-a-new", "two"), dra.PodGpus(left="claim team/p-a-new not found"),
+                 id="the-default-prefix-not-ours-when-another-is-configured"),
+    pytest.param(NAMES, _beside(OTHERS, dra.Record("a", "p-a-mine", "four").text(), _own("p-a-new", "two")),
+                 dra.PodGpus(count=2, asks_gpus=True, domain_claim=True),
+                 id="ours-read-beside-another-products-record-of-the-same-entry"),
+    pytest.param(NAMES, _beside(OTHERS, "{not json", _own("p-a-new", "two")),
+                 dra.PodGpus(count=2, asks_gpus=True, domain_claim=True),
+                 id="ours-read-beside-another-products-unreadable-one"),
+])
+def test_only_our_configured_annotation_is_read(names: settings.Names, mutate: b.Mutator,
+                                                expected: dra.PodGpus) -> None:
+    inv = inventory(templates=TEAM_TEMPLATES, claims=TEAM_CLAIMS, slices=[b.resource_slice("node-a", 8)])
+    pod = b.pod("p", namespace="team", mutate=mutate)
+    assert dra.pod_gpus(pod, inv, annotation=names.domain_claim) == expected
+    assert snapshot.gpu_requests(pod, inv, names=names)[2] == expected, "the snapshot reads it by its names too"
 
 
 def test_implicit_extended_resource_name_is_a_gpu() -> None:
     pod = b.pod("p", mutate=lambda p: p["spec"]["containers"][0].__setitem__(
         "resources", {"limits": {"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "2", "cpu": "1"}}))
-    request, requests, _ = snapshot.gpu_requests(pod, inventory(classes=[b.device_class(extended=None)]))
+    request, requests, _ = snapshot.gpu_requests(pod, inventory(classes=[b.device_class(extended=None)]), names=NAMES)
     assert (request.full, requests) == (2, {"nvidia.com/gpu": 2, "cpu": 1000})
 
 
@@ -329,7 +374,7 @@ def test_never(pod: dict[str, Any], classes: list[dict[str, Any]], node: dict[st
 def test_gating(mutate: b.Mutator, add: bool, reason: str) -> None:
     pod = b.pod("p", annotations={NAMES.placement: "strict"}, mutate=mutate)
     inv = inventory(templates=TEMPLATES, claims=CLAIMS)
-    request, _, claims = snapshot.gpu_requests(pod, inv)
+    request, _, claims = snapshot.gpu_requests(pod, inv, names=NAMES)
     decision = gating.decide(pod=pod, request=request, placement=settings.Placement.STRICT,
                              controller=gating.Controller(seen_at=0.0, lease="ns/lease"), config=settings.Settings(),
                              now=0.0, pod_groups={}, claims=claims)
