@@ -120,17 +120,24 @@ def never(pod_spec: Mapping[str, Any], requests: Mapping[str, int], node: snapsh
 
 
 def _gpu_source(pod_spec: Mapping[str, Any], requests: Mapping[str, int], node: snapshot.Node) -> str | None:
-    """Whether what serves the pod's whole GPUs is what the node has: GPUs asked through resource claims (or an
-    extended resource only a DeviceClass serves) need DRA devices; `nvidia.com/gpu` on a DRA node needs a GPU
-    DeviceClass serving that name (kube-scheduler's DRAExtendedResource)."""
+    """Whether what serves the pod's GPUs and MIG slices is what the node has: those asked through resource claims
+    (or an extended resource only a DeviceClass serves) need DRA devices; `nvidia.com/gpu` (`nvidia.com/mig-<p>`) on
+    a DRA node needs a GPU (MIG) DeviceClass serving that name (kube-scheduler's DRAExtendedResource)."""
+    own = gpu.pod_request({"spec": pod_spec})
     wanted = requests.get(gpu.FULL_GPU, 0)
-    if not wanted:
-        return None
-    extended = gpu.pod_request({"spec": pod_spec}).full
-    if extended < wanted and not node.dra_gpus:
-        return f"asks {wanted - extended} GPU of DRA device classes; the node's GPUs are a device plugin's"
-    if extended and node.dra_gpus and not node.extended_gpus:
-        return f"asks {gpu.FULL_GPU}; the node's GPUs are DRA devices and no GPU DeviceClass serves that name"
+    if wanted:
+        if own.full < wanted and not node.dra_gpus:
+            return f"asks {wanted - own.full} GPU of DRA device classes; the node's GPUs are a device plugin's"
+        if own.full and node.dra_gpus and not node.extended_gpus:
+            return f"asks {gpu.FULL_GPU}; the node's GPUs are DRA devices and no GPU DeviceClass serves that name"
+    for name, count in sorted(requests.items()):
+        if not name.startswith(gpu.MIG_PREFIX) or not count:
+            continue
+        mine = own.mig.get(name[len(gpu.MIG_PREFIX):], 0)
+        if mine < count and not node.dra_gpus:
+            return f"asks {count - mine} MIG {name} of DRA device classes; the node's GPUs are a device plugin's"
+        if mine and node.dra_gpus and name not in node.extended_mig:
+            return f"asks {name}; the node's GPUs are DRA devices and no MIG DeviceClass serves that name"
     return None
 
 

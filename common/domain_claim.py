@@ -64,7 +64,7 @@ def claim_name(pod: Mapping[str, Any], *, entry: str, request_uid: str) -> str:
 
 def _not_copied(devices: Mapping[str, Any]) -> str | None:
     """Why the template's request cannot be copied into sub-requests, or None. Called once the model counted its GPUs
-    (`dra.requests_count`): a request it counts is `exactly` a GPU class, ExactCount, without adminAccess."""
+    (`dra.asked`): a request it counts is `exactly` a GPU class, ExactCount, without adminAccess."""
     requests = [r for r in devices.get("requests") or () if isinstance(r, Mapping)]
     if len(requests) != 1:
         return f"{len(requests)} requests in its template (one is rewritten)"
@@ -105,7 +105,7 @@ def plan(
     gpu_entries = []
     for entry in entries:  # a claim the pod names asks no GPUs here: the model leaves a pod naming a GPU claim
         template = inventory.templates.get(f"{namespace}/{entry.get('resourceClaimTemplateName')}")
-        if template is not None and dra.requests_count(template, inventory.classes, "")[0]:
+        if template is not None and dra.asked(template, inventory.classes, "").count:
             gpu_entries.append((entry, template))
     if len(gpu_entries) != 1:
         return Plan(None, f"{len(gpu_entries)} claim entries ask GPUs (one is rewritten)")

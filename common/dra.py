@@ -65,6 +65,7 @@ class Device:
     index: int | None  # the driver's `index` attribute (NVIDIA: the GPU's index on its node), if published
     attributes: Mapping[str, Any]  # qualified name -> value (int, bool or str)
     blocked: str | None = None  # why no new claim can get it (a NoSchedule/NoExecute taint), None: it can
+    profile: str | None = None  # a MIG device's profile (its `profile` attribute, e.g. `1g.10gb`); None: a whole GPU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +74,18 @@ class GpuClass:
     extended_resource: str  # `spec.extendedResourceName`, else the implicit name
     matches: tuple[tuple[str, object], ...] | None  # (qualified attribute or "driver", value); None: unreadable
     problem: str | None = None
+
+    @property
+    def mig(self) -> bool:
+        """Its devices are MIG instances: its selector pins a `type` of `mig` or a `profile` (NVIDIA's
+        `mig.nvidia.com`: `device.attributes['gpu.nvidia.com'].type == 'mig'`)."""
+        return any((key.endswith("/type") and value == "mig") or key.endswith("/profile")
+                   for key, value in self.matches or ())
+
+    @property
+    def profile(self) -> str | None:
+        """The one MIG profile its selector pins, if it pins one."""
+        return next((v for k, v in self.matches or () if k.endswith("/profile") and isinstance(v, str)), None)
 
     def selects(self, driver: str, attributes: Mapping[str, Any]) -> bool:
         if self.matches is None:
@@ -91,6 +104,7 @@ class Claim:
     devices: tuple[DeviceId, ...]  # allocated GPU devices (admin access results excluded: they hold nothing)
     reserved_for: tuple[str, ...]  # uids of the pods it is reserved for
     extended: bool  # made by kube-scheduler for a pod's extended-resource request
+    mig: tuple[DeviceId, ...] = ()  # allocated MIG devices (as `devices`)
 
     @property
     def key(self) -> str:
@@ -137,6 +151,8 @@ class PodGpus:
     count: int = 0
     devices: tuple[DeviceId, ...] = ()
     left: str | None = None
+    mig: Mapping[str, int] = dataclasses.field(default_factory=dict)  # MIG devices asked, by profile
+    mig_devices: tuple[DeviceId, ...] = ()  # MIG devices allocated to its claims
     claims: tuple[str, ...] = ()  # namespace/name of its claims holding GPU devices
     asks_gpus: bool = False  # some claim asks a GPU class (counted or not): a GPU pod for tiers and gangs
     # Its claim of its own (`Record`) is still to be made, or asks one NVLink domain first: its devices are where
@@ -145,7 +161,7 @@ class PodGpus:
 
     @property
     def any(self) -> bool:
-        return self.count > 0 or self.asks_gpus or bool(self.devices)
+        return self.count > 0 or self.asks_gpus or bool(self.devices) or bool(self.mig) or bool(self.mig_devices)
 
 
 NONE = PodGpus()
@@ -157,6 +173,7 @@ class Inventory:
 
     classes: Mapping[str, GpuClass] = dataclasses.field(default_factory=dict)  # configured GPU classes present
     devices: Mapping[str, tuple[Device, ...]] = dataclasses.field(default_factory=dict)  # node -> GPU devices
+    mig: Mapping[str, tuple[Device, ...]] = dataclasses.field(default_factory=dict)  # node -> MIG devices
     claims: Mapping[str, Claim] = dataclasses.field(default_factory=dict)  # ns/name -> claims holding GPUs
     specs: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)  # ns/name -> claim spec
     owners: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)  # ns/name -> owner pods' uids
@@ -170,11 +187,24 @@ class Inventory:
 
     @property
     def extended(self) -> Mapping[str, str]:
-        """Extended resource name -> the GPU class serving it."""
-        return {c.extended_resource: c.name for c in self.classes.values() if c.matches is not None}
+        """Extended resource name -> the whole-GPU class serving it."""
+        return {c.extended_resource: c.name for c in self.classes.values() if c.matches is not None and not c.mig}
+
+    @property
+    def extended_mig(self) -> Mapping[str, str]:
+        """Extended resource name -> the MIG profile of the MIG class serving it, for classes that pin one profile
+        (a class of several profiles lets the allocator pick any: such requests are not counted)."""
+        return {c.extended_resource: c.profile for c in self.classes.values() if c.mig and c.profile is not None}
 
     def taken(self) -> Mapping[DeviceId, Claim]:
-        return {d: c for c in self.claims.values() for d in c.devices}
+        return {d: c for c in self.claims.values() for d in (*c.devices, *c.mig)}
+
+    def profiles(self, node: str) -> dict[str, int]:
+        """The node's MIG devices by profile."""
+        out: dict[str, int] = {}
+        for device in self.mig.get(node, ()):
+            out[str(device.profile)] = out.get(str(device.profile), 0) + 1
+        return out
 
 
 EMPTY = Inventory()
@@ -282,6 +312,7 @@ def build(
     problems += [c.problem for c in classes.values() if c.problem]
     rules = _rule_taints(taint_rules)
     by_node: dict[str, list[Device]] = {}
+    mig: dict[str, list[Device]] = {}
     listed: dict[str, list[tuple[str, int | None]]] = {}  # node -> (slice name, index) in listing order
     for raw in _newest_complete(slices, problems):
         spec = raw.get("spec") or {}
@@ -291,14 +322,25 @@ def build(
             if not isinstance(item, Mapping):
                 continue
             attributes = _attributes(driver, item.get("attributes"))
-            if not any(c.selects(driver, attributes) for c in classes.values()):
+            chosen = [c for c in classes.values() if c.selects(driver, attributes)]
+            if not chosen:
                 continue
+            where = f"device {driver}/{pool}/{item.get('name')}"
             if not node:  # network-attached or per-device node selection: not a node's own GPU
-                problems.append(f"device {driver}/{pool}/{item.get('name')}: no spec.nodeName; not counted")
+                problems.append(f"{where}: no spec.nodeName; not counted")
                 continue
             device_id = DeviceId(driver, pool, str(item.get("name") or ""))
             blocked = _blocking(item.get("taints")) or next(
                 (why for selector, why in rules if _selects(selector, device_id)), None)
+            if any(c.mig for c in chosen):
+                profile = attributes.get(f"{driver}/profile")
+                if item.get("consumesCounters"):  # partitionable: its slices overlap, counting them would overcount
+                    problems.append(f"{where}: a MIG device that consumes counters (partitionable); not counted")
+                elif not isinstance(profile, str) or not profile:
+                    problems.append(f"{where}: a MIG device without a `profile` attribute; not counted")
+                else:
+                    mig.setdefault(str(node), []).append(Device(device_id, None, attributes, blocked, profile))
+                continue
             index = attributes.get(f"{driver}/index")
             index = index if isinstance(index, int) and not isinstance(index, bool) else None
             by_node.setdefault(str(node), []).append(Device(device_id, index, attributes, blocked))
@@ -306,19 +348,21 @@ def build(
     devices = {node: tuple(sorted(found, key=lambda d: (d.index is None, d.index or 0, d.id)))
                for node, found in by_node.items()}
     gpu_ids = {d.id for found in devices.values() for d in found}
+    mig_ids = {d.id for found in mig.values() for d in found}
     held: dict[str, Claim] = {}
     specs: dict[str, Mapping[str, Any]] = {}
     owners: dict[str, frozenset[str]] = {}
     for raw in claims:
-        claim = _claim(raw, gpu_ids)
+        claim = _claim(raw, gpu_ids, mig_ids)
         specs[claim.key] = (raw.get("spec") or {}).get("devices") or {}
         owners[claim.key] = frozenset(str(o.get("uid")) for o in (raw.get("metadata") or {}).get("ownerReferences")
                                       or () if isinstance(o, Mapping) and o.get("kind") == "Pod")
-        if claim.devices:
+        if claim.devices or claim.mig:
             held[claim.key] = claim
     return Inventory(
         classes=classes,
         devices=devices,
+        mig={node: tuple(sorted(found, key=lambda d: d.id)) for node, found in mig.items()},
         order={node: tuple(i for _, i in found if i is not None) for node, found in listed.items()
                if len({name for name, _ in found}) == 1 and all(i is not None for _, i in found)},
         claims=held,
@@ -339,53 +383,98 @@ def _key(raw: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
 
 
-def _claim(raw: Mapping[str, Any], gpu_ids: set[DeviceId]) -> Claim:
+def _claim(raw: Mapping[str, Any], gpu_ids: set[DeviceId], mig_ids: set[DeviceId]) -> Claim:
     meta, status = raw.get("metadata") or {}, raw.get("status") or {}
     results = (((status.get("allocation") or {}).get("devices") or {}).get("results")) or ()
-    devices = tuple(sorted(
-        device for r in results if isinstance(r, Mapping) and not r.get("adminAccess")
-        if (device := DeviceId(str(r.get("driver") or ""), str(r.get("pool") or ""), str(r.get("device") or "")))
-        in gpu_ids))
+    allocated = [DeviceId(str(r.get("driver") or ""), str(r.get("pool") or ""), str(r.get("device") or ""))
+                 for r in results if isinstance(r, Mapping) and not r.get("adminAccess")]
+    devices = tuple(sorted(d for d in allocated if d in gpu_ids))
     reserved = tuple(str(c.get("uid") or "") for c in status.get("reservedFor") or ()
                      if isinstance(c, Mapping) and c.get("resource") == "pods")
     annotations = meta.get("annotations") or {}
     return Claim(str(meta.get("namespace") or "default"), str(meta.get("name") or ""), devices, reserved,
-                 annotations.get("resource.kubernetes.io/extended-resource-claim") == "true")
+                 annotations.get("resource.kubernetes.io/extended-resource-claim") == "true",
+                 tuple(sorted(d for d in allocated if d in mig_ids)))
 
 
-def requests_count(devices: Mapping[str, Any], classes: Mapping[str, GpuClass], where: str, *,
-                   own: bool = False) -> tuple[int, str | None]:
-    """GPUs a claim spec asks (exact counts of GPU classes), or why it cannot be told (a GPU class is concerned).
-    `own`: a pod's claim of its own (`Record`), whose `firstAvailable` alternatives all ask the same count."""
-    count = 0
+@dataclasses.dataclass(frozen=True)
+class Asked:
+    """What a claim spec asks of GPU classes: whole GPUs, MIG devices by profile (sorted pairs), or why it cannot
+    be told (a GPU class is concerned)."""
+
+    count: int = 0
+    mig: tuple[tuple[str, int], ...] = ()
+    why: str | None = None
+
+    @property
+    def any(self) -> bool:
+        return self.count > 0 or bool(self.mig) or self.why is not None
+
+
+def _plus(a: Asked, b: Asked) -> Asked:
+    mig = dict(a.mig)
+    for profile, n in b.mig:
+        mig[profile] = mig.get(profile, 0) + n
+    return Asked(a.count + b.count, tuple(sorted(mig.items())), a.why or b.why)
+
+
+def asked(devices: Mapping[str, Any], classes: Mapping[str, GpuClass], where: str, *, own: bool = False) -> Asked:
+    """What a claim spec asks (exact counts of GPU classes; a MIG class's by the one profile its selector or the
+    request's selectors pin), or why it cannot be told. `own`: a pod's claim of its own (`Record`), whose
+    `firstAvailable` alternatives all ask the same."""
+    total = Asked()
     for request in devices.get("requests") or ():
         if not isinstance(request, Mapping):
-            return 0, f"{where}: a request that is no object"
+            return Asked(why=f"{where}: a request that is no object")
         name = request.get("name")
         if own and request.get("firstAvailable"):
-            counts = {requests_count({"requests": [{"exactly": s}]}, classes, where) for s in request["firstAvailable"]
-                      if isinstance(s, Mapping)}
-            if len(counts) == 1:
-                asked, why = counts.pop()
-                count += asked
-                if why:
-                    return 0, why
+            answers = {asked({"requests": [{"exactly": s}]}, classes, where) for s in request["firstAvailable"]
+                       if isinstance(s, Mapping)}
+            if len(answers) == 1:
+                total = _plus(total, answers.pop())
+                if total.why:
+                    return Asked(why=total.why)
                 continue
         if request.get("firstAvailable"):
             if any(isinstance(s, Mapping) and s.get("deviceClassName") in classes
                    for s in request["firstAvailable"]):
-                return 0, f"{where} request {name}: firstAvailable (the scheduler picks the alternative)"
+                return Asked(why=f"{where} request {name}: firstAvailable (the scheduler picks the alternative)")
             continue
         exactly = request.get("exactly") or {}
-        if exactly.get("deviceClassName") not in classes:
+        cls = classes.get(str(exactly.get("deviceClassName")))
+        if cls is None:
             continue
         if exactly.get("adminAccess"):
-            return 0, f"{where} request {name}: adminAccess"
+            return Asked(why=f"{where} request {name}: adminAccess")
         mode = exactly.get("allocationMode") or EXACT_COUNT
         if mode != EXACT_COUNT:
-            return 0, f"{where} request {name}: allocationMode {mode}"
-        count += int(exactly.get("count") or 1)
-    return count, None
+            return Asked(why=f"{where} request {name}: allocationMode {mode}")
+        count = int(exactly.get("count") or 1)
+        if not cls.mig:
+            total = _plus(total, Asked(count=count))
+            continue
+        profiles = {cls.profile} - {None} | _profiles(exactly.get("selectors"))
+        if len(profiles) != 1:
+            return Asked(why=f"{where} request {name}: MIG class {cls.name} with "
+                             f"{'profiles ' + ', '.join(sorted(map(str, profiles))) if profiles else 'no profile'} "
+                             "pinned (the allocator picks any: not counted)")
+        total = _plus(total, Asked(mig=((str(profiles.pop()), count),)))
+    return total
+
+
+def _profiles(selectors: Any) -> set[str | None]:
+    """The MIG profiles a request's CEL selectors pin (`device.attributes['<d>'].profile == '<p>'`, in a
+    conjunction); an expression with `||` pins none we can tell."""
+    found: set[str | None] = set()
+    for selector in selectors or ():
+        expression = ((selector or {}).get("cel") or {}).get("expression") if isinstance(selector, Mapping) else None
+        if not isinstance(expression, str) or "||" in expression:
+            continue
+        for term in expression.split("&&"):
+            parsed = _term(term)
+            if parsed is not None and parsed[0].endswith("/profile") and isinstance(parsed[1], str):
+                found.add(parsed[1])
+    return found
 
 
 def pod_gpus(pod: Mapping[str, Any], inventory: Inventory, *, annotation: str) -> PodGpus:
@@ -401,7 +490,7 @@ def pod_gpus(pod: Mapping[str, Any], inventory: Inventory, *, annotation: str) -
         return PodGpus(left="spec.resourceClaims, and resource.k8s.io/v1 not read (not served, or not granted)")
     generated = {s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or ()
                  if isinstance(s, Mapping)}
-    count, left, names, asks, pending = 0, None, [], False, False
+    total, left, names, asks, pending = Asked(), None, [], False, False
     record = recorded(pod, annotation=annotation)
     uid = str(meta.get("uid") or "")
     for entry in entries:
@@ -415,8 +504,8 @@ def pod_gpus(pod: Mapping[str, Any], inventory: Inventory, *, annotation: str) -
                 if devices is None:
                     left = left or f"claim template {namespace}/{record.template} not found (for claim {key})"
                     continue
-                asked, why = requests_count(devices, inventory.classes, where, own=True)
-                left, count, asks = left or why, count + asked, True
+                got = asked(devices, inventory.classes, where, own=True)
+                left, total, asks = left or got.why, _plus(total, got), True
                 pending = pending or not mine or any(isinstance(r, Mapping) and r.get("firstAvailable")
                                                      for r in devices.get("requests") or ())
                 names.append(key)
@@ -427,10 +516,10 @@ def pod_gpus(pod: Mapping[str, Any], inventory: Inventory, *, annotation: str) -
             if devices is None:
                 left = left or f"claim {key} not found"
                 continue
-            asked, why = requests_count(devices, inventory.classes, f"claim {key}")
-            if asked or why:
+            got = asked(devices, inventory.classes, f"claim {key}")
+            if got.any:
                 # A claim made by hand may be shared by several pods: its devices free only when all are gone.
-                left = left or why or f"claim {key} is a ResourceClaim of its own (it may be shared)"
+                left = left or got.why or f"claim {key} is a ResourceClaim of its own (it may be shared)"
                 asks = True
             names.append(key)
             continue
@@ -443,18 +532,20 @@ def pod_gpus(pod: Mapping[str, Any], inventory: Inventory, *, annotation: str) -
         if devices is None:
             left = left or f"claim template {key} not found"
             continue
-        asked, why = requests_count(devices, inventory.classes, f"claim template {key}")
-        left = left or why
-        count += asked
-        asks = asks or bool(asked or why)
+        got = asked(devices, inventory.classes, f"claim template {key}")
+        left = left or got.why
+        total = _plus(total, got)
+        asks = asks or got.any
         if made:
             names.append(f"{namespace}/{made}")
     extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
     if extended:
         names.append(f"{namespace}/{extended}")
-    held = tuple(sorted(d for n in names for d in (inventory.claims[n].devices if n in inventory.claims else ())))
-    return PodGpus(count=count, devices=held, left=left,
-                   claims=tuple(n for n in names if n in inventory.claims), asks_gpus=asks or bool(held),
+    claims = [inventory.claims[n] for n in names if n in inventory.claims]
+    held = tuple(sorted(d for c in claims for d in c.devices))
+    held_mig = tuple(sorted(d for c in claims for d in c.mig))
+    return PodGpus(count=total.count, devices=held, left=left, mig=dict(total.mig), mig_devices=held_mig,
+                   claims=tuple(c.key for c in claims), asks_gpus=asks or bool(held) or bool(held_mig),
                    domain_claim=pending)
 
 
@@ -465,3 +556,10 @@ def extended_gpus(requests: Mapping[str, int], inventory: Inventory) -> dict[str
     name other than the device plugin's `nvidia.com/gpu` (e.g. the implicit `deviceclass.resource.kubernetes.io/
     gpu.nvidia.com`): these are GPUs too."""
     return {name: requests[name] for name in inventory.extended if name != gpu.FULL_GPU and requests.get(name)}
+
+
+def extended_mig(requests: Mapping[str, int], inventory: Inventory) -> dict[str, tuple[str, int]]:
+    """Of a pod's request vector, the extended resources a one-profile MIG class serves under a name other than
+    the device plugin's `nvidia.com/mig-<profile>`: name -> (profile, count)."""
+    return {name: (profile, requests[name]) for name, profile in inventory.extended_mig.items()
+            if name != gpu.MIG_PREFIX + profile and requests.get(name)}

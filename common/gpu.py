@@ -62,7 +62,8 @@ def _container_request(container: Mapping[str, Any]) -> GpuRequest:
     return from_resources(resources.get("limits") or resources.get("requests") or {})
 
 
-def _add(a: GpuRequest, b: GpuRequest) -> GpuRequest:
+def add(a: GpuRequest, b: GpuRequest) -> GpuRequest:
+    """Both requests together."""
     mig = dict(a.mig)
     for profile, count in b.mig.items():
         mig[profile] = mig.get(profile, 0) + count
@@ -102,16 +103,16 @@ def _requests(pod: Mapping[str, Any]) -> tuple[GpuRequest, GpuRequest]:
     spec = pod.get("spec") or {}
     total = GpuRequest()
     for container in spec.get("containers") or []:
-        total = _add(total, _container_request(container))
+        total = add(total, _container_request(container))
     sidecars = GpuRequest()
     peak_init = GpuRequest()
     for container in spec.get("initContainers") or []:
         request = _container_request(container)
         if container.get("restartPolicy") == "Always":
-            sidecars = _add(sidecars, request)
+            sidecars = add(sidecars, request)
         else:
-            peak_init = _max(peak_init, _add(sidecars, request))
-    return _add(total, sidecars), peak_init
+            peak_init = _max(peak_init, add(sidecars, request))
+    return add(total, sidecars), peak_init
 
 
 def node_allocatable(node: Mapping[str, Any]) -> GpuRequest:

@@ -159,11 +159,12 @@ class Node:
     # Required anti-affinity terms of pods holding this node or another in the same topology domain: a pod they
     # select cannot come here (InterPodAffinity, existing pods' half; `common.antiaffinity`).
     anti_affinity: tuple[antiaffinity.Term, ...] = ()
-    # Where its whole GPUs come from: None, a device plugin (allocatable `nvidia.com/gpu`), or DRA devices of a
-    # configured GPU class (`common.dra`); then `extended_gpus` says whether a DeviceClass serves pods asking
-    # `nvidia.com/gpu` here.
+    # Where its GPUs and MIG slices come from: a device plugin (allocatable `nvidia.com/gpu`, `nvidia.com/mig-<p>`),
+    # or DRA devices of configured GPU classes (`common.dra`); then `extended_gpus` says whether a DeviceClass serves
+    # pods asking `nvidia.com/gpu` here, and `extended_mig` the `nvidia.com/mig-<p>` names MIG classes serve.
     dra_gpus: bool = False
     extended_gpus: bool = True
+    extended_mig: frozenset[str] = frozenset()
     # DRA only: the GPU indices in the order kube-scheduler's allocator tries them (`dra.Inventory.order`); None:
     # not known (or a device plugin's), and the model assumes the placement policy.
     device_order: tuple[int, ...] | None = None
@@ -287,25 +288,37 @@ Counted = tuple[gpu.GpuRequest, dict[str, int], dra.PodGpus]
 
 
 def gpu_requests(raw: Mapping[str, Any], inventory: dra.Inventory, *, names: settings.Names) -> Counted:
-    """The pod's GPU request and request vector with its DRA GPUs counted as whole GPUs (`gpu.FULL_GPU`): the exact
-    counts its claims ask of GPU classes (its claim of its own read in our annotation, `names.domain_claim`), and
-    extended resources a GPU class serves under another name. Raises QuantityError for a malformed quantity."""
+    """The pod's GPU request and request vector with its DRA GPUs counted as the device plugin's are: whole GPUs as
+    `gpu.FULL_GPU`, MIG devices as `nvidia.com/mig-<profile>`. Counted: the exact counts its claims ask of GPU
+    classes (its claim of its own read in our annotation, `names.domain_claim`), and extended resources a GPU class
+    serves under another name. Raises QuantityError for a malformed quantity."""
     request, requests = gpu.pod_request(raw), resources.pod_requests(raw)
     claimed = dra.pod_gpus(raw, inventory, annotation=names.domain_claim) if inventory.served else dra.NONE
     renamed = dra.extended_gpus(requests, inventory)
-    extra = claimed.count + sum(renamed.values())
-    if not extra:
+    renamed_mig = dra.extended_mig(requests, inventory)
+    mig = dict(claimed.mig)
+    for profile, count in renamed_mig.values():
+        mig[profile] = mig.get(profile, 0) + count
+    extra = gpu.GpuRequest(full=claimed.count + sum(renamed.values()), mig=mig)
+    if not extra.any:
         return request, requests, claimed
-    requests = {k: v for k, v in requests.items() if k not in renamed}
-    requests[gpu.FULL_GPU] = requests.get(gpu.FULL_GPU, 0) + extra
-    return dataclasses.replace(request, full=request.full + extra), requests, claimed
+    requests = {k: v for k, v in requests.items() if k not in renamed and k not in renamed_mig}
+    for name, count in ((gpu.FULL_GPU, extra.full), *((gpu.MIG_PREFIX + p, n) for p, n in mig.items())):
+        if count:
+            requests[name] = requests.get(name, 0) + count
+    return gpu.add(request, extra), requests, claimed
 
 
-def _running(raw: Mapping[str, Any], *, claimed: int) -> gpu.GpuRequest:
-    """`gpu.running_request` plus the whole GPUs its claims (and renamed extended resources) hold: a container holds
-    a claim's devices for as long as it runs."""
-    running = gpu.running_request(raw)
-    return dataclasses.replace(running, full=running.full + claimed) if claimed else running
+def _running(raw: Mapping[str, Any], *, claimed: gpu.GpuRequest) -> gpu.GpuRequest:
+    """`gpu.running_request` plus the GPUs its claims (and renamed extended resources) hold: a container holds a
+    claim's devices for as long as it runs."""
+    return gpu.add(gpu.running_request(raw), claimed)
+
+
+def _beyond(request: gpu.GpuRequest, own: gpu.GpuRequest) -> gpu.GpuRequest:
+    """What `request` counts beyond the pod's own containers' `own` (its DRA GPUs)."""
+    return gpu.GpuRequest(full=request.full - own.full,
+                          mig={p: n - own.mig.get(p, 0) for p, n in request.mig.items() if n > own.mig.get(p, 0)})
 
 
 def _pod(raw: Mapping[str, Any], *, counted: Counted | None = None) -> Pod:
@@ -321,7 +334,7 @@ def _pod(raw: Mapping[str, Any], *, counted: Counted | None = None) -> Pod:
         node_name=spec.get("nodeName") or None,
         phase=(raw.get("status") or {}).get("phase") or "Pending",
         request=request,
-        running=_running(raw, claimed=request.full - gpu.pod_request(raw).full),
+        running=_running(raw, claimed=_beyond(request, gpu.pod_request(raw))),
         priority=int(spec.get("priority") or 0),
         priority_class_name=spec.get("priorityClassName") or None,
         preemption_policy=spec.get("preemptionPolicy") or DEFAULT_PREEMPTION_POLICY,
@@ -351,25 +364,31 @@ class _NodeParse:
     taints: tuple[Mapping[str, Any], ...]
     dra_gpus: bool = False  # its GPUs are DRA devices (no device plugin's)
     devices: int = 0  # DRA GPU devices it was parsed with
+    slices: tuple[tuple[str, int], ...] = ()  # DRA MIG devices by profile it was parsed with
 
 
-def _parse_node(raw: Mapping[str, Any], *, names: settings.Names, devices: int = 0) -> _NodeParse | None:
-    """`devices`: the node's DRA GPU devices (`common.dra`), counted only where no device plugin offers GPUs."""
+def _parse_node(raw: Mapping[str, Any], *, names: settings.Names, devices: int = 0,
+                slices: Mapping[str, int] | None = None) -> _NodeParse | None:
+    """`devices`, `slices`: the node's DRA GPU devices and DRA MIG devices by profile (`common.dra`), counted only
+    where no device plugin offers GPUs or MIG slices (a node's GPUs come from one source)."""
     allocatable = gpu.node_allocatable(raw)
-    from_dra = devices > 0 and allocatable.full == 0
+    mig = {p: n for p, n in (slices or {}).items() if n}
+    from_dra = (devices > 0 or bool(mig)) and not allocatable.any
     if from_dra:
-        allocatable = dataclasses.replace(allocatable, full=devices)
+        allocatable = gpu.GpuRequest(full=devices, mig=mig)
     if not allocatable.any:
         return None
     offered = resources.node_allocatable(raw)
     if from_dra:
-        offered[gpu.FULL_GPU] = devices
+        offered.update({name: n for name, n in ((gpu.FULL_GPU, devices), *((gpu.MIG_PREFIX + p, n)
+                                                                             for p, n in mig.items())) if n})
     spec = raw.get("spec") or {}
     return _NodeParse(allocatable=allocatable,
                       topology=topology.from_node(raw, names=names, gpus=devices if from_dra else None),
                       resources=offered,
                       schedulable=_node_ready(raw) and not spec.get("unschedulable"),
-                      taints=tuple(spec.get("taints") or ()), dra_gpus=from_dra, devices=devices)
+                      taints=tuple(spec.get("taints") or ()), dra_gpus=from_dra, devices=devices,
+                      slices=tuple(sorted(mig.items())))
 
 
 def _node_ready(raw: Mapping[str, Any]) -> bool:
@@ -466,6 +485,7 @@ class Builder:
         self._inventory = dra.EMPTY
         self._claimed: dict[str, dict[int, str]] = {}
         self._blocked: dict[str, frozenset[int]] = {}
+        self._slices: dict[str, tuple[tuple[str, str | None], ...]] = {}
         self._namespaces: list[Mapping[str, Any]] = []
         self._terms: dict[tuple[str, str], list[antiaffinity.Term]] = {}
 
@@ -520,27 +540,32 @@ class Builder:
             old, raw = self._nodes.get(name), nodes.get(name)
             terms_dirty |= _labels(old) != _labels(raw)
         if not dra_same:
-            if (gpu.FULL_GPU in was.extended) != (gpu.FULL_GPU in inventory.extended):
+            if ((gpu.FULL_GPU in was.extended) != (gpu.FULL_GPU in inventory.extended)
+                    or was.extended_mig != inventory.extended_mig):
                 dirty |= set(nodes)
             dirty |= {name for name in nodes if was.devices.get(name) != inventory.devices.get(name)
+                      or was.mig.get(name) != inventory.mig.get(name)
                       or was.order.get(name) != inventory.order.get(name)}
         for name in dirty:
             raw = nodes.get(name)
-            devices = len(inventory.devices.get(name, ()))
+            devices, profiles = len(inventory.devices.get(name, ())), inventory.profiles(name)
             own = self._node_parses.get(name)
+            parsed_with = (own.devices, own.slices) if own is not None else (0, ())
             if raw is None:
                 self._node_parses.pop(name, None)
             elif (self._nodes.get(name) is not raw or name not in self._node_parses
-                  or (own.devices if own is not None else 0) != devices):
-                self._node_parses[name] = _parse_node(raw, names=self._names, devices=devices)
+                  or parsed_with != (devices, tuple(sorted(profiles.items())))):
+                self._node_parses[name] = _parse_node(raw, names=self._names, devices=devices, slices=profiles)
 
         # What a node reads of the rest of the cluster: DCGM occupancy, the claims holding its DRA devices.
         if occupancy is not self._occupancy:
             dirty |= {name for name in set(occupancy) | set(self._occupancy)
                       if occupancy.get(name) != self._occupancy.get(name)}
         claimed, blocked = _claimed(inventory, self._uids) if inventory.devices else ({}, {})
+        slices = _slices_taken(inventory, self._uids) if inventory.mig else {}
         dirty |= {name for name in set(claimed) | set(self._claimed)
                   if claimed.get(name) != self._claimed.get(name) or blocked.get(name) != self._blocked.get(name)}
+        dirty |= {name for name in set(slices) | set(self._slices) if slices.get(name) != self._slices.get(name)}
         namespace_labels = {(ns.get("metadata") or {}).get("name") or "": (ns.get("metadata") or {}).get("labels")
                             or {} for ns in namespaces}
         if terms_dirty:
@@ -565,13 +590,15 @@ class Builder:
             node, problems, indexed = _assemble(
                 name=name, raw=nodes[name], own=own, resident=resident, holders=holders,
                 observed=occupancy.get(name, {}), claimed=claimed.get(name, {}),
-                blocked=blocked.get(name, frozenset()), terms=self._terms, inventory=inventory, before=before)
+                blocked=blocked.get(name, frozenset()), terms=self._terms, inventory=inventory, before=before,
+                slices=slices.get(name, ()))
             self._built[name], self._indexed[name] = node, indexed
             if problems:
                 self._node_problems[name] = problems
 
         self._first, self._pods, self._nodes, self._occupancy = False, pods, nodes, occupancy
         self._inventory, self._claimed, self._blocked, self._namespaces = inventory, claimed, blocked, namespaces
+        self._slices = slices
         return self._snapshot(nodes=nodes, pods=pods, priority_classes=priority_classes,
                               namespace_labels=namespace_labels, taken_at=taken_at, pod_groups=pod_groups,
                               pod_group_version=pod_group_version, disruption_budgets=disruption_budgets,
@@ -643,14 +670,17 @@ class Builder:
 def _assemble(*, name: str, raw: Mapping[str, Any], own: _NodeParse, resident: Sequence[Pod],
               holders: Mapping[str, Entry], observed: Mapping[int, str], claimed: Mapping[int, str],
               blocked: frozenset[int], terms: Mapping[tuple[str, str], Sequence[antiaffinity.Term]],
-              inventory: dra.Inventory, before: Mapping[str, Pod]) -> tuple[Node, tuple[str, ...], dict[str, Pod]]:
+              inventory: dra.Inventory, before: Mapping[str, Pod], slices: Sequence[tuple[str, str | None]] = (),
+              ) -> tuple[Node, tuple[str, ...], dict[str, Pod]]:
     """One GPU node as the pods holding it leave it (`resident`: its GPU pods), with its problems and its GPU pods
-    with their indices (`before`: their last ones, kept when equal)."""
+    with their indices (`before`: their last ones, kept when equal). `slices`: its DRA MIG devices that are taken
+    (`_slices_taken`)."""
     meta = raw.get("metadata") or {}
     problems: list[str] = []
-    if inventory.devices.get(name) and not own.dra_gpus:
-        problems.append(f"node {name}: {len(inventory.devices[name])} DRA GPU devices beside a device plugin's "
-                        f"{gpu.FULL_GPU}; only the device plugin's are counted")
+    if (inventory.devices.get(name) or inventory.mig.get(name)) and not own.dra_gpus:
+        found = ", ".join(f"{n} DRA {kind} devices" for kind, n in (("GPU", len(inventory.devices.get(name, ()))),
+                                                                      ("MIG", len(inventory.mig.get(name, ())))) if n)
+        problems.append(f"node {name}: {found} beside a device plugin's GPUs; only the device plugin's are counted")
     topo = own.topology
     problems += [f"node {name}: {p}" for p in topo.problems]
     # Bound pods first (oldest first), then the ones not bound yet: estimated indices go to the former.
@@ -675,10 +705,12 @@ def _assemble(*, name: str, raw: Mapping[str, Any], own: _NodeParse, resident: S
             placed[pod.key] = was
         else:
             placed[pod.key] = dataclasses.replace(pod, gpu_indices=indices[pod.key], indices_observed=pod.key in seen)
-    mig_used: dict[str, int] = {}
+    mig_used = _slices_used(resident, slices if own.dra_gpus else ())
+    asked_mig = gpu.GpuRequest()
     for pod in resident:
-        for profile, count in pod.request.mig.items():
-            mig_used[profile] = mig_used.get(profile, 0) + count
+        asked_mig = gpu.add(asked_mig, gpu.GpuRequest(mig=pod.request.mig))
+    extra_mig = {gpu.MIG_PREFIX + p: n - asked_mig.mig.get(p, 0) for p, n in mig_used.items()
+                 if n > asked_mig.mig.get(p, 0)}
     node = Node(
         name=name,
         labels=meta.get("labels") or {},
@@ -693,13 +725,15 @@ def _assemble(*, name: str, raw: Mapping[str, Any], own: _NodeParse, resident: S
         pods=tuple(p.key for p in resident if not p.reserved),
         resources=own.resources,
         requested={**resources.add(*(e.requests for e in holders.values()),
-                                   {gpu.FULL_GPU: len(blocked)} if blocked else {}),
+                                   {gpu.FULL_GPU: len(blocked)} if blocked else {}, extra_mig),
                    resources.PODS: len(holders)},
         reserved=tuple(p.key for p in resident if p.reserved),
         host_ports=frozenset(port for e in holders.values() for port in e.host_ports),
         anti_affinity=_covering(terms, meta.get("labels") or {}),
         dra_gpus=own.dra_gpus,
         extended_gpus=not own.dra_gpus or gpu.FULL_GPU in inventory.extended,
+        extended_mig=frozenset(n for n, p in inventory.extended_mig.items() if n == gpu.MIG_PREFIX + p)
+        if own.dra_gpus else frozenset(),
         device_order=inventory.order.get(name) if own.dra_gpus else None,
     )
     return node, tuple(problems), placed
@@ -710,8 +744,10 @@ def _labels(raw: Mapping[str, Any] | None) -> Mapping[str, str]:
 
 
 def _renamed(inventory: dra.Inventory) -> frozenset[str]:
-    """The extended resource names GPU classes serve other than `nvidia.com/gpu`: a pod's parse reads them."""
-    return frozenset(name for name in inventory.extended if name != gpu.FULL_GPU)
+    """The extended resource names GPU classes serve other than the device plugin's (`nvidia.com/gpu`,
+    `nvidia.com/mig-<profile>`): a pod's parse reads them."""
+    return frozenset(name for name in inventory.extended if name != gpu.FULL_GPU) | frozenset(
+        name for name, profile in inventory.extended_mig.items() if name != gpu.MIG_PREFIX + profile)
 
 
 def _covering(terms: Mapping[tuple[str, str], Sequence[antiaffinity.Term]], labels: Mapping[str, str],
@@ -759,6 +795,40 @@ def _claimed(inventory: dra.Inventory, key_of: Mapping[str, str],
                 others.add(index)
         claimed[node], blocked[node] = mine, frozenset(others)
     return claimed, blocked
+
+
+def _slices_taken(inventory: dra.Inventory, key_of: Mapping[str, str],
+                  ) -> dict[str, tuple[tuple[str, str | None], ...]]:
+    """Per DRA node, its MIG devices that no new claim can get: (profile, key of the pod its claim is reserved for,
+    None: a claim of no pod we know, or a taint against new claims)."""
+    taken = inventory.taken()
+    out: dict[str, tuple[tuple[str, str | None], ...]] = {}
+    for node, devices in inventory.mig.items():
+        found = []
+        for device in devices:
+            claim = taken.get(device.id)
+            if claim is not None or device.blocked:
+                holder = next((key_of[u] for u in claim.reserved_for if u in key_of), None) if claim else None
+                found.append((str(device.profile), holder))
+        out[node] = tuple(found)
+    return out
+
+
+def _slices_used(resident: Sequence[Pod], taken: Sequence[tuple[str, str | None]]) -> dict[str, int]:
+    """MIG slices in use by profile: each resident pod's, the larger of what it asks and what its claims hold, and
+    the taken ones no resident pod holds (`_slices_taken`)."""
+    here = {p.key for p in resident}
+    held: dict[tuple[str, str], int] = {}
+    used: dict[str, int] = {}
+    for profile, holder in taken:
+        if holder in here:
+            held[(str(holder), profile)] = held.get((str(holder), profile), 0) + 1
+        else:
+            used[profile] = used.get(profile, 0) + 1
+    for pod in resident:
+        for profile in {*pod.request.mig, *(p for k, p in held if k == pod.key)}:
+            used[profile] = used.get(profile, 0) + max(pod.request.mig.get(profile, 0), held.get((pod.key, profile), 0))
+    return {p: n for p, n in used.items() if n}
 
 
 def _indices(devices: Sequence[dra.Device]) -> frozenset[int]:

@@ -51,7 +51,7 @@ def _rule(**selector: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("nodes", "objects", "node", "expected", "problem"), [
     pytest.param([b.gpu_node("n", gpus=8, domains=TWO_DOMAINS)], dict(slices=[b.resource_slice("n", 8)]), "n",
-                 (8, ((0, 1, 2, 3), (4, 5, 6, 7))), "8 DRA GPU devices beside a device plugin's nvidia.com/gpu",
+                 (8, ((0, 1, 2, 3), (4, 5, 6, 7))), "8 DRA GPU devices beside a device plugin's GPUs",
                  id="node-with-device-plugin-gpus-and-dra-devices-counts-the-device-plugin-only"),
     pytest.param([b.dra_node("n")], dict(slices=[b.resource_slice("n", 8, driver="gpu.example.com")]), "n",
                  None, None, id="slice-of-another-driver-is-no-gpu"),
