@@ -805,10 +805,13 @@ class Dra(Model):
     """GPUs that are Dynamic Resource Allocation devices (`resource.k8s.io/v1`, read where the cluster serves it)."""
 
     gpu_device_classes: tuple[str, ...] = pydantic.Field(
-        default=("gpu.nvidia.com",),
-        description="DeviceClasses whose devices are whole GPUs (NVIDIA's DRA driver: gpu.nvidia.com). A node "
-                    "without a device plugin's nvidia.com/gpu has as many GPUs as ResourceSlice devices these "
-                    "classes select; a pod's claims on them count as GPUs. Empty: DRA devices are never GPUs.",
+        default=("gpu.nvidia.com", "mig.nvidia.com"),
+        description="DeviceClasses whose devices are GPUs (NVIDIA's DRA driver: gpu.nvidia.com, and mig.nvidia.com "
+                    "for MIG devices; a class is a MIG class when its selector pins type 'mig' or a profile). A node "
+                    "without a device plugin's GPUs has as many GPUs as ResourceSlice devices these classes select, "
+                    "and its MIG devices count as nvidia.com/mig-<profile> slices by their profile attribute; a "
+                    "pod's claims on them count as GPUs (MIG: by the one profile the class or the request's selector "
+                    "pins). Empty: DRA devices are never GPUs.",
     )
     domain_claims: bool = pydantic.Field(
         default=False,

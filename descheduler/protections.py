@@ -71,6 +71,10 @@ def dra_uncounted(pod: snapshot.Pod, node: snapshot.Node | None, names: settings
     if len(pod.dra.devices) > pod.request.full:
         return (f"holds {len(pod.dra.devices)} DRA GPU devices ({', '.join(d.describe() for d in pod.dra.devices)}) "
                 f"but is counted for {pod.request.full} GPU")
+    if len(pod.dra.mig_devices) > sum(pod.request.mig.values()):
+        return (f"holds {len(pod.dra.mig_devices)} DRA MIG devices "
+                f"({', '.join(d.describe() for d in pod.dra.mig_devices)}) but is counted for "
+                f"{sum(pod.request.mig.values())} MIG slices")
     return None
 
 

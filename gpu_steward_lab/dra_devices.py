@@ -19,6 +19,8 @@ from common import gpu, topology
 
 NVIDIA_DRIVER = "gpu.nvidia.com"  # NVIDIA's DRA driver, and the DeviceClass it installs
 NVIDIA_SELECTOR = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
+MIG_CLASS = "mig.nvidia.com"  # NVIDIA's DeviceClass of MIG devices
+MIG_SELECTOR = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"
 DEFAULT_PRODUCT = "NVIDIA H100"
 
 Mutator = Callable[[dict[str, Any]], None]
@@ -42,6 +44,18 @@ def gpu_device(index: int, *, kind: str = "gpu", clique: str | None = None, prod
     if clique is not None:
         attributes["nvlinkDomain"] = {"string": clique}
     device: dict[str, Any] = {"name": f"gpu-{index}", "attributes": attributes}
+    if mutate:
+        mutate(device)
+    return device
+
+
+def mig_device(parent: int, slot: int, *, profile: str, mutate: Mutator | None = None) -> dict[str, Any]:
+    """A MIG device as NVIDIA's DRA driver publishes one (static MIG): name gpu-<parent>-mig-<profile>-<slot>,
+    attributes type `mig`, profile, parentIndex, uuid."""
+    attributes: dict[str, Any] = {"type": {"string": "mig"}, "profile": {"string": profile},
+                                  "parentIndex": {"int": parent}, "uuid": {"string": f"MIG-{parent:04d}-{slot:04d}"}}
+    device: dict[str, Any] = {"name": f"gpu-{parent}-mig-{profile.replace('.', '-')}-{slot}",
+                              "attributes": attributes}
     if mutate:
         mutate(device)
     return device

@@ -143,6 +143,9 @@ NVIDIA_SELECTOR = dra_devices.NVIDIA_SELECTOR
 device_class = dra_devices.device_class
 gpu_device = dra_devices.gpu_device
 resource_slice = dra_devices.resource_slice
+mig_device = dra_devices.mig_device
+MIG_CLASS = dra_devices.MIG_CLASS
+MIG_SELECTOR = dra_devices.MIG_SELECTOR
 
 
 def claim_spec(count: int = 1, *, device_class_name: str = NVIDIA_DRIVER, mode: str | None = None,
