@@ -428,7 +428,8 @@ def asked(devices: Mapping[str, Any], classes: Mapping[str, GpuClass], where: st
             return Asked(why=f"{where}: a request that is no object")
         name = request.get("name")
         if own and request.get("firstAvailable"):
-            answers = {asked({"requests": [{"exactly": s}]}, classes, where) for s in request["firstAvailable"]
+            answers = {asked({"requests": [{"name": name, "exactly": s}]}, classes, where)
+                       for s in request["firstAvailable"]
                        if isinstance(s, Mapping)}
             if len(answers) == 1:
                 total = _plus(total, answers.pop())

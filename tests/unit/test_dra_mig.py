@@ -92,6 +92,16 @@ def _taint(device: dict[str, Any]) -> None:
     device["taints"] = [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]
 
 
+def _int_profile(device: dict[str, Any]) -> None:
+    device["attributes"]["profile"] = {"int": 1}
+
+
+def _selectors(*selectors: Any) -> dict[str, Any]:
+    spec = mig_spec(1, selector=None)
+    spec["devices"]["requests"][0]["exactly"]["selectors"] = list(selectors)
+    return spec
+
+
 # --- which MIG devices are a node's slices, and which are free -----------------------------------------------------
 
 
@@ -104,6 +114,10 @@ def _taint(device: dict[str, Any]) -> None:
                                                     b.mig_device(0, 1, profile=ONE_G))]),
                  {ONE_G: 1}, "a MIG device without a `profile` attribute; not counted",
                  id="mig-device-without-profile-not-counted"),
+    pytest.param(mig_node(), dict(slices=[mig_slice("n", b.mig_device(0, 0, profile=ONE_G, mutate=_int_profile),
+                                                    b.mig_device(0, 1, profile=ONE_G))]),
+                 {ONE_G: 1}, "a MIG device without a `profile` attribute; not counted",
+                 id="mig-device-whose-profile-is-no-string-not-counted"),
     pytest.param(mig_node(), dict(slices=[mig_slice("n", b.mig_device(0, 0, profile=ONE_G, mutate=_counters))]),
                  None, "a MIG device that consumes counters (partitionable); not counted",
                  id="partitionable-mig-device-not-counted"),
@@ -150,6 +164,18 @@ def test_node_slices(node: dict[str, Any], objects: dict[str, Any], free: dict[s
     pytest.param({"devices": {"requests": [*mig_spec(1)["devices"]["requests"],
                                            {"name": "whole", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
                  {ONE_G: 1}, None, id="mig-and-a-whole-gpu-in-one-template"),
+    pytest.param({"devices": {"requests": [mig_spec(1)["devices"]["requests"][0],
+                                           {**mig_spec(2)["devices"]["requests"][0], "name": "more"}]}},
+                 {ONE_G: 3}, None, id="two-requests-of-one-profile-add-up"),
+    pytest.param(mig_spec(1, selector=f"device.attributes['gpu.nvidia.com'].type == 'mig' && {PROFILE_1G}"),
+                 {ONE_G: 1}, None, id="another-string-attribute-is-no-profile"),
+    pytest.param(mig_spec(1, selector=f"{PROFILE_1G} && device.attributes['gpu.nvidia.com'].parentIndex == 0 || "
+                                      f"device.attributes['gpu.nvidia.com'].profile == '{THREE_G}'"),
+                 {}, "no profile pinned", id="a-conjunction-before-an-or-pins-none"),
+    # Selectors all hold at once: one that pins nothing (no object, or an `||`) leaves the next one's profile.
+    pytest.param(_selectors("not-an-object", {"cel": {"expression": f"{PROFILE_1G} || true"}},
+                            {"cel": {"expression": PROFILE_1G}}),
+                 {ONE_G: 1}, None, id="selectors-that-pin-nothing-skipped-the-next-read"),
 ])
 def test_pod_asks(spec: dict[str, Any], mig: dict[str, int], left: str | None) -> None:
     pod = b.pod("p", mutate=b.with_claim_template("t"))
@@ -157,6 +183,23 @@ def test_pod_asks(spec: dict[str, Any], mig: dict[str, int], left: str | None) -
     assert dict(got.mig) == mig
     assert (left in got.left) if left and got.left else got.left == left, got.left
     assert got.asks_gpus
+
+
+def test_a_claim_of_its_own_whose_alternatives_pin_no_profile_is_left_and_says_which() -> None:
+    """A pod's one-domain claim (`Record`) asks what its `firstAvailable` alternatives all ask: here an unpinned MIG
+    class, which the model cannot count."""
+    alternatives = [{"name": n, "deviceClassName": b.MIG_CLASS, "count": 1} for n in ("domain", "any")]
+    own = claim("p-a-mine", spec={"devices": {"requests": [{"name": "gpus", "firstAvailable": alternatives}]}})
+    own["metadata"]["ownerReferences"] = [{"kind": "Pod", "name": "p", "uid": "uid-p"}]
+
+    def mutate(body: dict[str, Any]) -> None:
+        body["spec"]["resourceClaims"] = [{"name": "a", "resourceClaimName": "p-a-mine"}]
+        body["metadata"].setdefault("annotations", {})[NAMES.domain_claim] = dra.Record("a", "p-a-mine", "t").text()
+
+    got = dra.pod_gpus(b.pod("p", mutate=mutate), inventory(claims=[own]), annotation=NAMES.domain_claim)
+    assert (got.left, dict(got.mig), got.asks_gpus) == (
+        "claim default/p-a-mine request gpus: MIG class mig.nvidia.com with no profile pinned (the allocator picks "
+        "any: not counted)", {}, True)
 
 
 def test_a_pods_mig_claim_counts_as_its_slices_and_takes_them_on_the_node() -> None:
@@ -184,6 +227,14 @@ def test_a_pod_holding_more_mig_devices_than_counted_is_never_a_victim() -> None
         "is counted for 1 MIG slices")
     # Both devices are in use, whatever the pod was counted for.
     assert built.nodes["n"].free_mig(ONE_G) == 2
+
+
+def test_a_pod_whose_only_gpus_are_held_mig_devices_is_a_gpu_pod() -> None:
+    pod = b.pod("p", node="n", phase="Running", mutate=b.with_extended_claim("p-x"))
+    inv = inventory(slices=[mig_slice("n")], claims=[
+        claim("p-x", "gpu-0-mig-1g-10gb-0", reserved_for=["p"], extended=True)])
+    got = dra.pod_gpus(pod, inv, annotation=NAMES.domain_claim)
+    assert (got.asks_gpus, got.count, dict(got.mig), len(got.mig_devices)) == (True, 0, {}, 1)
 
 
 def test_a_renamed_mig_extended_resource_counts_as_its_profile() -> None:
