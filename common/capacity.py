@@ -129,7 +129,8 @@ def _gpu_source(pod_spec: Mapping[str, Any], requests: Mapping[str, int], node: 
         if own.full < wanted and not node.dra_gpus:
             return f"asks {wanted - own.full} GPU of DRA device classes; the node's GPUs are a device plugin's"
         if own.full and node.dra_gpus and not node.extended_gpus:
-            return f"asks {gpu.FULL_GPU}; the node's GPUs are DRA devices and no GPU DeviceClass serves that name"
+            return (f"asks {gpu.FULL_GPU}; the node's GPUs are DRA devices and no GPU DeviceClass of "
+                    "dra.gpu_device_classes serves that name")
     for name, count in sorted(requests.items()):
         if not name.startswith(gpu.MIG_PREFIX) or not count:
             continue
@@ -137,7 +138,8 @@ def _gpu_source(pod_spec: Mapping[str, Any], requests: Mapping[str, int], node: 
         if mine < count and not node.dra_gpus:
             return f"asks {count - mine} MIG {name} of DRA device classes; the node's GPUs are a device plugin's"
         if mine and node.dra_gpus and name not in node.extended_mig:
-            return f"asks {name}; the node's GPUs are DRA devices and no MIG DeviceClass serves that name"
+            return (f"asks {name}; the node's GPUs are DRA devices and no MIG DeviceClass of dra.gpu_device_classes "
+                    "serves that name")
     return None
 
 

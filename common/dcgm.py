@@ -174,20 +174,26 @@ def duration_seconds(text: str) -> float | None:
 def store_checks(facts: StoreFacts, *, config: settings.Prometheus,
                  longest_window: float | None) -> list[tuple[bool, str]]:
     """Whether the store can serve reclaim, one line each (ok, why): the utilisation metric has series under
-    `prometheus.scope_matchers`; each configured metric that has series carries a per-GPU identity (`UUID` or
-    `gpu`: a recording rule aggregated over GPUs has neither, and no pod of it could ever be judged); the store
-    keeps at least `longest_window` seconds (the longest idle window of the cluster's PriorityClasses)."""
+    `prometheus.scope_matchers`, or, on a fleet whose GPUs are all in MIG mode (where dcgm-exporter reports no
+    whole-GPU utilisation), the MIG activity metric has series with a per-GPU identity (said, not failed); each
+    configured metric that has series carries a per-GPU identity (`UUID` or `gpu`: a recording rule aggregated over
+    GPUs has neither, and no pod of it could ever be judged); the store keeps at least `longest_window` seconds (the
+    longest idle window of the cluster's PriorityClasses)."""
     labels = config.labels
     scope = f" matching prometheus.scope_matchers {config.scope_matchers}" if config.scope_matchers else ""
     out: list[tuple[bool, str]] = []
+    found_mig = facts.metrics.get(config.mig_activity_metric, MetricFacts(0, frozenset()))
+    mig = bool(found_mig.series and {labels.uuid, labels.gpu} & found_mig.labels)
     for setting, metric in (("gpu_util_metric", config.gpu_util_metric),
                             ("mig_activity_metric", config.mig_activity_metric)):
         found = facts.metrics.get(metric, MetricFacts(0, frozenset()))
         if not found.series:
             if setting == "gpu_util_metric":
-                out.append((False, f"no series of {metric} (prometheus.{setting}){scope} in the store: no pod "
-                                   "could be judged idle" + ("; is the matcher's label (e.g. the external label "
-                                                             "cluster) on the series?" if scope else "")))
+                judged = (f"no whole-GPU pod could be judged idle, only MIG instances ({config.mig_activity_metric})"
+                          if mig else "no pod could be judged idle")
+                hint = "; is the matcher's label (e.g. the external label cluster) on the series?"
+                out.append((mig, f"no series of {metric} (prometheus.{setting}){scope} in the store: {judged}"
+                                 + (hint if scope and not mig else "")))
             continue
         identity = sorted({labels.uuid, labels.gpu} & found.labels)
         if not identity:

@@ -18,8 +18,9 @@ must not be served still comes back, with the reason it is `ignored` (recorded, 
 - its kube-scheduler message names more than a GPU shortage (`descheduler.unschedulable`). The message may only
   veto: a demand is served only on a node where the capacity model says it then runs (`search`). On DRA GPU nodes
   the shortage reads `cannot allocate all claims`; it counts as a GPU shortage only for a pod that asks no
-  extended resource but `nvidia.com/gpu` and has no claims of its own (`_claims_are_gpus`): its only claim is the
-  one kube-scheduler makes for its GPUs. A pod with claims of its own is not modelled here (above) yet.
+  extended resource but `nvidia.com/gpu` and `nvidia.com/mig-<profile>` and has no claims of its own
+  (`_claims_are_gpus`): its only claims are those kube-scheduler makes for its GPUs and MIG slices. A pod with
+  claims of its own is not modelled here (above) yet.
 A terminating pending pod is no demand at all.
 """
 
@@ -99,9 +100,10 @@ def _ignored(pod: snapshot.Pod, condition: Mapping[str, Any], *, names: settings
 
 def _claims_are_gpus(pod: snapshot.Pod) -> bool:
     """Every DRA claim kube-scheduler allocates for the pod is for its GPUs: it asks no extended resource but whole
-    GPUs (any other could be served by a DRA class as well). A pod with claims of its own never gets here: they are
-    not modelled (`_unevaluated`, checked first)."""
-    return all("/" not in name or name == gpu.FULL_GPU for name in pod.requests)
+    GPUs and MIG slices (any other could be served by a DRA class as well; one a GPU class serves under another
+    name is counted as one of these in `requests`). A pod with claims of its own never gets here: they are not
+    modelled (`_unevaluated`, checked first)."""
+    return all("/" not in name or name == gpu.FULL_GPU or name.startswith(gpu.MIG_PREFIX) for name in pod.requests)
 
 
 def demands_from_snapshot(cluster: snapshot.Snapshot, *, names: settings.Names = _NAMES) -> list[Demand]:

@@ -7,11 +7,16 @@ allocates an extended-resource pod's 1g.10gb devices, a template pod's 3g.40gb d
 profile) and an unpinned template pod's one device of either profile; the model built from the live cluster counts
 the node's slices by profile, each pod's ask by the profile pinned (the unpinned pod asks none it can count, and is
 said so, and never judged idle), and the node's free slices with every held device taken, so none is offered twice.
+Reclaim against a real Prometheus with dcgm-exporter 4.8.4-style MIG series of DRA devices: an idle pod of 1g.10gb
+slices is evicted for a pending pod asking those slices; a pod busy on one of its slices, and an idle pod of 3g.40gb
+slices (which free no 1g.10gb slice), are never evicted.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +26,9 @@ from common import gpu, settings
 from descheduler import protections
 from gpu_steward_lab import dra_devices, localcluster
 from tests import builders
+from tests.e2e import conftest
 from tests.e2e import test_dra_e2e as dra_e2e
+from tests.support import kube, prometheus
 
 pytestmark = pytest.mark.e2e
 
@@ -61,8 +68,8 @@ def mig_node(control_plane: localcluster.LocalCluster) -> Iterator[tuple[str, st
                               check=False)
 
 
-def _template(name: str, *, namespace: str, profile: str | None) -> dict[str, Any]:
-    spec = builders.claim_spec(1, device_class_name=builders.MIG_CLASS)
+def _template(name: str, *, namespace: str, profile: str | None, count: int = 1) -> dict[str, Any]:
+    spec = builders.claim_spec(count, device_class_name=builders.MIG_CLASS)
     if profile:
         spec["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {"expression": _profile(profile)}}]
     return builders.claim_template(name, namespace=namespace, spec=spec)
@@ -106,3 +113,94 @@ def test_the_model_counts_dra_mig_slices_by_profile_and_each_pods_ask_by_the_pro
     reasons = {n: protections.dra_uncounted(state.pods[f"{plain_namespace}/{n}"], got, NAMES) for n in running}
     assert {n: bool(r) for n, r in reasons.items()} == {"ext-1g": False, "tpl-3g": False, "tpl-any": True}, reasons
     assert not [p for p in state.problems if node in p], state.problems
+
+
+MIG_RECLAIMABLE = "e2e-dra-mig-reclaimable"
+
+
+def _mig_series(cluster: localcluster.LocalCluster, namespace: str, busy: dict[str, float],
+                ) -> list[prometheus.Series]:
+    """`DCGM_FI_PROF_GR_ENGINE_ACTIVE` (a ratio) per MIG device of each running pod, labelled as dcgm-exporter
+    4.8.4 labels a DRA-allocated MIG instance (parent GPU index and UUID, instance id and profile, its pod, claim
+    and device); 0.01 unless `busy` gives a pod's first device a value."""
+    series = []
+    for name, pod in kube.pods(cluster, namespace).items():
+        node = pod["spec"].get("nodeName")
+        if not node or not dra_e2e._claim_of(pod):
+            continue
+        for i, device in enumerate(_devices(cluster, namespace, pod)):
+            # gpu-<parent>-mig-<profile, dots as dashes>-<slot> (`dra_devices.mig_device`)
+            named = re.fullmatch(r"gpu-(\d+)-mig-(.+)-(\d+)", device)
+            assert named, device
+            parent, dashed, slot = named.groups()
+            profile = dashed.replace("-", ".")
+            labels = {"gpu": parent, "UUID": f"GPU-{node}-{parent}", "GPU_I_ID": slot, "GPU_I_PROFILE": profile,
+                      "device": f"nvidia{parent}", "modelName": "NVIDIA H100 80GB HBM3", "Hostname": node,
+                      "container": "main", "namespace": namespace, "pod": name,
+                      "dra_claim_name": dra_e2e._claim_of(pod), "dra_claim_namespace": namespace,
+                      "dra_driver_name": dra_devices.NVIDIA_DRIVER, "dra_pool_name": node, "dra_device_name": device,
+                      "dra_mig_profile": profile}
+            value = busy.get(name, 0.01) if i == 0 else 0.01
+            series.append(prometheus.Series("DCGM_FI_PROF_GR_ENGINE_ACTIVE", labels,
+                                            [(float(ago), value) for ago in range(420)]))
+    return series
+
+
+def test_an_idle_pod_of_dra_mig_slices_is_reclaimed_for_slices_of_its_profile_only(
+        control_plane: localcluster.LocalCluster, mig_node: tuple[str, str], plain_namespace: str,
+        descheduler_factory: conftest.StartDescheduler, prometheus_factory: prometheus.StartPrometheus) -> None:
+    pool, node = mig_node
+    control_plane.apply([kube.priority_class(MIG_RECLAIMABLE, value=1000, reclaim=(dra_e2e.IDLE_WINDOW_SECONDS,
+                                                                                   dra_e2e.THRESHOLD_PERCENT)),
+                         _template("three-g-2", namespace=plain_namespace, profile=THREE_G, count=2)])
+
+    def reclaimable(name: str, *, slices: int = 2, template: str | None = None) -> dict[str, Any]:
+        body = dra_e2e._pod(name, namespace=plain_namespace, pool=pool, template=template)
+        body["spec"]["priorityClassName"] = MIG_RECLAIMABLE
+        if not template:
+            resources = body["spec"]["containers"][0]["resources"]
+            resources["requests"][gpu.MIG_PREFIX + ONE_G] = str(slices)
+            resources.setdefault("limits", {})[gpu.MIG_PREFIX + ONE_G] = str(slices)
+        return body
+
+    try:
+        control_plane.apply([reclaimable("idle-1g"), reclaimable("busy-1g"),
+                             reclaimable("idle-3g", template="three-g-2")])
+        for name in ("idle-1g", "busy-1g", "idle-3g"):
+            dra_e2e._running(control_plane, plain_namespace, name)
+        state = dra_e2e._state(control_plane)
+        assert (state.nodes[node].free_mig(ONE_G), state.nodes[node].free_mig(THREE_G)) == (0, 0), state.problems
+        dcgm = prometheus_factory(_mig_series(control_plane, plain_namespace, {"busy-1g": 0.9}),
+                                  now=time.time() + dra_e2e.AHEAD_SECONDS)
+        descheduler = descheduler_factory({
+            # The operator's class serving nvidia.com/mig-1g.10gb is named as a GPU class too.
+            "dra": {"gpu_device_classes": [dra_devices.NVIDIA_DRIVER, builders.MIG_CLASS, ONE_G_CLASS]},
+            "prometheus": {"url": dcgm.url, "occupancy_refresh_seconds": 1},
+            "descheduler": {"reclaim": {"cooldowns": {"node_seconds": 0, "workload_seconds": 0},
+                                        "conventions": {"evict_bare_pods": True}}},
+        })
+        # Of the same priority: kube-scheduler cannot preempt for it; it reads `cannot allocate all claims`.
+        control_plane.apply([reclaimable("want")])
+        want = kube.poll("want bound where the idle 1g pod was", lambda: (
+            p if (p := kube.pods(control_plane, plain_namespace).get("want")) and p["spec"].get("nodeName")
+            else None), timeout_seconds=90)
+        # Another 1g demand: only the busy pod's slices, or none (the 3g pod's), could serve it: three cycles decide
+        # it, none evicting for it.
+        control_plane.apply([reclaimable("want-2")])
+        told = f"reclaim demand {plain_namespace}/want-2 "
+        said = kube.poll("three cycles on want-2", lambda: (
+            lines if len(lines := [x for x in descheduler.process.log_file.read_text(errors="replace").splitlines()
+                                   if told in x]) >= 3 else None), timeout_seconds=60)
+        pods = kube.pods(control_plane, plain_namespace)
+        log = descheduler.process.log_file.read_text(errors="replace")
+        assert want["spec"]["nodeName"] == node, log[-3000:]
+        assert all(": no node " in x and "evicted" not in x for x in said), said
+        assert not pods["want-2"]["spec"].get("nodeName")
+        assert "idle-1g" not in pods or pods["idle-1g"]["metadata"].get("deletionTimestamp"), sorted(pods)
+        for kept in ("busy-1g", "idle-3g"):
+            assert kept in pods and not pods[kept]["metadata"].get("deletionTimestamp"), (kept, log[-3000:])
+        reasons = {(e["reason"], e["involvedObject"]["name"]) for e in kube.events(control_plane, plain_namespace)}
+        assert ("IdleGPUReclaimed", "idle-1g") in reasons, reasons
+        assert not {n for r, n in reasons if r == "IdleGPUReclaimed"} - {"idle-1g"}, reasons
+    finally:
+        control_plane.kubectl("delete", "priorityclass", MIG_RECLAIMABLE, "--ignore-not-found", check=False)

@@ -282,6 +282,9 @@ def facts(util: dcgm.MetricFacts | None = IDENTIFIED, mig: dcgm.MetricFacts | No
         pytest.param(facts(util=None, mig=RULE), [], 10800.0, ["no series of DCGM_FI_DEV_GPU_UTIL",
                      "DCGM_FI_PROF_GR_ENGINE_ACTIVE (prometheus.mig_activity_metric): its 5 series carry neither"],
                      id="no-utilisation-series-and-a-mig-recording-rule-both-said"),
+        # A fleet whose GPUs are all in MIG mode: dcgm-exporter reports no whole-GPU utilisation.
+        pytest.param(facts(util=None, mig=IDENTIFIED), [], 10800.0, [], id="mig-only-fleet-starts"),
+        pytest.param(facts(util=None, mig=IDENTIFIED), SCOPE, 10800.0, [], id="mig-only-fleet-starts-scoped"),
         pytest.param(facts(util=RULE, mig=RULE), [], 10800.0, ["DCGM_FI_DEV_GPU_UTIL (prometheus.gpu_util_metric)",
                      "DCGM_FI_PROF_GR_ENGINE_ACTIVE (prometheus.mig_activity_metric)"],
                      id="two-recording-rules-both-said"),
@@ -319,6 +322,11 @@ def test_store_checks(found: dcgm.StoreFacts, scope: list[str], window: float | 
                     "judged idle")], id="no-series-unscoped"),
         pytest.param(facts(), [], [(True, "DCGM_FI_DEV_GPU_UTIL: 40 series, GPUs identified by UUID and gpu")],
                      id="identified-by-both"),
+        pytest.param(facts(util=None, mig=IDENTIFIED), [], [
+            (True, "no series of DCGM_FI_DEV_GPU_UTIL (prometheus.gpu_util_metric) in the store: no whole-GPU pod "
+                   "could be judged idle, only MIG instances (DCGM_FI_PROF_GR_ENGINE_ACTIVE)"),
+            (True, "DCGM_FI_PROF_GR_ENGINE_ACTIVE: 40 series, GPUs identified by UUID and gpu")],
+                     id="mig-only-fleet-said"),
     ],
 )
 def test_metric_lines(found: dcgm.StoreFacts, scope: list[str], lines: list[tuple[bool, str]]) -> None:

@@ -341,7 +341,8 @@ def test_implicit_extended_resource_name_is_a_gpu() -> None:
 
 @pytest.mark.parametrize(("pod", "classes", "node", "why"), [
     pytest.param(b.pod("p", gpus=4), [b.device_class(extended=None)], b.dra_node("n"),
-                 "asks nvidia.com/gpu; the node's GPUs are DRA devices and no GPU DeviceClass serves that name",
+                 "asks nvidia.com/gpu; the node's GPUs are DRA devices and no GPU DeviceClass of "
+                 "dra.gpu_device_classes serves that name",
                  id="extended-request-no-deviceclass-maps-it"),
     pytest.param(b.pod("p", mutate=b.with_claim_template("four")), [b.device_class()], b.gpu_node("n", gpus=8),
                  "asks 4 GPU of DRA device classes; the node's GPUs are a device plugin's",

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from common import capacity, dra, gpu, settings, snapshot
-from descheduler import protections
+from common import capacity, dra, gpu, settings, settings_loader, snapshot
+from descheduler import policy, protections, reclaim, unschedulable
 from gpu_steward_lab import dra_devices
 from tests import builders as b
+from tests.unit import test_reclaim_planner as planner
 
 CLASSES = ("gpu.nvidia.com", "mig.nvidia.com", "mig-1g")
 NAMES = settings.Names()
@@ -28,6 +29,8 @@ def mig_class(name: str = b.MIG_CLASS, *, expression: str = b.MIG_SELECTOR, exte
 
 
 ONE_G_CLASS = mig_class("mig-1g", expression=f"{b.MIG_SELECTOR} && {PROFILE_1G}", extended=gpu.MIG_PREFIX + ONE_G)
+THREE_G_CLASS = mig_class("mig-3g", expression=f"{b.MIG_SELECTOR} && {PROFILE_1G.replace(ONE_G, THREE_G)}",
+                          extended=gpu.MIG_PREFIX + THREE_G)
 
 
 def mig_slice(node: str, *devices: dict[str, Any]) -> dict[str, Any]:
@@ -252,7 +255,8 @@ def test_a_renamed_mig_extended_resource_counts_as_its_profile() -> None:
     pytest.param(b.pod("p", mig={ONE_G: 1}), mig_node(), [ONE_G_CLASS], None,
                  id="extended-mig-request-served-by-a-mig-class"),
     pytest.param(b.pod("p", mig={THREE_G: 1}), mig_node(), [ONE_G_CLASS],
-                 f"asks {gpu.MIG_PREFIX}{THREE_G}; the node's GPUs are DRA devices and no MIG DeviceClass serves "
+                 f"asks {gpu.MIG_PREFIX}{THREE_G}; the node's GPUs are DRA devices and no MIG DeviceClass of "
+                 "dra.gpu_device_classes serves "
                  "that name", id="extended-mig-request-no-class-serves-it"),
     pytest.param(b.pod("p", mutate=b.with_claim_template("t")), plugin_mig_node(),
                  [mig_class()], f"asks 2 MIG {gpu.MIG_PREFIX}{ONE_G} of DRA device classes; the node's GPUs are a "
@@ -298,3 +302,61 @@ def test_a_rebuild_reads_a_mig_claim_allocated_since_the_last_build() -> None:
     scratch = cluster(nodes=[mig_node()], pods=[pod], inv=later)
     got = [(s.nodes["n"].free_mig(ONE_G), s.nodes["n"].free_mig(THREE_G)) for s in (first, second, scratch)]
     assert got == [(3, 1), (2, 1), (2, 1)]
+
+
+# --- reclaim on a DRA MIG node: the device plugin's MIG compatibility rules -----------------------------------------
+
+
+def _holding(name: str, profile: str, *devices: str) -> list[dict[str, Any]]:
+    """A reclaimable running pod (team-a) asking `len(devices)` slices of `profile` as an extended resource, and the
+    claim kube-scheduler made for it, allocated `devices`."""
+    pod = planner.running(name, node="n", gpus=0, mig={profile: len(devices)})
+    b.with_extended_claim(f"{name}-x")(pod)
+    made = claim(f"{name}-x", *devices, reserved_for=[name], extended=True)
+    made["metadata"]["namespace"] = "team-a"
+    return [pod, made]
+
+
+MIG_CLASSES = [b.device_class(), mig_class(), ONE_G_CLASS, THREE_G_CLASS]
+FULL_MIG_NODE = [*_holding("idle-1g", ONE_G, "gpu-0-mig-1g-10gb-0", "gpu-0-mig-1g-10gb-1"),
+                 *_holding("busy-1g", ONE_G, "gpu-1-mig-1g-10gb-0", "gpu-1-mig-1g-10gb-1"),
+                 *_holding("idle-3g", THREE_G, "gpu-0-mig-3g-40gb-2", "gpu-1-mig-3g-40gb-2")]
+
+
+def _want(profile: str, count: int, *, message: str = f"0/1 nodes are available: 1 {unschedulable.DRA_SHORT}.",
+          ) -> dict[str, Any]:
+    pod = planner.pending("want", gpus=0, mig={profile: count})
+    pod["status"]["conditions"][0]["message"] = message
+    return pod
+
+
+@pytest.mark.parametrize(("want", "classes", "evicted", "reason"), [
+    pytest.param(_want(ONE_G, 2), MIG_CLASSES, {"team-a/idle-1g"}, "1 idle pod(s) evicted on n",
+                 id="idle-1g-pod-reclaimed-for-a-1g-demand"),
+    pytest.param(_want(THREE_G, 1), MIG_CLASSES, {"team-a/idle-3g"}, "1 idle pod(s) evicted on n",
+                 id="idle-3g-pod-reclaimed-for-a-3g-demand"),
+    pytest.param(_want(ONE_G, 3), MIG_CLASSES, set(), "no node can hold it",
+                 id="adversarial-two-idle-1g-slices-for-three-wanted-evicts-none"),
+    pytest.param(_want(THREE_G, 1), MIG_CLASSES[:-1], set(), f"asks {gpu.MIG_PREFIX}{THREE_G}; the node's GPUs are "
+                 "DRA devices and no MIG DeviceClass of dra.gpu_device_classes serves that name",
+                 id="adversarial-no-class-serves-the-profile"),
+    pytest.param(_want(ONE_G, 2, message=f"0/1 nodes are available: 1 Insufficient cpu, 1 {unschedulable.DRA_SHORT}."),
+                 MIG_CLASSES, set(), "(1 Insufficient cpu)", id="short-of-cpu-too-is-no-demand"),
+])
+def test_reclaim_on_a_dra_mig_node_frees_slices_of_the_profile_wanted(
+        want: dict[str, Any], classes: list[dict[str, Any]], evicted: set[str], reason: str) -> None:
+    """Evicting an idle pod frees slices of its own profile only, as with the device plugin's MIG: idle-1g and
+    idle-3g are idle, busy-1g is not."""
+    pods = [o for o in FULL_MIG_NODE if o["kind"] == "Pod"] + [want]
+    claims = [o for o in FULL_MIG_NODE if o["kind"] == "ResourceClaim"]
+    config = settings_loader.load(overrides={})
+    built = snapshot.build(nodes=[mig_node()], pods=pods, priority_classes=planner.CLASSES, names=config.names,
+                           taken_at=planner.NOW, inventory=inventory(classes=classes, slices=[mig_slice("n")],
+                                                                     claims=claims, gpu_classes=(*CLASSES, "mig-3g")))
+    assert built.nodes["n"].free_mig(ONE_G) == built.nodes["n"].free_mig(THREE_G) == 0, built.problems
+    assessments = {**planner.idle("team-a/idle-1g", "team-a/idle-3g"), **planner.busy("team-a/busy-1g")}
+    plan = reclaim.plan(cluster=built, policies=policy.parse_all(built.priority_classes, default_threshold_percent=5),
+                        assessments=assessments, demands=reclaim.demands_from_snapshot(built),
+                        state=planner.NO_COOLDOWNS, config=config, now=planner.NOW)
+    assert {e.pod for e in plan.evictions} == evicted
+    assert reason in {o.demand: o.reason for o in plan.demands}["team-b/want"]
