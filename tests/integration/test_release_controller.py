@@ -736,6 +736,35 @@ async def test_gang_only_preemption_can_place_nominates_where_room_is_free_and_l
     assert registry.get_sample_value("gpu_steward_gang_releases_total", {"kind": "preempting"}) == 1
 
 
+async def test_a_gang_only_preemption_can_place_gets_its_claims_of_their_own_first_with_the_templates_request(
+    fake: tuple[FakeApiServer, client.ApiClient],
+) -> None:
+    """A preempting release plans no NVLink domain for a member kube-scheduler will place by preemption: each
+    member's claim of its own is made from its template's request as it is (dry run, then create), every claim
+    before the first gate is lifted."""
+    server, api = fake
+    server.put(builders.pod("low", namespace="other", gpus=4, node="gpu-0", phase="Running"), notify=False)
+    server.templates[f"{NAMESPACE}/t4"] = builders.claim_template("t4", namespace=NAMESPACE,
+                                                                 spec=builders.claim_spec(4))
+    for i in range(2):
+        member = gang_member(f"g-{i}", gang="g", size=2, gpus=4, namespace=NAMESPACE, gated=True)
+        member["spec"]["priority"] = 1000
+        record = dra.Record("gpus", f"g-{i}-gpus-0a1b2c3d", "t4")
+        member["metadata"].setdefault("annotations", {})[NAMES.domain_claim] = record.text()
+        member["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimName": record.claim}]
+        server.put(member, notify=False)
+    ctl = controller.Controller(config=config(), source=StoreSource(server, NODES[:1], clock=time.time), api=api,
+                                metrics=controller.Metrics(prometheus_client.CollectorRegistry()))
+    await ctl.reconcile(now=time.time())
+    kinds = [kind for _, kind in server.patches]
+    assert sorted(kinds) == sorted(["nominate", *["claim-dry-run", "claim"] * 2, "ungate", "ungate"]), kinds
+    assert max(i for i, k in enumerate(kinds) if k.startswith("claim")) < kinds.index("ungate"), kinds
+    for i in range(2):
+        claim = server.claims[f"{NAMESPACE}/g-{i}-gpus-0a1b2c3d"]
+        assert claim["spec"] == builders.claim_spec(4), "no domain planned: the template's request as it is"
+    assert all(server.reasons(f"g-{i}") == [planning.PREEMPTING] for i in range(2))
+
+
 async def test_a_nomination_someone_else_set_is_kept_and_the_pod_released_without_ours(
     fake: tuple[FakeApiServer, client.ApiClient],
 ) -> None:
