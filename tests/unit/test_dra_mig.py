@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from common import capacity, dra, gpu, settings, snapshot
+from common import capacity, dra, gpu, settings, snapshot, snapshot_build
 from descheduler import protections
 from gpu_steward_lab import dra_devices
 from tests import builders as b
@@ -46,7 +46,7 @@ def inventory(*, classes: Sequence[dict[str, Any]] = (), slices: Sequence[dict[s
 
 def cluster(*, nodes: Sequence[dict[str, Any]], pods: Sequence[dict[str, Any]] = (),
             inv: dra.Inventory) -> snapshot.Snapshot:
-    return snapshot.build(nodes=nodes, pods=pods, names=NAMES, taken_at=0.0, inventory=inv)
+    return snapshot_build.build(nodes=nodes, pods=pods, names=NAMES, taken_at=0.0, inventory=inv)
 
 
 def mig_node(name: str = "n") -> dict[str, Any]:
@@ -288,7 +288,7 @@ def test_a_rebuild_reads_a_mig_claim_allocated_since_the_last_build() -> None:
     pod = b.pod("p", node="n", phase="Running", mutate=b.with_claim_template("t", generated="p-mig"))
     templates = [b.claim_template("t", spec=mig_spec(1))]
     stores = {"nodes": {"n": mig_node()}, "pods": {"default/p": pod}}
-    builder = snapshot.Builder(names=NAMES)
+    builder = snapshot_build.Builder(names=NAMES)
     first = builder.build(**stores, taken_at=0.0, inventory=inventory(
         slices=[mig_slice("n")], templates=templates, claims=[claim("other", "gpu-1-mig-3g-40gb-2")]))
     later = inventory(slices=[mig_slice("n")], templates=templates, claims=[claim("other", "gpu-1-mig-3g-40gb-2"),
