@@ -57,7 +57,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # after site-packages: an installed gpu-steward wins; a bare checkout works too
 
 from benchmarks import reclaim_prometheus  # noqa: E402
-from common import prometheus, settings, settings_loader, snapshot, source  # noqa: E402
+from common import prometheus, settings, settings_loader, snapshot, snapshot_build, source  # noqa: E402
 from descheduler import evictor, policy, reclaim  # noqa: E402
 from descheduler.reclaim import loop as reclaim_loop  # noqa: E402
 from descheduler.reclaim import measurement, utilisation_promql  # noqa: E402
@@ -272,8 +272,8 @@ def run_size(*, nodes: int, pods: int, pending: int, cycles: int, freeze: bool =
     raw = synthetic_cluster(nodes=nodes, pods=pods, pending=pending)
     names = settings_loader.load().names
     started = time.perf_counter()
-    cluster = snapshot.build(nodes=raw["nodes"], pods=raw["pods"], priority_classes=raw["priority_classes"],
-                             names=names, taken_at=NOW)
+    cluster = snapshot_build.build(nodes=raw["nodes"], pods=raw["pods"], priority_classes=raw["priority_classes"],
+                                   names=names, taken_at=NOW)
     build_seconds = time.perf_counter() - started
     rss_built = _rss_mb()
     if freeze:

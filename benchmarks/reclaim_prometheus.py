@@ -61,7 +61,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # after site-packages: an installed gpu-steward wins; a bare checkout works too
 
 from benchmarks import dcgm_history  # noqa: E402
-from common import prometheus, settings, settings_loader, snapshot, source  # noqa: E402
+from common import prometheus, settings, settings_loader, snapshot_build, source  # noqa: E402
 from descheduler import evictor, policy, reclaim  # noqa: E402
 from descheduler.reclaim import idle_history, measurement, utilisation_promql  # noqa: E402
 from descheduler.reclaim import loop as reclaim_loop  # noqa: E402
@@ -304,8 +304,8 @@ def run(gpus: int, *, pending: int, cycles: int, fail_first_cycle: bool = False,
             for pc in raw["priority_classes"] if learned else ():
                 if pc["metadata"]["name"] == "gpu-steward-normal":
                     pc["metadata"]["annotations"][config.names.learned_idle_window] = "true"
-            built = snapshot.build(nodes=raw["nodes"], pods=raw["pods"], priority_classes=raw["priority_classes"],
-                                   names=config.names, taken_at=now)
+            built = snapshot_build.build(nodes=raw["nodes"], pods=raw["pods"], priority_classes=raw["priority_classes"],
+                                         names=config.names, taken_at=now)
             del raw
             windows = _windows(chart_classes())
             client = prometheus.Client(config.prometheus)

@@ -81,7 +81,7 @@ from PIL import Image, ImageDraw
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout; the tests package is not installed
 
-from common import prometheus, settings, settings_loader, snapshot  # noqa: E402
+from common import prometheus, settings, settings_loader, snapshot, snapshot_build  # noqa: E402
 from descheduler import evictor, policy  # noqa: E402
 from descheduler.reclaim import idle_history, utilisation_promql  # noqa: E402
 from descheduler.reclaim import loop as reclaim_loop  # noqa: E402
@@ -474,7 +474,7 @@ class Replay:
         self.wall = wall  # unix seconds of slot 0 in Prometheus' history
         self.evicted: dict[str, int] = {}  # pod -> slot
         self._objects: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # pod -> (node, pod), built once
-        self._builder: snapshot.Builder | None = None  # re-does only what changed between cycles
+        self._builder: snapshot_build.Builder | None = None  # re-does only what changed between cycles
 
     def time(self, slot: int) -> float:
         return self.wall + slot * self.trace.step
@@ -494,7 +494,7 @@ class Replay:
                  for i in range(pending)]
         classes = [builders.priority_class(VICTIM_CLASS, VICTIM_PRIORITY, annotations=class_annotations(rule))]
         if self._builder is None:
-            self._builder = snapshot.Builder(names=config.names)
+            self._builder = snapshot_build.Builder(names=config.names)
         return self._builder.build(nodes={snapshot.node_name(node): node for node, _ in objects},
                                    pods={snapshot.pod_key(pod): pod for pod in pods}, priority_classes=classes,
                                    taken_at=self.time(slot))

@@ -41,7 +41,7 @@ import aiohttp  # noqa: E402
 
 from admission import mutation  # noqa: E402
 from benchmarks.noop_webhook import serve_noop  # noqa: E402
-from common import settings_loader, snapshot  # noqa: E402
+from common import settings_loader, snapshot_build  # noqa: E402
 from gpu_steward_lab import certs  # noqa: E402
 from tests import builders  # noqa: E402
 
@@ -114,7 +114,7 @@ def _percentile(values: Sequence[float], q: float) -> float:
 def time_decide(state: dict[str, Any], bodies: Sequence[bytes], *, seconds: float) -> dict[str, Any]:
     config = settings_loader.load()
     started = time.perf_counter()
-    cluster = snapshot.from_list(state, names=config.names, taken_at=time.time())
+    cluster = snapshot_build.from_list(state, names=config.names, taken_at=time.time())
     build_ms = (time.perf_counter() - started) * 1000
     pods = [json.loads(b)["request"]["object"] for b in bodies]
     samples: list[float] = []

@@ -15,7 +15,7 @@ Read in Kubernetes 1.37.2: `pkg/scheduler/framework/plugins/interpodaffinity/fil
   `kubernetes.io/hostname` that is the node itself (hostnames are unique; the scheduler's fast path then reads
   only that node's pods).
 
-Pure: `snapshot.build` resolves each term once (`resolve`), and attaches to each node the terms whose
+Pure: `snapshot_build.build` resolves each term once (`resolve`), and attaches to each node the terms whose
 topology holds it; `refusing` answers for a candidate.
 
 The other half, a pod's own required anti-affinity (`satisfyPodAntiAffinity`, `getIncomingAffinityAntiAffinityCounts`

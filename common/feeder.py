@@ -16,8 +16,8 @@ any other failure waits a jittered, doubling backoff and tries again. An optiona
 stores; a separate task rebuilds the immutable snapshot off the event loop at most once per
 `kubernetes.rebuild_interval_seconds`, so a reader never waits for a rebuild; the first change after a quiet spell is
 rebuilt at once, those during the pause after a rebuild together at its end. A rebuild re-does only what changed
-since the last one (`Builder`, `snapshot.Builder`): a pod event re-parses that pod and re-assembles the nodes it held
-and holds; the result equals a snapshot built from scratch.
+since the last one (`Builder`, `snapshot_build.Builder`): a pod event re-parses that pod and re-assembles the nodes it
+held and holds; the result equals a snapshot built from scratch.
 
 Freshness: `snapshot.taken_at` is the oldest of the kinds' last contact with the API server, where
 a kind whose watch stream is open counts as in contact now. A dead feed therefore ages the snapshot
@@ -51,7 +51,7 @@ import aiohttp
 import prometheus_client
 from kubernetes_asyncio import client
 
-from common import dcgm, dra, gangs, gpu, kube, prometheus, resources, settings, snapshot
+from common import dcgm, dra, gangs, gpu, kube, prometheus, resources, settings, snapshot, snapshot_build
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def _stored(kind: str, obj: dict[str, Any], *, names: settings.Names) -> dict[st
         if kind == "nodes":
             if gpu.node_allocatable(obj).any:
                 return obj
-            # A node whose GPUs are DRA devices has no GPU in its allocatable: keep what `snapshot.build` reads of
+            # A node whose GPUs are DRA devices has no GPU in its allocatable: keep what `snapshot_build.build` reads of
             # a GPU node (its ResourceSlices may name it at any time), without images and heartbeats.
             meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
             return {
@@ -125,7 +125,7 @@ def _claims_devices(pod: Mapping[str, Any]) -> bool:
 
 def _view(kind: str, obj: dict[str, Any]) -> Any:
     """What the snapshot reads of an object. Nodes report status every few seconds to minutes
-    (heartbeats, images): only the parts `snapshot.build` uses may trigger a rebuild."""
+    (heartbeats, images): only the parts `snapshot_build.build` uses may trigger a rebuild."""
     if kind != "nodes":
         return obj
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
@@ -531,10 +531,11 @@ DRA_KINDS = ("deviceclasses", "resourceslices", "resourceclaims", "resourceclaim
 
 class Builder:
     """The feeder's stores to a snapshot, in a worker thread: the DRA inventory (built again only when a DRA object
-    changed), then the snapshot (`snapshot.Builder`: only what changed is done again). Pure; one build at a time."""
+    changed), then the snapshot (`snapshot_build.Builder`: only what changed is done again). Pure; one build at a
+    time."""
 
     def __init__(self, *, names: settings.Names, gpu_classes: tuple[str, ...]) -> None:
-        self._snapshots = snapshot.Builder(names=names)
+        self._snapshots = snapshot_build.Builder(names=names)
         self._gpu_classes = gpu_classes
         self._dra_objects: tuple[Any, ...] | None = None  # the DRA objects and `served` the inventory was built from
         self._inventory = dra.EMPTY

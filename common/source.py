@@ -11,7 +11,7 @@ from typing import Protocol
 
 import yaml
 
-from common import jsontext, settings, snapshot
+from common import jsontext, settings, snapshot, snapshot_build
 
 
 class SnapshotSource(Protocol):
@@ -83,7 +83,7 @@ def from_file(path: pathlib.Path, *, names: settings.Names, clock: Callable[[], 
         found = "a JSON array" if isinstance(document, list) else f"a JSON {type(document).__name__}"
         raise InputError(f"{path}: line {line}: {found}; expected an object of kind List ({SAVE_STATE})")
     try:
-        fixed = snapshot.from_list(document, names=names, taken_at=clock(), gpu_classes=gpu_classes)
+        fixed = snapshot_build.from_list(document, names=names, taken_at=clock(), gpu_classes=gpu_classes)
     except ValueError as exc:
         raise InputError(f"{path}: {exc} ({SAVE_STATE})") from exc
     return StaticSource(fixed, clock=clock)

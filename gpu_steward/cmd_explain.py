@@ -15,7 +15,7 @@ import jsonpatch
 import yaml
 
 from admission import mutation, scoring
-from common import gpu, resources, settings, snapshot, source
+from common import gpu, resources, settings, snapshot, snapshot_build, source
 from descheduler.release import layout
 from gpu_steward import cmdline
 
@@ -72,8 +72,8 @@ def _release(admitted: dict[str, Any], cluster: snapshot.Snapshot, *, config: se
     placed together, see `gpu-steward gangs`)."""
     meta = admitted.setdefault("metadata", {})
     meta.setdefault("name", meta.get("generateName", "pod") + "(new)")
-    pod = snapshot.build(nodes=[], pods=[admitted], names=config.names, taken_at=None, inventory=cluster.dra).pods.get(
-        f"{meta.get('namespace') or 'default'}/{meta['name']}")
+    pod = snapshot_build.build(nodes=[], pods=[admitted], names=config.names, taken_at=None,
+                               inventory=cluster.dra).pods.get(f"{meta.get('namespace') or 'default'}/{meta['name']}")
     return layout.explain(pod, cluster, scoring=config.scoring) if pod is not None else []
 
 

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from common import feeder, kube, settings, snapshot
+from common import feeder, kube, settings, snapshot, snapshot_build
 from gpu_steward_lab import devicesim, localcluster, localprometheus, localsteward, occupancy_picture
 
 NODES = "1x8g2d,2x4g2d,2x2g"  # 20 GPUs
@@ -154,7 +154,7 @@ def observe(
     cluster: localcluster.LocalCluster, names: settings.Names, assignments: devicesim.Assignments
 ) -> ClusterView:
     document = cluster.kubectl_json("get", "nodes,pods,priorityclasses,namespaces", "-A")
-    snap = snapshot.from_list(document, names=names, taken_at=None)
+    snap = snapshot_build.from_list(document, names=names, taken_at=None)
     assignments.update(snap)
     views = []
     owner: dict[str, dict[int, str]] = {}

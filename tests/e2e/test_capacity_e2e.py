@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from common import capacity, fit, gpu, hostports, placement, resources, settings, snapshot
+from common import capacity, fit, gpu, hostports, placement, resources, settings, snapshot_build
 from gpu_steward_lab import localcluster
 from tests.e2e import conftest
 from tests.support import kube
@@ -66,7 +66,7 @@ def _random_pod(rng: random.Random, name: str, namespace: str) -> dict[str, Any]
 
 def _model_allows(cluster: localcluster.LocalCluster, pod: dict[str, Any]) -> set[str]:
     state = cluster.kubectl_json("get", "nodes,pods", "-A")
-    snap = snapshot.from_list(state, names=NAMES, taken_at=0.0)
+    snap = snapshot_build.from_list(state, names=NAMES, taken_at=0.0)
     spec, requests, request = pod["spec"], resources.pod_requests(pod), gpu.pod_request(pod)
     allowed = set()
     for node in snap.nodes.values():
@@ -187,9 +187,10 @@ def _model_allows_pod(cluster: localcluster.LocalCluster, raw: dict[str, Any]) -
     """The nodes the model allows the pod now, and which of the two filters alone ruled out a node that every
     other filter and the free resources allowed ("host port", "anti-affinity")."""
     state = cluster.kubectl_json("get", "nodes,pods,namespaces", "-A")
-    snap = snapshot.from_list(state, names=NAMES, taken_at=0.0)
+    snap = snapshot_build.from_list(state, names=NAMES, taken_at=0.0)
     meta = raw["metadata"]
-    pod = snapshot.build(nodes=[], pods=[raw], names=NAMES, taken_at=None).pods[f"{meta['namespace']}/{meta['name']}"]
+    pod = snapshot_build.build(nodes=[], pods=[raw], names=NAMES,
+                               taken_at=None).pods[f"{meta['namespace']}/{meta['name']}"]
     allowed, refused = set(), set()
     for node in snap.nodes.values():
         if not node.name.startswith("flt-"):

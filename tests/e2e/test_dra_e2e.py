@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from common import dra, settings, snapshot
+from common import dra, settings, snapshot, snapshot_build
 from descheduler import leader, unschedulable
 from descheduler.reclaim import pending
 from gpu_steward_lab import dra_devices, localcluster
@@ -73,7 +73,7 @@ def _state(cluster: localcluster.LocalCluster) -> snapshot.Snapshot:
     """The model as the descheduler builds it, from the live cluster's objects (DRA ones included)."""
     state = kube.cluster_state(cluster)
     state["items"] += cluster.kubectl_json("get", DRA_KINDS, "-A")["items"]
-    return snapshot.from_list(state, names=NAMES, taken_at=time.time())
+    return snapshot_build.from_list(state, names=NAMES, taken_at=time.time())
 
 
 def _allocation(cluster: localcluster.LocalCluster, namespace: str, claim: str) -> tuple[list[int], list[str]]:

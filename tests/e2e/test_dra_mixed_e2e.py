@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from common import settings, snapshot
+from common import settings, snapshot, snapshot_build
 from gpu_steward_lab import dra_devices, localcluster
 from tests import builders
 from tests.e2e import conftest
@@ -94,7 +94,7 @@ def _all_running(cluster: localcluster.LocalCluster, namespace: str, names: tupl
 def _state(cluster: localcluster.LocalCluster) -> snapshot.Snapshot:
     state = kube.cluster_state(cluster)
     state["items"] += cluster.kubectl_json("get", DRA_KINDS, "-A")["items"]
-    return snapshot.from_list(state, names=NAMES, taken_at=time.time())
+    return snapshot_build.from_list(state, names=NAMES, taken_at=time.time())
 
 
 def test_the_scheduler_serves_the_extended_resource_from_either_kind_and_the_model_counts_both(

@@ -20,7 +20,7 @@ import jsonpatch
 import pytest
 
 from admission import mutation
-from common import settings, snapshot
+from common import settings, snapshot_build
 from gpu_steward_lab import localcluster
 from tests import builders
 from tests.e2e import conftest
@@ -132,8 +132,8 @@ def test_admission_keeps_every_node_the_real_scheduler_accepts(
     strand_cluster: localcluster.LocalCluster, plain_namespace: str
 ) -> None:
     state = strand_cluster.kubectl_json("get", "nodes")
-    cluster = snapshot.build(nodes=[n for n in state["items"] if n["metadata"]["name"] in {x[0] for x in NODES}],
-                             pods=[], names=NAMES, taken_at=strand.NOW)
+    cluster = snapshot_build.build(nodes=[n for n in state["items"] if n["metadata"]["name"] in {x[0] for x in NODES}],
+                                   pods=[], names=NAMES, taken_at=strand.NOW)
     rng = random.Random(SEED)
     accepted = gated = 0
     for _ in range(PODS):

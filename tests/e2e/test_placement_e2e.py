@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from admission import mutation
-from common import snapshot
+from common import snapshot_build
 from gpu_steward_lab import localcluster
 from tests.e2e import conftest
 from tests.support import kube
@@ -85,7 +85,7 @@ def webhook_caught_up(cluster: localcluster.LocalCluster, webhook: conftest.Webh
     def wait(pod: dict[str, Any]) -> None:
         def same() -> tuple[str, str] | None:
             now = time.time()
-            state = snapshot.from_list(kube.cluster_state(cluster), names=webhook.settings.names, taken_at=now)
+            state = snapshot_build.from_list(kube.cluster_state(cluster), names=webhook.settings.names, taken_at=now)
             expected = mutation.decide(
                 operation="CREATE", namespace=namespace, pod=pod, cluster=state, config=webhook.settings, now=now
             ).record

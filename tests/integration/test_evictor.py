@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from common import events, prometheus, settings, settings_loader, snapshot, source
+from common import events, prometheus, settings, settings_loader, snapshot, snapshot_build, source
 from descheduler import cooldowns, evictor, leader, reclaim
 from descheduler.reclaim import idle_history, utilisation_promql
 from descheduler.reclaim import loop as reclaim_loop
@@ -270,7 +270,7 @@ def _cluster(config: settings.Settings, *, learning: str | None = None, gpus: in
         body["spec"]["priority"] = 10000
         body["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
 
-    cluster = snapshot.build(
+    cluster = snapshot_build.build(
         nodes=[builders.gpu_node("n1", gpus=gpus)],
         pods=[builders.pod("idle", namespace="team-a", gpus=gpus, node="n1", phase="Running", mutate=running,
                            created="2020-01-01T00:00:00Z"),
@@ -558,7 +558,7 @@ def _two_candidates(config: settings.Settings, *, gpus: int = 1, nodes: int = 2,
         body["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
 
     where = {n: "n2" if nodes == 2 and n == "b" else "n1" for n in idle}
-    cluster = snapshot.build(
+    cluster = snapshot_build.build(
         nodes=[builders.gpu_node(f"n{i + 1}", gpus=len(idle) // nodes) for i in range(nodes)],
         pods=[*(builders.pod(n, namespace="team-a", gpus=1, node=where[n], phase="Running", mutate=running,
                              created="2020-01-01T00:00:00Z") for n in idle),

@@ -17,7 +17,7 @@ from typing import Any
 import prometheus_client
 import pytest
 
-from common import prometheus, settings, settings_loader, snapshot, source
+from common import prometheus, settings, settings_loader, snapshot_build, source
 from descheduler import evictor, policy
 from descheduler.reclaim import idle_history, utilisation_promql
 from descheduler.reclaim import loop as reclaim_loop
@@ -150,8 +150,8 @@ class Counting:
 
 def loop(querier: Any, now: float, *, registry: prometheus_client.CollectorRegistry | None = None
          ) -> reclaim_loop.ReclaimLoop:
-    cluster = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=PODS, priority_classes=CLASSES,
-                             names=CONFIG.names, taken_at=now)
+    cluster = snapshot_build.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=PODS, priority_classes=CLASSES,
+                                   names=CONFIG.names, taken_at=now)
     return reclaim_loop.ReclaimLoop(config=CONFIG, cluster=source.StaticSource(cluster), prometheus=querier,
                                     evictions=evictor.DryRunClient(), api=None, clock=lambda: now, registry=registry,
                                     controllers=idle_history.fixed_controllers(idle_history.controllers_in(CONTROLLERS)))
@@ -260,8 +260,8 @@ async def test_an_eviction_followed_by_work_widens_the_learned_window(prometheus
     now = math.floor(time.time() / 300) * 300
     server = prometheus_factory(web_history(), now=now)
     web = running("web-5f6g7-bcdfg", gpu_class="learning", owner=("ReplicaSet", "web-5f6g7"))
-    cluster = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=[web], priority_classes=CLASSES,
-                             names=CONFIG.names, taken_at=now)
+    cluster = snapshot_build.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=[web], priority_classes=CLASSES,
+                                   names=CONFIG.names, taken_at=now)
     querier = Counting(prometheus.Client(settings.Prometheus(url=server.url)), now=now)
     controllers = idle_history.controllers_in([controller("ReplicaSet", "web-5f6g7", ("Deployment", "web"))])
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from common import prometheus, settings, settings_loader, snapshot, source
+from common import prometheus, settings, settings_loader, snapshot_build, source
 from descheduler import evictor, policy
 from descheduler.reclaim import loop as reclaim_loop
 from descheduler.reclaim import utilisation_parts
@@ -86,8 +86,9 @@ def verdicts(plan: dict[str, Any]) -> dict[str, str]:
 async def warmed_up(url: str, config: settings.Settings) -> dict[str, str]:
     """The verdicts of a loop whose kept parts hold the whole window: read back over 4 cycles (12 parts a cycle),
     then judged by a new loop over those parts (the first loop's dry-run evictions make its own pods "leaving")."""
-    cluster = source.StaticSource(snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=PODS,
-                                                 priority_classes=[NORMAL], names=config.names, taken_at=time.time()))
+    cluster = source.StaticSource(snapshot_build.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=PODS,
+                                                       priority_classes=[NORMAL], names=config.names,
+                                                       taken_at=time.time()))
     client = prometheus.Client(settings.Prometheus(url=url))
 
     def new_loop() -> reclaim_loop.ReclaimLoop:

@@ -17,7 +17,7 @@ import prometheus_client
 import pytest
 from aiohttp import web
 
-from common import prometheus, settings, settings_loader, snapshot, source
+from common import prometheus, settings, settings_loader, snapshot, snapshot_build, source
 from descheduler import evictor, policy
 from descheduler.reclaim import loop as reclaim_loop
 from descheduler.reclaim import measurement, utilisation, utilisation_promql
@@ -96,8 +96,8 @@ CLASSES = [
 
 def build(config: settings.Settings, now: float) -> snapshot.Snapshot:
     nodes = [builders.gpu_node("n1", gpus=8), builders.gpu_node("n2", gpus=8)]
-    return snapshot.build(nodes=nodes, pods=cluster_pods(), priority_classes=CLASSES, names=config.names,
-                          taken_at=now)
+    return snapshot_build.build(nodes=nodes, pods=cluster_pods(), priority_classes=CLASSES, names=config.names,
+                                taken_at=now)
 
 
 def on_grid() -> float:
@@ -198,7 +198,7 @@ def _loop(config: settings.Settings, querier: Any, now: float, pending: Sequence
     cluster = build(config, now)
     raw = [p.raw for p in cluster.pods.values()] + list(pending)
     nodes = [builders.gpu_node("n1", gpus=8), builders.gpu_node("n2", gpus=8)]
-    fixed = snapshot.build(nodes=nodes, pods=raw, priority_classes=CLASSES, names=config.names, taken_at=now)
+    fixed = snapshot_build.build(nodes=nodes, pods=raw, priority_classes=CLASSES, names=config.names, taken_at=now)
     return reclaim_loop.ReclaimLoop(config=config, cluster=source.StaticSource(fixed), prometheus=querier,
                                     evictions=evictor.DryRunClient(), api=None, clock=clock)
 
@@ -274,8 +274,8 @@ def _ahead_loop(config: settings.Settings, querier: Any, kept: measurement.Parts
 
     pods = [builders.pod(name, namespace="team-a", gpus=1, node="n1", phase="Running", created="2020-01-01T00:00:00Z",
                          mutate=hourly) for name in ("idle", "busy", "bursty")]
-    fixed = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=pods, priority_classes=CLASSES,
-                           names=config.names, taken_at=first)
+    fixed = snapshot_build.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=pods, priority_classes=CLASSES,
+                                 names=config.names, taken_at=first)
     loop = reclaim_loop.ReclaimLoop(config=config, cluster=source.StaticSource(fixed), prometheus=querier,
                                     evictions=evictor.DryRunClient(), api=None, clock=now)
     loop.parts = kept
@@ -422,8 +422,8 @@ def coverage_cluster(pods: Mapping[str, str], *, gpus: int = 1) -> snapshot.Snap
             for name, node in pods.items()]
     nodes = [builders.gpu_node(node, gpus=8, labels={"nvidia.com/mig.strategy": "single"} if node == MIG_SINGLE else {})
              for node in sorted(set(pods.values()))]
-    return snapshot.build(nodes=nodes, pods=raws, priority_classes=[], names=settings_loader.load().names,
-                          taken_at=0)
+    return snapshot_build.build(nodes=nodes, pods=raws, priority_classes=[], names=settings_loader.load().names,
+                                taken_at=0)
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from common import settings, settings_loader, snapshot
+from common import settings, settings_loader, snapshot_build
 from descheduler.reclaim import utilisation
 from gpu_steward import cli
 from tests import builders
@@ -92,8 +92,8 @@ async def judged(server: PrometheusServer, name: str, *, gpus: int, window: int,
                  config: settings.Settings) -> utilisation.Assessment:
     """The running pod `name` in team-a (on NODE, holding `gpus`) judged as a cycle judges it."""
     raw = builders.pod(name, namespace="team-a", gpus=gpus, node=NODE, phase="Running")
-    cluster = snapshot.build(nodes=[builders.gpu_node(NODE, gpus=8)], pods=[raw], priority_classes=[],
-                             names=UNSCOPED.names, taken_at=0)
+    cluster = snapshot_build.build(nodes=[builders.gpu_node(NODE, gpus=8)], pods=[raw], priority_classes=[],
+                                   names=UNSCOPED.names, taken_at=0)
     found = await judge(server.url, cluster, [f"team-a/{name}"], window=window, threshold_percent=10, config=config,
                         now=server.now)
     return found[f"team-a/{name}"]

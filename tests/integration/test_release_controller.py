@@ -28,7 +28,7 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from common import dra, kube, settings, snapshot, timestamps
+from common import dra, kube, settings, snapshot, snapshot_build, timestamps
 from descheduler.release import controller, outcomes, planning
 from tests import builders
 
@@ -321,7 +321,7 @@ class StoreSource:
     @property
     def snapshot(self) -> snapshot.Snapshot:
         pods = copy.deepcopy(list(self._server.pods.values()))
-        return snapshot.build(nodes=self._nodes, pods=pods, names=NAMES, taken_at=self._clock())
+        return snapshot_build.build(nodes=self._nodes, pods=pods, names=NAMES, taken_at=self._clock())
 
     @property
     def synced(self) -> bool:

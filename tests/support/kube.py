@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from common import gpu, settings, snapshot
+from common import gpu, settings, snapshot, snapshot_build
 from descheduler import policy
 from gpu_steward_lab import devicesim, localcluster
 
@@ -235,7 +235,7 @@ class GpuView:
 
     @classmethod
     def of(cls, cluster: Cluster, *, names: settings.Names) -> GpuView:
-        state = snapshot.from_list(cluster_state(cluster), names=names, taken_at=None)
+        state = snapshot_build.from_list(cluster_state(cluster), names=names, taken_at=None)
         assignments = devicesim.Assignments()
         assignments.update(state)
         return cls(state, assignments)

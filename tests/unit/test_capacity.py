@@ -10,7 +10,7 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
-from common import capacity, placement, resources, settings, snapshot
+from common import capacity, placement, resources, settings, snapshot, snapshot_build
 from tests import builders
 
 NAMES = settings.Names()
@@ -19,7 +19,7 @@ EIGHT = [range(4), range(4, 8)]
 
 
 def build(nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]) -> snapshot.Snapshot:
-    return snapshot.build(nodes=nodes, pods=pods, names=NAMES, taken_at=0.0)
+    return snapshot_build.build(nodes=nodes, pods=pods, names=NAMES, taken_at=0.0)
 
 
 def with_requests(cpu: str | None = None, memory: str | None = None) -> builders.Mutator:
@@ -220,8 +220,8 @@ def test_split_free_gpus_do_not_hold_a_pod_one_domain_could() -> None:
     pods = [builders.pod("a", gpus=3, node="n", phase="Running"),
             builders.pod("b", gpus=1, node="n", phase="Running", created="2026-11-21T10:01:00Z")]
     # DCGM saw the device plugin put b on GPU 4: free 3 | 5,6,7.
-    snap = snapshot.build(nodes=[NODE], pods=pods, names=NAMES, taken_at=0.0,
-                          occupancy={"n": {0: "default/a", 1: "default/a", 2: "default/a", 4: "default/b"}})
+    snap = snapshot_build.build(nodes=[NODE], pods=pods, names=NAMES, taken_at=0.0,
+                                occupancy={"n": {0: "default/a", 1: "default/a", 2: "default/a", 4: "default/b"}})
     room = capacity.Room.of(snap.nodes["n"])
     pod = asks(4)
     assert room.place(pod.requests, pod.request) == "needs 4 GPU in one NVLink domain"

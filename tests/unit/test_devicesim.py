@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from common import settings, snapshot
+from common import settings, snapshot, snapshot_build
 from gpu_steward_lab import devicesim
 from tests import builders
 
@@ -14,8 +14,8 @@ NAMES = settings.Names()
 
 
 def cluster(pods: list[dict]) -> snapshot.Snapshot:
-    return snapshot.build(nodes=[builders.gpu_node("n", gpus=8, domains=[range(4), range(4, 8)])],
-                          pods=pods, names=NAMES, taken_at=0.0)
+    return snapshot_build.build(nodes=[builders.gpu_node("n", gpus=8, domains=[range(4), range(4, 8)])],
+                                pods=pods, names=NAMES, taken_at=0.0)
 
 
 def test_indices_follow_the_policy_and_stay_put_when_others_leave():
@@ -49,7 +49,7 @@ def test_render_is_dcgm_shaped_with_empty_labels_for_free_gpus_and_annotated_uti
 
 def dra_cluster(*items: dict[str, Any]) -> snapshot.Snapshot:
     """Node `n`: 8 GPUs that are DRA devices (NVLink domains 0-3, 4-7), its slice listing them by index."""
-    return snapshot.from_list({"kind": "List", "items": [
+    return snapshot_build.from_list({"kind": "List", "items": [
         builders.device_class(), builders.dra_node("n", domains=[range(4), range(4, 8)]),
         builders.resource_slice("n", 8), *items]}, names=NAMES, taken_at=0.0)
 

@@ -10,7 +10,7 @@ import jsonpatch
 import pytest
 
 from admission import mutation
-from common import capacity, domain_claim, dra, placement, settings, snapshot
+from common import capacity, domain_claim, dra, placement, settings, snapshot, snapshot_build
 from tests import builders as b
 
 NAMES = settings.Names()
@@ -49,7 +49,7 @@ def _cluster(*objects: dict[str, Any], names: settings.Names = NAMES) -> snapsho
              *(b.resource_slice(f"dra-{i}", 8) for i in range(2)), *b.tier_classes(), *TEMPLATES,
              b.resource_claim("users", spec=b.claim_spec(4)),
              b.resource_claim("nic", spec=b.claim_spec(1, device_class_name="nic.example.com")), *objects]
-    return snapshot.from_list({"kind": "List", "items": items}, names=names, taken_at=0.0)
+    return snapshot_build.from_list({"kind": "List", "items": items}, names=names, taken_at=0.0)
 
 
 def two_entries(body: dict[str, Any]) -> None:

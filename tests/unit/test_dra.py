@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from admission import gating, mutation
-from common import capacity, dra, placement, settings, snapshot
+from common import capacity, dra, placement, settings, snapshot, snapshot_build
 from descheduler import protections
 from tests import builders as b
 
@@ -27,7 +27,7 @@ def inventory(*, classes: Sequence[dict[str, Any]] = (), slices: Sequence[dict[s
 
 def cluster(*, nodes: Sequence[dict[str, Any]], pods: Sequence[dict[str, Any]] = (),
             inv: dra.Inventory) -> snapshot.Snapshot:
-    return snapshot.build(nodes=nodes, pods=pods, names=NAMES, taken_at=0.0, inventory=inv)
+    return snapshot_build.build(nodes=nodes, pods=pods, names=NAMES, taken_at=0.0, inventory=inv)
 
 
 def free(cluster_: snapshot.Snapshot, node: str) -> tuple[int, tuple[tuple[int, ...], ...]]:
@@ -410,7 +410,7 @@ def _dra_cluster(*pods: dict[str, Any]) -> snapshot.Snapshot:
              *(b.resource_slice(f"dra-{i}", 8) for i in range(2)), *b.tier_classes(), *pods,
              b.claim_template("four", spec=b.claim_spec(4)),
              b.claim_template("choice", spec=TEMPLATES[-1]["spec"]["spec"])]
-    return snapshot.from_list({"kind": "List", "items": items}, names=NAMES, taken_at=0.0)
+    return snapshot_build.from_list({"kind": "List", "items": items}, names=NAMES, taken_at=0.0)
 
 
 @pytest.mark.parametrize(("mutate", "gpus", "gated", "record"), [
@@ -443,7 +443,7 @@ def test_a_rebuild_reads_a_claim_allocated_since_the_last_build() -> None:
     """The pod object is the same; its claim is allocated in between: the rebuild must not reuse the old parse."""
     pod = b.pod("p", node="n", phase="Running", mutate=b.with_claim_template("four", generated="p-gpus"))
     objects: dict[str, Any] = {"slices": [b.resource_slice("n", 8)], "templates": TEMPLATES}
-    builder = snapshot.Builder(names=NAMES)
+    builder = snapshot_build.Builder(names=NAMES)
     stores = {"nodes": {"n": b.dra_node("n", domains=TWO_DOMAINS)}, "pods": {"default/p": pod}}
     first = builder.build(**stores, taken_at=0.0,
                           inventory=inventory(**objects, claims=[b.resource_claim("p-gpus", spec=b.claim_spec(4))]))

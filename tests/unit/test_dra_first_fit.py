@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from admission import scoring
-from common import capacity, placement, settings, snapshot
+from common import capacity, placement, settings, snapshot, snapshot_build
 from descheduler.release import layout
 from tests import builders as b
 
@@ -75,7 +75,7 @@ def _fragmented(*, dra: bool) -> list[dict[str, Any]]:
 
 
 def _cluster(*items: dict[str, Any]) -> snapshot.Snapshot:
-    return snapshot.from_list({"kind": "List", "items": [*b.tier_classes(), *items]}, names=NAMES, taken_at=0.0)
+    return snapshot_build.from_list({"kind": "List", "items": [*b.tier_classes(), *items]}, names=NAMES, taken_at=0.0)
 
 
 @pytest.mark.parametrize(("dra", "one_domain", "expected"), [

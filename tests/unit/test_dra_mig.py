@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from common import capacity, dra, gpu, settings, settings_loader, snapshot
+from common import capacity, dra, gpu, settings, settings_loader, snapshot, snapshot_build
 from descheduler import policy, protections, reclaim, unschedulable
 from gpu_steward_lab import dra_devices
 from tests import builders as b
@@ -49,7 +49,7 @@ def inventory(*, classes: Sequence[dict[str, Any]] = (), slices: Sequence[dict[s
 
 def cluster(*, nodes: Sequence[dict[str, Any]], pods: Sequence[dict[str, Any]] = (),
             inv: dra.Inventory) -> snapshot.Snapshot:
-    return snapshot.build(nodes=nodes, pods=pods, names=NAMES, taken_at=0.0, inventory=inv)
+    return snapshot_build.build(nodes=nodes, pods=pods, names=NAMES, taken_at=0.0, inventory=inv)
 
 
 def mig_node(name: str = "n") -> dict[str, Any]:
@@ -292,7 +292,7 @@ def test_a_rebuild_reads_a_mig_claim_allocated_since_the_last_build() -> None:
     pod = b.pod("p", node="n", phase="Running", mutate=b.with_claim_template("t", generated="p-mig"))
     templates = [b.claim_template("t", spec=mig_spec(1))]
     stores = {"nodes": {"n": mig_node()}, "pods": {"default/p": pod}}
-    builder = snapshot.Builder(names=NAMES)
+    builder = snapshot_build.Builder(names=NAMES)
     first = builder.build(**stores, taken_at=0.0, inventory=inventory(
         slices=[mig_slice("n")], templates=templates, claims=[claim("other", "gpu-1-mig-3g-40gb-2")]))
     later = inventory(slices=[mig_slice("n")], templates=templates, claims=[claim("other", "gpu-1-mig-3g-40gb-2"),
@@ -350,7 +350,7 @@ def test_reclaim_on_a_dra_mig_node_frees_slices_of_the_profile_wanted(
     pods = [o for o in FULL_MIG_NODE if o["kind"] == "Pod"] + [want]
     claims = [o for o in FULL_MIG_NODE if o["kind"] == "ResourceClaim"]
     config = settings_loader.load(overrides={})
-    built = snapshot.build(nodes=[mig_node()], pods=pods, priority_classes=planner.CLASSES, names=config.names,
+    built = snapshot_build.build(nodes=[mig_node()], pods=pods, priority_classes=planner.CLASSES, names=config.names,
                            taken_at=planner.NOW, inventory=inventory(classes=classes, slices=[mig_slice("n")],
                                                                      claims=claims, gpu_classes=(*CLASSES, "mig-3g")))
     assert built.nodes["n"].free_mig(ONE_G) == built.nodes["n"].free_mig(THREE_G) == 0, built.problems

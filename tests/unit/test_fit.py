@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from common import fit, settings, snapshot
+from common import fit, settings, snapshot, snapshot_build
 from tests import builders
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
@@ -51,7 +51,7 @@ def _node(*, taints: list[dict[str, Any]] | None = None, ready: bool = True, cor
             node["spec"]["unschedulable"] = True
 
     raw = builders.gpu_node("n", gpus=4, labels=labels, ready=ready, mutate=mutate)
-    return snapshot.build(nodes=[raw], pods=[], names=settings.Names(), taken_at=None).nodes["n"]
+    return snapshot_build.build(nodes=[raw], pods=[], names=settings.Names(), taken_at=None).nodes["n"]
 
 
 PRODUCT = "nvidia.com/gpu.product"
@@ -236,5 +236,5 @@ def test_why_not_required_node_affinity(pod_spec: dict[str, Any], reason: str | 
 
 def test_a_node_without_our_labels_fails_our_nvlink_expression() -> None:
     raw = builders.gpu_node("bare", gpus=8, topology="none")
-    node = snapshot.build(nodes=[raw], pods=[], names=settings.Names(), taken_at=None).nodes["bare"]
+    node = snapshot_build.build(nodes=[raw], pods=[], names=settings.Names(), taken_at=None).nodes["bare"]
     assert fit.why_not(required(labels(expr(SIZE, "Gt", "0"))), node) == f"{NO_MATCH} (term 1: {SIZE} Gt [0])"

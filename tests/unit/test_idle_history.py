@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from common import prometheus, settings, settings_loader, snapshot, source
+from common import prometheus, settings, settings_loader, snapshot, snapshot_build, source
 from descheduler import cooldowns, evictor, policy, reclaim
 from descheduler.reclaim import idle_history
 from descheduler.reclaim import loop as reclaim_loop
@@ -133,11 +133,11 @@ def learning_cluster() -> snapshot.Snapshot:
     def learning(body: dict[str, Any]) -> None:
         body["spec"].update(priorityClassName="learning", priority=1000)
 
-    return snapshot.build(nodes=[builders.gpu_node("n1", gpus=1)],
-                          pods=[builders.pod("p", namespace="a", gpus=1, node="n1", phase="Running", mutate=learning,
-                                             created="2020-01-01T00:00:00Z")],
-                          priority_classes=[builders.priority_class("learning", 1000, annotations=tier)],
-                          names=CONFIG.names, taken_at=T0)
+    return snapshot_build.build(nodes=[builders.gpu_node("n1", gpus=1)],
+                                pods=[builders.pod("p", namespace="a", gpus=1, node="n1", phase="Running",
+                                                   mutate=learning, created="2020-01-01T00:00:00Z")],
+                                priority_classes=[builders.priority_class("learning", 1000, annotations=tier)],
+                                names=CONFIG.names, taken_at=T0)
 
 
 async def screen(learner: idle_history.Learner, now: float) -> dict[str, str]:

@@ -11,7 +11,7 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
-from common import settings, snapshot
+from common import settings, snapshot, snapshot_build
 from descheduler.reclaim import idle_learning
 from tests import builders
 
@@ -428,7 +428,8 @@ def test_percent(share: float, said: str) -> None:
 
 
 def parsed(raw: dict[str, object]) -> snapshot.Pod:
-    built = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=[raw], names=settings.Names(), taken_at=0.0)
+    built = snapshot_build.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=[raw], names=settings.Names(),
+                                 taken_at=0.0)
     return next(iter(built.pods.values()))
 
 

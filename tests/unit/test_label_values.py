@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from admission import mutation
-from common import label_values, settings, snapshot
+from common import label_values, settings, snapshot, snapshot_build
 from descheduler import protections
 from tests import builders
 
@@ -106,8 +106,8 @@ def test_skip_means_the_same_to_webhook_and_descheduler(raw: str, where: str) ->
     raw_pod = builders.pod("p", gpus=1, node="n1", phase="Running", **{where: {SKIP: raw}})  # type: ignore[arg-type]
     admitted = mutation.decide(operation="CREATE", namespace="default", pod=raw_pod, cluster=snapshot.EMPTY,
                                config=settings.Settings(), now=0.0)
-    built = snapshot.build(nodes=[builders.gpu_node("n1", gpus=1)], pods=[raw_pod], names=settings.Names(),
-                           taken_at=0.0)
+    built = snapshot_build.build(nodes=[builders.gpu_node("n1", gpus=1)], pods=[raw_pod], names=settings.Names(),
+                                 taken_at=0.0)
     spared = protections.opted_out(built.pods["default/p"], None, settings.Names())
     webhook_skips = admitted.skipped is not None and admitted.skipped.startswith(f"opted out with {SKIP}")
     assert webhook_skips == (spared is not None)

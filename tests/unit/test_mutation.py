@@ -10,7 +10,7 @@ import jsonpatch
 import pytest
 
 from admission import gating, mutation
-from common import settings, snapshot
+from common import settings, snapshot, snapshot_build
 from tests import builders
 
 CONFIG = settings.Settings()
@@ -20,7 +20,7 @@ DECISION = "gpu-steward.io/decision"
 
 
 def make_cluster(*, taken_at: float | None = NOW, classes: list[dict] | None = None) -> snapshot.Snapshot:
-    return snapshot.build(
+    return snapshot_build.build(
         nodes=[
             builders.gpu_node("dgx-1", gpus=8, domains=[range(4), range(4, 8)]),
             builders.gpu_node("pair-1", gpus=2),
@@ -239,7 +239,7 @@ def product_cluster() -> snapshot.Snapshot:
     nodes = [builders.gpu_node(name, gpus=2, labels={PRODUCT: product})
              for name, product in (("a100-1", "A100"), ("a100-2", "A100"), ("h100-1", "H100"), ("h100-2", "H100"))]
     nodes.append(builders.gpu_node("h100-unlabelled", gpus=2, labels={PRODUCT: "H100"}, topology="none"))
-    return snapshot.build(
+    return snapshot_build.build(
         nodes=nodes,
         pods=[builders.pod(f"busy-{n}", gpus=1, node=n, phase="Running") for n in ("a100-1", "a100-2")],
         priority_classes=builders.tier_classes(), namespaces=[builders.namespace("default")],
@@ -553,9 +553,9 @@ def test_admitting_a_gated_launcher_again_changes_nothing():
 
 
 def _pod_groups_served(version: str | None) -> snapshot.Snapshot:
-    return snapshot.build(nodes=[builders.gpu_node("dgx-1", gpus=8, domains=[range(4), range(4, 8)])], pods=[],
-                          priority_classes=builders.tier_classes(), namespaces=[builders.namespace("default")],
-                          names=CONFIG.names, taken_at=NOW, pod_group_version=version)
+    return snapshot_build.build(nodes=[builders.gpu_node("dgx-1", gpus=8, domains=[range(4), range(4, 8)])], pods=[],
+                                priority_classes=builders.tier_classes(), namespaces=[builders.namespace("default")],
+                                names=CONFIG.names, taken_at=NOW, pod_group_version=version)
 
 
 OURS_OF_2 = {"gpu-steward.io/gang-name": "g", "gpu-steward.io/gang-size": "2"}

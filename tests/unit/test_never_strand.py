@@ -20,7 +20,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from admission import mutation
-from common import fit, settings, snapshot
+from common import fit, settings, snapshot, snapshot_build
 from tests import builders
 
 CONFIG = settings.Settings()
@@ -32,8 +32,8 @@ REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
 def cluster_of(nodes: Sequence[dict[str, Any]], pods: Sequence[dict[str, Any]] = ()) -> snapshot.Snapshot:
-    return snapshot.build(nodes=nodes, pods=pods, priority_classes=builders.tier_classes(),
-                          namespaces=[builders.namespace("default")], names=CONFIG.names, taken_at=NOW)
+    return snapshot_build.build(nodes=nodes, pods=pods, priority_classes=builders.tier_classes(),
+                                namespaces=[builders.namespace("default")], names=CONFIG.names, taken_at=NOW)
 
 
 def admit(pod: dict[str, Any], cluster: snapshot.Snapshot, controller: float | None,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from common import capacity, hostports, placement, resources, settings, snapshot
+from common import capacity, hostports, placement, resources, settings, snapshot, snapshot_build
 from descheduler.release import layout
 from tests import builders
 
@@ -23,7 +23,7 @@ ZONE = "topology.kubernetes.io/zone"
 
 def build(nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]],
           namespaces: Sequence[Mapping[str, Any]] = ()) -> snapshot.Snapshot:
-    return snapshot.build(nodes=nodes, pods=pods, namespaces=namespaces, names=NAMES, taken_at=0.0)
+    return snapshot_build.build(nodes=nodes, pods=pods, namespaces=namespaces, names=NAMES, taken_at=0.0)
 
 
 def ports(*entries: Any, init: bool = False, sidecar: bool = False) -> builders.Mutator:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from admission import orphaned_gates
-from common import settings, snapshot
+from common import settings, snapshot_build
 from tests import builders
 
 NAMES = settings.Names()
@@ -39,7 +39,7 @@ def gated(name: str, *, age: float, gang: str | None = None, gates: tuple[str, .
 def lifts(pods: list[dict[str, Any]], *, seen: float | None = 600, watching: float = 3600,
           ) -> dict[str, tuple[str, ...]]:
     """`seen`, `watching`: seconds before NOW the Lease was last seen renewed / this replica started watching."""
-    cluster = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=pods, names=NAMES, taken_at=NOW)
+    cluster = snapshot_build.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=pods, names=NAMES, taken_at=NOW)
     found = orphaned_gates.due(cluster, config=settings.Settings(), now=NOW,
                                seen_at=None if seen is None else NOW - seen, watching_since=NOW - watching)
     return {lift.unit: lift.pods for lift in found}
@@ -89,7 +89,7 @@ def test_due(pods: list[dict[str, Any]], seen: float, want: dict[str, tuple[str,
 
 
 def test_the_reason_says_what_happened_and_what_to_do() -> None:
-    cluster = snapshot.build(nodes=[], pods=[gated("g-0", age=2000, gang="g")], names=NAMES, taken_at=NOW)
+    cluster = snapshot_build.build(nodes=[], pods=[gated("g-0", age=2000, gang="g")], names=NAMES, taken_at=NOW)
     [lift] = orphaned_gates.due(cluster, config=settings.Settings(), now=NOW, seen_at=NOW - 600,
                                 watching_since=NOW - 3600)
     assert lift.why == (

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from benchmarks import placement_trace as pt
-from common import settings, snapshot, topology
+from common import settings, snapshot, snapshot_build, topology
 from gpu_steward_lab import localcluster
 from tests import builders
 
@@ -106,7 +106,7 @@ def test_the_model_reads_each_dra_trace_node_as_its_gpus_in_contiguous_domains_f
         node: pt.TraceNode, domains: tuple[tuple[int, ...], ...]) -> None:
     """What our webhook and descheduler (and the tracker) see of a --dra trace node: DRA GPUs, the NVLink domains of
     the device plugin's node, and the allocator's order the slice's index order (so first fit fills a domain first)."""
-    built = snapshot.from_list({"kind": "List", "items": [
+    built = snapshot_build.from_list({"kind": "List", "items": [
         pt.trace_node_manifest(node, names=NAMES, dra=True), *pt.dra_objects([node])]}, names=NAMES, taken_at=0.0)
     got = built.nodes[node.name]
     assert (got.dra_gpus, got.gpu_count, got.topology.domains, got.device_order) == (
@@ -122,7 +122,7 @@ def _dra_cluster(pods: list[dict[str, Any]], claims: dict[str, tuple[int, ...]],
     made = [builders.resource_claim(f"{name}-x", spec=builders.claim_spec(len(devices)),
                                     devices=[(where[name], i) for i in devices], reserved_for=[name], extended=True)
             for name, devices in claims.items()]
-    return snapshot.from_list({"kind": "List", "items": [
+    return snapshot_build.from_list({"kind": "List", "items": [
         *(pt.trace_node_manifest(n, names=NAMES, dra=True) for n in nodes), *pt.dra_objects(nodes), *pods, *made,
         *extra]},
         names=NAMES, taken_at=0.0)
@@ -298,7 +298,7 @@ ROOMS = {
 def _cluster(pods: list[dict[str, Any]]) -> snapshot.Snapshot:
     nodes = [builders.gpu_node("big", gpus=8, domains=[range(4), range(4, 8)]),
              builders.gpu_node("small", gpus=4, domains=[range(2), range(2, 4)])]
-    return snapshot.build(nodes=nodes, pods=pods, names=NAMES, taken_at=0.0)
+    return snapshot_build.build(nodes=nodes, pods=pods, names=NAMES, taken_at=0.0)
 
 
 def _pod(name: str, gpus: int, node: str, second: int, **kw: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from common import antiaffinity, settings_loader, snapshot
+from common import antiaffinity, settings_loader, snapshot_build
 from descheduler import policy, reclaim
 from tests import builders
 from tests.unit.test_reclaim_planner import CLASSES, NO_COOLDOWNS, NOW, Raw, busy, evicted, idle, pending, running
@@ -46,8 +46,8 @@ def serving(name: str = "serve-1", *, node: str = "a", namespace: str = "team-b"
 
 def plan(nodes: Sequence[Raw], pods: Sequence[Raw], assessments: dict[str, Any]) -> reclaim.Plan:
     config = settings_loader.load(overrides={})
-    cluster = snapshot.build(nodes=nodes, pods=pods, priority_classes=CLASSES, namespaces=NAMESPACES,
-                             names=config.names, taken_at=NOW)
+    cluster = snapshot_build.build(nodes=nodes, pods=pods, priority_classes=CLASSES, namespaces=NAMESPACES,
+                                   names=config.names, taken_at=NOW)
     policies = policy.parse_all(cluster.priority_classes, default_threshold_percent=5.0)
     return reclaim.plan(cluster=cluster, policies=policies, assessments=assessments,
                         demands=reclaim.demands_from_snapshot(cluster), state=NO_COOLDOWNS, config=config, now=NOW)

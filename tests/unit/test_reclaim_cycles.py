@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from common import settings_loader, snapshot
+from common import settings_loader, snapshot_build
 from descheduler import cooldowns, policy, reclaim
 from tests import builders
 from tests.unit.test_reclaim_planner import CLASSES, Raw, busy, idle, pending, running
@@ -124,8 +124,8 @@ def run_cycles(seed: int, *, cooldown: float, cycles: int = 8) -> Run:
         allowed = sim.budgets()
         pdbs = [builders.disruption_budget(app, namespace="team-a", match={"app": app}, allowed=n)
                 for app, n in allowed.items()]
-        cluster = snapshot.build(nodes=nodes, pods=raw, priority_classes=CLASSES, names=config.names, taken_at=now,
-                                 disruption_budgets=pdbs)
+        cluster = snapshot_build.build(nodes=nodes, pods=raw, priority_classes=CLASSES, names=config.names,
+                                       taken_at=now, disruption_budgets=pdbs)
         assessments = {**idle(*(k for k in sim.pods if k.startswith("team-a/"))),
                        **{k: v for d in sim.bound for k, v in busy(d).items()}}
         remembered = {k: v for k, v in remembered.items() if v[1] > now}

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from common import capacity, settings, settings_loader, snapshot, topology
+from common import capacity, settings, settings_loader, snapshot, snapshot_build, topology
 from descheduler import cooldowns, limits, policy, reclaim
 from descheduler.reclaim import search, utilisation
 from tests import builders
@@ -131,8 +131,8 @@ def run(
     """`groups`: native PodGroup objects in the snapshot; `pod_groups`: disruption modes given to the planner;
     `budgets`: PodDisruptionBudget objects in the snapshot."""
     config = settings_loader.load(overrides=overrides or {})
-    cluster = snapshot.build(nodes=nodes, pods=pods, priority_classes=CLASSES, names=config.names, taken_at=NOW,
-                             pod_groups=groups, disruption_budgets=budgets)
+    cluster = snapshot_build.build(nodes=nodes, pods=pods, priority_classes=CLASSES, names=config.names, taken_at=NOW,
+                                   pod_groups=groups, disruption_budgets=budgets)
     policies = policy.parse_all(cluster.priority_classes, default_threshold_percent=5.0)
     wanted = demands(cluster) if demands else reclaim.demands_from_snapshot(cluster)
     return reclaim.plan(cluster=cluster, policies=policies, assessments=assessments, demands=wanted,
@@ -463,8 +463,8 @@ def test_windows_needed_groups_screened_pods_by_idle_window() -> None:
     config = settings_loader.load()
     pods = [running("a", node="n1"), running("b", node="n1", cls="yielding"), running("c", node="n1", cls="sticky"),
             running("d", node="n1", deleting=True), pending("w")]
-    cluster = snapshot.build(nodes=[builders.gpu_node("n1", gpus=4)], pods=pods, priority_classes=CLASSES,
-                             names=config.names, taken_at=NOW)
+    cluster = snapshot_build.build(nodes=[builders.gpu_node("n1", gpus=4)], pods=pods, priority_classes=CLASSES,
+                                   names=config.names, taken_at=NOW)
     policies = policy.parse_all(cluster.priority_classes, default_threshold_percent=5.0)
     screened = reclaim.screen_all(cluster, policies=policies, state=NO_COOLDOWNS, config=config, now=NOW)
     assert {k: v if isinstance(v, str) else v.class_name for k, v in screened.items()} == {
@@ -547,7 +547,7 @@ def test_plan_json_shape() -> None:
 def test_gated_pods_are_not_single_demands() -> None:
     gated = pending("held")
     gated["spec"]["schedulingGates"] = [{"name": "gpu-steward.io/gang"}]
-    cluster = snapshot.build(nodes=ONE, pods=[gated, pending("free")], names=settings.Names(), taken_at=NOW)
+    cluster = snapshot_build.build(nodes=ONE, pods=[gated, pending("free")], names=settings.Names(), taken_at=NOW)
     assert [d.key for d in reclaim.demands_from_snapshot(cluster)] == ["team-b/free"]
     demand = reclaim.gang_demand("team-b/g", [cluster.pods["team-b/held"], cluster.pods["team-b/free"]])
     assert dataclasses.astuple(demand)[0] == "gang:team-b/g"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from common import settings, snapshot
+from common import settings, snapshot_build
 from descheduler import reclaim
 from tests import builders
 from tests.unit.test_reclaim_planner import (
@@ -497,7 +497,7 @@ def test_a_gang_demand_is_checked_by_the_capacity_model(spec: dict[str, Any], se
 
 def test_budgets_come_from_a_listed_cluster_too() -> None:
     """`explain --cluster` reads `kubectl get ...,poddisruptionbudgets -A -o json`."""
-    listed = snapshot.from_list({"kind": "List", "items": [pdb(allowed=2), pdb({}, allowed=None, name="all")]},
-                                names=settings.Names(), taken_at=NOW)
+    listed = snapshot_build.from_list({"kind": "List", "items": [pdb(allowed=2), pdb({}, allowed=None, name="all")]},
+                                      names=settings.Names(), taken_at=NOW)
     assert {k: (b.disruptions_allowed, b.selector) for k, b in listed.disruption_budgets.items()} == {
         "team-a/db": (2, {"matchLabels": {"app": "db"}}), "team-a/all": (0, {"matchLabels": {}})}

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from common import settings, settings_loader, snapshot
+from common import settings, settings_loader, snapshot_build
 from descheduler import protections, reclaim, unschedulable
 from tests import builders
 from tests.unit.test_reclaim_planner import ONE, TWO, Raw, busy, gang, idle, pending, reason_of, run, running
@@ -346,7 +346,7 @@ def test_limits_treat_a_gang_as_one_decision(limits: dict[str, int], evicted: in
 
 def test_nominated_and_message_demands_are_recorded_not_dropped() -> None:
     config = settings_loader.load()
-    cluster = snapshot.build(nodes=ONE, pods=[waiting(CPU_AND_MEMORY)], names=config.names, taken_at=0)
+    cluster = snapshot_build.build(nodes=ONE, pods=[waiting(CPU_AND_MEMORY)], names=config.names, taken_at=0)
     [demand] = reclaim.demands_from_snapshot(cluster)
     assert demand.ignored and demand.ignored.startswith("kube-scheduler reports more than a GPU shortage")
 

@@ -9,7 +9,7 @@ import prometheus_client
 import pytest
 
 from benchmarks import release_churn as pc
-from common import settings, snapshot
+from common import settings, snapshot, snapshot_build
 from tests import builders
 
 NAMES = settings.Names()
@@ -33,7 +33,7 @@ def _raw(name: str, workload: str, *, node: str | None = None, stuck: bool = Fal
 
 def _cluster(*pods: dict[str, Any]) -> snapshot.Snapshot:
     nodes = [builders.gpu_node(n, gpus=8, domains=[range(4), range(4, 8)]) for n in ("n1", "n2")]
-    return snapshot.build(nodes=nodes, pods=pods, names=NAMES, taken_at=0.0)
+    return snapshot_build.build(nodes=nodes, pods=pods, names=NAMES, taken_at=0.0)
 
 
 def _pod(raw: dict[str, Any]) -> snapshot.Pod:

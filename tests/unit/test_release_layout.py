@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from common import settings, snapshot
+from common import settings, snapshot, snapshot_build
 from descheduler.release import layout
 from tests import builders
 
@@ -56,7 +56,7 @@ def mig_member(name: str, *, slices: int, priority: int = 0) -> dict[str, Any]:
 
 def search(nodes: Sequence[dict[str, Any]], running: Sequence[dict[str, Any]], gang: Sequence[dict[str, Any]],
            ) -> layout.Layout | None:
-    cluster = snapshot.build(nodes=nodes, pods=[*running, *gang], names=NAMES, taken_at=NOW)
+    cluster = snapshot_build.build(nodes=nodes, pods=[*running, *gang], names=NAMES, taken_at=NOW)
     pods = [cluster.pods[f"team/{p['metadata']['name']}"] for p in gang]
     candidates = {p.key: layout.candidates(p, cluster) for p in pods}
     found = layout.place(pods, candidates, layout.rooms(cluster), frozenset(cluster.nodes), scoring=settings.Scoring())
@@ -151,8 +151,8 @@ def test_gang_layout(nodes: list[dict[str, Any]], running: list[dict[str, Any]],
 def test_assumed_pods_hold_their_node_until_the_snapshot_shows_them() -> None:
     """`rooms(assumed=...)`: a pod we released to a node that the snapshot does not show there yet takes its GPUs
     from that node; a pod the snapshot already shows on a node is not counted twice."""
-    cluster = snapshot.build(nodes=[node("a")], pods=[*members(1, gpus=4), busy("on-a", on="a", gpus=2)],
-                             names=NAMES, taken_at=NOW)
+    cluster = snapshot_build.build(nodes=[node("a")], pods=[*members(1, gpus=4), busy("on-a", on="a", gpus=2)],
+                                   names=NAMES, taken_at=NOW)
     assert layout.rooms(cluster)["a"].free_gpus == 6
     assert layout.rooms(cluster, assumed={"team/m-0": "a"})["a"].free_gpus == 2
     assert layout.rooms(cluster, assumed={"other/on-a": "a"})["a"].free_gpus == 6, "already held: not twice"
@@ -162,7 +162,8 @@ def test_assumed_pods_hold_their_node_until_the_snapshot_shows_them() -> None:
 def test_candidates_are_the_nodes_the_pod_could_ever_use() -> None:
     small = builders.gpu_node("small", gpus=2)
     cordoned = builders.gpu_node("cordoned", gpus=8, mutate=lambda n: n["spec"].update(unschedulable=True))
-    cluster = snapshot.build(nodes=[node("a"), small, cordoned], pods=members(1, gpus=4), names=NAMES, taken_at=NOW)
+    cluster = snapshot_build.build(nodes=[node("a"), small, cordoned], pods=members(1, gpus=4), names=NAMES,
+                                   taken_at=NOW)
     pod = cluster.pods["team/m-0"]
     assert layout.candidates(pod, cluster) == frozenset({"a"})
     assert "cordoned" not in layout.rooms(cluster), "a cordoned node offers no room"
@@ -240,7 +241,7 @@ def test_equal_nodes_go_to_the_one_fewer_pending_pods_prefer(
     nodes: list[dict[str, Any]], running: list[dict[str, Any]], gang: list[dict[str, Any]], want: Mapping[str, str],
     racing: int,
 ) -> None:
-    cluster = snapshot.build(nodes=nodes, pods=[*running, *gang], names=NAMES, taken_at=NOW)
+    cluster = snapshot_build.build(nodes=nodes, pods=[*running, *gang], names=NAMES, taken_at=NOW)
     pods = [cluster.pods[f"team/{p['metadata']['name']}"] for p in gang]
     candidates = {p.key: layout.candidates(p, cluster) for p in pods}
     contested = layout.contested(cluster)
@@ -294,7 +295,7 @@ def test_a_layout_of_one_member_without_a_why_describes_the_gang() -> None:
 def test_explain_lists_the_chosen_node_first_then_by_rank_then_those_that_cannot() -> None:
     """b is tightest; a and d tie, before c, which a pending never-gated pod prefers; e is cordoned, f too small."""
     cordoned = builders.gpu_node("e", gpus=8, mutate=lambda n: n["spec"].update(unschedulable=True))
-    cluster = snapshot.build(
+    cluster = snapshot_build.build(
         nodes=[node("a"), node("b"), node("c"), node("d"), cordoned, builders.gpu_node("f", gpus=2)],
         pods=[busy("x", on="b", gpus=4), preferring("q", node_name="c"), sized("p", gpus=4)],
         names=NAMES, taken_at=NOW)
@@ -313,8 +314,8 @@ def test_an_assumed_pod_takes_its_gpu_indices_even_across_domains() -> None:
     """Its GPUs are taken where it would land (spanning domains when it must), so later members see the right
     domains; one that does not fit still takes its requests off the node (over-committed in our view)."""
     occupancy = {"a": {0: "other/x", 4: "other/x"}}
-    cluster = snapshot.build(nodes=[node("a")], pods=[busy("x", on="a", gpus=2), *members(2, gpus=4)],
-                             occupancy=occupancy, names=NAMES, taken_at=NOW)
+    cluster = snapshot_build.build(nodes=[node("a")], pods=[busy("x", on="a", gpus=2), *members(2, gpus=4)],
+                                   occupancy=occupancy, names=NAMES, taken_at=NOW)
     room = layout.rooms(cluster, assumed={"team/m-0": "a"})["a"]
     assert (room.free_gpus, sum(map(len, room.domains))) == (2, 2), room.domains
     over = layout.rooms(cluster, assumed={"team/m-0": "a", "team/m-1": "a"})["a"]
@@ -322,8 +323,8 @@ def test_an_assumed_pod_takes_its_gpu_indices_even_across_domains() -> None:
 
 
 def test_an_assumed_pod_the_snapshot_already_shows_does_not_stop_the_others() -> None:
-    cluster = snapshot.build(nodes=[node("a")], pods=[*members(1, gpus=4), busy("on-a", on="a", gpus=2)],
-                             names=NAMES, taken_at=NOW)
+    cluster = snapshot_build.build(nodes=[node("a")], pods=[*members(1, gpus=4), busy("on-a", on="a", gpus=2)],
+                                   names=NAMES, taken_at=NOW)
     assert layout.rooms(cluster, assumed={"other/on-a": "a", "team/m-0": "a"})["a"].free_gpus == 2
 
 
@@ -332,7 +333,7 @@ def test_an_assumed_pod_the_snapshot_already_shows_does_not_stop_the_others() ->
 
 def short_of(nodes: Sequence[dict[str, Any]], running: Sequence[dict[str, Any]], gang: Sequence[dict[str, Any]],
              occupancy: snapshot.Occupancy | None = None) -> tuple[str, int, bool]:
-    cluster = snapshot.build(nodes=nodes, pods=[*running, *gang], occupancy=occupancy, names=NAMES, taken_at=NOW)
+    cluster = snapshot_build.build(nodes=nodes, pods=[*running, *gang], occupancy=occupancy, names=NAMES, taken_at=NOW)
     pods = [cluster.pods[f"team/{p['metadata']['name']}"] for p in gang]
     candidates = {p.key: layout.candidates(p, cluster) for p in pods}
     return layout.shortfall(pods, candidates, layout.rooms(cluster), cluster)
@@ -429,13 +430,13 @@ def test_preemptible_names_the_node_with_the_fewest_victims(
     occupancy: snapshot.Occupancy | None, want: str | None,
 ) -> None:
     pod = ranked("p", gpus=8 if occupancy is None else 4, priority=10_000)  # 4: what fits a only across domains
-    cluster = snapshot.build(nodes=nodes, pods=[*running, pod], occupancy=occupancy, names=NAMES, taken_at=NOW)
+    cluster = snapshot_build.build(nodes=nodes, pods=[*running, pod], occupancy=occupancy, names=NAMES, taken_at=NOW)
     assert layout.preemptible(cluster.pods["team/p"], frozenset(candidates), cluster) == want
 
 
 def preempt(nodes: Sequence[dict[str, Any]], running: Sequence[dict[str, Any]], gang: Sequence[dict[str, Any]],
             occupancy: snapshot.Occupancy | None = None) -> layout.Preemption | None:
-    cluster = snapshot.build(nodes=nodes, pods=[*running, *gang], occupancy=occupancy, names=NAMES, taken_at=NOW)
+    cluster = snapshot_build.build(nodes=nodes, pods=[*running, *gang], occupancy=occupancy, names=NAMES, taken_at=NOW)
     pods = [cluster.pods[f"team/{p['metadata']['name']}"] for p in gang]
     everywhere = frozenset(cluster.nodes)
     return layout.preempting(pods, {p.key: layout.candidates(p, cluster) for p in pods}, layout.rooms(cluster),

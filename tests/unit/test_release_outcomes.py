@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from common import settings, snapshot
+from common import settings, snapshot, snapshot_build
 from descheduler.release import outcomes
 from tests import builders
 
@@ -82,7 +82,7 @@ class Want:
 
 
 def assess(pods: Sequence[dict[str, Any]], occupancy: snapshot.Occupancy | None = None) -> dict[str, outcomes.Outcome]:
-    cluster = snapshot.build(nodes=NODES, pods=pods, occupancy=occupancy, names=NAMES, taken_at=NOW)
+    cluster = snapshot_build.build(nodes=NODES, pods=pods, occupancy=occupancy, names=NAMES, taken_at=NOW)
     found = outcomes.assess(cluster, config=config(), now=NOW)
     assert len({o.key for o in found}) == len(found), "one outcome per pod"
     return {o.key.split("/")[1]: o for o in found}

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from common import settings, snapshot
+from common import settings, snapshot, snapshot_build
 from descheduler.release import planning
 from gpu_steward import cmd_descheduler
 from tests import builders
@@ -92,7 +92,7 @@ def low(name: str, *, node: str, gpus: int, priority: int = 0) -> dict[str, Any]
 def cluster(
     nodes: Sequence[dict[str, Any]], pods: Sequence[dict[str, Any]], occupancy: snapshot.Occupancy | None = None
 ) -> snapshot.Snapshot:
-    return snapshot.build(nodes=nodes, pods=pods, occupancy=occupancy, names=NAMES, taken_at=NOW)
+    return snapshot_build.build(nodes=nodes, pods=pods, occupancy=occupancy, names=NAMES, taken_at=NOW)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1040,8 +1040,9 @@ def test_a_podgroup_without_a_gang_policy_leaves_the_gang_to_our_labels() -> Non
         pod["spec"]["schedulingGroup"] = {"podGroupName": "pg"}
         return pod
 
-    snap = snapshot.build(nodes=[EIGHT], pods=[grouped(p) for p in gang("t", 2, size=2)], names=NAMES, taken_at=NOW,
-                          pod_groups=[{"metadata": {"namespace": "team", "name": "pg"}, "spec": {}}])
+    snap = snapshot_build.build(nodes=[EIGHT], pods=[grouped(p) for p in gang("t", 2, size=2)], names=NAMES,
+                                taken_at=NOW,
+                                pod_groups=[{"metadata": {"namespace": "team", "name": "pg"}, "spec": {}}])
     check(outcome(planning.plan(snap, config=config(), now=NOW))["team/t"],
           Want(A.RELEASE, planning.RELEASED, "one node", nodes={"t-0": "big", "t-1": "big"}))
 

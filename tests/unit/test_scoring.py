@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from admission import scoring
-from common import fit, settings, snapshot
+from common import fit, settings, snapshot, snapshot_build
 from tests import builders
 
 CFG = settings.Scoring()
@@ -15,7 +15,7 @@ NAMES = settings.Names()
 
 
 def cluster(*nodes: dict, pods: tuple[dict, ...] = ()) -> snapshot.Snapshot:
-    return snapshot.build(nodes=nodes, pods=pods, names=NAMES, taken_at=0.0)
+    return snapshot_build.build(nodes=nodes, pods=pods, names=NAMES, taken_at=0.0)
 
 
 def busy(node: str, gpus: int, name: str = "busy") -> dict:

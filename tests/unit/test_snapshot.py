@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from common import settings, snapshot, source
+from common import settings, snapshot, snapshot_build, source
 from tests import builders
 
 NAMES = settings.Names()
@@ -25,7 +25,7 @@ def _build(
     occupancy: snapshot.Occupancy | None = None,
     **kwargs: Any,
 ) -> snapshot.Snapshot:
-    return snapshot.build(nodes=nodes, pods=pods, occupancy=occupancy, names=NAMES, taken_at=100.0, **kwargs)
+    return snapshot_build.build(nodes=nodes, pods=pods, occupancy=occupancy, names=NAMES, taken_at=100.0, **kwargs)
 
 
 def _with_limit(value: str) -> builders.Mutator:
@@ -325,7 +325,7 @@ def test_priority_classes_and_namespaces() -> None:
     ],
 )
 def test_age(taken_at: float | None, now: float, age: float | None) -> None:
-    snap = snapshot.build(nodes=[], pods=[], names=NAMES, taken_at=taken_at)
+    snap = snapshot_build.build(nodes=[], pods=[], names=NAMES, taken_at=taken_at)
     assert snap.age(now) == age
 
 
@@ -339,7 +339,7 @@ def _fixture() -> dict[str, Any]:
 
 
 def test_from_list_fixture() -> None:
-    snap = snapshot.from_list(_fixture(), names=NAMES, taken_at=5.0)
+    snap = snapshot_build.from_list(_fixture(), names=NAMES, taken_at=5.0)
     assert snap.problems == ()
     assert snap.taken_at == 5.0
     assert {n.name: (n.topology.source, n.topology.domains, n.gpu_count, n.schedulable, n.free_by_domain())
@@ -370,7 +370,7 @@ def test_from_list_fixture() -> None:
 
 
 def test_fixture_matches_default_tier_classes() -> None:
-    snap = snapshot.from_list(_fixture(), names=NAMES, taken_at=None)
+    snap = snapshot_build.from_list(_fixture(), names=NAMES, taken_at=None)
     tiers = settings.Settings().tiers
     for tier in settings.Tier:
         wanted = tiers.for_tier(tier)
@@ -391,7 +391,7 @@ def test_fixture_matches_default_tier_classes() -> None:
     ],
 )
 def test_from_list_kinds(document: dict[str, Any], nodes: list[str], pods: list[str]) -> None:
-    snap = snapshot.from_list(document, names=NAMES, taken_at=None)
+    snap = snapshot_build.from_list(document, names=NAMES, taken_at=None)
     assert (sorted(snap.nodes), sorted(snap.pods)) == (nodes, pods)
 
 
@@ -410,14 +410,14 @@ def test_from_list_kinds(document: dict[str, Any], nodes: list[str], pods: list[
 )
 def test_from_list_rejects_what_is_not_a_list_of_objects(document: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
-        snapshot.from_list(document, names=NAMES, taken_at=None)
+        snapshot_build.from_list(document, names=NAMES, taken_at=None)
 
 
 def test_static_source_from_file() -> None:
     now = [7.0]
     loaded = source.from_file(FIXTURE, names=NAMES, clock=lambda: now[0])
     assert loaded.synced is True
-    assert loaded.snapshot == snapshot.from_list(_fixture(), names=NAMES, taken_at=7.0)
+    assert loaded.snapshot == snapshot_build.from_list(_fixture(), names=NAMES, taken_at=7.0)
     now[0] = 5_000.0  # a replayed state never ages into "stale" while a process serves it
     assert loaded.snapshot.age(5_000.0) == 0.0
 
@@ -426,18 +426,18 @@ def test_a_builder_reuses_unchanged_pods_and_equals_a_cold_build():
     names = settings.Names()
     nodes = [builders.gpu_node(f"n{i}", gpus=8, domains=[range(4), range(4, 8)]) for i in range(3)]
     pods = [builders.pod(f"p{j}", gpus=1, node=f"n{j % 3}", phase="Running") for j in range(9)]
-    builder = snapshot.Builder(names=names)
+    builder = snapshot_build.Builder(names=names)
     first = _keep_building(builder, nodes, pods)
     pods[4] = builders.pod("p4", gpus=3, node="n1", phase="Running")  # replaced, as the feeder does
     del pods[0]
     warm = _keep_building(builder, nodes, pods)
-    cold = snapshot.build(nodes=nodes, pods=pods, names=names, taken_at=0.0)
+    cold = snapshot_build.build(nodes=nodes, pods=pods, names=names, taken_at=0.0)
     assert (warm.pods, warm.nodes) == (cold.pods, cold.nodes)
     assert warm.pods["default/p8"] is first.pods["default/p8"]
     assert warm.pods["default/p4"].request.full == 3 and "default/p0" not in warm.pods
 
 
-def _keep_building(builder: snapshot.Builder, nodes: Sequence[Mapping[str, Any]],
+def _keep_building(builder: snapshot_build.Builder, nodes: Sequence[Mapping[str, Any]],
                    pods: Sequence[Mapping[str, Any]]) -> snapshot.Snapshot:
     return builder.build(nodes={n["metadata"]["name"]: n for n in nodes}, pods={snapshot.pod_key(p): p for p in pods},
                          taken_at=0.0)
@@ -467,7 +467,7 @@ def test_rebuild_reparses_only_nodes_whose_object_changed(
     nodes = [*(builders.gpu_node(f"n{i}", gpus=8, domains=[range(4), range(4, 8)]) for i in range(3)),
              builders.gpu_node("cpu", gpus=0, topology="none")]
     pods = [builders.pod(f"p{j}", gpus=1, node=f"n{j % 3}", phase="Running") for j in range(6)]
-    builder = snapshot.Builder(names=NAMES)
+    builder = snapshot_build.Builder(names=NAMES)
     _keep_building(builder, nodes, pods)
     for name in replaced:
         _replace_node(nodes, name)
@@ -483,7 +483,7 @@ def test_rebuild_reparses_only_nodes_whose_object_changed(
     monkeypatch.setattr(gpu, "node_allocatable", counted("gpu", gpu.node_allocatable))
     monkeypatch.setattr(topology, "from_node", counted("topology", topology.from_node))
     monkeypatch.setattr(resources, "node_allocatable", counted("resources", resources.node_allocatable))
-    warm = _keep_building(builder if previous else snapshot.Builder(names=NAMES), nodes, pods)
+    warm = _keep_building(builder if previous else snapshot_build.Builder(names=NAMES), nodes, pods)
     # topology.from_node reads the node's GPU count itself: count only build's own reads of it.
     calls["gpu"] -= calls["topology"]
     assert calls == parsed

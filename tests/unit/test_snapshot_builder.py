@@ -1,4 +1,4 @@
-"""common.snapshot.Builder and common.feeder.Builder: a snapshot built after a change re-does only what the change
+"""common.snapshot_build.Builder and common.feeder.Builder: a snapshot built after a change re-does only what the change
 touched, and equals a from-scratch build of the same objects, whatever the change.
 
 First a row for each thing a kept part depends on (the change must reach the snapshot), then what is reused, then
@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from common import feeder, settings, snapshot
+from common import feeder, settings, snapshot, snapshot_nodes
 from tests import builders as b
 
 NAMES = settings.Names()
@@ -260,15 +260,15 @@ def test_a_build_that_raises_leaves_nothing_behind(monkeypatch: pytest.MonkeyPat
     builder = feeder.Builder(names=NAMES, gpu_classes=CLASSES)
     build(builder, stores)
     changed(stores, "pods", "default/on-a", _bind("b"))
-    real = snapshot._assemble
+    real = snapshot_nodes.assemble
 
     def broken(**kwargs: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(snapshot, "_assemble", broken)
+    monkeypatch.setattr(snapshot_nodes, "assemble", broken)
     with pytest.raises(RuntimeError):
         build(builder, stores)
-    monkeypatch.setattr(snapshot, "_assemble", real)
+    monkeypatch.setattr(snapshot_nodes, "assemble", real)
     assert_same(build(builder, stores), fresh(stores))
 
 

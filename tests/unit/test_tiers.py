@@ -13,7 +13,7 @@ import pytest
 
 from admission import mutation
 from admission import tiers as tier_rules
-from common import settings, snapshot
+from common import settings, snapshot, snapshot_build
 from tests import builders
 
 NOW = 1_000.0
@@ -30,7 +30,7 @@ OWN_CLASS = builders.priority_class("team-low", 50, policy="Never")
 
 
 def cluster(*extra: dict[str, Any]) -> snapshot.Snapshot:
-    return snapshot.build(
+    return snapshot_build.build(
         nodes=[builders.gpu_node("n1", gpus=8)], pods=[], priority_classes=[*builders.tier_classes(), *extra],
         namespaces=[builders.namespace(n) for n in ("default", "serving", "batch")]
         + [builders.namespace("shop", {"env": "prod"})],

@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 
-from common import dra, gpu, settings, settings_loader, snapshot
+from common import dra, gpu, settings, settings_loader, snapshot, snapshot_build
 from descheduler.reclaim import utilisation, utilisation_fold, utilisation_parts, utilisation_promql, utilisation_window
 from tests import builders
 
 P = 300
 NOW = 1_800_000_000.0  # a multiple of 300: windows of whole parts start on the grid
 CONFIG = settings_loader.load()
-EMPTY_NODE = snapshot.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=[], priority_classes=[],
-                            names=CONFIG.names, taken_at=NOW).nodes["n1"]
+EMPTY_NODE = snapshot_build.build(nodes=[builders.gpu_node("n1", gpus=8)], pods=[], priority_classes=[],
+                                  names=CONFIG.names, taken_at=NOW).nodes["n1"]
 WINDOW = 600
 LOOKBACK = 300.0
 
