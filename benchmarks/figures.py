@@ -151,6 +151,10 @@ PLACEMENT_QUIET = ("Placement, quieter machine", "The same replay and slices, re
 PLACEMENT_PER_CHANGE = ("Placement, snapshot rebuilt per change", "The first slice again on a quieter machine, after "
                         "the snapshot became incremental (a watch event re-parses its pod and re-assembles its nodes "
                         "only: `benchmarks/snapshot_rebuild.py`); nothing else running beside the benchmark.")
+PLACEMENT_DRA_RATE4 = ("Placement on DRA GPU nodes, at an arrival rate DRA scheduling keeps up with", "The same "
+                       "command with `--arrival-rate 4 --time-compression 13.333` (a third of the default 12/s "
+                       "and 40, so the cluster's load is the same), `--dra` and then without, back to back on a "
+                       "quiet machine (nothing else running; load 0.0-2.1).")
 PLACEMENT_DRA = ("Placement on DRA GPU nodes", "`benchmarks/placement_trace.py --nodes 60 --pods 600 --arms "
                  "default,gpu-steward` with `--dra` (each node's GPUs in a ResourceSlice, pods asking `nvidia.com/gpu` "
                  "through NVIDIA's DeviceClass) and without, back to back on a loaded machine (other runs beside "
@@ -207,6 +211,10 @@ FIGURES: list[Figure] = [
                      gated_waits=True),
     *_placement_rows(PLACEMENT_DRA, [("DRA devices", "placement_trace_dra_nodes60_pods600.json"),
                                      ("device plugin", "placement_trace_device_plugin_nodes60_pods600.json")],
+                     arms=("gpu-steward", "default"), gated_waits=True),
+    *_placement_rows(PLACEMENT_DRA_RATE4, [
+        ("DRA devices", "placement_trace_dra_rate4_nodes60_pods600.json"),
+        ("device plugin", "placement_trace_device_plugin_rate4_nodes60_pods600.json")],
                      arms=("gpu-steward", "default"), gated_waits=True),
     *[Figure(RELEASE_CHURN, f"seed {seed}, {rate}: {what}", source, _release_churn(f"{rate} gpu-steward", key))
       for seed, source in ((1, "release_churn.json"), (2, "release_churn_seed2.json"))
