@@ -54,6 +54,13 @@ def _placement(arm: str, key: str) -> Callable[[Result], str]:
         if key == "burst_vs_default":
             ratio = arms[arm]["burst"]["pods_per_second"] / arms["default"]["burst"]["pods_per_second"]
             return f"{ratio:.2f}x"
+        if key == "gpus_bound":  # what never-scheduled counts in pods leaves out: the GPUs the bound pods hold
+            bound = arms[arm]["bindings"]
+            large = sum(1 for b in bound if b["gpus"] == 8)
+            return f"{sum(b['gpus'] for b in bound)} ({large} pods of 8 GPUs, {len(bound) - large} others)"
+        if key == "nominations_missed":
+            missed = arms[arm]["nominations_missed"]
+            return f"{missed['pods']} of {missed['nominated']}"
         if key == "gated_p50_vs_default":  # the pods our webhook gates, against the same pods without us
             ours, theirs = (arms[a]["pending"]["waits"]["gated"]["wait_p50_seconds"] for a in (arm, "default"))
             return f"{ours / theirs:.1f}x ({ours:.2f} s against {theirs:.2f} s)"
@@ -177,9 +184,10 @@ CYCLE = ("Descheduler cost", "`benchmarks/reclaim_cycle.py --prometheus`: a real
 
 def _placement_rows(section: tuple[str, str], runs: Sequence[tuple[str, str]], *,
                     arms: Sequence[str] = ("gpu-steward", "default", "binpack"),
-                    gated_waits: bool = False) -> list[Figure]:
+                    gated_waits: bool = False, gpus: bool = False) -> list[Figure]:
     """The rows of placement_trace runs, each (its label, its result file) with `arms`; `gated_waits`: the files
-    split the waits into gated pods and the rest (since issue 28)."""
+    split the waits into gated pods and the rest (since issue 28); `gpus`: the GPUs bound per arm and the
+    nominations missed too."""
     rows = []
     for label, source in runs:
         for arm in arms:
@@ -187,6 +195,12 @@ def _placement_rows(section: tuple[str, str], runs: Sequence[tuple[str, str]], *
                                source, _placement(arm, "one_domain_share")))
             rows.append(Figure(section, f"{label}, {arm}: pods never scheduled", source,
                                _placement(arm, "never_scheduled")))
+            if gpus:
+                rows.append(Figure(section, f"{label}, {arm}: GPUs bound to trace pods", source,
+                                   _placement(arm, "gpus_bound")))
+        if gpus:
+            rows.append(Figure(section, f"{label}, gpu-steward: nominations missed (bound elsewhere) of nominated",
+                               source, _placement("gpu-steward", "nominations_missed")))
         rows.append(Figure(section, f"{label}, gpu-steward: burst bind rate against the default scheduler's",
                            source, _placement("gpu-steward", "burst_vs_default")))
         for arm in ("gpu-steward", "default"):
@@ -215,7 +229,7 @@ FIGURES: list[Figure] = [
     *_placement_rows(PLACEMENT_DRA_RATE4, [
         ("DRA devices", "placement_trace_dra_rate4_nodes60_pods600.json"),
         ("device plugin", "placement_trace_device_plugin_rate4_nodes60_pods600.json")],
-                     arms=("gpu-steward", "default"), gated_waits=True),
+                     arms=("gpu-steward", "default"), gated_waits=True, gpus=True),
     *[Figure(RELEASE_CHURN, f"seed {seed}, {rate}: {what}", source, _release_churn(f"{rate} gpu-steward", key))
       for seed, source in ((1, "release_churn.json"), (2, "release_churn_seed2.json"))
       for rate in ("2/s", "3/s")

@@ -320,7 +320,11 @@ def victims(node: snapshot.Node, cluster: snapshot.Snapshot, *, below: int) -> f
 def preempted_room(node: snapshot.Node, cluster: snapshot.Snapshot, *, below: int) -> capacity.Room | None:
     """The node's room once preemption removed every pod it may remove for priority `below` (what kube-scheduler
     checks before it chooses victims), or None when there is none to remove. Conservative: pods without GPUs are not
-    counted as freeing CPU or memory."""
+    counted as freeing CPU or memory. None on a node whose GPUs are DRA devices: kube-scheduler (1.36, 1.37) never
+    preempts for them, its DynamicResources plugin counts a victim's devices taken while it simulates the removal
+    (tests/e2e/test_nomination_facts_e2e.py, fact 8)."""
+    if node.dra_gpus:
+        return None
     lower = victims(node, cluster, below=below)
     return capacity.Room.of(node, cluster=cluster, leaving=lower) if lower else None
 

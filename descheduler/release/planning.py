@@ -39,7 +39,8 @@ Pure: a `Snapshot`, the settings and `now` in, decisions with their reasons out.
 - A single pod (a gang of one) that fits no node now (reserved nodes included) but would fit once
   kube-scheduler's preemption removed pods of lower priority (`layout.preemptible`; its preemptionPolicy is not
   Never) is released at once without a nomination, with a `ReleasedToPreempt` Event: a gated pod is invisible to
-  preemption, and kube-scheduler nominates it itself where it preempts.
+  preemption, and kube-scheduler nominates it itself where it preempts. Never on a node whose GPUs are DRA devices
+  (kube-scheduler does not preempt for them; for gangs too).
 - A gang of several that fits nowhere now (not even on nodes kept for gangs ahead) but whose every member would fit
   once preemption removed pods of lower priority than all of its members (`layout.preempting`: every member's
   preemptionPolicy not Never; equal priority is never preempted) is planned all at once on that view and released at

@@ -21,6 +21,15 @@ instead of pinning it with a required node term.
 6. Where the versions differ: after a kube-scheduler restart (or leader change) a gated pod's stored
    nomination reserves its node again on 1.37.2, but on 1.36.3 only from the pod's next update on
    (kubernetes/kubernetes#139057, fixed in 1.37).
+7. On nodes whose GPUs are DRA devices (a DeviceClass serving `nvidia.com/gpu`, a ResourceSlice per node), a
+   nomination keeps the node's CPU and memory for the nominated pod but **not its devices**: an equal-priority
+   racer that prefers A takes A's devices the nominated pod was to get (kube-scheduler's DynamicResources plugin
+   has no PreFilterExtensions, so nominated pods are not added to its view; kubernetes/enhancements#4981). The
+   nominated pod, once un-gated, binds elsewhere: nothing strands, but the plan's node is lost (fact 2's control
+   is on device-plugin nodes).
+8. Nor does kube-scheduler preempt for DRA devices: a higher-priority pod asking the GPUs a lower-priority pod
+   holds on a DRA node stays Unschedulable, not nominated, and the lower-priority pod keeps running (KEP-5690,
+   "DRA preemption", is not in 1.37). Control: the same pods on a device-plugin node, where it preempts.
 
 All six seen on 1.37.2 and on 1.36.3 (2026-11-28: 24 passed, 12 per version; kube-scheduler's
 `NominatedNodeNameForExpectation` and `ClearingNominatedNodeNameAfterBinding` are beta and on by default since
@@ -28,7 +37,8 @@ All six seen on 1.37.2 and on 1.36.3 (2026-11-28: 24 passed, 12 per version; kub
 in `localcluster.KUBERNETES_VERSIONS`, on a plain cluster of its own (no webhook, no feature gates), so an
 upgrade that changes any of these facts fails here.
 
-Each test makes its own kwok nodes, labelled with a group of its own that all its pods select (the other tests'
+Facts 7 and 8 were first seen on 2026-12-06 (8 passed, 4 per version). Each test makes its own kwok nodes,
+labelled with a group of its own that all its pods select (the other tests'
 nodes never compete); the scheduler's decisions are awaited by polling the API up to a generous bound.
 """
 
@@ -46,7 +56,7 @@ from typing import Any
 import pytest
 
 from common import settings
-from gpu_steward_lab import localcluster
+from gpu_steward_lab import dra_devices, localcluster
 from tests.e2e import conftest
 from tests.support import kube
 
@@ -124,16 +134,25 @@ class Lab:
     namespace: str
     group: str
     node_names: list[str] = dataclasses.field(default_factory=list)
+    slices: list[str] = dataclasses.field(default_factory=list)
 
-    def add_nodes(self, count: int) -> list[str]:
-        """`count` more 8-GPU nodes (two NVLink domains of 4) in this test's group; their names."""
+    def add_nodes(self, count: int, *, dra: bool = False) -> list[str]:
+        """`count` more 8-GPU nodes (two NVLink domains of 4, 64 CPUs) in this test's group; their names.
+        `dra`: their GPUs are DRA devices (NVIDIA's DeviceClass serving `nvidia.com/gpu`, a ResourceSlice of 8
+        devices per node, no `nvidia.com/gpu` in their allocatable)."""
         nodes = localcluster.gpu_nodes(
-            f"{count}x8g2d", names=NAMES, name_prefix=f"facts-{self.group}-{len(self.node_names)}"
+            f"{count}x8g2d", names=NAMES, name_prefix=f"facts-{self.group}-{len(self.node_names)}", cpu="64"
         )
         for node in nodes:
             node["metadata"]["labels"][GROUP_LABEL] = self.group
+        if dra:
+            nodes = [dra_devices.without_device_plugin(node) for node in nodes]
         names = self.cluster.add_nodes(nodes)
         self.node_names += names
+        if dra:
+            slices = [dra_devices.resource_slice(name, 8) for name in names]
+            self.cluster.apply([dra_devices.device_class(), *slices])
+            self.slices += [str(s["metadata"]["name"]) for s in slices]
         return names
 
     def pod(
@@ -145,10 +164,11 @@ class Lab:
         gated: bool = False,
         prefers: str | None = None,
         pinned_to: str | None = None,
+        cpu: str | None = None,
     ) -> dict[str, Any]:
         prefer = [(100, {"matchExpressions": [kube.requirement(HOSTNAME, "In", prefers)]})] if prefers else []
         pin = [{"matchExpressions": [kube.requirement(HOSTNAME, "In", pinned_to)]}] if pinned_to else None
-        return kube.pod(
+        body = kube.pod(
             name,
             namespace=self.namespace,
             gpus=gpus,
@@ -158,6 +178,9 @@ class Lab:
             preferred_terms=prefer,
             required_terms=pin,
         )
+        if cpu is not None:
+            body["spec"]["containers"][0]["resources"]["requests"]["cpu"] = cpu
+        return body
 
     def create(self, body: Mapping[str, Any]) -> None:
         self.cluster.kubectl("create", "-f", "-", input=json.dumps(body))
@@ -236,6 +259,9 @@ def lab_in(cluster: localcluster.LocalCluster) -> Iterator[Lab]:
         yield lab
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        if lab.slices:  # the DeviceClass too: the other tests' nodes have the device plugin's GPUs
+            cluster.kubectl("delete", "resourceslice", *lab.slices, "--ignore-not-found", check=False)
+            cluster.kubectl("delete", "deviceclass", dra_devices.NVIDIA_DRIVER, "--ignore-not-found", check=False)
         if lab.node_names:
             cluster.kubectl("delete", "node", *lab.node_names, "--wait=false", check=False)
 
@@ -449,3 +475,64 @@ def test_a_kube_scheduler_restart_keeps_a_gated_pods_reservation_from_1_37_on(re
         lab.create_pod("racer-2", gpus=4, prefers=a)
         assert lab.wait_bound("racer-2")["spec"]["nodeName"] == b
         assert held(lab.get("held"))
+
+
+# --- on DRA nodes: a nomination holds CPU and memory but not devices, and nothing preempts for devices -------
+
+
+@pytest.mark.parametrize(
+    ("held_cpu", "racer_gpus", "racer_cpu", "racer_node"),
+    [
+        pytest.param(None, 4, None, "A", id="equal-priority-racer-takes-the-nominated-devices"),
+        pytest.param("60", 0, "8", "B", id="equal-priority-racer-is-kept-off-the-nominated-cpu"),
+    ],
+)
+def test_on_dra_nodes_a_nomination_keeps_cpu_and_memory_but_not_devices(
+    lab: Lab, held_cpu: str | None, racer_gpus: int, racer_cpu: str | None, racer_node: str
+) -> None:
+    a, b = lab.add_nodes(2, dra=True)
+    lab.create_pod("held", gpus=8, gated=True, cpu=held_cpu)  # all of A's devices (and 60 of its 64 CPUs)
+    lab.nominate("held", a)
+
+    # Equal priority, prefers A, fits there only on what held was nominated for: 4 devices, or 8 CPUs.
+    lab.create_pod("racer", gpus=racer_gpus, cpu=racer_cpu, prefers=a)
+
+    assert lab.wait_bound("racer")["spec"]["nodeName"] == {"A": a, "B": b}[racer_node]
+    assert held(lab.get("held"))
+    assert nominated(lab.get("held")) == a
+    lab.ungate("held")
+    # Where the racer took A's devices, held no longer fits A: it binds on B (nothing strands), off its plan.
+    assert lab.wait_bound("held")["spec"]["nodeName"] == {"A": b, "B": a}[racer_node]
+
+
+@pytest.mark.parametrize(
+    "dra",
+    [
+        pytest.param(False, id="control-device-plugin-node-preempts"),
+        pytest.param(True, id="dra-node-no-preemption-for-devices"),
+    ],
+)
+def test_kube_scheduler_preempts_for_device_plugin_gpus_but_not_for_dra_devices(lab: Lab, dra: bool) -> None:
+    (a,) = lab.add_nodes(1, dra=dra)
+    lab.create_pod("victim", gpus=8, priority_class=LOW)
+    assert lab.wait_bound("victim")["spec"]["nodeName"] == a
+
+    lab.create_pod("preemptor", gpus=8, priority_class=HIGH)
+
+    if not dra:
+        gone = kube.poll(
+            "victim preempted",
+            lambda: "victim" not in kube.pods(lab.cluster, lab.namespace),
+            timeout_seconds=BOUND_SECONDS,
+        )
+        assert gone
+        assert lab.wait_bound("preemptor")["spec"]["nodeName"] == a
+        return
+    # Preemption runs in the very cycle that reports the pod Unschedulable: had it found a victim, the pod
+    # would be nominated to A in the same status write.
+    stuck = lab.wait_unschedulable("preemptor")
+    message = next(c.get("message", "") for c in stuck["status"]["conditions"] if c["type"] == "PodScheduled")
+    assert nominated(stuck) is None, message
+    assert "cannot allocate all claims" in message
+    victim = lab.get("victim")
+    assert victim["spec"]["nodeName"] == a and not victim["metadata"].get("deletionTimestamp")

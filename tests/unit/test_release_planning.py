@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from common import settings, snapshot, snapshot_build
+from common import dra, settings, snapshot, snapshot_build
 from descheduler.release import planning
 from gpu_steward import cmd_descheduler
 from tests import builders
@@ -819,6 +819,38 @@ def test_a_gang_that_only_preemption_can_place_is_released_at_once(nodes: list[d
                                                                   pods: list[dict[str, Any]], want: Want) -> None:
     decisions = outcome(planning.plan(cluster(nodes, pods), config=config(), now=NOW))
     check(decisions["team/g"], want)
+
+
+def _on_dra_node(*pods: dict[str, Any], low_gpus: int) -> snapshot.Snapshot:
+    """`big` with its 8 GPUs as DRA devices; the lower-priority pod `low` (namespace other) holds devices 0 to
+    `low_gpus` - 1 through the claim kube-scheduler made for its `nvidia.com/gpu` request."""
+    holder = builders.resource_claim("low-x", namespace="other", devices=[("big", i) for i in range(low_gpus)],
+                                     reserved_for=["low"], extended=True)
+    inv = dra.build(device_classes=[builders.device_class()], slices=[builders.resource_slice("big", 8)],
+                    claims=[holder], templates=[], taint_rules=[], gpu_classes=("gpu.nvidia.com",), served=True)
+    with_claim = builders.with_extended_claim("low-x")
+    victims = [low("low", node="big", gpus=low_gpus)]
+    with_claim(victims[0])
+    return snapshot_build.build(nodes=[builders.dra_node("big", domains=SPLIT_8)], pods=[*pods, *victims],
+                                names=NAMES, taken_at=NOW, inventory=inv)
+
+
+@pytest.mark.parametrize(("pods", "low_gpus", "gang_key"), [
+    pytest.param([solo("urgent", gpus=8)], 4, "team/urgent", id="a-single-pod"),
+    pytest.param(gang("g", 2, size=2, gpus=4), 4, "team/g", id="a-gang-with-a-member-that-needs-the-preemption"),
+    pytest.param(gang("g", 2, size=2, gpus=4), 8, "team/g", id="a-gang-whose-every-member-needs-it"),
+])
+def test_on_a_dra_node_nothing_is_released_to_preempt(pods: list[dict[str, Any]], low_gpus: int,
+                                                      gang_key: str) -> None:
+    """kube-scheduler never preempts for DRA devices (fact 8 of test_nomination_facts_e2e): the same pods that the
+    rows above release to preempt on a device-plugin node wait on a DRA node, nothing un-gated to sit Pending (a gang:
+    never part-running). Control: the first row of each table above."""
+    built = _on_dra_node(*pods, low_gpus=low_gpus)
+    assert built.nodes["big"].dra_gpus and built.nodes["big"].free_gpus == 8 - low_gpus, built.problems
+    decision = outcome(planning.plan(built, config=config(), now=NOW))[gang_key]
+    assert (decision.action, decision.event_reason, decision.waiting, decision.ungate) == (
+        A.WAIT, planning.WAITING, W.CAPACITY, ()), decision.message
+    assert "preempt" not in decision.message, decision.message
 
 
 def test_a_gang_preempts_on_no_node_an_earlier_release_of_the_same_pass_took() -> None:
