@@ -150,6 +150,9 @@ class MetricFacts:
     labels: frozenset[str]  # label names those series carry
 
 
+NO_SERIES = MetricFacts(0, frozenset())  # a configured metric the store said nothing of
+
+
 @dataclasses.dataclass(frozen=True)
 class StoreFacts:
     metrics: Mapping[str, MetricFacts]  # configured metric name -> facts
@@ -182,11 +185,11 @@ def store_checks(facts: StoreFacts, *, config: settings.Prometheus,
     labels = config.labels
     scope = f" matching prometheus.scope_matchers {config.scope_matchers}" if config.scope_matchers else ""
     out: list[tuple[bool, str]] = []
-    found_mig = facts.metrics.get(config.mig_activity_metric, MetricFacts(0, frozenset()))
+    found_mig = facts.metrics.get(config.mig_activity_metric, NO_SERIES)
     mig = bool(found_mig.series and {labels.uuid, labels.gpu} & found_mig.labels)
     for setting, metric in (("gpu_util_metric", config.gpu_util_metric),
                             ("mig_activity_metric", config.mig_activity_metric)):
-        found = facts.metrics.get(metric, MetricFacts(0, frozenset()))
+        found = facts.metrics.get(metric, NO_SERIES)
         if not found.series:
             if setting == "gpu_util_metric":
                 judged = (f"no whole-GPU pod could be judged idle, only MIG instances ({config.mig_activity_metric})"

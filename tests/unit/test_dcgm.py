@@ -143,6 +143,30 @@ def series(seen_at: float = NOW, **labels: str) -> dict[str, Any]:
             [],
             id="mig-instances-share-a-gpu",
         ),
+        pytest.param(
+            [
+                series(NOW - 10, hostname="node-m", gpu="0", namespace="ns", pod="whole"),
+                series(hostname="node-m", gpu="0", namespace="ns", pod="slice", GPU_I_PROFILE="3g.40gb", GPU_I_ID="1"),
+            ],
+            {"node-m": {0: "ns/slice"}},
+            [
+                "node node-m GPU 0: claimed by ns/whole (seen 1799999990) and ns/slice (seen 1800000000); "
+                "kept ns/slice, seen last"
+            ],
+            id="a-whole-gpu-and-a-mig-instance-of-it-do-not-share",
+        ),
+        pytest.param(
+            [{"metric": None, "value": [NOW, str(NOW)]}, series(hostname="node-a", gpu="0", namespace="ns", pod="p")],
+            {"node-a": {0: "ns/p"}},
+            ["no metric labels"],
+            id="a-series-without-labels-is-skipped-and-the-next-one-read",
+        ),
+        pytest.param(
+            [series(hostname="node-a", namespace="ns", pod="p")],
+            {},
+            ["pod ns/p on node-a: GPU label gpu='' is not an index"],
+            id="no-gpu-label",
+        ),
     ],
 )
 def test_parse_occupancy(result: list[dict[str, Any]], occupancy: dict[str, Any], problems: list[str]) -> None:
@@ -248,6 +272,7 @@ def test_a_client_refuses_an_unscoped_query_unsent() -> None:
         pytest.param("0s", None, id="zero-is-no-bound"),
         pytest.param("15 days", None, id="not-a-duration"),
         pytest.param("15dx", None, id="a-duration-with-a-tail-is-none"),
+        pytest.param("1h 30m", None, id="a-space-inside-is-no-duration"),
     ],
 )
 def test_duration_seconds(text: str, seconds: float | None) -> None:
