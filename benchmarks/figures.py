@@ -274,6 +274,13 @@ FIGURES: list[Figure] = [
            "loaded machine", "reclaim_cycle_prometheus_shared_10000.json", _quiet_cycle),
     Figure(CYCLE, "warm reclaim cycle, 10,000 GPUs, shared store (cluster matcher, 1 GPU in 10 scraped twice), "
            "quieter machine", "reclaim_cycle_prometheus_shared_10000_quiet.json", _quiet_cycle),
+    Figure(CYCLE, "warm reclaim cycle, 10,000 GPUs, shared store (cluster matcher, 1 GPU in 10 scraped twice), "
+           "quiet machine, after the warm cycle's caches", "reclaim_cycle_prometheus_shared_10000_quiet_dec06.json",
+           _quiet_cycle),
+    Figure(CYCLE, "re-checks right before the evictions (10 a cycle), 10,000 GPUs, shared store, quiet machine: "
+           "share of the rest of the cycle", "reclaim_cycle_prometheus_shared_10000_quiet_dec06.json",
+           lambda r: f"p50 {percent(r['recheck']['share_of_the_rest_of_the_cycle']['p50'])}, "
+                     f"max {percent(r['recheck']['share_of_the_rest_of_the_cycle']['max'])}"),
 ]
 
 
