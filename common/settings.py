@@ -747,7 +747,8 @@ class Gangs(Model):
     )
     max_concurrent_patches: int = pydantic.Field(
         default=16, ge=1, le=256,
-        description="Release calls (per pod: its nomination, then the removal of our gate) in flight at once.",
+        description="Release calls (per pod: its nomination, then the removal of our gate) in flight at once; "
+        "release Events are posted beside them, with as many slots of their own.",
     )
     max_wait_seconds: Seconds = pydantic.Field(
         default=300,

@@ -31,12 +31,18 @@ unit, and the next pass, which the newer snapshot has already woken, plans it af
 After the releases, every pass checks what earlier releases came to (`outcomes`, level-triggered) and tells each
 outcome once (`_record`: a log line, `gpu_steward_release_outcomes_total{cause}` and an Event on the pod). It never
 acts on one: nothing in gpu-steward deletes, evicts or re-creates a pod to repair a placement.
+
+Events are posted off the pass (`_post`): a pass ends once its patches have returned, so the next pass, which
+releases the pods that came meanwhile, never waits for the API server to take an Event. They have slots of their own
+(as many as the patches'); one whose post fails is told again by a later pass that still finds it to tell. `settle()`
+waits for those in flight; on cancellation they get `EVENT_GRACE_SECONDS` to finish, then are cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -54,6 +60,7 @@ JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600)
 RELEASING = (planning.Action.RELEASE, planning.Action.RESUME, planning.Action.RELEASE_ALONE)
+EVENT_GRACE_SECONDS = 2.0  # how long Events in flight may still finish once the loop is cancelled (SIGTERM)
 
 
 class Metrics:
@@ -74,7 +81,8 @@ class Metrics:
             "gpu_steward_gang_timeouts", "Gangs found incomplete past the timeout.", registry=registry
         )
         self.pass_seconds = prometheus_client.Histogram(
-            "gpu_steward_release_pass_seconds", "One release pass: planning, then every patch and Event (seconds).",
+            "gpu_steward_release_pass_seconds", "One release pass: planning, then every patch (its Events are "
+            "posted beside the next passes) (seconds).",
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=registry,
         )
         self.failures = prometheus_client.Counter(
@@ -141,6 +149,8 @@ class Controller:
         self._assumed: dict[str, tuple[str, float]] = {}  # pod key -> (nominated node or "", when released)
         self._told: set[tuple[str, outcomes.Cause]] = set()  # (pod uid, cause) outcomes already told (see _record)
         self._calls = asyncio.Semaphore(config.descheduler.gangs.max_concurrent_patches)
+        self._event_slots = asyncio.Semaphore(config.descheduler.gangs.max_concurrent_patches)
+        self._posting: set[asyncio.Task[None]] = set()  # Events in flight (see _post)
 
     async def reconcile(self, *, now: float) -> planning.ReleasePlan | None:
         """One pass; None when the snapshot cannot be trusted (stale)."""
@@ -169,23 +179,44 @@ class Controller:
         """Tell every outcome of earlier releases not told yet (`outcomes`); forget those no longer found, so one
         that comes back is told again."""
         found = outcomes.assess(cluster, config=self._config, now=now)
-        await asyncio.gather(*(self._record(o) for o in found if (o.uid, o.cause) not in self._told))
+        for outcome in found:
+            if (outcome.uid, outcome.cause) not in self._told:
+                self._record(outcome)
         self._told &= {(o.uid, o.cause) for o in found}
 
-    async def _record(self, outcome: outcomes.Outcome) -> None:
-        """The one place a release outcome is told: log line + metric + Event."""
+    def _record(self, outcome: outcomes.Outcome) -> None:
+        """The one place a release outcome is told: log line + metric + Event (told again while its post fails)."""
         kind, reason = outcome.event
         logger.log(logging.WARNING if kind == "Warning" else logging.INFO, "release outcome %s %s: %s",
                    outcome.cause.value, outcome.key, outcome.message)
         self._metrics.outcomes.labels(outcome.cause.value).inc()
-        async with self._calls:
-            posted = await events.post(
-                self._api, regarding=events.ObjectRef.pod(outcome.key, uid=outcome.uid),
-                type="Warning" if kind == "Warning" else "Normal", reason=reason, message=outcome.message,
-                request_timeout=self._config.kubernetes.request_timeout_seconds,
-            )
-        if posted:
-            self._told.add((outcome.uid, outcome.cause))
+        told = (outcome.uid, outcome.cause)
+        self._told.add(told)
+        self._post(events.ObjectRef.pod(outcome.key, uid=outcome.uid), type="Warning" if kind == "Warning" else
+                   "Normal", reason=reason, message=outcome.message, failed=lambda: self._told.discard(told))
+
+    def _post(self, regarding: events.ObjectRef, *, type: events.EventType, reason: str, message: str,
+              failed: Callable[[], None]) -> None:
+        """Post the Event in the background, in a slot of its own; `failed` runs when the API server did not take
+        it (so a later pass tells it again)."""
+        async def post() -> None:
+            async with self._event_slots:
+                if not await events.post(self._api, regarding=regarding, type=type, reason=reason, message=message,
+                                         request_timeout=self._config.kubernetes.request_timeout_seconds):
+                    failed()
+
+        task = asyncio.create_task(post())
+        self._posting.add(task)
+        task.add_done_callback(self._posting.discard)
+
+    async def settle(self, *, within: float | None = None) -> None:
+        """Wait for the Events in flight; those still posting after `within` seconds are cancelled."""
+        if not self._posting:
+            return
+        _, late = await asyncio.wait(set(self._posting), timeout=within)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
 
     def _forget_seen(self, cluster: snapshot.Snapshot, *, now: float) -> None:
         """Drop released pods once the snapshot shows them released (or gone); keep none past one resync
@@ -219,7 +250,7 @@ class Controller:
             self._posted.get(m.key, ("", ""))[0] != planning.INCOMPLETE for m in decision.members if m.gated
         ):
             self._metrics.timeouts.inc()
-        await self._tell(decision, only_changes=True)
+        self._tell(decision, only_changes=True)
 
     def _overtaken(self, decision: planning.Decision, cluster: snapshot.Snapshot, result: planning.ReleasePlan,
                    ) -> str | None:
@@ -290,7 +321,7 @@ class Controller:
             started = timestamps.epoch(newest)
             if started is not None:
                 self._metrics.wait_seconds.observe(max(0.0, now - started))
-        await self._tell(decision, only_changes=False)  # one Event per release, a single pod's too
+        self._tell(decision, only_changes=False)  # one Event per release, a single pod's too
 
     async def _patch(self, key: str, body: object, *, content_type: str, status: bool = False,
                      guard: Callable[[], str | None] | None = None) -> bool:
@@ -304,7 +335,7 @@ class Controller:
                                timeout_seconds=self._config.kubernetes.request_timeout_seconds)
             return True
 
-    async def _tell(self, decision: planning.Decision, *, only_changes: bool) -> None:
+    def _tell(self, decision: planning.Decision, *, only_changes: bool) -> None:
         """One Event per member (gated ones, for a gang that releases: they are the ones it concerns)."""
         if decision.event_type is None or decision.event_reason is None:
             return
@@ -320,17 +351,15 @@ class Controller:
             if only_changes:  # a release is logged once per gang by _release
                 logger.info("%s %s: %s: %s", "pod" if decision.single else "gang", member.key, decision.event_reason,
                             message)
-            async with self._calls:
-                posted = await events.post(
-                    self._api,
-                    regarding=events.ObjectRef.pod(member.key, uid=member.uid),
-                    type=decision.event_type,
-                    reason=decision.event_reason,
-                    message=message,
-                    request_timeout=self._config.kubernetes.request_timeout_seconds,
-                )
-            if posted:
-                self._posted[member.key] = said
+            self._posted[member.key] = said
+            self._post(events.ObjectRef.pod(member.key, uid=member.uid), type=decision.event_type,
+                       reason=decision.event_reason, message=message,
+                       failed=functools.partial(self._unsay, member.key, said))
+
+    def _unsay(self, key: str, said: tuple[str, str]) -> None:
+        """An Event not taken counts as not said, unless a newer one has been said since."""
+        if self._posted.get(key) == said:
+            del self._posted[key]
 
     def _count(self, result: planning.ReleasePlan) -> None:
         counts = dict.fromkeys((w.value for w in planning.Waiting), 0)
@@ -366,16 +395,19 @@ async def run(
         api=api,
         metrics=metrics if metrics is not None else Metrics(prometheus_client.CollectorRegistry()),
     )
-    while True:
-        if changes is not None:
-            changes.clear()  # before reading the snapshot: a publication from here on wakes us again
-        if source.synced:
-            await controller.reconcile(now=clock())
-        if changes is None:
-            await asyncio.sleep(cfg.resync_seconds)
-            continue
-        try:
-            async with asyncio.timeout(cfg.resync_seconds):
-                await changes.wait()
-        except TimeoutError:
-            pass  # the periodic resync
+    try:
+        while True:
+            if changes is not None:
+                changes.clear()  # before reading the snapshot: a publication from here on wakes us again
+            if source.synced:
+                await controller.reconcile(now=clock())
+            if changes is None:
+                await asyncio.sleep(cfg.resync_seconds)
+                continue
+            try:
+                async with asyncio.timeout(cfg.resync_seconds):
+                    await changes.wait()
+            except TimeoutError:
+                pass  # the periodic resync
+    finally:
+        await controller.settle(within=EVENT_GRACE_SECONDS)

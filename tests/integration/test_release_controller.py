@@ -163,6 +163,10 @@ class FakeApiServer:
         self.events: list[Json] = []
         self.patches: list[tuple[str, str]] = []  # (pod key, "nominate" | "ungate" | "pin" | "mark"), in order
         self.failing: set[tuple[str, str]] = set()  # (pod key, kind) answered with HTTP 500
+        self.events_refused = False  # every Event answered with HTTP 500
+        self.events_held = asyncio.Event()  # cleared: every Event's answer waits until it is set
+        self.events_held.set()
+        self.events_asked = 0  # Event requests received, answered or not
         self.changed: Callable[[], None] = lambda: None  # the feeder's notification
         self.touched = asyncio.Event()  # set on every write, for tests that wait for an outcome
         self._version = 0
@@ -295,6 +299,11 @@ class FakeApiServer:
 
     async def _event(self, request: web.Request) -> web.Response:
         event = await request.json()
+        self.events_asked += 1
+        self.touched.set()
+        await self.events_held.wait()
+        if self.events_refused:
+            return web.json_response({"kind": "Status", "code": 500, "message": "injected"}, status=500)
         self.events.append(event)
         self.touched.set()
         return web.json_response(event, status=201)
@@ -382,6 +391,13 @@ async def running(
             await task
 
 
+async def one_pass(ctl: controller.Controller, *, now: float) -> planning.ReleasePlan | None:
+    """A release pass and then its Events (posted off the pass: `Controller.settle`)."""
+    plan = await ctl.reconcile(now=now)
+    await ctl.settle()
+    return plan
+
+
 async def until(server: FakeApiServer, condition: Callable[[], bool]) -> None:
     async with asyncio.timeout(TIMEOUT):
         while not condition():
@@ -423,7 +439,7 @@ async def test_failure_while_nominating_releases_none_and_the_next_pass_keeps_th
     await create_gang(api, size=4, gpus=2)
     server.failing = {(f"{NAMESPACE}/train-2", "nominate")}
     ctl = make_controller(server, api, config())
-    await ctl.reconcile(now=time.time())
+    await one_pass(ctl, now=time.time())
     pods = await gang_pods(api)
     assert [gates_of(p) for p in pods] == [[GATE]] * 4
     assert [k for _, k in server.patches] == ["nominate"] * 4, "every nomination tried (concurrently), none un-gated"
@@ -431,7 +447,7 @@ async def test_failure_while_nominating_releases_none_and_the_next_pass_keeps_th
     assert first["train-2"] is None and len({first[n] for n in first if n != "train-2"}) == 1
     server.failing = set()
     del server.patches[:]
-    await ctl.reconcile(now=time.time())
+    await one_pass(ctl, now=time.time())
     pods = await gang_pods(api)
     assert [gates_of(p) for p in pods] == [[]] * 4
     assert {p["metadata"]["name"]: nominated(p) for p in pods if p["metadata"]["name"] != "train-2"} == {
@@ -451,13 +467,13 @@ async def test_a_gang_naming_its_own_pod_group_is_released_only_once_the_pod_gro
         server.put(pod)
     server.pod_group_refusal = 403
     ctl = make_controller(server, api, config())
-    await ctl.reconcile(now=time.time())
+    await one_pass(ctl, now=time.time())
     assert [gates_of(p) for p in await gang_pods(api)] == [[GATE]] * 3
     assert [k for _, k in server.patches] == ["pod-group"], "nothing nominated or un-gated"
 
     server.pod_group_refusal = None
     del server.patches[:]
-    await ctl.reconcile(now=time.time())
+    await one_pass(ctl, now=time.time())
     pods = await gang_pods(api)
     assert [gates_of(p) for p in pods] == [[]] * 3
     assert [k for _, k in server.patches] == ["pod-group"] + ["nominate"] * 3 + ["ungate"] * 3
@@ -474,7 +490,7 @@ async def test_a_pod_group_that_exists_already_is_used_and_the_gang_released(
     for pod in await create_gang(api, size=2, gpus=2):
         pod["spec"]["schedulingGroup"] = {"podGroupName": "gpu-steward-train"}
         server.put(pod)
-    await make_controller(server, api, config()).reconcile(now=time.time())
+    await one_pass(make_controller(server, api, config()), now=time.time())
     assert [gates_of(p) for p in await gang_pods(api)] == [[]] * 2
     assert [k for _, k in server.patches] == ["pod-group"] + ["nominate"] * 2 + ["ungate"] * 2
 
@@ -483,11 +499,11 @@ async def test_restart_mid_release_resumes_from_the_cluster(fake: tuple[FakeApiS
     server, api = fake
     await create_gang(api, size=4, gpus=2)
     server.failing = {(f"{NAMESPACE}/train-2", "ungate")}
-    await make_controller(server, api, config()).reconcile(now=time.time())
+    await one_pass(make_controller(server, api, config()), now=time.time())
     assert [gates_of(p) for p in await gang_pods(api)] == [[], [], [GATE], []]
     server.failing = set()
     fresh = make_controller(server, api, config())  # a new process: nothing remembered
-    plan = await fresh.reconcile(now=time.time())
+    plan = await one_pass(fresh, now=time.time())
     assert plan is not None and [(d.action, d.event_reason) for d in plan.decisions] == [
         (planning.Action.RESUME, planning.RELEASED)
     ]
@@ -502,7 +518,7 @@ async def test_invalid_member_released_alone_and_other_gates_kept(
     pod["metadata"]["labels"][NAMES.gang_size] = "two"
     pod["spec"]["schedulingGates"].insert(0, {"name": KUEUE_GATE})
     server.put(pod)
-    await make_controller(server, api, config()).reconcile(now=time.time())
+    await one_pass(make_controller(server, api, config()), now=time.time())
     stored = server.pods[f"{NAMESPACE}/odd"]
     assert gates_of(stored) == [KUEUE_GATE]
     assert nominated(stored) is None, "released alone: no nomination"
@@ -522,7 +538,7 @@ async def test_waiting_and_timeout_events_are_posted_once(fake: tuple[FakeApiSer
     clock = [created]
     ctl = make_controller(server, api, config(timeout_seconds=600), clock=lambda: clock[0])
     for clock[0] in (created + 60, created + 120, created + 700, created + 800):
-        assert await ctl.reconcile(now=clock[0]) is not None
+        assert await one_pass(ctl, now=clock[0]) is not None
     reasons = server.reasons("part-0")
     assert reasons == [planning.WAITING, planning.INCOMPLETE]
     assert all(gates_of(p) == [GATE] for p in await gang_pods(api, name="part"))
@@ -571,14 +587,14 @@ async def test_gang_with_a_launcher_without_gpus_waits_for_it_then_is_released_t
     server, api = fake
     await create_gang(api, name="mpi", size=5, gpus=2, members=4)
     ctl = make_controller(server, api, config())
-    plan = await ctl.reconcile(now=time.time())
+    plan = await one_pass(ctl, now=time.time())
     assert plan is not None and [(d.action, d.message) for d in plan.decisions] == [
         (planning.Action.WAIT, planning.to_do("4 of 5 members present", planning.TO_DO[planning.Waiting.INCOMPLETE]))]
     assert [k for _, k in server.patches] == [], "the workers are held for their launcher"
 
     launcher = gang_member("mpi-launcher", gang="mpi", size=5, gpus=0, namespace=NAMESPACE, gated=True)
     await kube.request(api, "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=launcher, timeout_seconds=TIMEOUT)
-    await ctl.reconcile(now=time.time())
+    await one_pass(ctl, now=time.time())
 
     pods = {p["metadata"]["name"]: p for p in await gang_pods(api, name="mpi")}
     assert [gates_of(p) for p in pods.values()] == [[]] * 5
@@ -626,7 +642,7 @@ async def test_single_pods_are_nominated_and_released_never_twice_while_the_snap
         config=config(), source=FrozenSource(server, NODES, clock=time.time), api=api,
         metrics=controller.Metrics(prometheus_client.CollectorRegistry()))
     for _ in range(3):
-        await ctl.reconcile(now=time.time())
+        await one_pass(ctl, now=time.time())
     released = [p for p in server.pods.values() if not gates_of(p)]
     assert len(released) == 16
     assert collections.Counter(kind for _, kind in server.patches) == {"nominate": 16, "ungate": 16}, (
@@ -646,15 +662,70 @@ async def test_single_pods_are_nominated_and_released_never_twice_while_the_snap
             "the Event is short: where, the score, what is left")
 
 
+async def test_a_pass_ends_once_its_patches_return_while_its_events_are_still_being_posted(
+    fake: tuple[FakeApiServer, client.ApiClient],
+) -> None:
+    """The next pass releases the pods that came meanwhile: it must not wait for the API server to take an Event."""
+    server, api = fake
+    server.put(single("first", gpus=1))
+    server.events_held.clear()
+    ctl = make_controller(server, api, config())
+    async with asyncio.timeout(TIMEOUT):  # with the Event on the pass's path this pass never returns
+        await ctl.reconcile(now=time.time())
+        assert gates_of(server.pods[f"{NAMESPACE}/first"]) == [], "released"
+        server.put(single("second", gpus=1))
+        await ctl.reconcile(now=time.time())
+    assert gates_of(server.pods[f"{NAMESPACE}/second"]) == [], "released while the first Event is still unanswered"
+    await until(server, lambda: server.events_asked == 2)
+    assert server.events == []
+    server.events_held.set()
+    await ctl.settle()
+    assert server.reasons("first") == server.reasons("second") == [planning.RELEASED]
+
+
+async def test_an_event_the_api_server_did_not_take_is_told_again_by_a_later_pass(
+    fake: tuple[FakeApiServer, client.ApiClient],
+) -> None:
+    """Waiting is told once per change of what a pod waits for, and a release outcome once: each only once taken."""
+    server, api = fake
+    incomplete = gang_member("part-0", gang="part", size=2, gpus=1, namespace=NAMESPACE, gated=True)
+    incomplete["metadata"]["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 60))
+    server.put(incomplete)
+    server.put(released("moved", planned="gpu-0", node="gpu-1",
+                        at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
+    ctl = make_controller(server, api, config(incomplete_event_grace_seconds=30))
+    server.events_refused = True
+    await one_pass(ctl, now=time.time())
+    assert server.events_asked == 2 and server.events == []
+    server.events_refused = False
+    for _ in range(2):
+        await one_pass(ctl, now=time.time())
+    assert sorted((e["involvedObject"]["name"], e["reason"]) for e in server.events) == [
+        ("moved", "PlacedElsewhere"), ("part-0", planning.WAITING)], "told again once taken, then not again"
+
+
+async def test_stopping_the_loop_does_not_wait_for_an_event_the_api_server_never_answers(
+    fake: tuple[FakeApiServer, client.ApiClient],
+) -> None:
+    server, api = fake
+    server.events_held.clear()
+    async with asyncio.timeout(TIMEOUT):  # cancelled (SIGTERM), the loop gives the Event its grace, then returns
+        async with running(server, api, config(), notify=True):
+            server.put(single("solo", gpus=1))
+            await until(server, lambda: server.events_asked == 1)
+    assert gates_of(server.pods[f"{NAMESPACE}/solo"]) == [] and server.events == []
+    server.events_held.set()
+
+
 async def test_single_pod_that_cannot_be_placed_is_released_without_a_nomination_after_its_max_wait(
     fake: tuple[FakeApiServer, client.ApiClient],
 ) -> None:
     server, api = fake
     server.put(single("huge", gpus=16))  # no node has 16 GPUs
     ctl = make_controller(server, api, config(max_wait_seconds=60))
-    await ctl.reconcile(now=time.time())
+    await one_pass(ctl, now=time.time())
     assert gates_of(server.pods[f"{NAMESPACE}/huge"]) == [GATE], "waits within its bound"
-    await ctl.reconcile(now=time.time() + 61)
+    await one_pass(ctl, now=time.time() + 61)
     stored = server.pods[f"{NAMESPACE}/huge"]
     assert gates_of(stored) == [] and nominated(stored) is None
     assert server.reasons("huge")[-1] == planning.UNPLACED
@@ -699,14 +770,14 @@ async def test_a_release_whose_node_was_taken_since_the_plan_is_held_back_and_pl
     registry = prometheus_client.CollectorRegistry()
     ctl = controller.Controller(config=config(), source=RacingSource(server, NODES[:1], racer=racer(racing_gpus)),
                                 api=api, metrics=controller.Metrics(registry))
-    await ctl.reconcile(now=time.time())
+    await one_pass(ctl, now=time.time())
     names = [p["metadata"]["name"] for p in gated]
     stored = [server.pods[f"{NAMESPACE}/{n}"] for n in names]
     if held_back:
         assert server.patches == [], "nothing nominated, nothing un-gated"
         assert all(gates_of(p) == [GATE] for p in stored)
         assert registry.get_sample_value("gpu_steward_release_overtaken_total") == 1
-        await ctl.reconcile(now=time.time())  # the next pass plans on what the node holds now: no room, it waits
+        await one_pass(ctl, now=time.time())  # the next pass plans on what the node holds now: no room, it waits
         assert {kind for _, kind in server.patches} <= {"mark"}, "still nothing nominated or un-gated"
         assert all(server.reasons(n) == [planning.WAITING] for n in names)
     else:
@@ -727,7 +798,7 @@ async def test_gang_only_preemption_can_place_nominates_where_room_is_free_and_l
     registry = prometheus_client.CollectorRegistry()
     ctl = controller.Controller(config=config(), source=StoreSource(server, NODES[:1], clock=time.time), api=api,
                                 metrics=controller.Metrics(registry))
-    await ctl.reconcile(now=time.time())
+    await one_pass(ctl, now=time.time())
     pods = await gang_pods(api, name="g")
     assert sorted((gates_of(p), nominated(p) or "") for p in pods) == [([], ""), ([], "gpu-0")], (
         "the member with free room nominated there; the one that needs a preemption left to kube-scheduler")
@@ -755,7 +826,7 @@ async def test_a_gang_only_preemption_can_place_gets_its_claims_of_their_own_fir
         server.put(member, notify=False)
     ctl = controller.Controller(config=config(), source=StoreSource(server, NODES[:1], clock=time.time), api=api,
                                 metrics=controller.Metrics(prometheus_client.CollectorRegistry()))
-    await ctl.reconcile(now=time.time())
+    await one_pass(ctl, now=time.time())
     kinds = [kind for _, kind in server.patches]
     assert sorted(kinds) == sorted(["nominate", *["claim-dry-run", "claim"] * 2, "ungate", "ungate"]), kinds
     assert max(i for i, k in enumerate(kinds) if k.startswith("claim")) < kinds.index("ungate"), kinds
@@ -773,7 +844,7 @@ async def test_a_nomination_someone_else_set_is_kept_and_the_pod_released_withou
     pod = single("theirs", gpus=2)
     pod["status"] = {"phase": "Pending", "nominatedNodeName": "gpu-1"}
     server.put(pod)
-    await make_controller(server, api, config()).reconcile(now=time.time())
+    await one_pass(make_controller(server, api, config()), now=time.time())
     stored = server.pods[f"{NAMESPACE}/theirs"]
     assert gates_of(stored) == [] and nominated(stored) == "gpu-1"
     assert [kind for _, kind in server.patches] == ["ungate"], "no nomination sent"
@@ -792,11 +863,11 @@ async def test_a_pod_changed_since_the_plan_is_not_nominated_on_stale_facts(
     server.put(copy.deepcopy(server.pods[f"{NAMESPACE}/solo"]), notify=False)  # a new resourceVersion
     ctl = controller.Controller(config=config(), source=source, api=api,
                                 metrics=controller.Metrics(prometheus_client.CollectorRegistry()))
-    await ctl.reconcile(now=time.time())
+    await one_pass(ctl, now=time.time())
     assert gates_of(server.pods[f"{NAMESPACE}/solo"]) == [GATE] and nominated(server.pods[f"{NAMESPACE}/solo"]) is None
     assert [kind for _, kind in server.patches] == ["nominate"]
     source.frozen = StoreSource(server, NODES, clock=time.time).snapshot
-    await ctl.reconcile(now=time.time())
+    await one_pass(ctl, now=time.time())
     assert gates_of(server.pods[f"{NAMESPACE}/solo"]) == [] and nominated(server.pods[f"{NAMESPACE}/solo"])
 
 
@@ -831,7 +902,7 @@ async def test_outcomes_are_told_once_each_with_an_event_and_a_metric_and_nothin
     ctl = controller.Controller(config=config(bind_bound_seconds=120), source=StoreSource(server, NODES,
                                 clock=time.time), api=api, metrics=controller.Metrics(registry))
     for _ in range(2):
-        await ctl.reconcile(now=time.time())
+        await one_pass(ctl, now=time.time())
     told = {(e["involvedObject"]["name"], e["type"], e["reason"]) for e in server.events}
     assert told == {("moved", "Normal", "PlacedElsewhere"), ("late", "Warning", "NotBoundInTime"),
                     ("g-0", "Warning", "GangNotBoundInTime"), ("g-1", "Warning", "GangNotBoundInTime")}
@@ -861,13 +932,13 @@ async def test_a_pods_claim_of_its_own_is_made_before_its_gate_is_lifted(
     server, api = fake
     server.put(with_own_claim("own", gpus=16))  # fits no node: released unplaced at its bound, the template's request
     ctl = make_controller(server, api, config(max_wait_seconds=60))
-    await ctl.reconcile(now=time.time() + 61)
+    await one_pass(ctl, now=time.time() + 61)
     assert gates_of(server.pods[f"{NAMESPACE}/own"]) == [GATE], "template missing: nothing lifted"
     assert [k for _, k in server.patches] == []
 
     server.templates[f"{NAMESPACE}/t4"] = builders.claim_template("t4", namespace=NAMESPACE,
                                                                  spec=builders.claim_spec(4))
-    await ctl.reconcile(now=time.time() + 62)
+    await one_pass(ctl, now=time.time() + 62)
     stored = server.pods[f"{NAMESPACE}/own"]
     assert gates_of(stored) == []
     assert [k for _, k in server.patches] == ["claim-dry-run", "claim", "ungate"]
@@ -880,6 +951,6 @@ async def test_a_pods_claim_of_its_own_is_made_before_its_gate_is_lifted(
     server.put(with_own_claim("again", gpus=16))
     server.claims[f"{NAMESPACE}/again-gpus-0a1b2c3d"] = {"metadata": {
         "name": "again-gpus-0a1b2c3d", "ownerReferences": [{"kind": "Pod", "name": "again", "uid": "uid-again"}]}}
-    await make_controller(server, api, config(max_wait_seconds=60)).reconcile(now=time.time() + 61)
+    await one_pass(make_controller(server, api, config(max_wait_seconds=60)), now=time.time() + 61)
     assert gates_of(server.pods[f"{NAMESPACE}/again"]) == []
     assert [k for _, k in server.patches] == ["ungate"], "the claim made before the restart is used as it is"
