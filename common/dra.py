@@ -63,7 +63,6 @@ class DeviceId:
 class Device:
     id: DeviceId
     index: int | None  # the driver's `index` attribute (NVIDIA: the GPU's index on its node), if published
-    attributes: Mapping[str, Any]  # qualified name -> value (int, bool or str)
     blocked: str | None = None  # why no new claim can get it (a NoSchedule/NoExecute taint), None: it can
     profile: str | None = None  # a MIG device's profile (its `profile` attribute, e.g. `1g.10gb`); None: a whole GPU
 
@@ -339,11 +338,11 @@ def build(
                 elif not isinstance(profile, str) or not profile:
                     problems.append(f"{where}: a MIG device without a `profile` attribute; not counted")
                 else:
-                    mig.setdefault(str(node), []).append(Device(device_id, None, attributes, blocked, profile))
+                    mig.setdefault(str(node), []).append(Device(device_id, None, blocked, profile))
                 continue
             index = attributes.get(f"{driver}/index")
             index = index if isinstance(index, int) and not isinstance(index, bool) else None
-            by_node.setdefault(str(node), []).append(Device(device_id, index, attributes, blocked))
+            by_node.setdefault(str(node), []).append(Device(device_id, index, blocked))
             listed.setdefault(str(node), []).append((str((raw.get("metadata") or {}).get("name") or ""), index))
     devices = {node: tuple(sorted(found, key=lambda d: (d.index is None, d.index or 0, d.id)))
                for node, found in by_node.items()}

@@ -589,11 +589,20 @@ def test_devices_are_in_index_order_and_an_index_that_is_no_number_is_none() -> 
         ("gpu-0", 0), ("gpu-1", 1), ("gpu-8", None), ("gpu-9", None)]
 
 
-def test_attributes_are_read_by_qualified_name() -> None:
-    got = inventory(slices=[b.resource_slice("n", [_device(
-        0, **{"broken": "no-type", "example.com/rack": {"string": "r1"}, "driverVersion": {"version": "1.2.3"},
-              "virtual": {"bool": False}})])])
-    assert dict(got.devices["n"][0].attributes) == {
-        "gpu.nvidia.com/type": "gpu", "gpu.nvidia.com/index": 0, "gpu.nvidia.com/uuid": "GPU-00000000",
-        "gpu.nvidia.com/productName": "NVIDIA H100", "example.com/rack": "r1", "gpu.nvidia.com/driverVersion": "1.2.3",
-        "gpu.nvidia.com/virtual": False}
+@pytest.mark.parametrize(("expression", "counted"), [
+    pytest.param("device.attributes['example.com'].rack == 'r1'", ["gpu-0"], id="another-domain-by-its-own-name"),
+    pytest.param("device.attributes['gpu.nvidia.com'].virtual == false", ["gpu-1"],
+                 id="an-unqualified-name-is-the-drivers"),
+    pytest.param("device.attributes['gpu.nvidia.com'].driverVersion == '1.2.3'", ["gpu-0", "gpu-1"],
+                 id="a-version-reads-as-its-text"),
+    pytest.param("device.attributes['gpu.nvidia.com'].broken == 'no-type'", [], id="a-value-without-a-type-is-none"),
+])
+def test_a_class_selects_devices_by_their_attributes_qualified_names(expression: str, counted: list[str]) -> None:
+    """An attribute is read by its qualified name: `<domain>/<name>` as given, an unqualified name in the driver's
+    domain (Kubernetes' rule); its value is the one typed field it holds."""
+    gpu = b.device_class(expression=f"device.driver == 'gpu.nvidia.com' && {expression}")
+    common = {"driverVersion": {"version": "1.2.3"}, "broken": "no-type"}
+    got = inventory(classes=[gpu], slices=[b.resource_slice("n", [
+        _device(0, **common, **{"example.com/rack": {"string": "r1"}, "virtual": {"bool": True}}),
+        _device(1, **common, **{"example.com/rack": {"string": "r2"}, "virtual": {"bool": False}})])])
+    assert [d.id.device for d in got.devices.get("n", ())] == counted
