@@ -849,7 +849,8 @@ async def _burst(api: client.ApiClient, setup: Setup, tracker: Tracker, start: f
 
 
 async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str,
-                   workdir: pathlib.Path, logs: bool = False, release_min_gpus: int | None = None) -> dict[str, Any]:
+                   workdir: pathlib.Path, logs: bool = False, steward: Mapping[str, Any] | None = None,
+                   ) -> dict[str, Any]:
     config = _settings(cluster.kubeconfig)
     rooms = {n.name: NodeRoom(tuple(tuple(d) for d in localcluster.NodeGroup(1, n.gpus, n.domains, n.model).topology()),
                               n.cpu_milli, n.memory_mib) for n in setup.nodes}
@@ -881,8 +882,8 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
                         "descheduler": {"leader_election": {"lease_namespace": LEASE_NAMESPACE},
                                         "reclaim": {"enabled": False}},
                         "dra": {"gpu_device_classes": list(GPU_DEVICE_CLASSES)}}
-                    if release_min_gpus is not None:
-                        ours["admission"] = {"release_min_gpus": release_min_gpus}
+                    for section, values in (steward or {}).items():  # the command line's settings for our arms
+                        ours[section] = {**ours.get(section, {}), **values}
                     config_file = await asyncio.to_thread(
                         stack.enter_context, localsteward.webhook(cluster, workdir, config=ours, descheduler=True))
                     processes = steward_processes(config_file)
@@ -915,7 +916,7 @@ async def _measure(cluster: localcluster.LocalCluster, setup: Setup, *, arm: str
 
 
 def run_arm(setup: Setup, *, arm: str, workdir: pathlib.Path, logs: bool = False,
-            release_min_gpus: int | None = None) -> dict[str, Any]:
+            steward: Mapping[str, Any] | None = None) -> dict[str, Any]:
     say(f"\n=== {arm} ===")
     names = settings.Names()
     scheduler = BINPACK_SCHEDULER if arm in BINPACKING else None
@@ -932,7 +933,7 @@ def run_arm(setup: Setup, *, arm: str, workdir: pathlib.Path, logs: bool = False
         control_plane = time.monotonic() - started
         say(f"   control plane + {len(setup.nodes)} kwok nodes ready in {control_plane:.0f} s")
         result = asyncio.run(_measure(cluster, setup, arm=arm, workdir=workdir, logs=logs,
-                                      release_min_gpus=release_min_gpus))
+                                      steward=steward))
         stopping = time.monotonic()
     phases = {"control_plane_seconds": control_plane, **result["phases"],
               "stop_seconds": time.monotonic() - stopping, "arm_seconds": time.monotonic() - started}
@@ -1084,6 +1085,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=pathlib.Path, help=f"JSON results (default {DEFAULT_OUT.name})")
     parser.add_argument("--release-min-gpus", type=int,
                         help="our arms: admission.release_min_gpus (pods with fewer GPUs get preferred terms only)")
+    parser.add_argument("--rebuild-interval", type=float,
+                        help="our arms: kubernetes.rebuild_interval_seconds (how often their snapshots are rebuilt)")
     parser.add_argument("--logs", type=pathlib.Path, help="keep each arm's process logs here (default: discarded)")
     parser.add_argument("--picture", type=pathlib.Path,
                         help=f"PNG chart (default: --out's name with .png, else {DEFAULT_PICTURE.name})")
@@ -1107,6 +1110,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                     else DEFAULT_PICTURE.with_name(f"{DEFAULT_PICTURE.stem}{suffix}.png"))
     args.out = args.out or DEFAULT_OUT.with_name(f"{DEFAULT_OUT.stem}{suffix}.json")
     return args
+
+
+def steward_settings(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The settings the command line gives our arms' webhook and descheduler, by section."""
+    out: dict[str, dict[str, Any]] = {}
+    if args.release_min_gpus is not None:
+        out["admission"] = {"release_min_gpus": args.release_min_gpus}
+    if args.rebuild_interval is not None:
+        out["kubernetes"] = {"rebuild_interval_seconds": args.rebuild_interval}
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1137,7 +1150,7 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
             workdir = (args.logs or pathlib.Path(tmp)) / arm
             workdir.mkdir(parents=True, exist_ok=True)
             arms[arm] = run_arm(setup, arm=arm, workdir=workdir, logs=args.logs is not None,
-                                release_min_gpus=args.release_min_gpus)
+                                steward=steward_settings(args))
     lines = table(arms, gated_min_gpus=gated_min_gpus)
     say("\n" + "\n".join(lines))
     verdicts = [{**verdict, "arm": arm} for arm in OURS if arm in arms for verdict in goals(arms, arm=arm)]
@@ -1147,7 +1160,8 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
     args.out.write_text(json.dumps({
         "command": " ".join(["python", "benchmarks/placement_trace.py", *command]),
         "trace": args.trace, "skip": args.skip, "dra": args.dra,
-        "release_min_gpus": args.release_min_gpus, "gated_min_gpus": gated_min_gpus,
+        "release_min_gpus": args.release_min_gpus, "rebuild_interval": args.rebuild_interval,
+        "gated_min_gpus": gated_min_gpus,
         "nodes": len(nodes), "gpus": gpus, "pods": len(pods),
         "pods_by_gpus": dict(collections.Counter(p.gpus for p in pods)), "skipped": pod_set.skipped,
         "arrival_rate": args.arrival_rate, "time_compression": args.time_compression,

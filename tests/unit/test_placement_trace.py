@@ -557,6 +557,21 @@ def test_the_picture_goes_beside_the_json(argv: list[str], expected: str) -> Non
     assert str(pt.parse_args(argv).picture) == expected
 
 
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        pytest.param([], {}, id="nothing-given-the-defaults"),
+        pytest.param(["--release-min-gpus", "4"], {"admission": {"release_min_gpus": 4}}, id="release-min-gpus"),
+        pytest.param(["--rebuild-interval", "0.1", "--release-min-gpus", "2"],
+                     {"admission": {"release_min_gpus": 2}, "kubernetes": {"rebuild_interval_seconds": 0.1}},
+                     id="both"),
+    ],
+)
+def test_our_arms_get_the_settings_the_command_line_gives(argv: list[str], expected: dict[str, Any]) -> None:
+    settings.Settings.model_validate(pt.steward_settings(pt.parse_args(argv)))  # each one is a real setting
+    assert pt.steward_settings(pt.parse_args(argv)) == expected
+
+
 def _gated(waits: dict[str, float]) -> dict[str, Any]:
     return {"placement": {"one_domain_share": 1.0}, "pending": {"never_scheduled": 0, "wait_p99_seconds": 1.0,
                                                                 "gated_waits": waits},
