@@ -203,10 +203,12 @@ class Feeder:
         prometheus: prometheus.Client | None,
         registry: prometheus_client.CollectorRegistry | None = None,
         clock: Callable[[], float] = time.time,
+        pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
         watch_controller: bool = False,
         read_budgets: bool = True,
     ) -> None:
-        """`watch_controller`: also watch the descheduler's leader Lease (`controller_seen_at`).
+        """`pause`: how the publisher waits out the pause after a rebuild (a test holds it to see what is batched).
+        `watch_controller`: also watch the descheduler's leader Lease (`controller_seen_at`).
         `read_budgets`: list and watch PodDisruptionBudgets (reclaim plans within them); a reader that never
         evicts (the webhook, not granted them) leaves them out instead of being refused every backoff."""
         self._config = config
@@ -217,6 +219,7 @@ class Feeder:
         self._api = api
         self._prometheus = prometheus
         self._clock = clock
+        self._pause = pause
         self._metrics = _Metrics(registry if registry is not None else prometheus_client.CollectorRegistry())
         self._metrics.age.set_function(self._age)
         self._stores: dict[str, dict[str, dict[str, Any]]] = {k.name: {} for k in KINDS}  # build() reads all
@@ -481,7 +484,7 @@ class Feeder:
             self._wake.clear()  # before looking: a change from here on wakes the wait below
             if self._dirty and len(self._listed) == len(self._kinds):
                 self._dirty = False
-                await asyncio.sleep(max(interval, await self._rebuild()))
+                await self._pause(max(interval, await self._rebuild()))
                 continue
             if self._snapshot.taken_at != (taken_at := self._taken_at()):
                 self._snapshot = dataclasses.replace(self._snapshot, taken_at=taken_at)

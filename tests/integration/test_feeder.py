@@ -324,32 +324,55 @@ async def test_node_heartbeats_do_not_rebuild(fake_api: FakeApi, running: Runnin
     assert running.metric("gpu_steward_feeder_snapshot_rebuilds_total") == rebuilds + 1
 
 
+class HeldPauses:
+    """The publisher's pauses after a rebuild (`Feeder(pause=...)`), each held until the test ends it: what is
+    published while one is held was not batched behind it."""
+
+    def __init__(self) -> None:
+        self.lengths: list[float] = []
+        self._held: list[asyncio.Future[None]] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.lengths.append(seconds)
+        self._held.append(asyncio.get_running_loop().create_future())
+        await self._held[-1]
+
+    @property
+    def holding(self) -> bool:
+        return any(not f.done() for f in self._held)
+
+    def end(self) -> None:
+        for future in self._held:
+            if not future.done():
+                future.set_result(None)
+
+
 async def test_a_change_after_a_quiet_spell_is_published_at_once_and_a_burst_in_one_rebuild(
         fake_api: FakeApi, api_client: client.ApiClient) -> None:
-    """Leading edge: a lone change (a gated pod) does not wait out the interval; the changes that come while the
-    pause after that rebuild runs are batched into one rebuild at its end."""
-    interval = 5.0  # the setting's maximum: a loaded machine's rebuild is far below half of it
-    config = CONFIG.model_copy(update={"kubernetes": CONFIG.kubernetes.model_copy(
-        update={"rebuild_interval_seconds": interval})})
-    registry, clock = prometheus_client.CollectorRegistry(), Clock()
-    fed = feeder.Feeder(config=config, api=api_client, prometheus=None, registry=registry, clock=clock)
+    """Leading edge: a lone change (a gated pod) is published without waiting out a pause; the changes that come
+    while the pause after that rebuild runs are batched into one rebuild at its end."""
+    registry, clock, pauses = prometheus_client.CollectorRegistry(), Clock(), HeldPauses()
+    fed = feeder.Feeder(config=CONFIG, api=api_client, prometheus=None, registry=registry, clock=clock, pause=pauses)
     run = Running(fed, registry, clock, fed.subscribe())
     seed(fake_api)
     task = asyncio.create_task(fed.run())
     try:
-        await run.until(lambda: fed.synced, "synced")
+        await run.until(lambda: fed.synced and pauses.holding, "synced, then pausing")
+        pauses.end()
         clock.now += 1  # the quiet spell: once the publisher moves taken_at, it waits for the next change
-        await run.until(lambda: fed.snapshot.taken_at == clock.now, "taken_at moved (the publisher is idle)")
+        await run.until(lambda: fed.snapshot.taken_at == clock.now and not pauses.holding, "the publisher idle")
         rebuilds = run.metric("gpu_steward_feeder_snapshot_rebuilds_total")
-        loop = asyncio.get_running_loop()
-        put_at = loop.time()
         fake_api.put("pods", builders.pod("lone", namespace="team-a", gpus=2))
-        await run.until(lambda: "team-a/lone" in fed.snapshot.pods, "the lone change published")
-        # Under the old trailing batch this took up to a whole interval after an idle check; a margin of half of it.
-        assert loop.time() - put_at < interval / 2, "the lone change waited for the interval"
-        for i in range(3):
-            fake_api.put("pods", builders.pod(f"burst-{i}", namespace="team-a", gpus=1))
-        await run.until(lambda: "team-a/burst-2" in fed.snapshot.pods, "the burst published")
+        # No pause is ended from here on until the burst is in: a change batched behind one would never show.
+        await run.until(lambda: "team-a/lone" in fed.snapshot.pods and pauses.holding, "the lone change published")
+        assert pauses.lengths[-1] >= CONFIG.kubernetes.rebuild_interval_seconds, "the pause after it: the interval"
+        burst = [f"team-a/burst-{i}" for i in range(3)]
+        for key in burst:
+            fake_api.put("pods", builders.pod(key.split("/")[1], namespace="team-a", gpus=1))
+        await run.until(lambda: set(burst) <= set(fed._stores["pods"]), "the burst received")
+        assert not set(burst) & set(fed.snapshot.pods), "published while the pause after a rebuild runs"
+        pauses.end()
+        await run.until(lambda: set(burst) <= set(fed.snapshot.pods), "the burst published")
         assert run.metric("gpu_steward_feeder_snapshot_rebuilds_total") == rebuilds + 2, "one for the lone, one burst"
     finally:
         task.cancel()
