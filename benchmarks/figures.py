@@ -171,10 +171,16 @@ PLACEMENT_EVENTS_OFF = ("Placement, release Events off the pass", "Both slices a
 PLACEMENT_REBUILD = ("Placement, snapshots rebuilt every 0.1 s (an experiment)", "The first slice with "
                      "`--rebuild-interval 0.1` (our processes rebuild their snapshot at most every 0.1 s, not 0.25 "
                      "s: the default is unchanged), arms default and gpu-steward, right after the runs above.")
+PLACEMENT_EPYC = ("Placement, both slices on another machine", "Both slices again, arms default and gpu-steward, on "
+                  "the 2-core AMD EPYC machine of 2026-12-07 (our processes used about half the CPU seconds of the "
+                  "runs above for the same replay: a faster or far less contended machine), back to back, nothing "
+                  "else running (load in each file).")
 PLACEMENT_DRA_RATE4 = ("Placement on DRA GPU nodes, at an arrival rate DRA scheduling keeps up with", "The same "
                        "command with `--arrival-rate 4 --time-compression 13.333` (a third of the default 12/s "
                        "and 40, so the cluster's load is the same), `--dra` and then without, back to back on a "
-                       "quiet machine (nothing else running; load 0.0-2.1).")
+                       "quiet machine (nothing else running; load in each file), on two slices: pods 0-599 "
+                       "(2026-12-06) and 2000-2599 (`--skip 2000`, 2026-12-07, on the machine of 'Placement, both "
+                       "slices on another machine').")
 PLACEMENT_DRA = ("Placement on DRA GPU nodes", "`benchmarks/placement_trace.py --nodes 60 --pods 600 --arms "
                  "default,gpu-steward` with `--dra` (each node's GPUs in a ResourceSlice, pods asking `nvidia.com/gpu` "
                  "through NVIDIA's DeviceClass) and without, back to back on a loaded machine (other runs beside "
@@ -239,12 +245,15 @@ FIGURES: list[Figure] = [
     *_placement_rows(PLACEMENT_EVENTS_OFF, _slices("events_off_pass"), gated_waits=True, gpus=True),
     *_placement_rows(PLACEMENT_REBUILD, [("pods 0-2000", "placement_trace_rebuild_0.1s_0-2000.json")],
                      arms=("gpu-steward", "default"), gated_waits=True, gpus=True),
+    *_placement_rows(PLACEMENT_EPYC, _slices("epyc"), arms=("gpu-steward", "default"), gated_waits=True, gpus=True),
     *_placement_rows(PLACEMENT_DRA, [("DRA devices", "placement_trace_dra_nodes60_pods600.json"),
                                      ("device plugin", "placement_trace_device_plugin_nodes60_pods600.json")],
                      arms=("gpu-steward", "default"), gated_waits=True),
     *_placement_rows(PLACEMENT_DRA_RATE4, [
         ("DRA devices", "placement_trace_dra_rate4_nodes60_pods600.json"),
-        ("device plugin", "placement_trace_device_plugin_rate4_nodes60_pods600.json")],
+        ("device plugin", "placement_trace_device_plugin_rate4_nodes60_pods600.json"),
+        ("DRA devices, pods 2000-2599", "placement_trace_dra_rate4_skip2000_nodes60_pods600.json"),
+        ("device plugin, pods 2000-2599", "placement_trace_device_plugin_rate4_skip2000_nodes60_pods600.json")],
                      arms=("gpu-steward", "default"), gated_waits=True, gpus=True),
     *[Figure(RELEASE_CHURN, f"seed {seed}, {rate}: {what}", source, _release_churn(f"{rate} gpu-steward", key))
       for seed, source in ((1, "release_churn.json"), (2, "release_churn_seed2.json"))
