@@ -302,7 +302,7 @@ async def test_pods_without_gpus_and_nodes_without_gpus_keep_what_rules_gpu_node
 
     fake_api.put("pods", builders.pod("exporter", namespace="team-a", node="gpu-1", phase="Running", mutate=guard))
     fake_api.put("pods", builders.pod("guard", namespace="team-a", node="cpu-only", phase="Running", mutate=guard))
-    await running.until(lambda: running.feeder.synced and running.feeder.snapshot.nodes["gpu-2"].anti_affinity,
+    await running.until(lambda: running.feeder.synced and bool(running.feeder.snapshot.nodes["gpu-2"].anti_affinity),
                         "the guard's zone reaches gpu-2")
     snap = running.feeder.snapshot
     assert sorted(snap.nodes) == ["gpu-1", "gpu-2"], "a node without GPUs is no GPU node"
