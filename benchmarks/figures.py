@@ -175,6 +175,10 @@ PLACEMENT_EPYC = ("Placement, both slices on another machine", "Both slices agai
                   "the 2-core AMD EPYC machine of 2026-12-07 (our processes used about half the CPU seconds of the "
                   "runs above for the same replay: a faster or far less contended machine), back to back, nothing "
                   "else running (load in each file).")
+PLACEMENT_EARLY = ("Placement with early rebuilds", "Both slices, arms default and gpu-steward, with "
+                   "`descheduler.gangs.early_rebuilds` on (a newly gated pod ends the pause after the descheduler's "
+                   "last rebuild once it has lasted as long as that rebuild took), on the machine of 'Placement, "
+                   "both slices on another machine', back to back, nothing else running (load in each file).")
 PLACEMENT_DRA_RATE4 = ("Placement on DRA GPU nodes, at an arrival rate DRA scheduling keeps up with", "The same "
                        "command with `--arrival-rate 4 --time-compression 13.333` (a third of the default 12/s "
                        "and 40, so the cluster's load is the same), `--dra` and then without, back to back on a "
@@ -246,6 +250,8 @@ FIGURES: list[Figure] = [
     *_placement_rows(PLACEMENT_REBUILD, [("pods 0-2000", "placement_trace_rebuild_0.1s_0-2000.json")],
                      arms=("gpu-steward", "default"), gated_waits=True, gpus=True),
     *_placement_rows(PLACEMENT_EPYC, _slices("epyc"), arms=("gpu-steward", "default"), gated_waits=True, gpus=True),
+    *_placement_rows(PLACEMENT_EARLY, _slices("early_rebuilds"), arms=("gpu-steward", "default"), gated_waits=True,
+                     gpus=True),
     *_placement_rows(PLACEMENT_DRA, [("DRA devices", "placement_trace_dra_nodes60_pods600.json"),
                                      ("device plugin", "placement_trace_device_plugin_nodes60_pods600.json")],
                      arms=("gpu-steward", "default"), gated_waits=True),

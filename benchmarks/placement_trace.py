@@ -1087,6 +1087,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="our arms: admission.release_min_gpus (pods with fewer GPUs get preferred terms only)")
     parser.add_argument("--rebuild-interval", type=float,
                         help="our arms: kubernetes.rebuild_interval_seconds (how often their snapshots are rebuilt)")
+    parser.add_argument("--no-early-rebuilds", dest="early_rebuilds", action="store_false",
+                        help="our arms: descheduler.gangs.early_rebuilds off (a gated pod waits out the rebuild "
+                        "interval like any change)")
     parser.add_argument("--logs", type=pathlib.Path, help="keep each arm's process logs here (default: discarded)")
     parser.add_argument("--picture", type=pathlib.Path,
                         help=f"PNG chart (default: --out's name with .png, else {DEFAULT_PICTURE.name})")
@@ -1119,6 +1122,8 @@ def steward_settings(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         out["admission"] = {"release_min_gpus": args.release_min_gpus}
     if args.rebuild_interval is not None:
         out["kubernetes"] = {"rebuild_interval_seconds": args.rebuild_interval}
+    if not args.early_rebuilds:
+        out["descheduler"] = {"gangs": {"early_rebuilds": False}}
     return out
 
 
@@ -1161,6 +1166,7 @@ def _main(args: argparse.Namespace, *, command: list[str]) -> int:
         "command": " ".join(["python", "benchmarks/placement_trace.py", *command]),
         "trace": args.trace, "skip": args.skip, "dra": args.dra,
         "release_min_gpus": args.release_min_gpus, "rebuild_interval": args.rebuild_interval,
+        "early_rebuilds": args.early_rebuilds,
         "gated_min_gpus": gated_min_gpus,
         "nodes": len(nodes), "gpus": gpus, "pods": len(pods),
         "pods_by_gpus": dict(collections.Counter(p.gpus for p in pods)), "skipped": pod_set.skipped,

@@ -84,6 +84,12 @@ KINDS = (
 ABSENT_STATUSES = frozenset({403, 404})
 
 
+def newly_gated(old: Mapping[str, Any] | None, new: Mapping[str, Any], *, names: settings.Names) -> bool:
+    """Whether a pod's new version carries our gate and its old one (None: not seen before) did not: a pod that
+    waits for release (in practice a new one: the API server lets gates be removed, never added)."""
+    return gangs.gated(new, names=names) and not (old is not None and gangs.gated(old, names=names))
+
+
 def _stored(kind: str, obj: dict[str, Any], *, names: settings.Names) -> dict[str, Any] | None:
     """What the store keeps of an object (None: nothing). GPU nodes, GPU pods and pods the gang controller
     needs (`gangs.involved`) whole; any other pod that holds a node's resources (bound, or nominated by the
@@ -206,8 +212,11 @@ class Feeder:
         pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
         watch_controller: bool = False,
         read_budgets: bool = True,
+        hurry_for_gated: bool = False,
     ) -> None:
         """`pause`: how the publisher waits out the pause after a rebuild (a test holds it to see what is batched).
+        `hurry_for_gated`: a pod that newly carries our gate ends that pause early (see `_publish`): release, which
+        plans on the published snapshot, is what it waits for. The descheduler's: nothing in the webhook waits on one.
         `watch_controller`: also watch the descheduler's leader Lease (`controller_seen_at`).
         `read_budgets`: list and watch PodDisruptionBudgets (reclaim plans within them); a reader that never
         evicts (the webhook, not granted them) leaves them out instead of being refused every backoff."""
@@ -231,6 +240,8 @@ class Feeder:
         self._occupancy: snapshot.Occupancy | None = None
         self._dirty = False
         self._wake = asyncio.Event()  # set by `_changed`: a change after a quiet spell is published at once
+        self._hurry_for_gated = hurry_for_gated
+        self._hurry = asyncio.Event()  # set when a pod newly gated by us arrives (`hurry_for_gated`)
         self._synced = False
         self._snapshot = snapshot.EMPTY
         self._builder = Builder(names=config.names, gpu_classes=config.dra.gpu_device_classes)
@@ -403,6 +414,8 @@ class Feeder:
                 store[key] = old
                 return
             store[key] = kept
+            if self._hurry_for_gated and kind.name == "pods" and newly_gated(old, kept, names=self._config.names):
+                self._hurry.set()
         elif old is None:
             return
         self._changed()
@@ -477,20 +490,43 @@ class Feeder:
         The first change after a quiet spell is rebuilt at once (a lone gated pod is released without waiting out
         an interval); changes that come while a rebuild's pause runs are batched into one rebuild at its end. The
         pause after a rebuild is at least as long as the rebuild took: under constant churn in a big cluster
-        rebuilding then takes at most half of a core (and of the GIL the webhook needs).
+        rebuilding then takes at most half of a core (and of the GIL the webhook needs). With `hurry_for_gated`,
+        a pod newly gated by us ends the pause once it has lasted as long as the rebuild took: under churn a gated
+        pod then waits about one rebuild for release to see it, not half an interval on average.
         """
         interval = self._config.kubernetes.rebuild_interval_seconds
         while True:
             self._wake.clear()  # before looking: a change from here on wakes the wait below
             if self._dirty and len(self._listed) == len(self._kinds):
                 self._dirty = False
-                await self._pause(max(interval, await self._rebuild()))
+                self._hurry.clear()  # before the stores are read: a gated pod from here on is not in this rebuild
+                took = await self._rebuild()
+                await self._rest(full=max(interval, took), floor=took)
                 continue
             if self._snapshot.taken_at != (taken_at := self._taken_at()):
                 self._snapshot = dataclasses.replace(self._snapshot, taken_at=taken_at)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval):
                     await self._wake.wait()
+
+    async def _rest(self, *, full: float, floor: float) -> None:
+        """The pause after a rebuild: `full` seconds, or (`hurry_for_gated`) until a pod newly gated by us has
+        arrived and `floor` seconds have passed."""
+        if not self._hurry_for_gated:
+            await self._pause(full)
+            return
+
+        async def hurried() -> None:
+            await self._pause(floor)
+            await self._hurry.wait()
+
+        waits = [asyncio.ensure_future(self._pause(full)), asyncio.ensure_future(hurried())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
     async def _rebuild(self) -> float:
         """Build and publish a snapshot; returns how long the build took (seconds)."""

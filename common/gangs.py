@@ -205,8 +205,13 @@ def _versions() -> str:
     return ", ".join(f"scheduling.k8s.io/{v}" for v in POD_GROUP_VERSIONS)
 
 
+def gated(pod: Mapping[str, Any], *, names: settings.Names) -> bool:
+    """Whether the pod carries our gate (which only the controller lifts)."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return any(g.get("name") == names.gate for g in gates)
+
+
 def involved(pod: Mapping[str, Any], *, names: settings.Names) -> bool:
     """Whether the gang controller must see this pod even if it requests no GPU: it declares a gang (a gang
-    counts every member, e.g. an MPI launcher), or it carries our gate (which only the controller lifts)."""
-    gates = (pod.get("spec") or {}).get("schedulingGates") or []
-    return identify(pod, names=names) is not None or any(g.get("name") == names.gate for g in gates)
+    counts every member, e.g. an MPI launcher), or it carries our gate."""
+    return identify(pod, names=names) is not None or gated(pod, names=names)

@@ -745,6 +745,13 @@ class Gangs(Model):
     max_snapshot_age_seconds: Seconds = pydantic.Field(
         default=120, description="No release is planned on a cluster snapshot older than this (seconds)."
     )
+    early_rebuilds: bool = pydantic.Field(
+        default=True,
+        description="A pod newly gated for release ends the pause after the descheduler's last snapshot rebuild "
+        "once it has lasted as long as that rebuild took (kubernetes.rebuild_interval_seconds otherwise): under "
+        "churn a gated pod is then planned about one rebuild after it arrives, for up to one rebuild more per "
+        "gated pod (rebuilding stays within half of a core). Off: gated pods wait for the interval like any change.",
+    )
     max_concurrent_patches: int = pydantic.Field(
         default=16, ge=1, le=256,
         description="Release calls (per pod: its nomination, then the removal of our gate) in flight at once; "

@@ -229,7 +229,8 @@ def _feeder(
 ) -> feeder.Feeder:
     from common import feeder  # imported late: the Kubernetes client is slow to import and --cluster needs none
 
-    return feeder.Feeder(config=config, api=api, prometheus=dcgm, registry=registry)
+    return feeder.Feeder(config=config, api=api, prometheus=dcgm, registry=registry,
+                         hurry_for_gated=config.descheduler.gangs.early_rebuilds)
 
 
 @contextlib.asynccontextmanager

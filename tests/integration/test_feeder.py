@@ -341,6 +341,11 @@ class HeldPauses:
     def holding(self) -> bool:
         return any(not f.done() for f in self._held)
 
+    @property
+    def pending(self) -> list[asyncio.Future[None]]:
+        """The pauses held right now, oldest first."""
+        return [f for f in self._held if not f.done()]
+
     def end(self) -> None:
         for future in self._held:
             if not future.done():
@@ -375,6 +380,62 @@ async def test_a_change_after_a_quiet_spell_is_published_at_once_and_a_burst_in_
         await run.until(lambda: set(burst) <= set(fed.snapshot.pods), "the burst published")
         assert run.metric("gpu_steward_feeder_snapshot_rebuilds_total") == rebuilds + 2, "one for the lone, one burst"
     finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+def gated(pod: dict[str, Any], *gates: str) -> dict[str, Any]:
+    pod["spec"]["schedulingGates"] = [{"name": g} for g in gates]
+    return pod
+
+
+OUR_GATE = CONFIG.names.gate
+
+
+@pytest.mark.parametrize(("old", "new", "expected"), [
+    pytest.param(None, gated(builders.pod("p", gpus=2), OUR_GATE), True, id="a-new-pod-with-our-gate"),
+    pytest.param(None, gated(builders.pod("p", gpus=2), "kueue.x-k8s.io/admission", OUR_GATE), True,
+                 id="ours-behind-another-controllers-gate"),
+    pytest.param(builders.pod("p", gpus=2), gated(builders.pod("p", gpus=2), OUR_GATE), True,
+                 id="seen-before-without-it"),
+    pytest.param(gated(builders.pod("p", gpus=2), OUR_GATE), gated(builders.pod("p", gpus=2, labels={"a": "b"}),
+                 OUR_GATE), False, id="seen-again-still-gated"),
+    pytest.param(gated(builders.pod("p", gpus=2), OUR_GATE), builders.pod("p", gpus=2), False, id="released"),
+    pytest.param(None, builders.pod("p", gpus=2), False, id="a-new-pod-without-a-gate"),
+    pytest.param(None, gated(builders.pod("p", gpus=2), "kueue.x-k8s.io/admission"), False,
+                 id="only-another-controllers-gate"),
+])
+def test_which_pods_hurry_the_next_rebuild(old: dict[str, Any] | None, new: dict[str, Any], expected: bool) -> None:
+    assert feeder.newly_gated(old, new, names=CONFIG.names) is expected
+
+
+async def test_a_newly_gated_pod_ends_the_pause_once_it_has_lasted_as_long_as_the_rebuild(
+        fake_api: FakeApi, api_client: client.ApiClient) -> None:
+    """`hurry_for_gated`: a change that is not a newly gated pod waits out the pause; a newly gated pod ends it,
+    but not before the floor (as long as the rebuild took) has passed."""
+    registry, clock, pauses = prometheus_client.CollectorRegistry(), Clock(), HeldPauses()
+    fed = feeder.Feeder(config=CONFIG, api=api_client, prometheus=None, registry=registry, clock=clock, pause=pauses,
+                        hurry_for_gated=True)
+    run = Running(fed, registry, clock, fed.subscribe())
+    seed(fake_api)
+    task = asyncio.create_task(fed.run())
+    try:
+        await run.until(lambda: fed.synced and len(pauses.pending) == 2, "synced, then pausing: the full pause and "
+                        "the floor")
+        full, floor = pauses.pending
+        assert pauses.lengths[-2] >= CONFIG.kubernetes.rebuild_interval_seconds, "the full pause: the interval"
+        assert pauses.lengths[-1] < pauses.lengths[-2], "the floor: as long as the rebuild took"
+        fake_api.put("pods", builders.pod("plain", namespace="team-a", gpus=1))
+        fake_api.put("pods", gated(builders.pod("waits", namespace="team-a", gpus=2), OUR_GATE))
+        await run.until(lambda: {"team-a/plain", "team-a/waits"} <= set(fed._stores["pods"]), "both received")
+        assert "team-a/waits" not in fed.snapshot.pods, "not before the floor has passed"
+        floor.set_result(None)
+        await run.until(lambda: "team-a/waits" in fed.snapshot.pods, "published once the floor passed")
+        assert full.cancelled(), "the full pause was cut short, not waited out"
+        assert "team-a/plain" in fed.snapshot.pods, "what came beside it is in the same rebuild"
+    finally:
+        pauses.end()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -565,6 +565,8 @@ def test_the_picture_goes_beside_the_json(argv: list[str], expected: str) -> Non
         pytest.param(["--rebuild-interval", "0.1", "--release-min-gpus", "2"],
                      {"admission": {"release_min_gpus": 2}, "kubernetes": {"rebuild_interval_seconds": 0.1}},
                      id="both"),
+        pytest.param(["--no-early-rebuilds"], {"descheduler": {"gangs": {"early_rebuilds": False}}},
+                     id="no-early-rebuilds"),
     ],
 )
 def test_our_arms_get_the_settings_the_command_line_gives(argv: list[str], expected: dict[str, Any]) -> None:
