@@ -194,6 +194,9 @@ PLACEMENT_PINS = ("Placement with pins", "The same replay with the pin design be
 RELEASE_CHURN = ("Release churn", "`benchmarks/release_churn.py`: release by nomination (issue 28) under the same "
                  "churn as below: 800 mixed pods through 20 x 8-GPU nodes of the real control plane while nodes are "
                  "cordoned, deleted and created again; each rate against kube-scheduler alone.")
+RELEASE_CHURN_EARLY = ("Release churn with early rebuilds", "The same benchmark at 2/s (~85 % load, where issue 28 "
+                       "sets its goals) with `descheduler.gangs.early_rebuilds` on, both seeds, on the quiet machine "
+                       "of 'Placement with early rebuilds' (load in each file).")
 CHURN = ("Pin churn", "`benchmarks/pin_churn.py` (the pin design before issue 28; now `release_churn.py`): 800 "
          "mixed pods through 20 x 8-GPU nodes of the real control plane while nodes are cordoned, deleted and "
          "created again, pin deadline 20 s.")
@@ -264,6 +267,11 @@ FIGURES: list[Figure] = [
     *[Figure(RELEASE_CHURN, f"seed {seed}, {rate}: {what}", source, _release_churn(f"{rate} gpu-steward", key))
       for seed, source in ((1, "release_churn.json"), (2, "release_churn_seed2.json"))
       for rate in ("2/s", "3/s")
+      for what, key in (("released pods bound on their planned node", "planned"),
+                        ("stuck pods (released, Unschedulable)", "stuck"),
+                        ("gangs part-running > 5 s", "gangs"))],
+    *[Figure(RELEASE_CHURN_EARLY, f"seed {seed}, 2/s: {what}", source, _release_churn("2/s gpu-steward", key))
+      for seed, source in ((1, "release_churn_early_rebuilds.json"), (2, "release_churn_early_rebuilds_seed2.json"))
       for what, key in (("released pods bound on their planned node", "planned"),
                         ("stuck pods (released, Unschedulable)", "stuck"),
                         ("gangs part-running > 5 s", "gangs"))],
