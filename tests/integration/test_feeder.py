@@ -412,8 +412,9 @@ def test_which_pods_hurry_the_next_rebuild(old: dict[str, Any] | None, new: dict
 
 async def test_a_newly_gated_pod_ends_the_pause_once_it_has_lasted_as_long_as_the_rebuild(
         fake_api: FakeApi, api_client: client.ApiClient) -> None:
-    """`hurry_for_gated`: a change that is not a newly gated pod waits out the pause; a newly gated pod ends it,
-    but not before the floor (as long as the rebuild took) has passed."""
+    """`hurry_for_gated`: a newly gated pod ends the pause after a rebuild, but not before the floor (as long as the
+    rebuild took) has passed; a change received beside it is in the same rebuild. (Which pods hurry: the table
+    above; that other changes wait out the pause: the leading-edge test, hurry off.)"""
     registry, clock, pauses = prometheus_client.CollectorRegistry(), Clock(), HeldPauses()
     fed = feeder.Feeder(config=CONFIG, api=api_client, prometheus=None, registry=registry, clock=clock, pause=pauses,
                         hurry_for_gated=True)
@@ -424,8 +425,9 @@ async def test_a_newly_gated_pod_ends_the_pause_once_it_has_lasted_as_long_as_th
         await run.until(lambda: fed.synced and len(pauses.pending) == 2, "synced, then pausing: the full pause and "
                         "the floor")
         full, floor = pauses.pending
-        assert pauses.lengths[-2] >= CONFIG.kubernetes.rebuild_interval_seconds, "the full pause: the interval"
-        assert pauses.lengths[-1] < pauses.lengths[-2], "the floor: as long as the rebuild took"
+        # The floor is as long as the rebuild took (its measured time: not asserted); the full pause is the interval,
+        # or the floor when the rebuild took longer.
+        assert pauses.lengths[-2] == max(CONFIG.kubernetes.rebuild_interval_seconds, pauses.lengths[-1])
         fake_api.put("pods", builders.pod("plain", namespace="team-a", gpus=1))
         fake_api.put("pods", gated(builders.pod("waits", namespace="team-a", gpus=2), OUR_GATE))
         await run.until(lambda: {"team-a/plain", "team-a/waits"} <= set(fed._stores["pods"]), "both received")
