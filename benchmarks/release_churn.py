@@ -43,7 +43,8 @@ Measured per (rate, arm), from the API server's watch (every snapshot of the clu
 * stuck pods: pods released by us (our release record), not bound, and reported Unschedulable by kube-scheduler;
   per 1,000 arrivals; how each ended — `bound` (the scheduler took it after all), `ended` (the benchmark deleted its
   workload), `vanished` (someone else deleted it) — the time from stuck to bound, p50 / p99 / max; still stuck at
-  the end. Without a pin such a pod may bind on any node: it waits for room like any pending pod;
+  the end; each with the node planned, kube-scheduler's message when it first said Unschedulable and the node it
+  bound to (JSON). Without a pin such a pod may bind on any node: it waits for room like any pending pod;
 * the observation pass's outcomes by cause, from the descheduler's `gpu_steward_release_outcomes_total{cause}`;
 * gangs: how many were part-running (at least one member bound while another is not) for more than
   `PART_RUNNING_SECONDS`, and the longest part-running time (excluding the gang's own deletion);
@@ -257,14 +258,28 @@ def planned_node(pod: snapshot.Pod, *, names: settings.Names = NAMES) -> str | N
 Outcome = Literal["bound", "ended", "vanished"]
 
 
+def scheduler_message(pod: snapshot.Pod) -> str:
+    """Why kube-scheduler could not place the pod (its PodScheduled condition's message), or ''."""
+    for condition in (pod.raw.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return str(condition.get("message") or "")
+    return ""
+
+
 @dataclasses.dataclass
 class StuckPod:
+    """`planned`: the node our release nominated it to ('' none); `message`: kube-scheduler's word when it first
+    said Unschedulable; `bound_on`: the node it bound to in the end ('' none)."""
+
     key: str
     uid: str
     workload: str
     since: float
+    planned: str = ""
+    message: str = ""
     until: float | None = None
     outcome: Outcome | None = None
+    bound_on: str = ""
 
 
 @dataclasses.dataclass
@@ -327,9 +342,10 @@ class Watch:
                         self.workload_bound[workload] = now
                         started.append(workload)
                 if waiting is not None and waiting.outcome is None:
-                    waiting.until, waiting.outcome = now, "bound"
+                    waiting.until, waiting.outcome, waiting.bound_on = now, "bound", pod.node_name
             elif waiting is None and stuck(pod, names=self.names):
-                self.stuck[uid] = StuckPod(pod.key, uid, workload, now)
+                self.stuck[uid] = StuckPod(pod.key, uid, workload, now, planned=self.planned.get(uid, ""),
+                                           message=scheduler_message(pod))
         for uid, pod in self.present.items():
             if uid in seen:
                 continue

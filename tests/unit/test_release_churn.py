@@ -14,7 +14,8 @@ from tests import builders
 
 NAMES = settings.Names()
 RELEASED = {NAMES.release: "2026-11-26T12:00:00Z planned=n1 domains=1 placed on n1: by the test"}
-UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                 "message": "0/2 nodes are available: 2 node(s) didn't have free ports for the requested pod ports."}
 
 
 def _raw(name: str, workload: str, *, node: str | None = None, stuck: bool = False, uid: str | None = None,
@@ -202,12 +203,14 @@ def test_a_pod_the_benchmark_deleted_is_ended_not_vanished(how: str) -> None:
 
 
 def test_a_stuck_pod_the_scheduler_binds_after_all_is_bound() -> None:
+    """Each stuck pod keeps what explains it: the node planned, the scheduler's word, where it bound in the end."""
     watch = pc.Watch(PLAN)
     raw = _raw("bare", "bare", stuck=True)
     watch.observe(_cluster(raw), now=1.0)
-    raw["spec"]["nodeName"] = "n1"
+    raw["spec"]["nodeName"] = "n2"
     watch.observe(_cluster(raw), now=1.5)
-    assert [(p.outcome, p.until) for p in watch.stuck.values()] == [("bound", 1.5)]
+    assert [(p.outcome, p.until, p.planned, p.message, p.bound_on) for p in watch.stuck.values()] == [
+        ("bound", 1.5, "n1", UNSCHEDULABLE["message"], "n2")]
 
 
 def test_a_replicaset_pod_stands_for_its_replicaset() -> None:
