@@ -33,7 +33,9 @@ clears it. A feed that stops delivering events therefore ages it too.
 
 Change notification: `subscribe()` returns an `asyncio.Event` that is set each time a rebuilt
 snapshot is published (after a pod, node, ... event or an occupancy change); the subscriber clears
-it before reading `feeder.snapshot`, so bursts of events coalesce into one wake-up.
+it before reading `feeder.snapshot`, so bursts of events coalesce into one wake-up. What the watch delivered
+after the published snapshot's stores were copied is not in it; of that, the pods that newly hold a node (bound or
+nominated) are `unbuilt()`, for a reader that must not act on a node a pod took a moment ago (release's last check).
 """
 
 from __future__ import annotations
@@ -246,6 +248,10 @@ class Feeder:
         self._snapshot = snapshot.EMPTY
         self._builder = Builder(names=config.names, gpu_classes=config.dra.gpu_device_classes)
         self._subscribers: set[asyncio.Event] = set()
+        # Pods that newly hold a node (bound or nominated) since a rebuild copied the stores: key -> (change number,
+        # object); those the published snapshot does not show yet are `unbuilt()`.
+        self._holding: dict[str, tuple[int, dict[str, Any]]] = {}
+        self._changes = 0
 
     # --- what readers see -------------------------------------------------------------------------
 
@@ -257,6 +263,12 @@ class Feeder:
     def synced(self) -> bool:
         """True once a snapshot built from a full list of every kind has been published."""
         return self._synced
+
+    def unbuilt(self) -> dict[str, dict[str, Any]]:
+        """Pods the watch delivered since the published snapshot's stores were copied that newly hold a node (bound,
+        or nominated: `snapshot.held_on` changed to a node): key -> the stored object. What release checks right
+        before a nomination (`planning.overtaken`), a rebuild sooner than the snapshot would show them."""
+        return {key: obj for key, (_, obj) in self._holding.items()}
 
     @property
     def controller_seen_at(self) -> float | None:
@@ -370,6 +382,11 @@ class Feeder:
         resource_version = str(meta.get("resourceVersion") or "")
         if not resource_version:
             raise kube.ApiError(0, f"{kind.name}: list without a resourceVersion")
+        if kind.name == "pods":  # a relist (410 Gone) is followed like the watch events it stands for
+            old = self._stores["pods"]
+            self._holding = {key: held for key, held in self._holding.items() if key in items}
+            for key, obj in items.items():
+                self._note_holding(key, old.get(key), obj)
         self._stores[kind.name] = items
         self._paths[kind.name] = path
         self._listed.add(kind.name)
@@ -414,11 +431,23 @@ class Feeder:
                 store[key] = old
                 return
             store[key] = kept
-            if self._hurry_for_gated and kind.name == "pods" and newly_gated(old, kept, names=self._config.names):
-                self._hurry.set()
+            if kind.name == "pods":
+                self._note_holding(key, old, kept)
+                if self._hurry_for_gated and newly_gated(old, kept, names=self._config.names):
+                    self._hurry.set()
         elif old is None:
             return
+        else:
+            self._holding.pop(key, None)
         self._changed()
+
+    def _note_holding(self, key: str, old: Mapping[str, Any] | None, new: dict[str, Any]) -> None:
+        self._changes += 1
+        node = snapshot.held_on(new)
+        if node is None:
+            self._holding.pop(key, None)
+        elif key in self._holding or node != (snapshot.held_on(old) if old is not None else None):
+            self._holding[key] = (self._changes, new)
 
     def _lease_path(self) -> tuple[str, dict[str, kube.QueryValue]]:
         election = self._config.descheduler.leader_election
@@ -533,6 +562,7 @@ class Feeder:
         # Shallow copies: stores are only ever given new dicts, never mutated ones, so the worker
         # thread reads a consistent set while the watches go on (and the builder keeps them until the next build).
         stores = {name: dict(store) for name, store in self._stores.items()}
+        copied = self._changes
         occupancy, taken_at = self._occupancy, self._taken_at()
         started = time.perf_counter()
         # Claims are what a pod's DRA GPUs are read from: without them (not served, not granted) none is counted.
@@ -549,6 +579,7 @@ class Feeder:
         self._metrics.rebuild_seconds.observe(took)
         self._metrics.rebuilds.inc()
         self._snapshot = built
+        self._holding = {key: held for key, held in self._holding.items() if held[0] > copied}
         self._synced = True
         for event in self._subscribers:
             event.set()

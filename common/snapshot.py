@@ -41,7 +41,7 @@ def pinned_node(raw: Mapping[str, Any]) -> str | None:
     return next(iter(pinned)) if len(pinned) == 1 else None
 
 
-def _held_on(raw: Mapping[str, Any]) -> str | None:
+def held_on(raw: Mapping[str, Any]) -> str | None:
     """The node whose resources this pod holds: bound and not finished; else nominated by the scheduler;
     else pinned by us and no longer gated (released, not yet bound) unless the scheduler found that node full.
     None: it holds nothing."""
@@ -279,7 +279,7 @@ def parse(raw: Mapping[str, Any], *, names: settings.Names, inventory: dra.Inven
     request, requests, claims = counted
     if request.any or claims.any or gangs.involved(raw, names=names):
         return _pod(raw, counted=counted)
-    return _Held(_held_on(raw), requests, (raw.get("metadata") or {}).get("namespace") or "default",
+    return _Held(held_on(raw), requests, (raw.get("metadata") or {}).get("namespace") or "default",
                  hostports.of_pod(raw), antiaffinity.required_terms(raw))
 
 
@@ -347,7 +347,7 @@ def _pod(raw: Mapping[str, Any], *, counted: Counted | None = None) -> Pod:
         scheduler_name=spec.get("schedulerName") or "default-scheduler",
         raw=raw,
         requests=requests,
-        held_on=_held_on(raw),
+        held_on=held_on(raw),
         dra=claimed,
     )
 

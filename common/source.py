@@ -6,8 +6,8 @@ import copy
 import json
 import pathlib
 import sys
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import yaml
 
@@ -21,6 +21,14 @@ class SnapshotSource(Protocol):
     @property
     def synced(self) -> bool:
         """True once the first full list of every watched kind has landed in the snapshot."""
+        ...
+
+
+class LiveSource(SnapshotSource, Protocol):
+    """A source whose snapshot trails a watch (`feeder.Feeder`): what the watch delivered since is asked apart."""
+
+    def unbuilt(self) -> Mapping[str, Mapping[str, Any]]:
+        """Pods delivered since the snapshot was built that newly hold a node: key -> object."""
         ...
 
 
@@ -47,6 +55,10 @@ class StaticSource:
     @property
     def synced(self) -> bool:
         return True
+
+    def unbuilt(self) -> dict[str, Any]:
+        """Nothing: the fixed snapshot is all there is."""
+        return {}
 
 
 SAVE_STATE = "kubectl get nodes,pods,priorityclasses,namespaces -A -o json > STATE.json"

@@ -24,9 +24,10 @@ and places the rest); a failure while un-gating leaves a started gang whose rest
 flight.
 
 Right before a release's first call (a single pod: once its nomination has a slot; a gang: before any member is
-nominated) the release is re-checked on the freshest snapshot the feeder holds (`planning.overtaken`): when a node
-planned for it was taken since the plan, it is held back (`gpu_steward_release_overtaken_total`), a gang as a
-unit, and the next pass, which the newer snapshot has already woken, plans it afresh.
+nominated) the release is re-checked on the freshest snapshot the feeder holds and the pods its watch delivered since
+that snapshot was built (`planning.overtaken`, `feeder.Feeder.unbuilt`): when a node planned for it was taken since
+the plan, it is held back (`gpu_steward_release_overtaken_total`), a gang as a unit, and the next pass, woken by the
+newer snapshot (published already, or being built from the change that took the node), plans it afresh.
 
 After the releases, every pass checks what earlier releases came to (`outcomes`, level-triggered) and tells each
 outcome once (`_record`: a log line, `gpu_steward_release_outcomes_total{cause}` and an Event on the pod). It never
@@ -137,7 +138,7 @@ class Controller:
         self,
         *,
         config: settings.Settings,
-        source: source.SnapshotSource,
+        source: source.LiveSource,
         api: client.ApiClient,
         metrics: Metrics,
     ) -> None:
@@ -258,7 +259,8 @@ class Controller:
         # Pods this pass nominates count in the plan already, whether or not their call has returned yet.
         ours = {key: node for d in result.decisions for key, node in d.nominations.items()}
         why = planning.overtaken(decision, planned=cluster, fresh=self._source.snapshot, left=result.left,
-                                 assumed={**{key: node for key, (node, _) in self._assumed.items()}, **ours})
+                                 assumed={**{key: node for key, (node, _) in self._assumed.items()}, **ours},
+                                 unbuilt=self._source.unbuilt())
         if why:
             self._metrics.overtaken.inc()
             logger.info("%s %s: held back, planned afresh on the next pass: %s", "pod" if decision.single else "gang",
@@ -376,7 +378,7 @@ class Controller:
 async def run(
     *,
     config: settings.Settings,
-    source: source.SnapshotSource,
+    source: source.LiveSource,
     api: client.ApiClient,
     changes: asyncio.Event | None = None,
     metrics: Metrics | None = None,

@@ -4,6 +4,7 @@ history from a resourceVersion, fails on request, and can go down and come back 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import json
@@ -352,20 +353,33 @@ class HeldPauses:
                 future.set_result(None)
 
 
+@contextlib.asynccontextmanager
+async def paused_feeder(fake_api: FakeApi, api_client: client.ApiClient, *,
+                        hurry_for_gated: bool = False) -> AsyncIterator[tuple[feeder.Feeder, Running, HeldPauses]]:
+    """A running feeder of the seeded cluster whose pauses after a rebuild the test ends (`HeldPauses`)."""
+    registry, clock, pauses = prometheus_client.CollectorRegistry(), Clock(), HeldPauses()
+    fed = feeder.Feeder(config=CONFIG, api=api_client, prometheus=None, registry=registry, clock=clock, pause=pauses,
+                        hurry_for_gated=hurry_for_gated)
+    seed(fake_api)
+    task = asyncio.create_task(fed.run())
+    try:
+        yield fed, Running(fed, registry, clock, fed.subscribe()), pauses
+    finally:
+        pauses.end()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
 async def test_a_change_after_a_quiet_spell_is_published_at_once_and_a_burst_in_one_rebuild(
         fake_api: FakeApi, api_client: client.ApiClient) -> None:
     """Leading edge: a lone change (a gated pod) is published without waiting out a pause; the changes that come
     while the pause after that rebuild runs are batched into one rebuild at its end."""
-    registry, clock, pauses = prometheus_client.CollectorRegistry(), Clock(), HeldPauses()
-    fed = feeder.Feeder(config=CONFIG, api=api_client, prometheus=None, registry=registry, clock=clock, pause=pauses)
-    run = Running(fed, registry, clock, fed.subscribe())
-    seed(fake_api)
-    task = asyncio.create_task(fed.run())
-    try:
+    async with paused_feeder(fake_api, api_client) as (fed, run, pauses):
         await run.until(lambda: fed.synced and pauses.holding, "synced, then pausing")
         pauses.end()
-        clock.now += 1  # the quiet spell: once the publisher moves taken_at, it waits for the next change
-        await run.until(lambda: fed.snapshot.taken_at == clock.now and not pauses.holding, "the publisher idle")
+        run.clock.now += 1  # the quiet spell: once the publisher moves taken_at, it waits for the next change
+        await run.until(lambda: fed.snapshot.taken_at == run.clock.now and not pauses.holding, "the publisher idle")
         rebuilds = run.metric("gpu_steward_feeder_snapshot_rebuilds_total")
         fake_api.put("pods", builders.pod("lone", namespace="team-a", gpus=2))
         # No pause is ended from here on until the burst is in: a change batched behind one would never show.
@@ -379,10 +393,6 @@ async def test_a_change_after_a_quiet_spell_is_published_at_once_and_a_burst_in_
         pauses.end()
         await run.until(lambda: set(burst) <= set(fed.snapshot.pods), "the burst published")
         assert run.metric("gpu_steward_feeder_snapshot_rebuilds_total") == rebuilds + 2, "one for the lone, one burst"
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
 
 
 def gated(pod: dict[str, Any], *gates: str) -> dict[str, Any]:
@@ -415,13 +425,7 @@ async def test_a_newly_gated_pod_ends_the_pause_once_it_has_lasted_as_long_as_th
     """`hurry_for_gated`: a newly gated pod ends the pause after a rebuild, but not before the floor (as long as the
     rebuild took) has passed; a change received beside it is in the same rebuild. (Which pods hurry: the table
     above; that other changes wait out the pause: the leading-edge test, hurry off.)"""
-    registry, clock, pauses = prometheus_client.CollectorRegistry(), Clock(), HeldPauses()
-    fed = feeder.Feeder(config=CONFIG, api=api_client, prometheus=None, registry=registry, clock=clock, pause=pauses,
-                        hurry_for_gated=True)
-    run = Running(fed, registry, clock, fed.subscribe())
-    seed(fake_api)
-    task = asyncio.create_task(fed.run())
-    try:
+    async with paused_feeder(fake_api, api_client, hurry_for_gated=True) as (fed, run, pauses):
         await run.until(lambda: fed.synced and len(pauses.pending) == 2, "synced, then pausing: the full pause and "
                         "the floor")
         full, floor = pauses.pending
@@ -436,11 +440,49 @@ async def test_a_newly_gated_pod_ends_the_pause_once_it_has_lasted_as_long_as_th
         await run.until(lambda: "team-a/waits" in fed.snapshot.pods, "published once the floor passed")
         assert full.cancelled(), "the full pause was cut short, not waited out"
         assert "team-a/plain" in fed.snapshot.pods, "what came beside it is in the same rebuild"
-    finally:
+
+
+PODS = next(kind for kind in feeder.KINDS if kind.name == "pods")
+
+
+async def test_pods_that_newly_hold_a_node_are_unbuilt_until_a_rebuild_that_copied_them_is_published(
+        fake_api: FakeApi, api_client: client.ApiClient) -> None:
+    """`unbuilt()`: what release checks right before a nomination. Bound or nominated since the published snapshot's
+    copy: in; pending, deleted, or held on the same node as before: out; bound while a rebuild runs: still in after
+    that rebuild is published (its copy was taken before)."""
+    async with paused_feeder(fake_api, api_client) as (fed, run, pauses):
+        await run.until(lambda: fed.synced and pauses.holding, "synced, then pausing")
+        assert fed.unbuilt() == {}, "what the list brought is in the snapshot"
+        gone = builders.pod("gone", namespace="team-a", gpus=1, node="gpu-2", phase="Running")
+        fake_api.put("pods", gone)
+        fake_api.delete("pods", gone)
+        fake_api.put("pods", builders.pod("waiting", namespace="team-a", gpus=2))
+        fake_api.put("pods", builders.pod("bound", namespace="team-a", gpus=2, node="gpu-1", phase="Running"))
+        nominated = builders.pod("nominated", namespace="team-a", gpus=1)
+        nominated["status"]["nominatedNodeName"] = "gpu-2"
+        fake_api.put("pods", nominated)
+        fake_api.put("pods", builders.pod("train-0", namespace="team-a", gpus=1, node="gpu-1", phase="Running",
+                                          labels={"changed": "yes"}))
+        await run.until(lambda: fed._stores["pods"]["team-a/train-0"]["metadata"].get("labels"), "all received")
+        assert set(fed.unbuilt()) == {"team-a/bound", "team-a/nominated"}
+        assert "team-a/bound" not in fed.snapshot.pods, "the snapshot does not show it yet"
+
+        build, late = fed._builder.build, builders.pod("waiting", namespace="team-a", gpus=2, node="gpu-2",
+                                                       phase="Running")
+
+        def delivered_while_building(**kwargs: Any) -> Any:
+            fed._builder.build = build  # type: ignore[method-assign]
+            fed._apply(PODS, fed._stores["pods"], late, deleted=False)  # after the copy this build reads
+            return build(**kwargs)
+
+        fed._builder.build = delivered_while_building  # type: ignore[method-assign]
         pauses.end()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await run.until(lambda: "team-a/bound" in fed.snapshot.pods, "the rebuild published")
+        assert set(fed.unbuilt()) == {"team-a/waiting"}, "bound while the rebuild ran: not in what it built"
+        assert fed.snapshot.pods["team-a/waiting"].node_name is None
+        pauses.end()
+        await run.until(lambda: fed.snapshot.pods["team-a/waiting"].node_name == "gpu-2", "the next rebuild")
+        assert fed.unbuilt() == {}
 
 
 async def test_a_node_heartbeat_leaves_its_node_as_built(fake_api: FakeApi, running: Running) -> None:
@@ -489,6 +531,21 @@ async def test_410_gone_event_relists(fake_api: FakeApi, running: Running) -> No
     assert fake_api.lists("pods") == 2
     assert running.metric("gpu_steward_feeder_relists_total", kind="pods") == 2
     assert running.metric("gpu_steward_feeder_errors_total", source="pods") == 0
+
+
+async def test_a_relist_is_followed_in_unbuilt_like_the_events_it_stands_for(
+        fake_api: FakeApi, api_client: client.ApiClient) -> None:
+    async with paused_feeder(fake_api, api_client) as (fed, run, pauses):
+        await run.until(lambda: fed.synced and pauses.holding, "synced, then pausing")
+        await run.until(lambda: fake_api.open_watches() == len(feeder.KINDS), "watching")
+        fake_api.put("pods", builders.pod("missed", namespace="team-a", gpus=1, node="gpu-2", phase="Running"),
+                     broadcast=False)
+        fake_api.send("pods", {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}})
+        await run.until(lambda: "team-a/missed" in fed._stores["pods"], "relisted")
+        assert set(fed.unbuilt()) == {"team-a/missed"}, "bound since the snapshot; the listed others hold as before"
+        pauses.end()
+        await run.until(lambda: "team-a/missed" in fed.snapshot.pods, "published")
+        assert fed.unbuilt() == {}
 
 
 RECORDED = [line for line in (pathlib.Path(__file__).parent.parent / "fixtures" / "watch" / "pods.jsonl").read_bytes()

@@ -336,6 +336,9 @@ class StoreSource:
     def synced(self) -> bool:
         return True
 
+    def unbuilt(self) -> dict[str, Json]:
+        return {}  # always current
+
 
 @pytest.fixture
 async def fake() -> AsyncIterator[tuple[FakeApiServer, client.ApiClient]]:
@@ -748,8 +751,60 @@ class RacingSource(StoreSource):
         return seen
 
 
-def racer(gpus: int) -> Json:
-    return builders.pod("racer", namespace="other", gpus=gpus, node="gpu-0", phase="Running")
+class UnbuiltSource(FrozenSource):
+    """A feeder whose snapshot does not show the binding of `racer` yet, while its watch has delivered it
+    (`unbuilt`): what the check right before the nomination must see, a rebuild sooner."""
+
+    def __init__(self, server: FakeApiServer, nodes: Sequence[Json], *, racer: Json) -> None:
+        super().__init__(server, nodes, clock=time.time)
+        self.racer = racer
+
+    def unbuilt(self) -> dict[str, Json]:
+        return {f"{self.racer['metadata']['namespace']}/{self.racer['metadata']['name']}": self.racer}
+
+
+def racer(gpus: int, *, host_port: int | None = None) -> Json:
+    pod = builders.pod("racer", namespace="other", gpus=gpus, node="gpu-0", phase="Running")
+    if host_port is not None:
+        pod["spec"]["containers"][0]["ports"] = [{"containerPort": host_port, "hostPort": host_port}]
+    return pod
+
+
+def with_host_port(pod: Json, port: int) -> Json:
+    pod["spec"]["containers"][0]["ports"] = [{"containerPort": port, "hostPort": port}]
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("gated", "racer_pod", "held_back"),
+    [
+        pytest.param(single("solo", gpus=8), racer(1), True, id="gpus-short/match"),
+        pytest.param(single("solo", gpus=4), racer(4), False, id="racer-fits-what-the-plan-left/no-match"),
+        pytest.param(with_host_port(single("solo", gpus=2), 8080), racer(1, host_port=8080), True,
+                     id="host-port-taken/match"),
+        pytest.param(with_host_port(single("solo", gpus=2), 8080), racer(1, host_port=9090), False,
+                     id="another-host-port/no-match"),
+    ],
+)
+async def test_a_binding_the_snapshot_does_not_show_yet_holds_the_release_back(
+    fake: tuple[FakeApiServer, client.ApiClient], gated: Json, racer_pod: Json, held_back: bool,
+) -> None:
+    """The plan's snapshot was built before kube-scheduler bound `racer` to the one node; the watch has delivered
+    it. Nominated anyway, `solo` would go to a node that cannot take it (with nothing else free: Unschedulable)."""
+    server, api = fake
+    server.put(gated, notify=False)
+    source = UnbuiltSource(server, NODES[:1], racer=racer_pod)
+    server.put(copy.deepcopy(racer_pod), notify=False)  # in the API server, not in the frozen snapshot
+    registry = prometheus_client.CollectorRegistry()
+    ctl = controller.Controller(config=config(), source=source, api=api, metrics=controller.Metrics(registry))
+    await one_pass(ctl, now=time.time())
+    stored = server.pods[f"{NAMESPACE}/solo"]
+    assert registry.get_sample_value("gpu_steward_release_overtaken_total") == (1 if held_back else 0)
+    if held_back:
+        assert server.patches == [], "nothing nominated, nothing un-gated"
+        assert gates_of(stored) == [GATE]
+    else:
+        assert gates_of(stored) == [] and nominated(stored) == "gpu-0"
 
 
 @pytest.mark.parametrize(

@@ -916,6 +916,72 @@ def test_a_release_is_held_back_when_its_node_was_taken_since_the_plan(
     assert said == want if want is None else said is not None and said.startswith(want), said
 
 
+def with_port(pod: dict[str, Any], port: int) -> dict[str, Any]:
+    pod["spec"]["containers"][0]["ports"] = [{"containerPort": port, "hostPort": port}]
+    return pod
+
+
+def bad_quantity(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "lots"}
+    return pod
+
+
+def finished(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["status"]["phase"] = "Succeeded"
+    return pod
+
+
+UNBUILT_TAKEN = "node big was taken since the plan by other/racer (not in a snapshot yet)"
+NOMINATED_BEFORE = bound_since("early", node="big", gpus=1, nominated=True)  # in the plan's snapshot already
+
+
+@pytest.mark.parametrize(
+    ("gated", "unbuilt", "assumed", "want"),
+    [
+        pytest.param(solo("p", gpus=8), bound_since("racer", node="big", gpus=1), {},
+                     f"{UNBUILT_TAKEN} (short of nvidia.com/gpu)",
+                     id="bound-unbuilt-needs-what-the-plan-left/match"),
+        pytest.param(solo("p", gpus=4), bound_since("racer", node="big", gpus=4), {}, None,
+                     id="bound-unbuilt-takes-exactly-what-the-plan-left/boundary"),
+        pytest.param(solo("p", gpus=4), bound_since("racer", node="big", gpus=5), {},
+                     f"{UNBUILT_TAKEN} (short of nvidia.com/gpu)",
+                     id="one-gpu-more/boundary"),
+        pytest.param(solo("p", gpus=8), bound_since("racer", node="big", gpus=1, nominated=True), {},
+                     "node big was taken since the plan by other/racer", id="nominated-unbuilt-holds-the-node"),
+        pytest.param(solo("p", gpus=8), bound_since("racer", node="other", gpus=1), {}, None,
+                     id="bound-to-another-node/no-match"),
+        pytest.param(solo("p", gpus=8), bound_since("racer", node="big", gpus=1), {"other/racer": "big"}, None,
+                     id="a-pod-this-controller-released-is-counted-already"),
+        pytest.param(solo("p", gpus=7), {**NOMINATED_BEFORE, "spec": {**NOMINATED_BEFORE["spec"], "nodeName": "big"}},
+                     {}, None, id="nominated-in-the-plan-now-bound-there-was-counted/no-match"),
+        pytest.param(with_port(solo("p", gpus=2), 8080), with_port(bound_since("racer", node="big", gpus=1), 8080),
+                     {}, "node big was taken since the plan by other/racer (not in a snapshot yet): host port 8080/TCP "
+                     "that team/p needs", id="host-port-taken/match"),
+        pytest.param(with_port(solo("p", gpus=2), 8080), with_port(bound_since("racer", node="big", gpus=1), 9090),
+                     {}, None, id="another-host-port/no-match"),
+        pytest.param(solo("p", gpus=2), with_port(bound_since("racer", node="big", gpus=1), 8080), {}, None,
+                     id="a-host-port-no-member-needs/no-match"),
+        pytest.param(solo("p", gpus=2), bad_quantity(bound_since("racer", node="big", gpus=1)), {},
+                     "node big was taken since the plan by other/racer (not in a snapshot yet; its requests: cpu",
+                     id="requests-unreadable-takes-the-node"),
+        pytest.param(solo("p", gpus=8), finished(bound_since("racer", node="big", gpus=1)), {}, None,
+                     id="a-finished-pod-holds-nothing/no-match"),
+    ],
+)
+def test_a_binding_the_watch_delivered_after_the_snapshot_holds_the_release_back(
+    gated: dict[str, Any], unbuilt: dict[str, Any], assumed: Mapping[str, str], want: str | None,
+) -> None:
+    """`unbuilt`: the feeder's watch has it, no snapshot yet (`fresh` is the plan's own)."""
+    planned = cluster([EIGHT], [gated, NOMINATED_BEFORE] if unbuilt["metadata"]["name"] == "early" else [gated])
+    result = planning.plan(planned, config=config(), now=NOW)
+    [decision] = [d for d in result.decisions if d.action is A.RELEASE]
+    assert set(decision.nominations.values()) == {"big"}
+    key = f"{unbuilt['metadata']['namespace']}/{unbuilt['metadata']['name']}"
+    said = planning.overtaken(decision, planned=planned, fresh=planned, left=result.left, assumed=assumed,
+                              unbuilt={key: unbuilt})
+    assert said == want if want is None else said is not None and said.startswith(want), said
+
+
 def test_the_plan_s_own_snapshot_is_never_overtaken() -> None:
     planned = cluster([EIGHT], [solo("p", gpus=8)])
     result = planning.plan(planned, config=config(), now=NOW)
