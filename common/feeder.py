@@ -248,8 +248,8 @@ class Feeder:
         self._snapshot = snapshot.EMPTY
         self._builder = Builder(names=config.names, gpu_classes=config.dra.gpu_device_classes)
         self._subscribers: set[asyncio.Event] = set()
-        # Pods that newly hold a node (bound or nominated) since a rebuild copied the stores: key -> (change number,
-        # object); those the published snapshot does not show yet are `unbuilt()`.
+        # Pods that newly hold a node (bound or nominated) since the published snapshot's stores were copied: key ->
+        # (change number, object), pruned when a snapshot built from a later copy is published (`unbuilt()`).
         self._holding: dict[str, tuple[int, dict[str, Any]]] = {}
         self._changes = 0
 
@@ -267,7 +267,9 @@ class Feeder:
     def unbuilt(self) -> dict[str, dict[str, Any]]:
         """Pods the watch delivered since the published snapshot's stores were copied that newly hold a node (bound,
         or nominated: `snapshot.held_on` changed to a node): key -> the stored object. What release checks right
-        before a nomination (`planning.overtaken`), a rebuild sooner than the snapshot would show them."""
+        before a nomination (`planning.overtaken`), a rebuild sooner than the snapshot would show them. A pod changed
+        again after it newly held its node may be in it although the snapshot shows it there already (each later
+        event of it renews its entry): a reader compares with the snapshot."""
         return {key: obj for key, (_, obj) in self._holding.items()}
 
     @property

@@ -259,6 +259,7 @@ class Controller:
         # Pods this pass nominates count in the plan already, whether or not their call has returned yet.
         ours = {key: node for d in result.decisions for key, node in d.nominations.items()}
         why = planning.overtaken(decision, planned=cluster, fresh=self._source.snapshot, left=result.left,
+                                 names=self._config.names,
                                  assumed={**{key: node for key, (node, _) in self._assumed.items()}, **ours},
                                  unbuilt=self._source.unbuilt())
         if why:

@@ -487,22 +487,65 @@ def _holders(cluster: snapshot.Snapshot, node: str) -> Mapping[str, Mapping[str,
 
 
 def overtaken(decision: Decision, *, planned: snapshot.Snapshot, fresh: snapshot.Snapshot,
-              left: Mapping[str, capacity.Room], assumed: Mapping[str, str] = {},
+              left: Mapping[str, capacity.Room], names: settings.Names, assumed: Mapping[str, str] = {},
               unbuilt: Mapping[str, Mapping[str, Any]] = {}) -> str | None:
     """Why a release planned on `planned` must not nominate its members where planned now that `fresh` (a newer
     snapshot, kept current by the feeder's watch) shows its nodes (None: it still may). Asked right before the release's
     first call: a pod bound to (or nominated to) a node since the plan takes it from the nomination only when it needs
-    more than the plan left free there (`left`: the nodes' rooms after every release of the plan; pods this controller
-    released meanwhile, `assumed`, are counted there already); a node gone, cordoned or no longer ready, a filter that
-    now refuses a member (taints, labels, a host port or an anti-affinity term of a pod there) take it too.
+    more than the plan left free there (`left`: the nodes' rooms after every release of the plan; a pod this controller
+    released meanwhile, `assumed`, is counted there already on the node it was nominated to, and only there); a node
+    gone, cordoned or no longer ready, a filter that now refuses a member (taints, labels, a host port or an
+    anti-affinity term of a pod there) take it too.
     `unbuilt`: pods the watch delivered since `fresh` was built that newly hold a node (key -> object,
-    `feeder.Feeder.unbuilt`): they count as arrivals too (their requests, and their host ports against the members'),
-    so that a pod kube-scheduler bound there a moment ago is seen before the nomination goes out, not a rebuild later;
-    one whose requests cannot be read takes the node. A gang is judged as a unit: one node taken holds back all of its
-    members, to be planned afresh on the next pass."""
+    `feeder.Feeder.unbuilt`; one `fresh` shows already is not counted twice): they count as arrivals too (their
+    requests as the snapshot counts them, DRA GPUs included, and their host ports against the members'; not their
+    anti-affinity), so that a pod kube-scheduler bound there a moment ago is seen before the nomination goes out, not
+    a rebuild later; one whose requests cannot be read takes the node. A gang is judged as a unit: one node taken
+    holds back all of its members, to be planned afresh on the next pass."""
     pins = decision.nominations
     if not pins or (fresh is planned and not unbuilt):
         return None
+    late_on: dict[str, dict[str, Mapping[str, Any]]] = {}
+    for key, raw in unbuilt.items():
+        if (node_name := snapshot.held_on(raw)) is not None:
+            late_on.setdefault(node_name, {})[key] = raw
+    for name in sorted(set(pins.values())):
+        members = sorted(k for k, n in pins.items() if n == name)
+        if fresh is not planned:  # on the plan's own snapshot its filters let the members in
+            node = fresh.nodes.get(name)
+            if node is None or not node.schedulable:
+                return f"node {name} is gone, cordoned or not ready since the plan"
+            for key in members:
+                pod = fresh.pods.get(key)
+                why = capacity.never_pod(pod, node) if pod is not None else f"{key} is gone"
+                if why:
+                    return f"node {name} refuses {key} since the plan: {why}"
+        before = _holders(planned, name)
+        arrived = {k: r for k, r in _holders(fresh, name).items() if k not in before and assumed.get(k) != name}
+        late = {k: raw for k, raw in late_on.get(name, {}).items()
+                if k not in before and assumed.get(k) != name and k not in arrived}
+        for key, raw in sorted(late.items()):
+            try:
+                entry = snapshot.parse(raw, names=names, inventory=fresh.dra)
+            except (ValueError, TypeError) as exc:
+                return f"node {name} was taken since the plan by {key} (not in a snapshot yet; its requests: {exc})"
+            arrived[key] = entry.requests
+            for member in members:
+                if (pod := fresh.pods.get(member)) is not None and (
+                        clash := hostports.conflicts(pod.host_ports, entry.host_ports)):
+                    return (f"node {name} was taken since the plan by {key} (not in a snapshot yet): host port "
+                            f"{clash[0][2]}/{clash[0][1]} that {member} needs")
+        if not arrived:
+            continue
+        grown = resources.add(*arrived.values(), {resources.PODS: len(arrived)})
+        room = left.get(name)
+        free = room.free if room is not None else {}
+        short = sorted(r for r, amount in grown.items() if amount > 0 and amount > free.get(r, 0))
+        if short:
+            unseen = " (not in a snapshot yet)" if late else ""
+            return (f"node {name} was taken since the plan by {', '.join(sorted(arrived))}{unseen} "
+                    f"(short of {', '.join(short)})")
+    return None
     for name in sorted(set(pins.values())):
         members = sorted(k for k, n in pins.items() if n == name)
         if fresh is not planned:  # on the plan's own snapshot its filters let the members in

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import pathlib
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -480,9 +481,19 @@ async def test_pods_that_newly_hold_a_node_are_unbuilt_until_a_rebuild_that_copi
         build, late = fed._builder.build, builders.pod("waiting", namespace="team-a", gpus=2, node="gpu-2",
                                                        phase="Running")
 
+        loop = asyncio.get_running_loop()
+
         def delivered_while_building(**kwargs: Any) -> Any:
+            """In the worker thread, after the copy this build reads: the watch delivers `late` (on the loop)."""
             fed._builder.build = build  # type: ignore[method-assign]
-            fed._apply(PODS, fed._stores["pods"], late, deleted=False)  # after the copy this build reads
+            applied = threading.Event()
+
+            def deliver() -> None:
+                fed._apply(PODS, fed._stores["pods"], late, deleted=False)
+                applied.set()
+
+            loop.call_soon_threadsafe(deliver)
+            applied.wait(timeout=10)
             return build(**kwargs)
 
         fed._builder.build = delivered_while_building  # type: ignore[method-assign]

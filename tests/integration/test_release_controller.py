@@ -763,16 +763,14 @@ class UnbuiltSource(FrozenSource):
         return {f"{self.racer['metadata']['namespace']}/{self.racer['metadata']['name']}": self.racer}
 
 
-def racer(gpus: int, *, host_port: int | None = None) -> Json:
-    pod = builders.pod("racer", namespace="other", gpus=gpus, node="gpu-0", phase="Running")
-    if host_port is not None:
-        pod["spec"]["containers"][0]["ports"] = [{"containerPort": host_port, "hostPort": host_port}]
-    return pod
-
-
 def with_host_port(pod: Json, port: int) -> Json:
     pod["spec"]["containers"][0]["ports"] = [{"containerPort": port, "hostPort": port}]
     return pod
+
+
+def racer(gpus: int, *, host_port: int | None = None) -> Json:
+    pod = builders.pod("racer", namespace="other", gpus=gpus, node="gpu-0", phase="Running")
+    return pod if host_port is None else with_host_port(pod, host_port)
 
 
 @pytest.mark.parametrize(

@@ -912,7 +912,7 @@ def test_a_release_is_held_back_when_its_node_was_taken_since_the_plan(
     [decision] = [d for d in result.decisions if d.action is A.RELEASE]
     assert set(decision.nominations.values()) == {"big"}
     fresh = cluster([EIGHT] if fresh_nodes is None else fresh_nodes, [*gated, *arrived])
-    said = planning.overtaken(decision, planned=planned, fresh=fresh, left=result.left, assumed=assumed)
+    said = planning.overtaken(decision, names=NAMES, planned=planned, fresh=fresh, left=result.left, assumed=assumed)
     assert said == want if want is None else said is not None and said.startswith(want), said
 
 
@@ -947,11 +947,13 @@ NOMINATED_BEFORE = bound_since("early", node="big", gpus=1, nominated=True)  # i
                      f"{UNBUILT_TAKEN} (short of nvidia.com/gpu)",
                      id="one-gpu-more/boundary"),
         pytest.param(solo("p", gpus=8), bound_since("racer", node="big", gpus=1, nominated=True), {},
-                     "node big was taken since the plan by other/racer", id="nominated-unbuilt-holds-the-node"),
+                     UNBUILT_TAKEN, id="nominated-unbuilt-holds-the-node"),
         pytest.param(solo("p", gpus=8), bound_since("racer", node="other", gpus=1), {}, None,
                      id="bound-to-another-node/no-match"),
         pytest.param(solo("p", gpus=8), bound_since("racer", node="big", gpus=1), {"other/racer": "big"}, None,
-                     id="a-pod-this-controller-released-is-counted-already"),
+                     id="assumed-on-that-node-is-not-an-arrival-there"),
+        pytest.param(solo("p", gpus=8), bound_since("racer", node="big", gpus=1), {"other/racer": "elsewhere"},
+                     UNBUILT_TAKEN, id="assumed-on-another-node-is-an-arrival-here"),
         pytest.param(solo("p", gpus=7), {**NOMINATED_BEFORE, "spec": {**NOMINATED_BEFORE["spec"], "nodeName": "big"}},
                      {}, None, id="nominated-in-the-plan-now-bound-there-was-counted/no-match"),
         pytest.param(with_port(solo("p", gpus=2), 8080), with_port(bound_since("racer", node="big", gpus=1), 8080),
@@ -977,16 +979,84 @@ def test_a_binding_the_watch_delivered_after_the_snapshot_holds_the_release_back
     [decision] = [d for d in result.decisions if d.action is A.RELEASE]
     assert set(decision.nominations.values()) == {"big"}
     key = f"{unbuilt['metadata']['namespace']}/{unbuilt['metadata']['name']}"
-    said = planning.overtaken(decision, planned=planned, fresh=planned, left=result.left, assumed=assumed,
+    said = planning.overtaken(decision, names=NAMES, planned=planned, fresh=planned, left=result.left, assumed=assumed,
                               unbuilt={key: unbuilt})
     assert said == want if want is None else said is not None and said.startswith(want), said
+
+
+def released(name: str, *, gpus: int) -> dict[str, Any]:
+    """A pod this controller released a pass ago: un-gated, neither nominated nor bound in the snapshot yet."""
+    pod = solo(name, gpus=gpus)
+    del pod["spec"]["schedulingGates"]
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("assumed_on", "gpus", "want"),
+    [
+        pytest.param("big", 4, None, id="assumed-there-the-plan-counted-it-there/no-match"),
+        pytest.param("", 5, "node big was taken since the plan by team/mine (not in a snapshot yet) (short of "
+                     "nvidia.com/gpu)", id="released-without-a-nomination-the-plan-counted-it-nowhere/match"),
+    ],
+)
+def test_our_own_release_binding_before_the_snapshot_shows_it_counts_only_where_the_plan_did_not(
+        assumed_on: str, gpus: int, want: str | None) -> None:
+    """`mine` was released a pass ago (`assumed`: nominated to big, or released without a nomination) and is now
+    bound to big, which only the watch shows; `p` (4 GPUs) is planned onto big's 8."""
+    mine = released("mine", gpus=gpus)
+    planned = cluster([EIGHT], [solo("p", gpus=4), mine])
+    assumed = {"team/mine": assumed_on}
+    result = planning.plan(planned, config=config(), now=NOW, assumed=assumed)
+    [decision] = [d for d in result.decisions if d.action is A.RELEASE]
+    bound = {**mine, "spec": {**mine["spec"], "nodeName": "big"}}
+    said = planning.overtaken(decision, names=NAMES, planned=planned, fresh=planned, left=result.left,
+                              assumed=assumed, unbuilt={"team/mine": bound})
+    assert said == want
+
+
+def test_a_pod_the_fresh_snapshot_shows_and_the_watch_still_lists_is_counted_once() -> None:
+    """The plan's snapshot is older than the freshest; the racer is in both the fresh one and `unbuilt`: together
+    with the member it takes exactly the node's 8 GPUs, so counted twice it would hold the release back."""
+    gated = solo("p", gpus=4)
+    planned = cluster([EIGHT], [gated])
+    result = planning.plan(planned, config=config(), now=NOW)
+    [decision] = [d for d in result.decisions if d.action is A.RELEASE]
+    racer = bound_since("racer", node="big", gpus=4)
+    fresh = cluster([EIGHT], [gated, racer])
+    assert planning.overtaken(decision, names=NAMES, planned=planned, fresh=fresh, left=result.left,
+                              unbuilt={"other/racer": racer}) is None
+    bigger = bound_since("racer", node="big", gpus=5)
+    assert planning.overtaken(decision, names=NAMES, planned=planned, fresh=cluster([EIGHT], [gated, bigger]),
+                              left=result.left, unbuilt={"other/racer": bigger}) is not None, "the control"
+
+
+@pytest.mark.parametrize(("racer_gpus", "held"), [pytest.param(1, True, id="one-device-taken/match"),
+                                                   pytest.param(0, False, id="no-device/no-match")])
+def test_a_late_pod_s_dra_gpus_count_as_the_snapshot_counts_them(racer_gpus: int, held: bool) -> None:
+    """On a DRA node the racer's GPUs come through a claim template, not its containers' requests: they count as
+    the snapshot would count them (`snapshot.parse`)."""
+    template = builders.claim_template("one", namespace="other", spec=builders.claim_spec(max(racer_gpus, 1)))
+    inv = dra.build(device_classes=[builders.device_class()], slices=[builders.resource_slice("big", 8)], claims=[],
+                    templates=[template], taint_rules=[], gpu_classes=("gpu.nvidia.com",), served=True)
+    gated = solo("p", gpus=8)
+    planned = snapshot_build.build(nodes=[builders.dra_node("big", domains=SPLIT_8)], pods=[gated], names=NAMES,
+                                   taken_at=NOW, inventory=inv)
+    result = planning.plan(planned, config=config(), now=NOW)
+    [decision] = [d for d in result.decisions if d.action is A.RELEASE]
+    racer = builders.pod("racer", namespace="other", node="big", phase="Running",
+                         mutate=builders.with_claim_template("one") if racer_gpus else None)
+    said = planning.overtaken(decision, names=NAMES, planned=planned, fresh=planned, left=result.left,
+                              unbuilt={"other/racer": racer})
+    assert (said is not None) is held, said
+    if held:
+        assert said == f"{UNBUILT_TAKEN} (short of nvidia.com/gpu)"
 
 
 def test_the_plan_s_own_snapshot_is_never_overtaken() -> None:
     planned = cluster([EIGHT], [solo("p", gpus=8)])
     result = planning.plan(planned, config=config(), now=NOW)
     [decision] = result.decisions
-    assert planning.overtaken(decision, planned=planned, fresh=planned, left=result.left) is None
+    assert planning.overtaken(decision, names=NAMES, planned=planned, fresh=planned, left=result.left) is None
 
 
 def test_a_member_a_filter_refuses_since_the_plan_holds_back_its_release() -> None:
@@ -998,7 +1068,8 @@ def test_a_member_a_filter_refuses_since_the_plan_holds_back_its_release() -> No
     planned = cluster([EIGHT], [pod])
     result = planning.plan(planned, config=config(), now=NOW)
     [decision] = result.decisions
-    said = planning.overtaken(decision, planned=planned, fresh=cluster([EIGHT], [pod, holder]), left=result.left)
+    said = planning.overtaken(decision, names=NAMES, planned=planned, fresh=cluster([EIGHT], [pod, holder]),
+                              left=result.left)
     assert said == "node big refuses team/p since the plan: host port 8080/TCP in use"
 
 
@@ -1264,7 +1335,7 @@ def test_the_re_check_reads_every_pinned_node_and_resource(
     [decision] = [d for d in result.decisions if d.action is A.RELEASE]
     present = [] if want and "is gone" in want else gated  # the row whose member is gone: deleted since the plan
     fresh = cluster(nodes, [*before, *present, *arrived])
-    assert planning.overtaken(decision, planned=planned, fresh=fresh, left=result.left) == want
+    assert planning.overtaken(decision, names=NAMES, planned=planned, fresh=fresh, left=result.left) == want
 
 
 # --- one gang's decision never stops the pass: the gangs queued after it are still decided ----------------------
