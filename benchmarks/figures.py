@@ -197,6 +197,9 @@ RELEASE_CHURN = ("Release churn", "`benchmarks/release_churn.py`: release by nom
 RELEASE_CHURN_EARLY = ("Release churn with early rebuilds", "The same benchmark at 2/s (~85 % load, where issue 28 "
                        "sets its goals) with `descheduler.gangs.early_rebuilds` on, both seeds, on the quiet machine "
                        "of 'Placement with early rebuilds' (load in each file).")
+RELEASE_CHURN_UNBUILT = ("Release churn with the watch's newest pods", "The same benchmark at 2/s and 3/s, both seeds, "
+                         "with release's last check also reading the pods the watch delivered since the snapshot was "
+                         "built (`Feeder.unbuilt`), nothing else running (load in each file).")
 CHURN = ("Pin churn", "`benchmarks/pin_churn.py` (the pin design before issue 28; now `release_churn.py`): 800 "
          "mixed pods through 20 x 8-GPU nodes of the real control plane while nodes are cordoned, deleted and "
          "created again, pin deadline 20 s.")
@@ -272,6 +275,12 @@ FIGURES: list[Figure] = [
                         ("gangs part-running > 5 s", "gangs"))],
     *[Figure(RELEASE_CHURN_EARLY, f"seed {seed}, 2/s: {what}", source, _release_churn("2/s gpu-steward", key))
       for seed, source in ((1, "release_churn_early_rebuilds.json"), (2, "release_churn_early_rebuilds_seed2.json"))
+      for what, key in (("released pods bound on their planned node", "planned"),
+                        ("stuck pods (released, Unschedulable)", "stuck"),
+                        ("gangs part-running > 5 s", "gangs"))],
+    *[Figure(RELEASE_CHURN_UNBUILT, f"seed {seed}, {rate}: {what}", source, _release_churn(f"{rate} gpu-steward", key))
+      for seed, source in ((1, "release_churn_unbuilt.json"), (2, "release_churn_unbuilt_seed2.json"))
+      for rate in ("2/s", "3/s")
       for what, key in (("released pods bound on their planned node", "planned"),
                         ("stuck pods (released, Unschedulable)", "stuck"),
                         ("gangs part-running > 5 s", "gangs"))],
