@@ -546,39 +546,3 @@ def overtaken(decision: Decision, *, planned: snapshot.Snapshot, fresh: snapshot
             return (f"node {name} was taken since the plan by {', '.join(sorted(arrived))}{unseen} "
                     f"(short of {', '.join(short)})")
     return None
-    for name in sorted(set(pins.values())):
-        members = sorted(k for k, n in pins.items() if n == name)
-        if fresh is not planned:  # on the plan's own snapshot its filters let the members in
-            node = fresh.nodes.get(name)
-            if node is None or not node.schedulable:
-                return f"node {name} is gone, cordoned or not ready since the plan"
-            for key in members:
-                pod = fresh.pods.get(key)
-                why = capacity.never_pod(pod, node) if pod is not None else f"{key} is gone"
-                if why:
-                    return f"node {name} refuses {key} since the plan: {why}"
-        before = _holders(planned, name)
-        arrived = {k: r for k, r in _holders(fresh, name).items() if k not in before and k not in assumed}
-        late = {k: raw for k, raw in unbuilt.items()
-                if snapshot.held_on(raw) == name and k not in before and k not in assumed and k not in arrived}
-        for key, raw in sorted(late.items()):
-            try:
-                arrived[key] = resources.pod_requests(raw)
-            except resources.QuantityError as exc:
-                return f"node {name} was taken since the plan by {key} (not in a snapshot yet; its requests: {exc})"
-            used = hostports.of_pod(raw)
-            for member in members:
-                if (pod := fresh.pods.get(member)) is not None and (clash := hostports.conflicts(pod.host_ports, used)):
-                    return (f"node {name} was taken since the plan by {key} (not in a snapshot yet): host port "
-                            f"{clash[0][2]}/{clash[0][1]} that {member} needs")
-        if not arrived:
-            continue
-        grown = resources.add(*arrived.values(), {resources.PODS: len(arrived)})
-        room = left.get(name)
-        free = room.free if room is not None else {}
-        short = sorted(r for r, amount in grown.items() if amount > 0 and amount > free.get(r, 0))
-        if short:
-            unseen = " (not in a snapshot yet)" if late else ""
-            return (f"node {name} was taken since the plan by {', '.join(sorted(arrived))}{unseen} "
-                    f"(short of {', '.join(short)})")
-    return None
