@@ -19,15 +19,18 @@ import contextlib
 import json
 import os
 import pathlib
+import ssl
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from common import settings
+from gpu_steward import cmd_check
 from gpu_steward_lab import localcluster
 from tests.chart import helm, readme
 from tests.e2e import test_chart_e2e
@@ -147,6 +150,15 @@ def test_the_readme_install_runs_as_written_and_helm_test_passes(
             return holder.stdout.startswith(prefix)
 
         kube.poll("descheduler leads", leads, timeout_seconds=60)
+
+        def webhook_saw_it() -> bool:
+            """The webhook counts the descheduler from its next Lease renewal after the webhook's own start (the
+            first sight of a Lease proves nothing): what `helm test` checks, polled, not raced."""
+            context = ssl.create_default_context(cafile=str(ca_file))
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=context, timeout=10) as answer:
+                return cmd_check.lease_check(answer.read().decode(), stale_after=3600)[0]
+
+        kube.poll("webhook has seen the Lease renewed", webhook_saw_it, timeout_seconds=60)
 
         test = readme.one(commands, "helm", "test")
         outcome: dict[str, Any] = {}
