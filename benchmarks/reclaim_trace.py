@@ -724,7 +724,7 @@ def wall_of(now: float, *, span: float, step: float, phase: int, phases: int) ->
 
 
 def run(trace: Trace, rules: Sequence[Policy], *, interval_seconds: float, judge_from_hours: float = 0.0,
-        phase: int = 0, phases: int = 1) -> dict[str, Any]:
+        phase: int = 0, phases: int = 1, reclaim: Mapping[str, Any] | None = None) -> dict[str, Any]:
     interval_slots = max(1, round(interval_seconds / trace.step))
     judge_from = round(judge_from_hours * 3600 / trace.step)
     started = _perf()
@@ -738,7 +738,8 @@ def run(trace: Trace, rules: Sequence[Policy], *, interval_seconds: float, judge
             backfill_seconds = _perf() - started
             config = settings_loader.load(overrides={
                 "prometheus": {"url": server.url, "timeout_seconds": 30},
-                "descheduler": {"reclaim": {"mode": "on-demand", "dry_run": True, "learned_window": LEARNED}},
+                "descheduler": {"reclaim": {**(reclaim or {}), "mode": "on-demand", "dry_run": True,
+                                             "learned_window": LEARNED}},
             })
             runners, queries, cycles = asyncio.run(
                 replay(trace, rules, interval_slots=interval_slots, config=config, wall=wall, judge_from=judge_from))
@@ -961,6 +962,9 @@ def main() -> None:
                         help="the chart tiers, learned and fixed, and the plugin's semantics only (implies --learned)")
     parser.add_argument("--learned-setting", action="append", default=[], metavar="KEY=VALUE",
                         help="a descheduler.reclaim.learned_window setting for the learned arms (repeatable)")
+    parser.add_argument("--reclaim-setting", action="append", default=[], metavar="KEY=VALUE",
+                        help="a descheduler.reclaim setting for every gpu-steward arm, e.g. part_seconds=150 "
+                             "(repeatable; mode, dry_run and learned_window are the replay's own)")
     parser.add_argument("--judge-from", type=float, default=0.0, metavar="HOURS",
                         help="the split: cycles only from this hour on; learned windows learn only before it")
     parser.add_argument("--phases", type=int, default=1, metavar="N",
@@ -990,11 +994,12 @@ def main() -> None:
                           *what_if(SWEEP_WINDOWS if swept else [t.window_seconds for t in tiers],
                                    threshold_percent=IDLE_PERCENT)])
     trace = load_trace(args.trace, pods=args.pods, hours=args.hours)
+    reclaim = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.reclaim_setting)}
     chosen = range(args.phases) if args.phase is None else [args.phase]
     results = []
     for phase in chosen:
         results.append(run(trace, rules, interval_seconds=args.interval, judge_from_hours=args.judge_from,
-                           phase=phase, phases=args.phases))
+                           phase=phase, phases=args.phases, reclaim=reclaim))
         print(f"phase {phase} of {args.phases}:")
         print(table(results[-1]), flush=True)
     command = " ".join(["python", "benchmarks/reclaim_trace.py", *sys.argv[1:]])
