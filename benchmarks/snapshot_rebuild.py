@@ -1,11 +1,11 @@
 """CPU to rebuild the cluster snapshot: from scratch, and after one pod event, the way the feeder rebuilds.
 
-    python benchmarks/snapshot_rebuild.py [--nodes 200] [--pods 2000] [--events 300] [--seed 1] [--quick]
-                                          [--out FILE]
+    python benchmarks/snapshot_rebuild.py [--nodes 200] [--pods 2000] [--dra-every 10] [--events 300] [--seed 1]
+                                          [--quick] [--out FILE]
 
-The cluster (built with tests/builders): `--nodes` GPU nodes of 8 GPUs in two NVLink domains of 4, a tenth of them
-DRA nodes (no device plugin; a ResourceSlice of 8 GPUs each, and NVIDIA's DeviceClass serving `nvidia.com/gpu`),
-grouped 16 to an `nvidia.com/gpu.clique`; `--pods` pods: GPU pods of 1, 2, 4 or 8 GPUs bound until the nodes are
+The cluster (built with tests/builders): `--nodes` GPU nodes of 8 GPUs in two NVLink domains of 4, one in
+`--dra-every` of them (default 10; 1: all) DRA nodes (no device plugin; a ResourceSlice of 8 GPUs each, and NVIDIA's
+DeviceClass serving `nvidia.com/gpu`), grouped 16 to an `nvidia.com/gpu.clique`; `--pods` pods: GPU pods of 1, 2, 4 or 8 GPUs bound until the nodes are
 about 85 % full (on a DRA node through an allocated, reserved ResourceClaim), the rest gated (our gate) pending
 GPU pods, plus one CPU-only pod bound to every node (a DaemonSet's); the tier PriorityClasses and a namespace.
 DCGM occupancy names the GPU indices of half of the device-plugin nodes' pods.
@@ -49,7 +49,7 @@ SIZES = (1, 1, 2, 2, 4, 8)
 Stores = dict[str, dict[str, dict[str, Any]]]
 
 
-def cluster(*, nodes: int, pods: int, seed: int) -> tuple[Stores, snapshot.Occupancy]:
+def cluster(*, nodes: int, pods: int, seed: int, dra_every: int = 10) -> tuple[Stores, snapshot.Occupancy]:
     """The feeder's stores (kind -> key -> object) and a DCGM occupancy for a cluster of `nodes` and `pods`."""
     rng = random.Random(seed)
     stores: Stores = {kind.name: {} for kind in feeder.KINDS}
@@ -58,7 +58,7 @@ def cluster(*, nodes: int, pods: int, seed: int) -> tuple[Stores, snapshot.Occup
     for i in range(nodes):
         name = f"gpu-{i:04d}"
         labels = {"nvidia.com/gpu.clique": f"clique-{i // 16}"}
-        if i % 10 == 9:
+        if i % dra_every == dra_every - 1:
             stores["nodes"][name] = builders.dra_node(name, gpus=8, domains=DOMAINS)
             stores["nodes"][name]["metadata"]["labels"].update(labels)
             dra_nodes.add(name)
@@ -187,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--nodes", type=int, default=200)
     parser.add_argument("--pods", type=int, default=2000)
+    parser.add_argument("--dra-every", type=int, default=10, help="one node in N is a DRA node (1: all)")
     parser.add_argument("--events", type=int, default=300, help="events per event row")
     parser.add_argument("--full", type=int, default=10, help="full rebuilds timed")
     parser.add_argument("--seed", type=int, default=1)
@@ -195,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.events, args.full = 30, 3
-    stores, occupancy = cluster(nodes=args.nodes, pods=args.pods, seed=args.seed)
+    stores, occupancy = cluster(nodes=args.nodes, pods=args.pods, seed=args.seed, dra_every=args.dra_every)
     rows: list[dict[str, Any]] = []
 
     def row(name: str, samples: list[float]) -> None:
@@ -223,7 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.write_text(json.dumps({
         "command": " ".join(["python", "benchmarks/snapshot_rebuild.py",
                              *(argv if argv is not None else sys.argv[1:])]),
-        "python": platform.python_version(), "nodes": args.nodes, "pods": args.pods, "events": args.events,
+        "python": platform.python_version(), "nodes": args.nodes, "pods": args.pods,
+        "dra_every": args.dra_every, "events": args.events,
         "seed": args.seed, "rows": rows}, indent=2))
     print(f"results: {args.out}")
     return 0

@@ -294,6 +294,34 @@ def _newest_complete(slices: Iterable[Mapping[str, Any]], problems: list[str]) -
     return kept
 
 
+@dataclasses.dataclass(frozen=True)
+class _Devices:
+    """The half of an inventory read from DeviceClasses, ResourceSlices and DeviceTaintRules."""
+
+    classes: Mapping[str, GpuClass]
+    devices: Mapping[str, tuple[Device, ...]]
+    mig: Mapping[str, tuple[Device, ...]]
+    order: Mapping[str, tuple[int, ...]]
+    gpu_ids: frozenset[DeviceId]
+    mig_ids: frozenset[DeviceId]
+    problems: tuple[str, ...]
+
+
+_ClaimReading = tuple[Claim, Mapping[str, Any], frozenset[str]]  # the claim, its spec's devices, its owner pods
+
+
+@dataclasses.dataclass
+class Memo:
+    """What `build` reuses from the last build given the same memo: the device half while the DeviceClasses,
+    ResourceSlices and DeviceTaintRules are the same objects (and in the same order), and a claim's reading while
+    its object and the device half are. On a DRA cluster every pod kube-scheduler binds writes a claim: the rest
+    is read once."""
+
+    inputs: tuple[tuple[Any, ...], ...] | None = None
+    devices: _Devices | None = None
+    claims: dict[str, tuple[Mapping[str, Any], _ClaimReading]] = dataclasses.field(default_factory=dict)
+
+
 def build(
     *,
     device_classes: Iterable[Mapping[str, Any]],
@@ -303,8 +331,55 @@ def build(
     taint_rules: Iterable[Mapping[str, Any]] = (),
     gpu_classes: Sequence[str],
     served: bool = True,
+    memo: Memo | None = None,
 ) -> Inventory:
-    """The inventory from raw API objects. `gpu_classes`: the DeviceClass names whose devices are GPUs."""
+    """The inventory from raw API objects. `gpu_classes`: the DeviceClass names whose devices are GPUs. `memo`:
+    reuse what an earlier build with it read of the same objects (the result is the same)."""
+    memo = memo if memo is not None else Memo()
+    inputs = (tuple(device_classes), tuple(slices), tuple(taint_rules), tuple(gpu_classes))
+    part = memo.devices
+    if part is None or memo.inputs is None or not all(map(_same_objects, inputs, memo.inputs)):
+        part = _devices(device_classes=inputs[0], slices=inputs[1], taint_rules=inputs[2], gpu_classes=inputs[3])
+        memo.inputs, memo.devices, memo.claims = inputs, part, {}
+    held: dict[str, Claim] = {}
+    specs: dict[str, Mapping[str, Any]] = {}
+    owners: dict[str, frozenset[str]] = {}
+    readings: dict[str, tuple[Mapping[str, Any], _ClaimReading]] = {}
+    for raw in claims:
+        key = _key(raw)
+        kept = memo.claims.get(key)
+        reading = kept[1] if kept is not None and kept[0] is raw else _claim_reading(raw, part)
+        readings[key] = (raw, reading)
+        claim, specs[claim.key], owners[claim.key] = reading
+        if claim.devices or claim.mig:
+            held[claim.key] = claim
+    memo.claims = readings
+    return Inventory(
+        classes=part.classes,
+        devices=part.devices,
+        mig=part.mig,
+        order=part.order,
+        claims=held,
+        specs=specs,
+        owners=owners,
+        templates={_key(t): ((t.get("spec") or {}).get("spec") or {}).get("devices") or {} for t in templates},
+        problems=part.problems,
+        served=served,
+    )
+
+
+def _same_objects(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
+def _claim_reading(raw: Mapping[str, Any], part: _Devices) -> _ClaimReading:
+    return (_claim(raw, part.gpu_ids, part.mig_ids), (raw.get("spec") or {}).get("devices") or {},
+            frozenset(str(o.get("uid")) for o in (raw.get("metadata") or {}).get("ownerReferences") or ()
+                      if isinstance(o, Mapping) and o.get("kind") == "Pod"))
+
+
+def _devices(*, device_classes: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]],
+             taint_rules: Iterable[Mapping[str, Any]], gpu_classes: Sequence[str]) -> _Devices:
     problems: list[str] = []
     wanted = set(gpu_classes)
     classes = {c.name: c for c in map(gpu_class, device_classes) if c.name in wanted}
@@ -348,29 +423,12 @@ def build(
                for node, found in by_node.items()}
     gpu_ids = {d.id for found in devices.values() for d in found}
     mig_ids = {d.id for found in mig.values() for d in found}
-    held: dict[str, Claim] = {}
-    specs: dict[str, Mapping[str, Any]] = {}
-    owners: dict[str, frozenset[str]] = {}
-    for raw in claims:
-        claim = _claim(raw, gpu_ids, mig_ids)
-        specs[claim.key] = (raw.get("spec") or {}).get("devices") or {}
-        owners[claim.key] = frozenset(str(o.get("uid")) for o in (raw.get("metadata") or {}).get("ownerReferences")
-                                      or () if isinstance(o, Mapping) and o.get("kind") == "Pod")
-        if claim.devices or claim.mig:
-            held[claim.key] = claim
-    return Inventory(
-        classes=classes,
-        devices=devices,
+    return _Devices(
+        classes=classes, devices=devices,
         mig={node: tuple(sorted(found, key=lambda d: d.id)) for node, found in mig.items()},
         order={node: tuple(i for _, i in found if i is not None) for node, found in listed.items()
                if len({name for name, _ in found}) == 1 and all(i is not None for _, i in found)},
-        claims=held,
-        specs=specs,
-        owners=owners,
-        templates={_key(t): ((t.get("spec") or {}).get("spec") or {}).get("devices") or {} for t in templates},
-        problems=tuple(problems),
-        served=served,
-    )
+        gpu_ids=frozenset(gpu_ids), mig_ids=frozenset(mig_ids), problems=tuple(problems))
 
 
 def _selects(selector: Mapping[str, Any], device: DeviceId) -> bool:
@@ -382,7 +440,7 @@ def _key(raw: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
 
 
-def _claim(raw: Mapping[str, Any], gpu_ids: set[DeviceId], mig_ids: set[DeviceId]) -> Claim:
+def _claim(raw: Mapping[str, Any], gpu_ids: frozenset[DeviceId], mig_ids: frozenset[DeviceId]) -> Claim:
     meta, status = raw.get("metadata") or {}, raw.get("status") or {}
     results = (((status.get("allocation") or {}).get("devices") or {}).get("results")) or ()
     allocated = [DeviceId(str(r.get("driver") or ""), str(r.get("pool") or ""), str(r.get("device") or ""))

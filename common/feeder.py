@@ -611,6 +611,7 @@ class Builder:
         self._gpu_classes = gpu_classes
         self._dra_objects: tuple[Any, ...] | None = None  # the DRA objects and `served` the inventory was built from
         self._inventory = dra.EMPTY
+        self._dra_memo = dra.Memo()
 
     def build(self, *, stores: Mapping[str, Mapping[str, dict[str, Any]]], served: bool,
               pod_group_version: str | None, occupancy: snapshot.Occupancy | None,
@@ -623,7 +624,7 @@ class Builder:
             self._inventory = dra.build(
                 device_classes=lists["deviceclasses"], slices=lists["resourceslices"], claims=lists["resourceclaims"],
                 templates=lists["resourceclaimtemplates"], taint_rules=lists["devicetaintrules"],
-                gpu_classes=self._gpu_classes, served=served)
+                gpu_classes=self._gpu_classes, served=served, memo=self._dra_memo)
             self._dra_objects = objects
         return self._snapshots.build(
             nodes=stores["nodes"], pods=stores["pods"], priority_classes=stores["priorityclasses"].values(),

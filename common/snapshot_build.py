@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from common import antiaffinity, dra, gangs, gpu, settings, snapshot, snapshot_nodes
+from common import antiaffinity, dra, dra_reads, gangs, gpu, settings, snapshot, snapshot_nodes
 
 
 def build(
@@ -47,8 +47,10 @@ class Builder:
 
     What it keeps from the last build, and what makes it do a part again:
     - a pod's parse: again when the store holds a new object under its key (the feeder replaces, never mutates, a
-      changed object), or when the DRA inventory changed and the pod asks devices through claims (every pod when the
-      extended resource names GPU classes serve changed);
+      changed object), or when the pod asks devices through claims and an entry of the DRA inventory its parse read
+      changed (`dra_reads`: its claims, their specs and owners, its templates; every such pod when the GPU classes
+      or whether resource.k8s.io is served changed; every pod when the extended resource names GPU classes serve
+      changed);
     - a node's parse: again when its object is a new one, or its number of DRA GPU devices changed;
     - a node's `Node` and its GPU pods' indices: again when its object, any pod holding it (or that held it), its
       DCGM occupancy, its DRA devices, their order, the claims holding them or their taints, whether a DeviceClass
@@ -66,7 +68,8 @@ class Builder:
         self._pods: Mapping[str, Mapping[str, Any]] = {}  # the pods' objects at the last build, by key
         self._entries: dict[str, snapshot.Entry] = {}  # each pod's parse, by key
         self._pod_problems: dict[str, str] = {}  # pods skipped, by key
-        self._claiming: set[str] = set()  # keys of pods asking devices through claims
+        # keys of pods asking devices through claims -> the inventory's entries their parse read (`dra_reads`)
+        self._claiming: dict[str, set[dra_reads.Entry]] = {}
         self._holders: dict[str, dict[str, snapshot.Entry]] = {}  # node -> the parses of the pods holding it, by key
         self._uids: dict[str, str] = {}  # uid -> key of the GPU pods and gang members (`Pod`)
         self._nodes: Mapping[str, Mapping[str, Any]] = {}  # the nodes' objects at the last build, by name
@@ -123,7 +126,11 @@ class Builder:
         changed = [key for key, raw in pods.items() if self._pods.get(key) is not raw]
         changed += [key for key in self._pods if key not in pods]
         if not dra_same and not first:
-            changed += list(pods) if _renamed(was) != _renamed(inventory) else list(self._claiming)
+            if _renamed(was) != _renamed(inventory):
+                changed += list(pods)
+            else:
+                touched = dra_reads.changed(was, inventory)
+                changed += [key for key, reads in self._claiming.items() if dra_reads.concerned(reads, touched)]
         for key in dict.fromkeys(changed):
             terms_dirty |= self._reparse(key, pods.get(key), inventory=inventory, dirty=dirty)
 
@@ -203,7 +210,7 @@ class Builder:
         Returns whether either parse has required anti-affinity terms."""
         terms = False
         self._pod_problems.pop(key, None)
-        self._claiming.discard(key)
+        self._claiming.pop(key, None)
         old = self._entries.pop(key, None)
         if old is not None:
             terms = bool(old.anti_affinity)
@@ -215,7 +222,8 @@ class Builder:
         if raw is None:
             return terms
         if _claims(raw):
-            self._claiming.add(key)
+            reads = self._claiming[key] = set()
+            inventory = dra_reads.recording(inventory, reads)
         try:
             entry = snapshot.parse(raw, names=self._names, inventory=inventory)
         except (gpu.QuantityError, ValueError, TypeError) as exc:

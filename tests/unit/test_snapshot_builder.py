@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from common import feeder, settings, snapshot, snapshot_nodes
+from common import dra, feeder, settings, snapshot, snapshot_nodes
 from tests import builders as b
 
 NAMES = settings.Names()
@@ -36,7 +36,8 @@ def stores_of(*objects: dict[str, Any]) -> Stores:
 
 
 KIND_OF = {"Node": "nodes", "Pod": "pods", "PriorityClass": "priorityclasses", "Namespace": "namespaces",
-           "DeviceClass": "deviceclasses", "ResourceSlice": "resourceslices", "ResourceClaim": "resourceclaims"}
+           "DeviceClass": "deviceclasses", "ResourceSlice": "resourceslices", "ResourceClaim": "resourceclaims",
+           "ResourceClaimTemplate": "resourceclaimtemplates", "DeviceTaintRule": "devicetaintrules"}
 
 
 def put(stores: Stores, obj: dict[str, Any]) -> None:
@@ -183,12 +184,31 @@ INVALIDATIONS = [
         lambda snap: snap.pods["default/on-a"].gpu_indices, (6, 7), id="dcgm-occupancy-moves-a-pods-gpus"),
     row(lambda s, o: changed(s, "resourceclaims", "default/on-d-gpu", _reallocate),
         lambda snap: snap.pods["default/on-d"].gpu_indices, (1, 5), id="claim-allocation-changes-devices"),
+    # A pod parsed before its claim or template reached our store (separate watches): the entry it missed arrives.
+    row(lambda s, o: put(s, b.resource_claim("late-gpu", extended=True, devices=[("d", 6)], reserved_for=["late"])),
+        lambda snap: snap.pods["default/late"].dra.claims, ("default/late-gpu",),
+        prepare=lambda s, o: put(s, b.pod("late", gpus=1, node="d", phase="Running",
+                                          mutate=b.with_extended_claim("late-gpu"))),
+        id="claim-arrives-after-its-pod"),
+    row(lambda s, o: put(s, b.claim_template("t", spec=b.claim_spec(2))),
+        lambda snap: "default/tp" in snap.pods and snap.pods["default/tp"].request.full, 2,
+        prepare=lambda s, o: put(s, b.pod("tp", mutate=b.with_claim_template("t"))),
+        id="template-arrives-after-its-pod"),
+    row(lambda s, o: changed(s, "resourceclaimtemplates", "default/t",
+                             lambda t: t["spec"].update(spec=b.claim_spec(4))),
+        lambda snap: snap.pods["default/tp"].request.full, 4,
+        prepare=lambda s, o: (put(s, b.claim_template("t", spec=b.claim_spec(2))),
+                              put(s, b.pod("tp", mutate=b.with_claim_template("t")))),
+        id="template-changes-what-its-pod-asks"),
     row(lambda s, o: s["resourceclaims"].pop("default/on-d-gpu"),
         lambda snap: snap.pods["default/on-d"].indices_observed, False, id="claim-deallocated-indices-estimated"),
     row(lambda s, o: put(s, b.resource_claim("orphan", extended=True, devices=[("d", 7)])),
         lambda snap: 7 in snap.nodes["d"].used, True, id="claim-of-no-known-pod-blocks-a-device"),
     row(lambda s, o: changed(s, "resourceslices", "d-gpu.nvidia.com-1", _taint_device(3)),
         lambda snap: 3 in snap.nodes["d"].used, True, id="slice-device-tainted"),
+    row(lambda s, o: put(s, b.resource_slice("d", 1)),
+        lambda snap: snap.pods["default/on-d"].dra.devices, (dra.DeviceId(b.NVIDIA_DRIVER, "d", "gpu-0"),),
+        id="slice-loses-a-device-an-unchanged-claim-holds"),
     row(lambda s, o: put(s, b.resource_slice("d", 4)),
         lambda snap: (snap.nodes["d"].gpu_count, snap.nodes["d"].free_gpus), (4, 2),
         id="slice-with-fewer-devices-reparses-the-node"),
@@ -253,6 +273,40 @@ def test_what_no_change_touched_is_reused() -> None:
     assert second.nodes["n0"] is first.nodes["n0"] and second.pods["default/p0"] is first.pods["default/p0"]
     assert second.nodes["n1"] is not first.nodes["n1"] and second.pods["default/p1"].labels == {"v": "2"}
     assert second.dra is first.dra  # no DRA object changed: the inventory is not built again
+
+
+def test_a_claim_change_parses_again_only_the_pods_that_read_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every pod kube-scheduler binds on a DRA node writes a claim: the other claiming pods are kept as parsed."""
+    stores = base()
+    put(stores, b.pod("tp", node="e", phase="Running", mutate=b.with_claim_template("t", generated="tp-gpus")))
+    put(stores, b.claim_template("t"))
+    put(stores, b.pod("waits", mutate=b.with_claim("n")))  # its claim not made yet: a miss it depends on
+    builder = feeder.Builder(names=NAMES, gpu_classes=CLASSES)
+    build(builder, stores)
+    parsed: list[str] = []
+    real = snapshot.parse
+
+    def counted(raw: Any, **kwargs: Any) -> Any:
+        parsed.append(raw["metadata"]["name"])
+        return real(raw, **kwargs)
+
+    def parsed_again() -> list[str]:
+        warm = build(builder, stores)
+        again = sorted(parsed)
+        assert_same(warm, fresh(stores))
+        parsed.clear()
+        return again
+
+    monkeypatch.setattr(snapshot, "parse", counted)
+    put(stores, b.pod("new", gpus=1, node="d", phase="Running", mutate=b.with_extended_claim("new-gpu")))
+    put(stores, b.resource_claim("new-gpu", extended=True, devices=[("d", 5)], reserved_for=["new"]))
+    assert parsed_again() == ["new"]
+    put(stores, b.resource_claim("n"))
+    assert parsed_again() == ["waits"]
+    changed(stores, "resourceclaims", "default/on-d-gpu", _reallocate)
+    assert parsed_again() == ["on-d"]
+    put(stores, b.resource_claim("orphan", extended=True, devices=[("e", 7)]))
+    assert parsed_again() == []  # a claim no pod names
 
 
 def test_a_build_that_raises_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -396,8 +450,45 @@ def _cluster_change(stores: Stores, occupancy: dict[str, dict[int, str]], rng: r
             else c["spec"].pop("extendedResourceName", None))
 
 
+def _claim_change(stores: Stores, occupancy: dict[str, dict[int, str]], rng: random.Random) -> None:
+    """Claims and templates a few pods name (`t0`-`t2`, `n0`-`n2`), each arriving, changing or going in any order
+    against the pods: a parse reads entries that may not exist yet (`dra_reads`)."""
+    what, i = rng.choice(["template pod", "named pod", "template", "named claim", "reallocate", "rule"]), \
+        rng.randrange(3)
+    node = rng.choice([None, "d", "e"])
+    if what == "template pod":
+        made = f"p{rng.randrange(10**6)}"
+        put(stores, b.pod(made, node=node, phase="Running" if node else "Pending", mutate=b.with_claim_template(
+            f"t{i}", generated=f"{made}-gpus" if rng.random() < 0.5 else None)))
+    elif what == "named pod":
+        put(stores, b.pod(f"p{rng.randrange(10**6)}", node=node, phase="Running" if node else "Pending",
+                          mutate=b.with_claim(f"n{i}")))
+    elif what == "template":
+        if rng.random() < 0.3:
+            stores["resourceclaimtemplates"].pop(f"default/t{i}", None)
+        else:
+            put(stores, b.claim_template(f"t{i}", spec=b.claim_spec(rng.choice([1, 2, 4]))))
+    elif what == "named claim":
+        if rng.random() < 0.3:
+            stores["resourceclaims"].pop(f"default/n{i}", None)
+        else:
+            put(stores, b.resource_claim(f"n{i}", spec=b.claim_spec(rng.choice([1, 2])),
+                                         devices=[(rng.choice(["d", "e"]), rng.randrange(8))] if node else ()))
+    elif what == "rule":  # a DeviceTaintRule on one device: made, moved or gone
+        if rng.random() < 0.3:
+            stores["devicetaintrules"].pop("drain", None)
+        else:
+            put(stores, {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule", "metadata": {"name": "drain"},
+                         "spec": {"deviceSelector": {"pool": rng.choice(["d", "e"]), "device": f"gpu-{i}"},
+                                  "taint": {"key": "maintenance", "effect": "NoSchedule"}}})
+    elif key := _pick(stores, "resourceclaims", rng):  # reallocate: other devices, or none (deallocated)
+        changed(stores, "resourceclaims", key, lambda c: c.update(status={"allocation": {"devices": {"results": [
+            {"request": "gpus", "driver": b.NVIDIA_DRIVER, "pool": rng.choice(["d", "e"]),
+             "device": f"gpu-{rng.randrange(8)}"}]}}} if rng.random() < 0.7 else {}))
+
+
 STEPS = [_new_pod, _new_pod, _bind_pod, _delete_pod, _relabel_pod, _nominate_or_finish, _resend, _node_change,
-         _cluster_change]
+         _cluster_change, _claim_change]
 
 
 @hypothesis_settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
