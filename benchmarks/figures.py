@@ -61,6 +61,9 @@ def _placement(arm: str, key: str) -> Callable[[Result], str]:
         if key == "nominations_missed":
             missed = arms[arm]["nominations_missed"]
             return f"{missed['pods']} of {missed['nominated']}"
+        if key == "cpu_seconds":  # our processes' CPU over the arm (a DRA cluster writes a claim per bound pod)
+            cpu = arms[arm]["cpu_seconds"]
+            return f"webhook {cpu['webhook']:.1f} s, descheduler {cpu['descheduler']:.1f} s"
         if key == "gated_p50_vs_default":  # the pods our webhook gates, against the same pods without us
             same = [g["value"] for g in result.get("goals", []) if g["arm"] == arm and "same pods" in g["goal"]]
             if same:  # the run's own figure: the pods bound in both arms
@@ -185,6 +188,11 @@ PLACEMENT_DRA_RATE4 = ("Placement on DRA GPU nodes, at an arrival rate DRA sched
                        "quiet machine (nothing else running; load in each file), on two slices: pods 0-599 "
                        "(2026-12-06) and 2000-2599 (`--skip 2000`, 2026-12-07, on the machine of 'Placement, both "
                        "slices on another machine').")
+PLACEMENT_DRA_READS = ("Placement on DRA GPU nodes, claims re-read only where they changed", "The second slice of "
+                       "the section above (pods 2000-2599, `--arrival-rate 4 --time-compression 13.333`), `--dra` "
+                       "and then without, back to back on the quiet machine (load in each file), after a claim change "
+                       "stopped re-parsing every claiming pod and re-reading every slice in our snapshots "
+                       "(`common/dra_reads.py`, `dra.Memo`; 2026-12-07).")
 PLACEMENT_DRA = ("Placement on DRA GPU nodes", "`benchmarks/placement_trace.py --nodes 60 --pods 600 --arms "
                  "default,gpu-steward` with `--dra` (each node's GPUs in a ResourceSlice, pods asking `nvidia.com/gpu` "
                  "through NVIDIA's DeviceClass) and without, back to back on a loaded machine (other runs beside "
@@ -213,10 +221,10 @@ CYCLE = ("Descheduler cost", "`benchmarks/reclaim_cycle.py --prometheus`: a real
 
 def _placement_rows(section: tuple[str, str], runs: Sequence[tuple[str, str]], *,
                     arms: Sequence[str] = ("gpu-steward", "default", "binpack"),
-                    gated_waits: bool = False, gpus: bool = False) -> list[Figure]:
+                    gated_waits: bool = False, gpus: bool = False, cpu: bool = False) -> list[Figure]:
     """The rows of placement_trace runs, each (its label, its result file) with `arms`; `gated_waits`: the files
     split the waits into gated pods and the rest (since issue 28); `gpus`: the GPUs bound per arm and the
-    nominations missed too."""
+    nominations missed too; `cpu`: our processes' CPU seconds."""
     rows = []
     for label, source in runs:
         for arm in arms:
@@ -230,6 +238,9 @@ def _placement_rows(section: tuple[str, str], runs: Sequence[tuple[str, str]], *
         if gpus:
             rows.append(Figure(section, f"{label}, gpu-steward: nominations missed (bound elsewhere) of nominated",
                                source, _placement("gpu-steward", "nominations_missed")))
+        if cpu:
+            rows.append(Figure(section, f"{label}, gpu-steward: CPU seconds of our processes", source,
+                               _placement("gpu-steward", "cpu_seconds")))
         rows.append(Figure(section, f"{label}, gpu-steward: burst bind rate against the default scheduler's",
                            source, _placement("gpu-steward", "burst_vs_default")))
         for arm in ("gpu-steward", "default"):
@@ -266,7 +277,11 @@ FIGURES: list[Figure] = [
         ("device plugin", "placement_trace_device_plugin_rate4_nodes60_pods600.json"),
         ("DRA devices, pods 2000-2599", "placement_trace_dra_rate4_skip2000_nodes60_pods600.json"),
         ("device plugin, pods 2000-2599", "placement_trace_device_plugin_rate4_skip2000_nodes60_pods600.json")],
-                     arms=("gpu-steward", "default"), gated_waits=True, gpus=True),
+                     arms=("gpu-steward", "default"), gated_waits=True, gpus=True, cpu=True),
+    *_placement_rows(PLACEMENT_DRA_READS, [
+        ("DRA devices", "placement_trace_dra_rate4_skip2000_nodes60_pods600_dra_reads.json"),
+        ("device plugin", "placement_trace_device_plugin_rate4_skip2000_nodes60_pods600_dra_reads.json")],
+                     arms=("gpu-steward", "default"), gated_waits=True, gpus=True, cpu=True),
     *[Figure(RELEASE_CHURN, f"seed {seed}, {rate}: {what}", source, _release_churn(f"{rate} gpu-steward", key))
       for seed, source in ((1, "release_churn.json"), (2, "release_churn_seed2.json"))
       for rate in ("2/s", "3/s")

@@ -5,10 +5,10 @@
 
 The cluster (built with tests/builders): `--nodes` GPU nodes of 8 GPUs in two NVLink domains of 4, one in
 `--dra-every` of them (default 10; 1: all) DRA nodes (no device plugin; a ResourceSlice of 8 GPUs each, and NVIDIA's
-DeviceClass serving `nvidia.com/gpu`), grouped 16 to an `nvidia.com/gpu.clique`; `--pods` pods: GPU pods of 1, 2, 4 or 8 GPUs bound until the nodes are
-about 85 % full (on a DRA node through an allocated, reserved ResourceClaim), the rest gated (our gate) pending
-GPU pods, plus one CPU-only pod bound to every node (a DaemonSet's); the tier PriorityClasses and a namespace.
-DCGM occupancy names the GPU indices of half of the device-plugin nodes' pods.
+DeviceClass serving `nvidia.com/gpu`), grouped 16 to an `nvidia.com/gpu.clique`; `--pods` pods: GPU pods of 1, 2, 4 or
+8 GPUs bound until the nodes are about 85 % full (on a DRA node through an allocated, reserved ResourceClaim), the
+rest gated (our gate) pending GPU pods, plus one CPU-only pod bound to every node (a DaemonSet's); the tier
+PriorityClasses and a namespace. DCGM occupancy names the GPU indices of half of the device-plugin nodes' pods.
 
 Rows (each the CPU, `time.process_time()`, of one rebuild as the feeder does it: a copy of its stores, then
 `feeder.Builder.build`):

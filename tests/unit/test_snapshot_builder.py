@@ -200,6 +200,11 @@ INVALIDATIONS = [
         prepare=lambda s, o: (put(s, b.claim_template("t", spec=b.claim_spec(2))),
                               put(s, b.pod("tp", mutate=b.with_claim_template("t")))),
         id="template-changes-what-its-pod-asks"),
+    row(lambda s, o: s["deviceclasses"].pop("gpu.nvidia.com"),
+        lambda snap: "default/tp" in snap.pods, False,
+        prepare=lambda s, o: (put(s, b.claim_template("t", spec=b.claim_spec(2))),
+                              put(s, b.pod("tp", mutate=b.with_claim_template("t")))),
+        id="gpu-class-gone-a-pending-template-pod-asks-no-gpu"),
     row(lambda s, o: s["resourceclaims"].pop("default/on-d-gpu"),
         lambda snap: snap.pods["default/on-d"].indices_observed, False, id="claim-deallocated-indices-estimated"),
     row(lambda s, o: put(s, b.resource_claim("orphan", extended=True, devices=[("d", 7)])),
@@ -307,6 +312,9 @@ def test_a_claim_change_parses_again_only_the_pods_that_read_it(monkeypatch: pyt
     assert parsed_again() == ["on-d"]
     put(stores, b.resource_claim("orphan", extended=True, devices=[("e", 7)]))
     assert parsed_again() == []  # a claim no pod names
+    changed(stores, "resourceclaims", "default/on-d-gpu", lambda c: None)
+    put(stores, b.resource_claim("orphan-2", extended=True, devices=[("e", 6)]))
+    assert parsed_again() == []  # a pod's claim sent again, equal in content, beside another claim's change
 
 
 def test_a_build_that_raises_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
