@@ -317,8 +317,7 @@ class Memo:
     its object and the device half are. On a DRA cluster every pod kube-scheduler binds writes a claim: the rest
     is read once."""
 
-    inputs: tuple[tuple[Any, ...], ...] | None = None
-    devices: _Devices | None = None
+    devices: tuple[tuple[tuple[Any, ...], ...], _Devices] | None = None  # the objects read, and what they gave
     claims: dict[str, tuple[Mapping[str, Any], _ClaimReading]] = dataclasses.field(default_factory=dict)
 
 
@@ -337,10 +336,11 @@ def build(
     reuse what an earlier build with it read of the same objects (the result is the same)."""
     memo = memo if memo is not None else Memo()
     inputs = (tuple(device_classes), tuple(slices), tuple(taint_rules), tuple(gpu_classes))
-    part = memo.devices
-    if part is None or memo.inputs is None or not all(map(_same_objects, inputs, memo.inputs)):
+    if memo.devices is not None and all(map(_same_objects, inputs, memo.devices[0])):
+        part = memo.devices[1]
+    else:
         part = _devices(device_classes=inputs[0], slices=inputs[1], taint_rules=inputs[2], gpu_classes=inputs[3])
-        memo.inputs, memo.devices, memo.claims = inputs, part, {}
+        memo.devices, memo.claims = (inputs, part), {}
     held: dict[str, Claim] = {}
     specs: dict[str, Mapping[str, Any]] = {}
     owners: dict[str, frozenset[str]] = {}

@@ -3,6 +3,7 @@ its DRA devices, taken devices come from claims' allocations, a pod's GPUs from 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -606,3 +607,31 @@ def test_a_class_selects_devices_by_their_attributes_qualified_names(expression:
         _device(0, **common, **{"example.com/rack": {"string": "r1"}, "virtual": {"bool": True}}),
         _device(1, **common, **{"example.com/rack": {"string": "r2"}, "virtual": {"bool": False}})])])
     assert [d.id.device for d in got.devices.get("n", ())] == counted
+
+
+def test_a_memo_reuses_what_did_not_change_and_builds_what_a_fresh_build_gives() -> None:
+    """`dra.Memo`: the device half while the classes, slices and taint rules are the same objects; a claim's reading
+    while its object and the device half are."""
+    classes, slices = [b.device_class()], [b.resource_slice("d", 8)]
+    kept, moved = b.resource_claim("kept", devices=[("d", 0)]), b.resource_claim("moved", devices=[("d", 1)])
+    memo = dra.Memo()
+
+    def built(claims: list[dict[str, Any]], slice_objects: list[dict[str, Any]] = slices) -> dra.Inventory:
+        inventory = dra.build(device_classes=classes, slices=slice_objects, claims=claims,
+                              gpu_classes=GPU_CLASSES, memo=memo)
+        assert inventory == dra.build(device_classes=classes, slices=slice_objects, claims=claims,
+                                      gpu_classes=GPU_CLASSES)
+        return inventory
+
+    built([kept, moved])
+    devices, reading, old = memo.devices, memo.claims["default/kept"][1], memo.claims["default/moved"][1]
+    moved = copy.deepcopy(moved)
+    moved["status"]["allocation"]["devices"]["results"][0]["device"] = "gpu-5"
+    assert built([kept, moved]).claims["default/moved"].devices[0].device == "gpu-5"
+    assert memo.devices is devices and memo.claims["default/kept"][1] is reading
+    assert memo.claims["default/moved"][1] is not old
+    built([kept, moved], [copy.deepcopy(slices[0])])  # a new slice object, equal: read again, and its claims too
+    assert memo.devices is not devices and memo.claims["default/kept"][1] is not reading
+    assert list(memo.claims) == ["default/kept", "default/moved"]
+    built([moved])
+    assert list(memo.claims) == ["default/moved"]  # a claim gone is forgotten
