@@ -188,8 +188,8 @@ PLACEMENT_DRA_RATE4 = ("Placement on DRA GPU nodes, at an arrival rate DRA sched
                        "quiet machine (nothing else running; load in each file), on two slices: pods 0-599 "
                        "(2026-12-06) and 2000-2599 (`--skip 2000`, 2026-12-07, on the machine of 'Placement, both "
                        "slices on another machine').")
-PLACEMENT_DRA_READS = ("Placement on DRA GPU nodes, claims re-read only where they changed", "The second slice of "
-                       "the section above (pods 2000-2599, `--arrival-rate 4 --time-compression 13.333`), `--dra` "
+PLACEMENT_DRA_READS = ("Placement on DRA GPU nodes, claims re-read only where they changed", "Both slices of "
+                       "the section above (`--arrival-rate 4 --time-compression 13.333`), `--dra` "
                        "and then without, back to back on the quiet machine (load in each file), after a claim change "
                        "stopped re-parsing every claiming pod and re-reading every slice in our snapshots "
                        "(`common/dra_reads.py`, `dra.Memo`; 2026-12-07).")
@@ -279,8 +279,10 @@ FIGURES: list[Figure] = [
         ("device plugin, pods 2000-2599", "placement_trace_device_plugin_rate4_skip2000_nodes60_pods600.json")],
                      arms=("gpu-steward", "default"), gated_waits=True, gpus=True, cpu=True),
     *_placement_rows(PLACEMENT_DRA_READS, [
-        ("DRA devices", "placement_trace_dra_rate4_skip2000_nodes60_pods600_dra_reads.json"),
-        ("device plugin", "placement_trace_device_plugin_rate4_skip2000_nodes60_pods600_dra_reads.json")],
+        ("DRA devices, pods 0-599", "placement_trace_dra_rate4_nodes60_pods600_dra_reads.json"),
+        ("device plugin, pods 0-599", "placement_trace_device_plugin_rate4_nodes60_pods600_dra_reads.json"),
+        ("DRA devices, pods 2000-2599", "placement_trace_dra_rate4_skip2000_nodes60_pods600_dra_reads.json"),
+        ("device plugin, pods 2000-2599", "placement_trace_device_plugin_rate4_skip2000_nodes60_pods600_dra_reads.json")],
                      arms=("gpu-steward", "default"), gated_waits=True, gpus=True, cpu=True),
     *[Figure(RELEASE_CHURN, f"seed {seed}, {rate}: {what}", source, _release_churn(f"{rate} gpu-steward", key))
       for seed, source in ((1, "release_churn.json"), (2, "release_churn_seed2.json"))
