@@ -282,7 +282,8 @@ FIGURES: list[Figure] = [
         ("DRA devices, pods 0-599", "placement_trace_dra_rate4_nodes60_pods600_dra_reads.json"),
         ("device plugin, pods 0-599", "placement_trace_device_plugin_rate4_nodes60_pods600_dra_reads.json"),
         ("DRA devices, pods 2000-2599", "placement_trace_dra_rate4_skip2000_nodes60_pods600_dra_reads.json"),
-        ("device plugin, pods 2000-2599", "placement_trace_device_plugin_rate4_skip2000_nodes60_pods600_dra_reads.json")],
+        ("device plugin, pods 2000-2599",
+         "placement_trace_device_plugin_rate4_skip2000_nodes60_pods600_dra_reads.json")],
                      arms=("gpu-steward", "default"), gated_waits=True, gpus=True, cpu=True),
     *[Figure(RELEASE_CHURN, f"seed {seed}, {rate}: {what}", source, _release_churn(f"{rate} gpu-steward", key))
       for seed, source in ((1, "release_churn.json"), (2, "release_churn_seed2.json"))
