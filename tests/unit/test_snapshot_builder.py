@@ -315,6 +315,10 @@ def test_a_claim_change_parses_again_only_the_pods_that_read_it(monkeypatch: pyt
     changed(stores, "resourceclaims", "default/on-d-gpu", lambda c: None)
     put(stores, b.resource_claim("orphan-2", extended=True, devices=[("e", 6)]))
     assert parsed_again() == []  # a pod's claim sent again, equal in content, beside another claim's change
+    changed(stores, "pods", "default/waits", lambda p: p["spec"].pop("resourceClaims"))
+    assert parsed_again() == ["waits"]
+    changed(stores, "resourceclaims", "default/n", lambda c: c["spec"].update(b.claim_spec(2)))
+    assert parsed_again() == []  # it no longer names the claim
 
 
 def test_a_build_that_raises_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
